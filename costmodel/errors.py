@@ -1,0 +1,49 @@
+"""The one error hierarchy every package raises for user-facing failures.
+
+Each error carries a one-line cause and, where there is one, the nearest fix; the CLI
+prints ``str(err)`` and exits with ``err.exit_code`` (no traceback unless ``--debug``).
+
+>>> str(InvalidConfigError("num_attention_heads=7 does not divide hidden_size=64",
+...                        fix="use a head count that divides hidden_size"))
+'num_attention_heads=7 does not divide hidden_size=64; fix: use a head count that divides hidden_size'
+"""
+
+from __future__ import annotations
+
+
+class PlannerError(Exception):
+    """Base of every error a user can cause; ``exit_code`` is the CLI's exit status."""
+
+    exit_code = 1
+
+    def __init__(self, cause: str, *, fix: str | None = None) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.cause}; fix: {self.fix}" if self.fix else self.cause
+
+
+class InvalidConfigError(PlannerError):
+    """A model, training, hardware or mesh description is malformed or inconsistent."""
+
+    exit_code = 2
+
+
+class InvalidPlanError(PlannerError):
+    """A layout or plan contradicts the model, mesh or device count."""
+
+    exit_code = 3
+
+
+class InfeasibleError(PlannerError):
+    """No candidate satisfies the constraints (memory, divisibility, time limit)."""
+
+    exit_code = 4
+
+
+class UnsupportedError(PlannerError):
+    """The input is valid but asks for something this tool does not model."""
+
+    exit_code = 5

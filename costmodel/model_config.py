@@ -1,0 +1,199 @@
+"""`ModelConfig`: the shape of a decoder-only transformer, independent of any framework.
+
+The planner reads Hugging Face ``config.json`` files and presets into this type
+(``planner.config``); the cost model, the planners and the reference JAX model all read
+their dimensions from it, so each size has exactly one source.
+
+Dimension letters used across the project (as nanodo does):
+B batch, S sequence, D model width, N query heads, K key/value heads, H head width,
+F MLP width, V vocabulary, E experts, L layers.
+
+>>> cfg = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=4,
+...                   ffn_size=256, vocab_size=128)
+>>> cfg.head_dim, cfg.num_kv_heads
+(16, 4)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import model_validator
+
+from costmodel.errors import InvalidConfigError
+
+
+class Norm(StrEnum):
+    """Normalisation layer before attention and MLP (pre-norm)."""
+
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class MlpKind(StrEnum):
+    """MLP activation; the gated kinds (SwiGLU, GeGLU) have three weight matrices."""
+
+    GELU = "gelu"
+    RELU = "relu"
+    SWIGLU = "swiglu"
+    GEGLU = "geglu"
+
+    @property
+    def gated(self) -> bool:
+        return self in (MlpKind.SWIGLU, MlpKind.GEGLU)
+
+
+class Positions(StrEnum):
+    """How token positions enter the model."""
+
+    LEARNED = "learned"
+    ROPE = "rope"
+
+
+class ModelConfig(BaseModel):
+    """Dimensions and architecture switches of a decoder-only transformer.
+
+    Dense models have ``num_experts == 0``. A mixture-of-experts model replaces every
+    layer's MLP by ``num_experts`` experts of width ``moe_ffn_size`` of which each token
+    uses ``experts_per_token``, plus an optional always-on shared expert.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Preset name or the file the config came from.")
+    hidden_size: PositiveInt = Field(description="Model width D.")
+    num_layers: PositiveInt = Field(description="Number of transformer layers L.")
+    num_heads: PositiveInt = Field(description="Query heads N.")
+    num_kv_heads: PositiveInt = Field(description="Key/value heads K (GQA); defaults to N.")
+    head_dim: PositiveInt = Field(description="Head width H; defaults to D / N.")
+    ffn_size: PositiveInt = Field(description="Dense MLP width F.")
+    vocab_size: PositiveInt = Field(description="Vocabulary size V.")
+    max_position_embeddings: PositiveInt = Field(
+        2048, description="Longest sequence the positions support (learned tables have this size)."
+    )
+    norm: Norm = Field(Norm.RMSNORM, description="Normalisation kind.")
+    norm_eps: PositiveFloat = Field(1e-5, description="Epsilon inside the normalisation.")
+    mlp: MlpKind = Field(MlpKind.SWIGLU, description="MLP activation kind.")
+    positions: Positions = Field(Positions.ROPE, description="Position encoding.")
+    rope_theta: PositiveFloat = Field(10000.0, description="RoPE base frequency.")
+    tie_embeddings: bool = Field(False, description="Output head shares the token embedding.")
+    qkv_bias: bool = Field(False, description="Query/key/value projections have biases.")
+    out_bias: bool = Field(False, description="Attention output projection has a bias.")
+    mlp_bias: bool = Field(False, description="MLP projections have biases.")
+    num_experts: NonNegativeInt = Field(0, description="Routed experts E per layer; 0 = dense.")
+    experts_per_token: NonNegativeInt = Field(0, description="Experts each token is routed to (top-k).")
+    moe_ffn_size: PositiveInt = Field(description="Width of one routed expert; defaults to F.")
+    shared_expert_ffn_size: NonNegativeInt = Field(
+        0, description="Width of an always-on shared expert (Qwen-MoE); 0 = none."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        """Derive K, H and the expert width when a config leaves them out."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        heads, width = data.get("num_heads"), data.get("hidden_size")
+        if data.get("head_dim") is None and _positive_ints(heads, width):
+            if width % heads:
+                raise InvalidConfigError(
+                    f"num_attention_heads={heads} does not divide hidden_size={width}",
+                    fix="use a head count that divides hidden_size, or give head_dim explicitly",
+                )
+            data["head_dim"] = width // heads
+        if data.get("num_kv_heads") is None:
+            data["num_kv_heads"] = heads
+        if data.get("moe_ffn_size") is None:
+            data["moe_ffn_size"] = data.get("ffn_size")
+        return data
+
+    @model_validator(mode="after")
+    def _kv_heads_divide_heads(self) -> ModelConfig:
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidConfigError(
+                f"num_key_value_heads={self.num_kv_heads} does not divide num_attention_heads={self.num_heads}",
+                fix="use a key/value head count that divides the query head count",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _experts_consistent(self) -> ModelConfig:
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise InvalidConfigError(
+                f"experts_per_token={self.experts_per_token} must be in 1..num_experts={self.num_experts}",
+                fix="set num_experts_per_tok to at most the number of experts",
+            )
+        if not self.num_experts and self.experts_per_token:
+            raise InvalidConfigError(
+                f"experts_per_token={self.experts_per_token} but num_experts=0",
+                fix="set the number of experts or drop experts_per_token",
+            )
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the token (and learned position) embeddings and an untied head."""
+        d, v = self.hidden_size, self.vocab_size
+        n = v * d
+        if self.positions is Positions.LEARNED:
+            n += self.max_position_embeddings * d
+        if not self.tie_embeddings:
+            n += d * v
+        return n
+
+    @property
+    def params_per_layer(self) -> int:
+        """Parameters of one transformer layer."""
+        return self._attention_params() + self._mlp_params() + 2 * self._norm_params()
+
+    @property
+    def total_params(self) -> int:
+        """All parameters: embeddings, layers and the final norm."""
+        return self.embedding_params + self.num_layers * self.params_per_layer + self._norm_params()
+
+    @property
+    def active_params_per_layer(self) -> int:
+        """Parameters one token touches per layer (top-k experts only)."""
+        if not self.is_moe:
+            return self.params_per_layer
+        inactive = (self.num_experts - self.experts_per_token) * self._expert_params(self.moe_ffn_size)
+        return self.params_per_layer - inactive
+
+    def _norm_params(self) -> int:
+        return self.hidden_size * (2 if self.norm is Norm.LAYERNORM else 1)
+
+    def _attention_params(self) -> int:
+        d, q_width, kv_width = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        n = d * (q_width + 2 * kv_width) + q_width * d
+        if self.qkv_bias:
+            n += q_width + 2 * kv_width
+        if self.out_bias:
+            n += d
+        return n
+
+    def _expert_params(self, ffn: int) -> int:
+        d = self.hidden_size
+        n_in = 2 if self.mlp.gated else 1
+        n = (n_in + 1) * d * ffn
+        if self.mlp_bias:
+            n += n_in * ffn + d
+        return n
+
+    def _mlp_params(self) -> int:
+        if not self.is_moe:
+            return self._expert_params(self.ffn_size)
+        n = self.num_experts * self._expert_params(self.moe_ffn_size) + self.hidden_size * self.num_experts
+        if self.shared_expert_ffn_size:
+            n += self._expert_params(self.shared_expert_ffn_size) + self.hidden_size
+        return n
+
+
+def _positive_ints(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)

@@ -1,0 +1,60 @@
+"""`TrainConfig`: what is trained on and how, separate from the model's shape.
+
+>>> t = TrainConfig(seq_len=2048, global_batch=512)
+>>> t.tokens_per_step, t.param_dtype.bytes, t.compute_dtype.bytes
+(1048576, 4, 2)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+
+class Dtype(StrEnum):
+    """Numeric formats the planner reasons about."""
+
+    FP32 = "float32"
+    BF16 = "bfloat16"
+    FP16 = "float16"
+    FP8 = "float8_e4m3fn"
+
+    @property
+    def bytes(self) -> int:
+        return {Dtype.FP32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FP8: 1}[self]
+
+
+class AdamW(BaseModel):
+    """AdamW hyper-parameters; its two moments are kept in ``TrainConfig.optimizer_dtype``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learning_rate: PositiveFloat = Field(3e-4, description="Peak learning rate.")
+    beta1: PositiveFloat = Field(0.9, lt=1, description="First-moment decay.")
+    beta2: PositiveFloat = Field(0.95, lt=1, description="Second-moment decay.")
+    eps: PositiveFloat = Field(1e-8, description="Denominator epsilon.")
+    weight_decay: NonNegativeFloat = Field(0.1, description="Decoupled weight decay.")
+
+
+class TrainConfig(BaseModel):
+    """Sequence length, batch and the mixed-precision policy of one training step.
+
+    The default policy is the common one for large models: fp32 master weights and
+    optimizer moments, bf16 compute (weights cast on use, activations in bf16), fp32
+    gradient accumulation.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq_len: PositiveInt = Field(2048, description="Tokens per sequence S.")
+    global_batch: PositiveInt = Field(256, description="Sequences per optimizer step, over all devices.")
+    param_dtype: Dtype = Field(Dtype.FP32, description="Master copy of the parameters.")
+    compute_dtype: Dtype = Field(Dtype.BF16, description="Matmul inputs and stored activations.")
+    grad_dtype: Dtype = Field(Dtype.FP32, description="Gradients as reduced and accumulated.")
+    optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
+    optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch

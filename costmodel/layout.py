@@ -1,0 +1,115 @@
+"""`Layout`: the knobs Megatron and MaxText users set by hand, as one typed value.
+
+A layout says how a training step is spread over devices (data, tensor, pipeline,
+context and expert parallel degrees), how the batch is cut into micro-batches, and the
+memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), plus two
+facts of the software stack that move step time most: the attention kernel and whether
+data-parallel communication overlaps compute.
+
+>>> lay = Layout(dp=4, tp=8, pp=2, micro_batch=1)
+>>> lay.n_devices
+64
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from costmodel.errors import InvalidPlanError
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+
+
+class Recompute(StrEnum):
+    """Activation recomputation policy (Korthikanti et al. 2022)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute attention's softmax/dropout core, keep the rest
+    FULL = "full"  # keep only each layer's input, recompute the layer in backward
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Attention(StrEnum):
+    """Attention kernel: fused (never writes the S×S scores) or materialized scores."""
+
+    FLASH = "flash"
+    MATERIALIZED = "materialized"
+
+
+class Layout(BaseModel):
+    """A complete parallel layout of one training step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dp: PositiveInt = Field(1, description="Data-parallel degree (replicas, or FSDP shards with zero_stage=3).")
+    tp: PositiveInt = Field(1, description="Tensor-parallel degree (Megatron column/row split).")
+    pp: PositiveInt = Field(1, description="Pipeline stages.")
+    cp: PositiveInt = Field(1, description="Context-parallel degree (sequence split in attention).")
+    ep: PositiveInt = Field(1, description="Expert-parallel degree; divides dp·cp, MoE only.")
+    micro_batch: PositiveInt = Field(1, description="Sequences per micro-batch on one data-parallel replica.")
+    interleave: PositiveInt = Field(1, description="Model chunks per pipeline device (virtual stages).")
+    schedule: Schedule = Field(Schedule.ONE_F_ONE_B, description="Pipeline schedule.")
+    recompute: Recompute = Field(Recompute.NONE, description="Activation recompute policy.")
+    sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (Megatron SP).")
+    zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (FSDP).")
+    attention: Attention = Field(Attention.FLASH, description="Attention kernel.")
+    dp_overlap: bool = Field(True, description="Gradient reduction / FSDP gathers overlap compute.")
+
+    @property
+    def n_devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def micro_batches(self, train: TrainConfig) -> int:
+        """Micro-batches each pipeline processes per step (gradient accumulation steps)."""
+        return train.global_batch // (self.dp * self.micro_batch)
+
+
+def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_devices: int) -> None:
+    """Raise `InvalidPlanError` naming what to change when ``layout`` cannot run.
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=64, num_layers=4, num_heads=4, ffn_size=256, vocab_size=128)
+    >>> check_layout(Layout(tp=3), m, TrainConfig(global_batch=8), n_devices=3)
+    Traceback (most recent call last):
+    costmodel.errors.InvalidPlanError: num_heads=4 is not divisible by tp=3; fix: use a tp that divides 4
+    """
+    if layout.n_devices != n_devices:
+        raise InvalidPlanError(
+            f"dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.n_devices} but devices={n_devices}",
+            fix="choose degrees whose product is the device count",
+        )
+    if model.num_heads % layout.tp:
+        raise InvalidPlanError(f"num_heads={model.num_heads} is not divisible by tp={layout.tp}", fix=f"use a tp that divides {model.num_heads}")
+    if model.num_kv_heads % layout.tp and layout.tp % model.num_kv_heads:
+        raise InvalidPlanError(
+            f"num_kv_heads={model.num_kv_heads} and tp={layout.tp}: neither divides the other",
+            fix=f"use a tp that divides or is a multiple of {model.num_kv_heads}",
+        )
+    if model.num_layers < layout.pp * layout.interleave:
+        raise InvalidPlanError(
+            f"num_layers={model.num_layers} < pp·interleave = {layout.pp * layout.interleave}",
+            fix="use fewer pipeline stages or model chunks",
+        )
+    if train.global_batch % (layout.dp * layout.micro_batch):
+        raise InvalidPlanError(
+            f"global_batch={train.global_batch} is not divisible by dp·micro_batch = {layout.dp}·{layout.micro_batch}",
+            fix="choose a global batch that is a multiple of dp·micro_batch",
+        )
+    if train.seq_len % layout.cp:
+        raise InvalidPlanError(f"seq_len={train.seq_len} is not divisible by cp={layout.cp}", fix=f"use a cp that divides {train.seq_len}")
+    if layout.ep > 1 and (not model.is_moe or model.num_experts % layout.ep or (layout.dp * layout.cp) % layout.ep):
+        raise InvalidPlanError(
+            f"ep={layout.ep} needs a MoE model whose experts ({model.num_experts}) and dp·cp ({layout.dp * layout.cp}) it divides",
+            fix="use ep=1 or a divisor of both",
+        )
+    if layout.interleave > 1 and layout.pp == 1:
+        raise InvalidPlanError(f"interleave={layout.interleave} needs pipeline parallelism (pp > 1)", fix="set interleave=1")

@@ -1,0 +1,49 @@
+"""The ``plan`` command line: parse, dispatch to a command module, print, exit.
+
+Every user-facing failure is a `PlannerError`; it is printed as one line on stderr and
+the process exits with the error's code (see README, "Exit codes"). ``--debug`` shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from costmodel.errors import PlannerError
+from planner.commands import inspect_cmd
+
+# Each command module offers add_arguments(parser) and run(args) -> int.
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "inspect": ("parameter count, FLOPs and graph size of a model", inspect_cmd.add_arguments, inspect_cmd.run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for ``plan <command> ...``."""
+    parser = argparse.ArgumentParser(prog="plan", description="Plan, simulate and validate parallel layouts for JAX training.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, add_arguments, _) in _COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``plan`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command][2](args)
+    except PlannerError as err:
+        if args.debug:
+            raise
+        print(f"plan: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("plan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""``plan inspect``: parameter count, FLOPs per step and graph size of a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.config import load_model, train_config
+from planner.inspect import InspectReport, inspect_model
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="preset name (e.g. llama3-8b) or path to a config.json")
+    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_model(args.model)
+    train = train_config(seq_len=args.seq_len, global_batch=args.global_batch)
+    report = inspect_model(cfg, train)
+    if args.json:
+        print(json.dumps(report.model_dump(), sort_keys=True))
+    else:
+        Console().print(_table(report))
+    return 0
+
+
+def _table(r: InspectReport) -> Table:
+    table = Table(title=f"{r.model}: one training step, seq {r.seq_len} × batch {r.global_batch}", show_header=False)
+    rows = [
+        ("parameters", f"{r.params:,} ({r.params / 1e9:.3f} B)"),
+        ("  embedding + head", f"{r.embedding_params:,}"),
+        ("  per layer × layers", f"{r.params_per_layer:,} × {r.layers}"),
+        ("FLOPs per step", f"{r.flops_per_step:.4g}"),
+        ("FLOPs per token", f"{r.flops_per_token:.4g}"),
+        ("bytes accessed per step (unfused)", f"{r.bytes_accessed_per_step:.4g}"),
+        ("ops in graph (layer once)", f"{r.ops:,}"),
+        ("extraction time", f"{r.extract_time_s:.2f} s"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -1,0 +1,183 @@
+"""Read a `ModelConfig` from a preset name, a Hugging Face ``config.json`` or our own JSON.
+
+Hugging Face configs are recognised by ``model_type`` (or, without one, by their keys):
+Llama, Mistral, Qwen2, Qwen3 (dense), GPT-2, Mixtral, Qwen2-MoE and Qwen3-MoE. Keys a
+Hugging Face config carries that do not change the shape (``torch_dtype``, ...) are
+ignored; a file in our own format (the fields of `ModelConfig`) must have no unknown keys.
+
+>>> load_model("gpt2").total_params
+124439808
+>>> from_hf_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+...                 "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}).num_kv_heads
+4
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from costmodel.errors import InvalidConfigError
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+from planner.presets import PRESETS
+
+_LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+_MOE = ("mixtral", "qwen2_moe", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("gpt2", *_LLAMA_LIKE, *_MOE)
+_GATED_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu"}
+
+
+def load_model(name_or_path: str | Path) -> ModelConfig:
+    """A preset by name, or the model described by a JSON file.
+
+    Raises:
+      InvalidConfigError: unknown preset, missing or unreadable file, malformed JSON,
+        unknown architecture, or inconsistent dimensions; the message says which.
+    """
+    text = str(name_or_path)
+    if text in PRESETS:
+        return _validated(dict(PRESETS[text], name=text), source=text)
+    path = Path(text)
+    if not path.exists():
+        if path.suffix == ".json" or "/" in text:
+            raise InvalidConfigError(f"model file {text!r} does not exist", fix="check the path")
+        raise InvalidConfigError(
+            f"unknown model {text!r}", fix=f"use a config.json path or one of: {', '.join(sorted(PRESETS))}"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidConfigError(f"cannot read {text!r}: {err}", fix="check the file's permissions") from err
+    except json.JSONDecodeError as err:
+        raise InvalidConfigError(
+            f"{text!r} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
+            fix="fix the JSON syntax",
+        ) from err
+    if not isinstance(data, dict):
+        raise InvalidConfigError(f"{text!r} holds a JSON {type(data).__name__}, not an object", fix="give a config object")
+    return from_hf_config(data, name=path.stem if path.name != "config.json" else path.parent.name or "config")
+
+
+def from_hf_config(data: dict[str, Any], *, name: str = "config") -> ModelConfig:
+    """Translate a Hugging Face (or native) config dictionary into a `ModelConfig`."""
+    model_type = data.get("model_type") or _guess_model_type(data)
+    if model_type == "native":
+        return _validated({"name": name, **data}, source=name)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise InvalidConfigError(
+            f"unknown architecture model_type={model_type!r}",
+            fix=f"use one of: {', '.join(SUPPORTED_MODEL_TYPES)}",
+        )
+    fields = _gpt2_fields(data) if model_type == "gpt2" else _llama_fields(data, model_type)
+    return _validated({"name": name, **{k: v for k, v in fields.items() if v is not None}}, source=name)
+
+
+def _guess_model_type(data: dict[str, Any]) -> str:
+    if "n_embd" in data:
+        return "gpt2"
+    if "num_local_experts" in data:
+        return "mixtral"
+    if "hidden_size" in data and "num_hidden_layers" in data:
+        return "llama"
+    if "num_layers" in data:
+        return "native"
+    raise InvalidConfigError(
+        "cannot tell the architecture: no model_type and no known size keys",
+        fix='add "model_type" (e.g. "llama" or "gpt2") or use a preset',
+    )
+
+
+def _require(data: dict[str, Any], key: str) -> Any:
+    if key not in data or data[key] is None:
+        raise InvalidConfigError(f"config is missing {key!r}", fix=f"add {key!r} to the config")
+    return data[key]
+
+
+def _gpt2_fields(data: dict[str, Any]) -> dict[str, Any]:
+    hidden = _require(data, "n_embd")
+    activation = data.get("activation_function", "gelu_new")
+    return {
+        "hidden_size": hidden,
+        "num_layers": _require(data, "n_layer"),
+        "num_heads": _require(data, "n_head"),
+        "ffn_size": data.get("n_inner") or (4 * hidden if isinstance(hidden, int) else None),
+        "vocab_size": _require(data, "vocab_size"),
+        "max_position_embeddings": data.get("n_positions", 1024),
+        "norm": "layernorm",
+        "norm_eps": data.get("layer_norm_epsilon", 1e-5),
+        "mlp": "relu" if activation == "relu" else "gelu",
+        "positions": "learned",
+        "tie_embeddings": data.get("tie_word_embeddings", True),
+        "qkv_bias": True,
+        "out_bias": True,
+        "mlp_bias": True,
+    }
+
+
+def _llama_fields(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+    activation = data.get("hidden_act", "silu")
+    if activation not in _GATED_ACTIVATIONS:
+        raise InvalidConfigError(
+            f"hidden_act={activation!r} is not supported for model_type={model_type!r}",
+            fix=f"use one of: {', '.join(_GATED_ACTIVATIONS)}",
+        )
+    attention_bias = bool(data.get("attention_bias", model_type == "qwen2" or model_type == "qwen2_moe"))
+    fields: dict[str, Any] = {
+        "hidden_size": _require(data, "hidden_size"),
+        "num_layers": _require(data, "num_hidden_layers"),
+        "num_heads": _require(data, "num_attention_heads"),
+        "num_kv_heads": data.get("num_key_value_heads"),
+        "head_dim": data.get("head_dim"),
+        "ffn_size": _require(data, "intermediate_size"),
+        "vocab_size": _require(data, "vocab_size"),
+        "max_position_embeddings": data.get("max_position_embeddings"),
+        "norm": "rmsnorm",
+        "norm_eps": data.get("rms_norm_eps"),
+        "mlp": _GATED_ACTIVATIONS[activation],
+        "positions": "rope",
+        "rope_theta": data.get("rope_theta"),
+        "tie_embeddings": data.get("tie_word_embeddings", False),
+        "qkv_bias": attention_bias,
+        # Llama's attention_bias also covers o_proj; Qwen2 puts biases on q/k/v only.
+        "out_bias": attention_bias and model_type in ("llama", "mistral", "qwen3"),
+    }
+    if model_type == "mixtral":
+        fields.update(num_experts=_require(data, "num_local_experts"), experts_per_token=_require(data, "num_experts_per_tok"))
+    elif model_type in ("qwen2_moe", "qwen3_moe"):
+        fields.update(
+            num_experts=_require(data, "num_experts"),
+            experts_per_token=_require(data, "num_experts_per_tok"),
+            moe_ffn_size=_require(data, "moe_intermediate_size"),
+            shared_expert_ffn_size=data.get("shared_expert_intermediate_size", 0),
+        )
+    return fields
+
+
+def _validated(fields: dict[str, Any], *, source: str) -> ModelConfig:
+    try:
+        return ModelConfig(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        got = f" (got {first['input']!r})" if "input" in first and not isinstance(first["input"], dict) else ""
+        raise InvalidConfigError(
+            f"{source}: {where}: {first['msg']}{got}", fix=f"correct {where!r} in the model config"
+        ) from None
+
+
+def train_config(**fields: Any) -> TrainConfig:
+    """A `TrainConfig` from command-line values; a bad value is reported by its flag.
+
+    >>> train_config(seq_len=4096).seq_len
+    4096
+    """
+    try:
+        return TrainConfig(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        raise InvalidConfigError(f"{flag}={first['input']!r}: {first['msg']}", fix=f"give a valid {flag}") from None

@@ -1,0 +1,52 @@
+"""Tests `costmodel/pipeline.py`: schedules against their closed-form bubbles."""
+
+import pytest
+
+from costmodel.errors import InvalidPlanError
+from costmodel.layout import Schedule
+from costmodel.pipeline import PipelineTimes, simulate_pipeline
+
+
+def _times(p, *, f=1.0, b=2.0, p2p=0.0, v=1):
+    return PipelineTimes(forward_s=(f,) * p, backward_s=(b,) * p, p2p_s=p2p, interleave=v)
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
+@pytest.mark.parametrize(("p", "m"), [(1, 4), (2, 2), (4, 8), (8, 32)])
+def test_bubble_is_p_minus_one_microbatch_times(schedule, p, m):
+    r = simulate_pipeline(_times(p), n_microbatches=m, schedule=schedule)
+    assert r.step_time_s == pytest.approx((m + p - 1) * 3.0)
+    assert r.bubble_s == pytest.approx((p - 1) * 3.0)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 4), (4, 2, 8), (4, 4, 16), (8, 3, 16)])
+def test_interleaving_divides_the_bubble_by_chunks(p, v, m):
+    r = simulate_pipeline(_times(p, v=v), n_microbatches=m, schedule=Schedule.INTERLEAVED)
+    assert r.bubble_s == pytest.approx((p - 1) * 3.0 / v)
+    assert r.busy_s == pytest.approx(m * 3.0)
+
+
+def test_p2p_latency_lengthens_the_critical_path_only():
+    base = simulate_pipeline(_times(4), n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
+    slow = simulate_pipeline(_times(4, p2p=0.1), n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
+    assert base.step_time_s < slow.step_time_s < base.step_time_s + 2 * 8 * 4 * 0.1
+
+
+def test_slowest_stage_sets_the_pace():
+    times = PipelineTimes(forward_s=(1.0, 1.0, 1.5), backward_s=(2.0, 2.0, 3.0), p2p_s=0.0)
+    r = simulate_pipeline(times, n_microbatches=16, schedule=Schedule.ONE_F_ONE_B)
+    assert r.busy_s == pytest.approx(16 * 4.5)
+    assert r.step_time_s >= 16 * 4.5 + 2 * 3.0
+
+
+def test_events_cover_every_microstep_without_overlap():
+    r = simulate_pipeline(_times(3, v=2), n_microbatches=6, schedule=Schedule.INTERLEAVED, keep_events=True)
+    assert len(r.events) == 3 * 6 * 2 * 2
+    for stage in range(3):
+        spans = sorted((e.start_s, e.end_s) for e in r.events if e.stage == stage)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
+
+
+def test_interleaving_needs_divisible_microbatches():
+    with pytest.raises(InvalidPlanError, match="divisible by pipeline stages"):
+        simulate_pipeline(_times(4, v=2), n_microbatches=6, schedule=Schedule.INTERLEAVED)

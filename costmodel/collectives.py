@@ -1,0 +1,118 @@
+"""Alpha-beta cost of collectives over one group of devices.
+
+A group of ``n`` devices spans ``n_nodes`` nodes with ``n / n_nodes`` members in each.
+Inside a node members talk over the intra-node link (NVLink/NVSwitch, or a TPU torus
+dimension); across nodes every member uses its own NIC, so the hierarchical algorithms
+(intra-node reduce-scatter, inter-node exchange of 1/g-sized shards in parallel over g
+NICs, intra-node all-gather) are what NCCL and XLA run on such groups. A flat ring is
+used when the whole group is in one tier.
+
+Sizes are the bytes of the full (unsharded) buffer: for all-gather the gathered result,
+for reduce-scatter the input, for all-reduce the buffer reduced.
+
+>>> tier = Tier(bytes_per_s=100e9, latency_s=0.0)
+>>> all_reduce_s(1e9, Group(n=4, n_nodes=1, intra=tier, inter=tier))  # 2·(3/4)·1 GB / 100 GB/s
+0.015
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+
+class Collective(StrEnum):
+    """Collective kinds, named as in XLA's HLO."""
+
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    P2P = "collective-permute"
+
+
+class Tier(BaseModel):
+    """One link tier as one device sees it: achievable bandwidth per direction and latency."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bytes_per_s: PositiveFloat = Field(description="Bandwidth one device gets on this tier, per direction.")
+    latency_s: NonNegativeFloat = Field(description="Per-message latency (alpha).")
+    bidirectional_ring: bool = Field(False, description="A torus dimension with wrap-around: rings run both ways.")
+
+
+class Group(BaseModel):
+    """A communicating group of devices and the tiers it crosses."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: PositiveInt = Field(description="Devices in the group.")
+    n_nodes: PositiveInt = Field(description="Nodes (or slices) the group spans.")
+    intra: Tier = Field(description="Link between members in the same node.")
+    inter: Tier = Field(description="Link between members in different nodes.")
+
+    @property
+    def per_node(self) -> int:
+        return max(1, self.n // self.n_nodes)
+
+
+def _ring_s(size_bytes: float, n: int, tier: Tier, *, passes: int) -> float:
+    """``passes`` ring phases (1 for gather/scatter, 2 for all-reduce) of ``size_bytes`` over n."""
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    bandwidth = tier.bytes_per_s * (2 if tier.bidirectional_ring else 1)
+    return passes * ((n - 1) / n * size_bytes / bandwidth + (n - 1) * tier.latency_s)
+
+
+def _hierarchical_s(size_bytes: float, group: Group, *, passes: int) -> float:
+    g = group.per_node
+    intra = _ring_s(size_bytes, g, group.intra, passes=passes)
+    # After the intra-node phase each member owns 1/g of the buffer and uses its own NIC.
+    inter = _ring_s(size_bytes / g, group.n_nodes, group.inter, passes=passes)
+    return intra + inter
+
+
+def all_reduce_s(size_bytes: float, group: Group) -> float:
+    """All-reduce time: reduce-scatter plus all-gather, hierarchical across nodes."""
+    return _hierarchical_s(size_bytes, group, passes=2)
+
+
+def all_gather_s(size_bytes: float, group: Group) -> float:
+    """All-gather time for a gathered result of ``size_bytes``."""
+    return _hierarchical_s(size_bytes, group, passes=1)
+
+
+def reduce_scatter_s(size_bytes: float, group: Group) -> float:
+    """Reduce-scatter time for an input of ``size_bytes``."""
+    return _hierarchical_s(size_bytes, group, passes=1)
+
+
+def all_to_all_s(size_bytes: float, group: Group) -> float:
+    """All-to-all time: each device sends (n-1)/n of its ``size_bytes`` buffer.
+
+    The share bound for other nodes leaves through the NIC; the rest over the intra tier.
+    """
+    n = group.n
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    off_node = (n - group.per_node) / n * size_bytes
+    on_node = (group.per_node - 1) / n * size_bytes
+    return max(off_node / group.inter.bytes_per_s, on_node / group.intra.bytes_per_s) + (n - 1) * group.inter.latency_s
+
+
+def p2p_s(size_bytes: float, tier: Tier) -> float:
+    """One point-to-point transfer of ``size_bytes`` over ``tier``."""
+    return size_bytes / tier.bytes_per_s + tier.latency_s if size_bytes > 0 else 0.0
+
+
+def collective_s(kind: Collective, size_bytes: float, group: Group) -> float:
+    """Time of ``kind`` on ``group`` (a P2P is a transfer over the slowest tier crossed)."""
+    if kind is Collective.P2P:
+        return p2p_s(size_bytes, group.inter if group.n_nodes > 1 else group.intra)
+    return {
+        Collective.ALL_REDUCE: all_reduce_s,
+        Collective.ALL_GATHER: all_gather_s,
+        Collective.REDUCE_SCATTER: reduce_scatter_s,
+        Collective.ALL_TO_ALL: all_to_all_s,
+    }[kind](size_bytes, group)

@@ -166,6 +166,11 @@ class ModelConfig(BaseModel):
         inactive = (self.num_experts - self.experts_per_token) * self._expert_params(self.moe_ffn_size)
         return self.params_per_layer - inactive
 
+    @property
+    def routed_expert_params_per_layer(self) -> int:
+        """Parameters of one layer's routed experts (0 for a dense model); ep shards these."""
+        return self.num_experts * self._expert_params(self.moe_ffn_size) if self.is_moe else 0
+
     def _norm_params(self) -> int:
         return self.hidden_size * (2 if self.norm is Norm.LAYERNORM else 1)
 

@@ -1,0 +1,109 @@
+"""Simulator accuracy against published training runs.
+
+Every row of ``../shared/data/published_training_runs.csv`` is simulated from its own
+configuration (model shape, devices, hardware, layout, attention kernel, overlap) and the
+predicted step time is compared with the one the source measured. Prints a table and
+writes a CSV.
+
+    python benchmarks/simulator_accuracy.py [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
+
+Rules for cells the source leaves blank: micro-batch 1, no interleaving (1F1B), cp 1.
+Nothing here is tuned per row: the only constants are the hardware profiles'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.catalog_machine import machine_for
+from costmodel.layout import Layout, Schedule
+from costmodel.model_config import ModelConfig
+from costmodel.simulator import simulate
+from costmodel.train_config import TrainConfig
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_training_runs.csv"
+
+
+def model_from_row(row: dict[str, str]) -> ModelConfig:
+    """The model a row trained, from its own columns."""
+    gpt = row["arch"] == "gpt"
+    return ModelConfig(
+        name=row["model"], hidden_size=int(row["hidden"]), num_layers=int(row["layers"]), num_heads=int(row["heads"]),
+        num_kv_heads=int(row["kv_heads"]), head_dim=int(row["head_dim"]) if row["head_dim"] else None,
+        ffn_size=int(row["ffn"]), vocab_size=int(row["vocab"]), max_position_embeddings=int(row["seq_len"]),
+        norm="layernorm" if gpt else "rmsnorm", mlp=row["mlp"], positions="learned" if gpt else "rope",
+        tie_embeddings=gpt, qkv_bias=gpt, out_bias=gpt, mlp_bias=gpt,
+    )
+
+
+def layout_from_row(row: dict[str, str]) -> Layout:
+    """The layout a row ran, with the documented defaults for blank cells."""
+    interleave = int(row["interleave"] or 1)
+    return Layout(
+        dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"] or 1),
+        micro_batch=int(row["micro_batch"] or 1), interleave=interleave,
+        schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
+        recompute=row["recompute"], sequence_parallel=row["sequence_parallel"] == "yes",
+        zero_stage=int(row["zero_stage"]), attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes",
+    )
+
+
+def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
+    """Simulate every row; one result dict per row."""
+    results = []
+    for row in rows:
+        model, layout = model_from_row(row), layout_from_row(row)
+        train = TrainConfig(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch_seqs"]))
+        machine = machine_for(row["hardware"], devices_per_node=int(row["devices_per_node"]))
+        start = time.perf_counter()
+        est = simulate(model, train, layout, machine)
+        elapsed_s = time.perf_counter() - start
+        measured = float(row["derived_step_time_s"])
+        results.append({
+            "source": row["source"].split(" (")[0], "table": row["table"], "model": row["model"], "hardware": row["hardware"],
+            "devices": layout.n_devices, "layout": f"tp{layout.tp} pp{layout.pp} dp{layout.dp} mb{layout.micro_batch} "
+            f"v{layout.interleave} {layout.recompute}{' sp' if layout.sequence_parallel else ''} z{layout.zero_stage}",
+            "measured_s": measured, "predicted_s": est.step_time_s, "error_pct": 100 * (est.step_time_s - measured) / measured,
+            "mfu": est.mfu, "fits": est.fits, "simulate_s": elapsed_s,
+        })
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="published runs CSV")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/simulator_accuracy.csv"), help="where to write the CSV")
+    args = parser.parse_args(argv)
+    with args.data.open() as f:
+        rows = list(csv.DictReader(f))
+    results = evaluate(rows)
+    table = Table(title=f"Simulator vs published step time ({len(results)} runs)")
+    for col in ("model", "hardware", "devices", "layout", "measured_s", "predicted_s", "error_pct", "mfu", "fits"):
+        table.add_column(col, justify="right" if col not in ("model", "hardware", "layout") else "left")
+    for r in results:
+        table.add_row(str(r["model"]), str(r["hardware"]), str(r["devices"]), str(r["layout"]), f"{r['measured_s']:.3f}",
+                      f"{r['predicted_s']:.3f}", f"{r['error_pct']:+.1f}", f"{r['mfu']:.3f}", str(r["fits"]))
+    console = Console(width=200)
+    console.print(table)
+    errors = [abs(float(r["error_pct"])) for r in results]
+    console.print(f"mean |error| {statistics.mean(errors):.2f} %   max |error| {max(errors):.2f} %   "
+                  f"slowest simulate() {max(float(r['simulate_s']) for r in results) * 1e3:.0f} ms")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(results[0]))
+        writer.writeheader()
+        writer.writerows(results)
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Data-parallel communication of one step: gradient reduction, ZeRO and FSDP traffic.
+
+- ZeRO 0: one all-reduce of the stage's gradients after the last micro-batch.
+- ZeRO 1/2: a reduce-scatter of the gradients, then an all-gather of the updated
+  (compute-dtype) parameters.
+- ZeRO 3 (FSDP): every micro-batch gathers each layer's parameters in forward and again in
+  backward, and reduce-scatters its gradients.
+
+With overlap (``Layout.dp_overlap``), the reduction hides behind the backward of the last
+micro-batch and FSDP traffic behind the neighbouring layer's compute, leaving only what
+exceeds it; without overlap all of it is on the critical path.
+
+>>> from costmodel.collectives import Tier
+>>> from costmodel.layer_costs import Machine, layer_costs
+>>> from costmodel.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
+>>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
+...              devices_per_node=8, intra=Tier(bytes_per_s=1e11, latency_s=0), inter=Tier(bytes_per_s=1e10, latency_s=0))
+>>> lay, train = Layout(dp=8, dp_overlap=False), TrainConfig(seq_len=1024, global_batch=8)
+>>> c = data_parallel_costs(m, train, lay, hw, layer_costs(m, train, lay, hw))
+>>> c.exposed_s == c.total_s > 0
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
+
+from costmodel.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
+from costmodel.layer_costs import LayerCosts, Machine
+from costmodel.layout import Layout
+from costmodel.model_config import ModelConfig, Positions
+from costmodel.train_config import TrainConfig
+
+
+class DataParallelCost(BaseModel):
+    """Seconds of data-parallel communication in one step on the busiest device."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    total_s: NonNegativeFloat = Field(description="All data-parallel collectives, overlapped or not.")
+    exposed_s: NonNegativeFloat = Field(description="The part on the critical path.")
+
+
+def layer_params_per_device(model: ModelConfig, layout: Layout) -> float:
+    """Parameters of one layer held by one device (tp splits all; ep splits experts too)."""
+    experts = model.routed_expert_params_per_layer
+    return (model.params_per_layer - experts) / layout.tp + experts / (layout.tp * layout.ep)
+
+
+def stage_params_per_device(model: ModelConfig, layout: Layout) -> float:
+    """Parameters on the busier end stage of the pipeline, per device, before ZeRO sharding."""
+    layers = math.ceil(model.num_layers / layout.pp) * layer_params_per_device(model, layout)
+    h, v = model.hidden_size, model.vocab_size
+    embed = v * h / layout.tp + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
+    # A tied head keeps its own copy of the embedding on the last stage when pp > 1.
+    head = h * v / layout.tp + h
+    if layout.pp == 1:
+        return layers + embed + (0 if model.tie_embeddings else head)
+    return layers + max(embed, head)
+
+
+def data_parallel_costs(
+    model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts
+) -> DataParallelCost:
+    """Data-parallel seconds of one step for ``layout`` (0 when dp = 1)."""
+    if layout.dp == 1:
+        return DataParallelCost(total_s=0.0, exposed_s=0.0)
+    group = hw.groups(layout)["dp"]
+    grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
+    layers = math.ceil(model.num_layers / layout.pp)
+    if layout.zero_stage == 3:
+        n_micro = layout.micro_batches(train)
+        per_layer = layer_params_per_device(model, layout)
+        gather_s = all_gather_s(per_layer * param_bytes, group)
+        scatter_s = reduce_scatter_s(per_layer * grad_bytes, group)
+        other = stage_params_per_device(model, layout) - layers * per_layer
+        ends_s = 2 * all_gather_s(other * param_bytes, group) + reduce_scatter_s(other * grad_bytes, group)
+        total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
+        if not layout.dp_overlap:
+            return DataParallelCost(total_s=total_s, exposed_s=total_s)
+        # Prefetching hides a layer's gather behind its neighbour; the first gather and the
+        # embedding/head traffic stay exposed.
+        hidden_fwd = max(0.0, gather_s - layer.forward_s)
+        hidden_bwd = max(0.0, gather_s + scatter_s - layer.backward_s)
+        exposed_s = n_micro * (layers * (hidden_fwd + hidden_bwd) + gather_s + ends_s)
+        return DataParallelCost(total_s=total_s, exposed_s=min(total_s, exposed_s))
+    params = stage_params_per_device(model, layout)
+    if layout.zero_stage == 0:
+        reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
+    else:
+        reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(params * param_bytes, group)
+    total_s = reduce_s + regather_s
+    if not layout.dp_overlap:
+        return DataParallelCost(total_s=total_s, exposed_s=total_s)
+    # Bucketed reduction runs while the last micro-batch's backward is still going; the
+    # parameter all-gather overlaps the next step's first forward.
+    exposed_s = max(0.0, reduce_s - layers * layer.backward_s) + max(0.0, regather_s - layers * layer.forward_s)
+    return DataParallelCost(total_s=total_s, exposed_s=exposed_s)

@@ -1,0 +1,60 @@
+"""`StepEstimate`: the simulator's answer, with every number explained.
+
+>>> t = TimeBreakdown(compute_s=1.0, memory_bound_s=0.2, recompute_s=0.3, bubble_s=0.1,
+...                   exposed_comm_s=0.05, optimizer_s=0.02, comm_s_by_axis={"tp": 0.4})
+>>> round(t.total_s, 6)
+1.67
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, computed_field
+
+from costmodel.layout import Layout
+from costmodel.memory import MemoryBreakdown
+from costmodel.pipeline import TimelineEvent
+
+
+class TimeBreakdown(BaseModel):
+    """Where the busiest device's step time goes; the additive parts sum to the step time.
+
+    ``comm_s_by_axis`` is the total time of each parallel dimension's collectives,
+    overlapped or not; ``exposed_comm_s`` is the part on the critical path (tensor and
+    expert parallel in full, context parallel and data parallel beyond what overlaps).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compute_s: NonNegativeFloat = Field(description="Matmul and attention kernels (forward + backward), first pass.")
+    memory_bound_s: NonNegativeFloat = Field(description="HBM-bound kernels (norms, activations, softmax, residuals, loss).")
+    recompute_s: NonNegativeFloat = Field(description="Forward work repeated in backward by activation recompute.")
+    bubble_s: NonNegativeFloat = Field(description="Pipeline idle time of the busiest stage.")
+    exposed_comm_s: NonNegativeFloat = Field(description="Communication not hidden behind compute.")
+    optimizer_s: NonNegativeFloat = Field(description="Optimizer update (HBM-bound).")
+    comm_s_by_axis: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict, description="Total collective time per parallel dimension (tp, cp, ep, pp, dp), overlapped or not."
+    )
+
+    @computed_field(description="Sum of the additive parts: the step time.")
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.memory_bound_s + self.recompute_s + self.bubble_s + self.exposed_comm_s + self.optimizer_s
+
+
+class StepEstimate(BaseModel):
+    """Predicted step time, throughput, utilisation and memory of one layout."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layout: Layout = Field(description="The layout simulated.")
+    hardware: str = Field(description="Hardware profile name.")
+    n_devices: int = Field(description="Devices in the layout.")
+    step_time_s: float = Field(description="Seconds per optimizer step.")
+    tokens_per_s: float = Field(description="Tokens per second over all devices.")
+    mfu: float = Field(description="Model FLOPs (6·N·tokens + attention, no recompute) / (step · devices · peak).")
+    hfu: float = Field(description="Hardware FLOPs (including recompute) / (step · devices · peak).")
+    model_flops: float = Field(description="Model FLOPs of one step, over all devices.")
+    breakdown: TimeBreakdown = Field(description="Where the step time goes.")
+    memory: MemoryBreakdown = Field(description="Per-device memory, itemised.")
+    fits: bool | None = Field(description="Whether the memory fits the device's HBM.")
+    timeline: tuple[TimelineEvent, ...] = Field((), description="Pipeline micro-steps, when asked for.")

@@ -1,0 +1,145 @@
+"""Seconds one transformer layer costs for one micro-batch on one device.
+
+Kernels come from `costmodel.kernels`, their times from the roofline; the collectives a
+layer issues (tensor, context and expert parallel) from `costmodel.collectives` on the
+layout's groups. Tensor-parallel collectives sit between dependent GEMMs and are not
+hidden (Megatron-LM 2021–22 did not overlap them); the context-parallel ring overlaps
+the attention it feeds.
+
+>>> from costmodel.collectives import Tier
+>>> from costmodel.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+>>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
+...              devices_per_node=8, intra=Tier(bytes_per_s=1e11, latency_s=0), inter=Tier(bytes_per_s=1e10, latency_s=0))
+>>> c = layer_costs(m, TrainConfig(seq_len=1024), Layout(tp=2), hw)
+>>> c.backward.compute_s > c.forward.compute_s > 0 and c.tp_forward_s > 0
+True
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from costmodel.collectives import Group, Tier, all_reduce_s, all_to_all_s, p2p_s
+from costmodel.kernels import FLASH_BACKWARD_FLOPS_RATIO, Kernel, KernelKind, layer_forward_kernels
+from costmodel.layout import Layout, Recompute
+from costmodel.model_config import ModelConfig
+from costmodel.roofline import Efficiency, kernel_time_s
+from costmodel.topology import layout_groups
+from costmodel.train_config import TrainConfig
+
+# A GEMM's backward is two GEMMs of its size (input and weight gradients); an
+# elementwise kernel's backward moves about twice its forward traffic.
+BACKWARD_RATIO = {KernelKind.MATMUL: 2.0, KernelKind.FLASH_ATTENTION: FLASH_BACKWARD_FLOPS_RATIO, KernelKind.MEMORY: 2.0}
+
+
+class Machine(BaseModel):
+    """What the simulator needs of a cluster: one device's peaks and the two link tiers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Hardware profile name.")
+    peak_flops_per_s: PositiveFloat = Field(description="Dense peak of the compute dtype.")
+    hbm_bytes_per_s: PositiveFloat = Field(description="HBM bandwidth.")
+    hbm_bytes: PositiveFloat = Field(description="HBM capacity.")
+    efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
+    devices_per_node: PositiveInt = Field(description="Devices sharing the intra-node link.")
+    intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, ICI).")
+    inter: Tier = Field(description="Inter-node link as one device sees it (its NIC, DCN).")
+
+    def groups(self, layout: Layout) -> dict[str, Group]:
+        return layout_groups(layout, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
+
+
+class Phase(BaseModel):
+    """Seconds split into GEMM/attention-bound and HBM-bound kernels."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compute_s: NonNegativeFloat = 0.0
+    memory_s: NonNegativeFloat = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.memory_s
+
+
+def phase_time(kernels: list[Kernel], hw: Machine, *, backward: bool = False) -> Phase:
+    """Roofline time of ``kernels`` run once (forward) or differentiated (backward)."""
+    compute_s = memory_s = 0.0
+    for k in kernels:
+        if backward:
+            ratio = BACKWARD_RATIO[k.kind]
+            k = k.model_copy(update={"flops": k.flops * ratio, "bytes": k.bytes * ratio})
+        t = kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
+        if k.kind is KernelKind.MEMORY:
+            memory_s += t
+        else:
+            compute_s += t
+    return Phase(compute_s=compute_s, memory_s=memory_s)
+
+
+class LayerCosts(BaseModel):
+    """One layer, one micro-batch, one device: kernel time and the collectives it waits on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    forward: Phase = Field(description="Forward kernels.")
+    backward: Phase = Field(description="Backward kernels.")
+    recompute: Phase = Field(description="Forward kernels re-run in backward by the recompute policy.")
+    tp_forward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in forward.")
+    tp_backward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in backward (and recompute).")
+    cp_total_s: NonNegativeFloat = Field(description="Context-parallel ring transfers, forward and backward.")
+    cp_exposed_s: NonNegativeFloat = Field(description="Part of cp_total_s not hidden behind attention.")
+    ep_forward_s: NonNegativeFloat = Field(description="Expert all-to-alls in forward.")
+    ep_backward_s: NonNegativeFloat = Field(description="Expert all-to-alls in backward.")
+
+    @property
+    def forward_s(self) -> float:
+        return self.forward.total_s + self.tp_forward_s + self.cp_exposed_s / 3 + self.ep_forward_s
+
+    @property
+    def backward_s(self) -> float:
+        return (self.backward.total_s + self.recompute.total_s + self.tp_backward_s
+                + 2 * self.cp_exposed_s / 3 + self.ep_backward_s)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.tp_forward_s + self.tp_backward_s + self.cp_exposed_s + self.ep_forward_s + self.ep_backward_s
+
+
+def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> LayerCosts:
+    """Cost one layer of ``model`` for one micro-batch under ``layout`` on ``hw``."""
+    groups = hw.groups(layout)
+    e = train.compute_dtype.bytes
+    tokens = layout.micro_batch * train.seq_len / layout.cp
+    kernels = layer_forward_kernels(model, train, layout)
+    core = [k for k in kernels if k.in_attention_core]
+    forward = phase_time(kernels, hw)
+    recompute = {Recompute.NONE: Phase(), Recompute.SELECTIVE: phase_time(core, hw), Recompute.FULL: forward}[layout.recompute]
+    # Two all-reduces per layer and pass (with SP: all-gather + reduce-scatter, same bytes);
+    # full recompute re-runs the forward ones.
+    tp_pass_s = 2 * all_reduce_s(tokens * model.hidden_size * e, groups["tp"])
+    tp_backward_s = tp_pass_s * (2 if layout.recompute is Recompute.FULL else 1)
+    # Context parallel: each device passes its K/V chunk round the ring, cp-1 hops, in
+    # forward and twice in backward (K/V and their gradients).
+    kv_bytes = 2 * tokens * model.num_kv_heads * model.head_dim / layout.tp * e
+    cp_group = groups["cp"]
+    hop_tier = cp_group.inter if cp_group.n_nodes > 1 else cp_group.intra
+    ring_s = (layout.cp - 1) * p2p_s(kv_bytes, hop_tier)
+    attention_s = phase_time(core, hw).total_s
+    ep_pass_s = 0.0
+    if model.is_moe and layout.ep > 1:
+        routed_bytes = tokens * model.experts_per_token * model.hidden_size * e / layout.tp
+        ep_pass_s = 2 * all_to_all_s(routed_bytes, groups["ep"])  # dispatch and combine
+    return LayerCosts(
+        forward=forward,
+        backward=phase_time(kernels, hw, backward=True),
+        recompute=recompute,
+        tp_forward_s=tp_pass_s,
+        tp_backward_s=tp_backward_s,
+        cp_total_s=3 * ring_s,
+        cp_exposed_s=3 * max(0.0, ring_s - attention_s),
+        ep_forward_s=ep_pass_s,
+        ep_backward_s=ep_pass_s * (2 if layout.recompute is Recompute.FULL else 1),
+    )

@@ -1,0 +1,70 @@
+"""Roofline time of one kernel on one device.
+
+time = max(FLOPs / (peak · efficiency), bytes / (HBM bandwidth · HBM efficiency)) + launch floor
+
+The efficiencies are the device's (`costmodel.hardware.DeviceSpec`): what its GEMMs,
+fused attention kernels and streaming kernels reach in micro-benchmarks. GEMM efficiency
+falls for small problems (tile and wave quantisation, launch latency); the device gives
+it as a curve over a kernel's FLOPs.
+
+>>> from costmodel.kernels import Kernel, KernelKind
+>>> k = Kernel(name="g", kind=KernelKind.MEMORY, flops=0, bytes=2e9)
+>>> round(kernel_time_s(k, peak_flops_per_s=1e15, hbm_bytes_per_s=2e12, efficiency=Efficiency()), 4)
+0.0012
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_validator
+
+from costmodel.kernels import Kernel, KernelKind
+
+
+class Efficiency(BaseModel):
+    """Achievable fractions of a device's peaks, measured by micro-benchmarks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    matmul_curve: tuple[tuple[float, float], ...] = Field(
+        ((1e9, 0.45), (1e10, 0.7), (1e11, 0.8), (1e12, 0.85)),
+        description="(GEMM FLOPs, fraction of peak reached) points, ascending; interpolated in log FLOPs.",
+    )
+    flash_attention: float = Field(0.6, gt=0, le=1, description="Fraction of peak a fused attention kernel reaches.")
+    hbm: float = Field(0.85, gt=0, le=1, description="Fraction of HBM bandwidth a streaming kernel reaches.")
+    kernel_floor_s: NonNegativeFloat = Field(5e-6, description="Launch and tail latency added to every kernel.")
+
+    @field_validator("matmul_curve")
+    @classmethod
+    def _ascending(cls, curve: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+        if not curve or any(a[0] >= b[0] for a, b in zip(curve, curve[1:])):
+            raise ValueError("matmul_curve needs at least one point, in ascending FLOPs")
+        if any(not 0 < eff <= 1 for _, eff in curve):
+            raise ValueError("matmul_curve efficiencies must be in (0, 1]")
+        return curve
+
+    def matmul(self, flops: float) -> float:
+        """GEMM efficiency at ``flops``, log-linear between points, flat outside."""
+        sizes = [p[0] for p in self.matmul_curve]
+        i = bisect.bisect_left(sizes, flops)
+        if i == 0:
+            return self.matmul_curve[0][1]
+        if i == len(sizes):
+            return self.matmul_curve[-1][1]
+        (x0, y0), (x1, y1) = self.matmul_curve[i - 1], self.matmul_curve[i]
+        w = (math.log(flops) - math.log(x0)) / (math.log(x1) - math.log(x0))
+        return y0 + w * (y1 - y0)
+
+
+def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency) -> float:
+    """Seconds one execution of ``kernel`` takes on a device with these peaks."""
+    memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm)
+    if kernel.kind is KernelKind.MATMUL:
+        compute_s = kernel.flops / (peak_flops_per_s * efficiency.matmul(kernel.flops))
+    elif kernel.kind is KernelKind.FLASH_ATTENTION:
+        compute_s = kernel.flops / (peak_flops_per_s * efficiency.flash_attention)
+    else:
+        compute_s = 0.0
+    return max(compute_s, memory_s) + efficiency.kernel_floor_s

@@ -1,0 +1,62 @@
+"""Tests `costmodel/kernels.py`: the fused-kernel table of one layer."""
+
+import pytest
+
+from costmodel.kernels import KernelKind, head_forward_kernels, layer_forward_kernels
+from costmodel.layout import Attention, Layout
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+
+GPT = ModelConfig(name="gpt", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=5000,
+                  norm="layernorm", mlp="gelu", positions="learned", tie_embeddings=True)
+LLAMA = ModelConfig(name="llama", hidden_size=1024, num_layers=4, num_heads=16, num_kv_heads=4, ffn_size=2816, vocab_size=5000)
+TRAIN = TrainConfig(seq_len=512, global_batch=8)
+
+
+def _matmul_flops(kernels):
+    return sum(k.flops for k in kernels if k.kind is not KernelKind.MEMORY)
+
+
+def _named(kernels, name):
+    return next(k for k in kernels if k.name == name)
+
+
+def test_materialized_gpt_layer_matches_megatron_forward_flops():
+    # Megatron: forward FLOPs per layer = 24·b·s·h² (1 + s / (6h)).
+    b, s, h = 2, TRAIN.seq_len, GPT.hidden_size
+    kernels = layer_forward_kernels(GPT, TRAIN, Layout(micro_batch=b, attention=Attention.MATERIALIZED))
+    assert _matmul_flops(kernels) == pytest.approx(24 * b * s * h * h * (1 + s / (6 * h)), rel=1e-12)
+
+
+def test_tensor_and_context_parallel_divide_the_work():
+    one = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(attention=Attention.MATERIALIZED)))
+    tp4 = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(tp=4, attention=Attention.MATERIALIZED)))
+    cp2 = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(cp=2, attention=Attention.MATERIALIZED)))
+    assert tp4 == pytest.approx(one / 4) and cp2 == pytest.approx(one / 2)
+
+
+def test_flash_attention_has_no_score_traffic_and_skips_the_masked_half():
+    flash = layer_forward_kernels(GPT, TRAIN, Layout(attention=Attention.FLASH))
+    mat = layer_forward_kernels(GPT, TRAIN, Layout(attention=Attention.MATERIALIZED))
+    flash_core = [k for k in flash if k.in_attention_core]
+    mat_core = [k for k in mat if k.in_attention_core]
+    assert _matmul_flops(flash_core) == pytest.approx(0.5 * _matmul_flops(mat_core))
+    assert sum(k.bytes for k in flash_core) < sum(k.bytes for k in mat_core) / 10
+
+
+def test_sequence_parallel_splits_the_residual_stream_kernels():
+    plain = layer_forward_kernels(GPT, TRAIN, Layout(tp=4))
+    sp = layer_forward_kernels(GPT, TRAIN, Layout(tp=4, sequence_parallel=True))
+    assert _named(sp, "attn_norm").bytes == pytest.approx(_named(plain, "attn_norm").bytes / 4)
+    assert _matmul_flops(sp) == pytest.approx(_matmul_flops(plain))
+
+
+def test_moe_layer_costs_top_k_experts():
+    moe = LLAMA.model_copy(update={"num_experts": 8, "experts_per_token": 2})
+    dense = _matmul_flops([k for k in layer_forward_kernels(LLAMA, TRAIN, Layout()) if k.name.startswith("mlp")])
+    experts = _matmul_flops([k for k in layer_forward_kernels(moe, TRAIN, Layout()) if k.name.startswith("expert")])
+    assert experts == pytest.approx(2 * dense)
+
+
+def test_head_projects_onto_the_vocabulary_split_by_tp():
+    assert _named(head_forward_kernels(GPT, TRAIN, Layout(tp=2)), "lm_head").flops == pytest.approx(2 * TRAIN.seq_len * GPT.hidden_size * GPT.vocab_size / 2)

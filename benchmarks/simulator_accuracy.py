@@ -8,6 +8,8 @@ writes a CSV.
     python benchmarks/simulator_accuracy.py [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
 
 Rules for cells the source leaves blank: micro-batch 1, no interleaving (1F1B), cp 1.
+torchtitan's "selective" is its own activation checkpointing: per layer where the row's
+notes say "layer-level SAC", otherwise per op (its default in the configs these runs used).
 Nothing here is tuned per row: the only constants are the hardware profiles'.
 """
 
@@ -24,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.catalog_machine import machine_for
-from costmodel.layout import Layout, Schedule
+from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
@@ -44,6 +46,14 @@ def model_from_row(row: dict[str, str]) -> ModelConfig:
     )
 
 
+def recompute_from_row(row: dict[str, str]) -> Recompute:
+    """The recompute policy a row ran; torchtitan's selective checkpointing is not Megatron's."""
+    policy = Recompute(row["recompute"])
+    if policy is Recompute.SELECTIVE and "torchtitan" in row["source"]:
+        return Recompute.SELECTIVE_LAYER if "layer-level SAC" in row["notes"] else Recompute.SELECTIVE_OP
+    return policy
+
+
 def layout_from_row(row: dict[str, str]) -> Layout:
     """The layout a row ran, with the documented defaults for blank cells."""
     interleave = int(row["interleave"] or 1)
@@ -51,7 +61,7 @@ def layout_from_row(row: dict[str, str]) -> Layout:
         dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"] or 1),
         micro_batch=int(row["micro_batch"] or 1), interleave=interleave,
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
-        recompute=row["recompute"], sequence_parallel=row["sequence_parallel"] == "yes",
+        recompute=recompute_from_row(row), sequence_parallel=row["sequence_parallel"] == "yes",
         zero_stage=int(row["zero_stage"]), attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes",
     )
 

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.layout import Attention, Layout
+from costmodel.layout import Attention, Layout, Recompute
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.train_config import TrainConfig
 
@@ -52,6 +52,10 @@ class Kernel(BaseModel):
     flops: NonNegativeFloat = Field(description="Floating-point operations on this device.")
     bytes: NonNegativeFloat = Field(description="HBM bytes read plus written on this device.")
     in_attention_core: bool = Field(False, description="Recomputed by selective recompute (scores, softmax, dropout, attention·V).")
+
+    def scaled(self, factor: float) -> Kernel:
+        """The same kernel doing ``factor`` times the work."""
+        return self.model_copy(update={"flops": self.flops * factor, "bytes": self.bytes * factor})
 
 
 def _matmul(name: str, m: float, n: float, k: float, *, elem_bytes: int, batch: float = 1.0, core: bool = False) -> Kernel:
@@ -164,3 +168,27 @@ def embedding_forward_kernels(model: ModelConfig, train: TrainConfig, layout: La
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
     return [_memory("embedding", tokens * model.hidden_size, 3, elem_bytes=e)]
+
+
+def recomputed_kernels(kernels: list[Kernel], recompute: Recompute) -> list[Kernel]:
+    """The share of a layer's forward ``kernels`` that ``recompute`` re-runs in backward.
+
+    >>> k = Kernel(name="qkv", kind=KernelKind.MATMUL, flops=10.0, bytes=1.0)
+    >>> [r.flops for r in recomputed_kernels([k], Recompute.SELECTIVE_OP)]
+    [5.0]
+    """
+    if recompute is Recompute.FULL:
+        return list(kernels)
+    if recompute is Recompute.SELECTIVE_LAYER:
+        return [k.scaled(0.5) for k in kernels]  # every second layer recomputed in full
+    if recompute is Recompute.SELECTIVE:
+        return [k for k in kernels if k.in_attention_core]
+    if recompute is Recompute.SELECTIVE_OP:
+        # Matmul and attention outputs are kept, except every second matmul's.
+        return [k.scaled(0.5) if k.kind is KernelKind.MATMUL else k for k in kernels if k.kind is not KernelKind.FLASH_ATTENTION]
+    return []
+
+
+def recomputed_forward_comm_fraction(recompute: Recompute) -> float:
+    """Share of a layer's forward collectives re-issued by recompute."""
+    return {Recompute.FULL: 1.0, Recompute.SELECTIVE_LAYER: 0.5}.get(recompute, 0.0)

@@ -21,8 +21,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from costmodel.collectives import Group, Tier, all_reduce_s, all_to_all_s, p2p_s
-from costmodel.kernels import FLASH_BACKWARD_FLOPS_RATIO, Kernel, KernelKind, layer_forward_kernels
-from costmodel.layout import Layout, Recompute
+from costmodel.kernels import (
+    FLASH_BACKWARD_FLOPS_RATIO, Kernel, KernelKind, layer_forward_kernels, recomputed_forward_comm_fraction,
+    recomputed_kernels,
+)
+from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
 from costmodel.roofline import Efficiency, kernel_time_s
 from costmodel.topology import layout_groups
@@ -69,8 +72,7 @@ def phase_time(kernels: list[Kernel], hw: Machine, *, backward: bool = False) ->
     compute_s = memory_s = 0.0
     for k in kernels:
         if backward:
-            ratio = BACKWARD_RATIO[k.kind]
-            k = k.model_copy(update={"flops": k.flops * ratio, "bytes": k.bytes * ratio})
+            k = k.scaled(BACKWARD_RATIO[k.kind])
         t = kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
         if k.kind is KernelKind.MEMORY:
             memory_s += t
@@ -116,11 +118,12 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     kernels = layer_forward_kernels(model, train, layout)
     core = [k for k in kernels if k.in_attention_core]
     forward = phase_time(kernels, hw)
-    recompute = {Recompute.NONE: Phase(), Recompute.SELECTIVE: phase_time(core, hw), Recompute.FULL: forward}[layout.recompute]
+    recompute = phase_time(recomputed_kernels(kernels, layout.recompute), hw)
+    comm_repeat = recomputed_forward_comm_fraction(layout.recompute)
     # Two all-reduces per layer and pass (with SP: all-gather + reduce-scatter, same bytes);
-    # full recompute re-runs the forward ones.
+    # recomputing a layer re-runs its forward ones.
     tp_pass_s = 2 * all_reduce_s(tokens * model.hidden_size * e, groups["tp"])
-    tp_backward_s = tp_pass_s * (2 if layout.recompute is Recompute.FULL else 1)
+    tp_backward_s = tp_pass_s * (1 + comm_repeat)
     # Context parallel: each device passes its K/V chunk round the ring, cp-1 hops, in
     # forward and twice in backward (K/V and their gradients).
     kv_bytes = 2 * tokens * model.num_kv_heads * model.head_dim / layout.tp * e
@@ -141,5 +144,5 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         cp_total_s=3 * ring_s,
         cp_exposed_s=3 * max(0.0, ring_s - attention_s),
         ep_forward_s=ep_pass_s,
-        ep_backward_s=ep_pass_s * (2 if layout.recompute is Recompute.FULL else 1),
+        ep_backward_s=ep_pass_s * (1 + comm_repeat),
     )

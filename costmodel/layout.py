@@ -23,11 +23,20 @@ from costmodel.train_config import TrainConfig
 
 
 class Recompute(StrEnum):
-    """Activation recomputation policy (Korthikanti et al. 2022)."""
+    """Activation recomputation policy.
+
+    ``selective`` is Korthikanti et al. 2022's (Megatron-LM): recompute the attention core
+    (scores, softmax, dropout, attention·V), keep the rest. ``selective-op`` and
+    ``selective-layer`` are torchtitan's selective activation checkpointing: per-op (keep
+    matmul and attention outputs except every second matmul's, recompute everything else)
+    and per-layer (every second layer fully checkpointed).
+    """
 
     NONE = "none"
-    SELECTIVE = "selective"  # recompute attention's softmax/dropout core, keep the rest
-    FULL = "full"  # keep only each layer's input, recompute the layer in backward
+    SELECTIVE = "selective"
+    SELECTIVE_OP = "selective-op"
+    SELECTIVE_LAYER = "selective-layer"
+    FULL = "full"
 
 
 class Schedule(StrEnum):

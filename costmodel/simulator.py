@@ -24,9 +24,11 @@ import math
 from costmodel.collectives import p2p_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
-from costmodel.kernels import embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
+from costmodel.kernels import (
+    KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels, recomputed_kernels,
+)
 from costmodel.layer_costs import LayerCosts, Machine, Phase, layer_costs, phase_time
-from costmodel.layout import Layout, Recompute, check_layout
+from costmodel.layout import Layout, check_layout
 from costmodel.memory import memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.pipeline import PipelineTimes, simulate_pipeline
@@ -77,12 +79,8 @@ def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
 
 
 def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
-    if layout.recompute is Recompute.NONE:
-        return 0.0
-    kernels = layer_forward_kernels(model, train, layout)
-    if layout.recompute is Recompute.SELECTIVE:
-        kernels = [k for k in kernels if k.in_attention_core]
-    per_device_mb = sum(k.flops for k in kernels) * model.num_layers
+    kernels = recomputed_kernels(layer_forward_kernels(model, train, layout), layout.recompute)
+    per_device_mb = sum(k.flops for k in kernels if k.kind is not KernelKind.MEMORY) * model.num_layers
     return per_device_mb * layout.micro_batches(train) * layout.dp * layout.tp * layout.cp
 
 

@@ -10,6 +10,8 @@ writes a CSV.
 Rules for cells the source leaves blank: micro-batch 1, no interleaving (1F1B), cp 1.
 torchtitan's "selective" is its own activation checkpointing: per layer where the row's
 notes say "layer-level SAC", otherwise per op (its default in the configs these runs used).
+Elementwise kernels are fused for Megatron-LM (its fused kernels) and for torchtitan runs
+whose notes say torch.compile; other torchtitan runs are eager (its default then).
 Nothing here is tuned per row: the only constants are the hardware profiles'.
 """
 
@@ -63,6 +65,7 @@ def layout_from_row(row: dict[str, str]) -> Layout:
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
         recompute=recompute_from_row(row), sequence_parallel=row["sequence_parallel"] == "yes",
         zero_stage=int(row["zero_stage"]), attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes",
+        fused_elementwise="torchtitan" not in row["source"] or "torch.compile" in row["notes"],
     )
 
 

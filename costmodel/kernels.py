@@ -22,13 +22,35 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.layout import Attention, Layout, Recompute
-from costmodel.model_config import ModelConfig, Norm
+from costmodel.model_config import ModelConfig, Norm, Positions
 from costmodel.train_config import TrainConfig
 
 # Passes over the S×S score matrix in materialized attention (Megatron's fused
 # scale-mask-softmax reads scores and writes probabilities; dropout reads them, writes
 # the dropped probabilities and a mask).
 _MATERIALIZED_SCORE_PASSES = 5
+# HBM passes (reads + writes of one compute-dtype tensor) of the residual-stream and MLP
+# elementwise work, fused into one kernel or run op by op as eager PyTorch does. Eager
+# RMSNorm upcasts to fp32 and runs pow, mean, rsqrt, mul, cast and the weight multiply as
+# separate kernels; eager RoPE goes through complex fp32 views; LayerNorm and GELU are
+# single native kernels either way.
+_PASSES = {
+    # kernel: (fused, eager)
+    "layernorm": (2, 2),
+    "rmsnorm": (2, 14),
+    "rope": (2, 10),
+    "gelu": (2, 2),
+    "relu": (2, 2),
+    "swiglu": (3, 5),
+    "geglu": (3, 5),
+}
+
+
+def _passes(kernel: str, layout: Layout) -> int:
+    fused, eager = _PASSES[kernel]
+    return fused if layout.fused_elementwise else eager
+
+
 # Flash attention backward recomputes the scores: 2.5× the forward matmul work
 # (Dao 2023, FlashAttention-2 section 3.2: forward 4·s²·d, backward 10·s²·d per head).
 FLASH_BACKWARD_FLOPS_RATIO = 2.5
@@ -86,17 +108,21 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     # Without sequence parallelism every tp rank runs the residual-stream kernels in full.
     residual_tokens = tokens / t if layout.sequence_parallel else tokens
     dropout_passes = 3 if uses_dropout(model) else 0
+    norm_passes = _passes(model.norm, layout)
     kernels = [
-        _memory("attn_norm", residual_tokens * h, 2, elem_bytes=e),
+        _memory("attn_norm", residual_tokens * h, norm_passes, elem_bytes=e),
         _matmul("qkv", tokens, q_width + 2 * kv_width, h, elem_bytes=e),
+    ]
+    if model.positions is Positions.ROPE:
+        kernels.append(_memory("rope", tokens * (q_width + kv_width), _passes("rope", layout), elem_bytes=e))
+    return kernels + [
         *_attention_core(model, train, layout),
         _matmul("attn_out", tokens, h, q_width, elem_bytes=e),
         _memory("attn_residual", residual_tokens * h, 3 + dropout_passes, elem_bytes=e),
-        _memory("mlp_norm", residual_tokens * h, 2, elem_bytes=e),
-        *_mlp(model, tokens, t, elem_bytes=e),
+        _memory("mlp_norm", residual_tokens * h, norm_passes, elem_bytes=e),
+        *_mlp(model, tokens, layout, elem_bytes=e),
         _memory("mlp_residual", residual_tokens * h, 3 + dropout_passes, elem_bytes=e),
     ]
-    return kernels
 
 
 def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
@@ -120,14 +146,15 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
     ]
 
 
-def _mlp(model: ModelConfig, tokens: float, t: int, *, elem_bytes: int) -> list[Kernel]:
-    h = model.hidden_size
+def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, elem_bytes: int) -> list[Kernel]:
+    h, t = model.hidden_size, layout.tp
     n_in = 2 if model.mlp.gated else 1
+    act_passes = _passes(model.mlp, layout)
     if not model.is_moe:
         f = model.ffn_size / t
         return [
             _matmul("mlp_in", tokens, n_in * f, h, elem_bytes=elem_bytes),
-            _memory("mlp_activation", tokens * f, n_in + 1, elem_bytes=elem_bytes),
+            _memory("mlp_activation", tokens * f, act_passes, elem_bytes=elem_bytes),
             _matmul("mlp_out", tokens, h, f, elem_bytes=elem_bytes),
         ]
     # Each token visits top-k experts; expert weights are split over tp like a dense MLP.
@@ -137,7 +164,7 @@ def _mlp(model: ModelConfig, tokens: float, t: int, *, elem_bytes: int) -> list[
         _matmul("router", tokens, model.num_experts, h, elem_bytes=elem_bytes),
         _memory("dispatch", routed * h, 2, elem_bytes=elem_bytes),
         _matmul("expert_in", routed, n_in * f, h, elem_bytes=elem_bytes),
-        _memory("expert_activation", routed * f, n_in + 1, elem_bytes=elem_bytes),
+        _memory("expert_activation", routed * f, act_passes, elem_bytes=elem_bytes),
         _matmul("expert_out", routed, h, f, elem_bytes=elem_bytes),
         _memory("combine", routed * h, 2, elem_bytes=elem_bytes),
     ]
@@ -145,7 +172,7 @@ def _mlp(model: ModelConfig, tokens: float, t: int, *, elem_bytes: int) -> list[
         fs = model.shared_expert_ffn_size / t
         kernels += [
             _matmul("shared_in", tokens, n_in * fs, h, elem_bytes=elem_bytes),
-            _memory("shared_activation", tokens * fs, n_in + 1, elem_bytes=elem_bytes),
+            _memory("shared_activation", tokens * fs, act_passes, elem_bytes=elem_bytes),
             _matmul("shared_out", tokens, h, fs, elem_bytes=elem_bytes),
         ]
     return kernels
@@ -157,7 +184,7 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     tokens = layout.micro_batch * train.seq_len / layout.cp
     v = model.vocab_size / layout.tp
     return [
-        _memory("final_norm", tokens * model.hidden_size, 2, elem_bytes=e),
+        _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
         _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e),
         _memory("cross_entropy", tokens * v, 3, elem_bytes=4),
     ]

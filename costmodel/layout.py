@@ -72,6 +72,11 @@ class Layout(BaseModel):
     zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (FSDP).")
     attention: Attention = Field(Attention.FLASH, description="Attention kernel.")
     dp_overlap: bool = Field(True, description="Gradient reduction / FSDP gathers overlap compute.")
+    fused_elementwise: bool = Field(
+        True,
+        description="Norms, activations and RoPE run as fused kernels (Megatron-LM, XLA, torch.compile); "
+        "False: one kernel per op, as eager PyTorch runs them.",
+    )
 
     @property
     def n_devices(self) -> int:

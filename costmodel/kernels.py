@@ -71,13 +71,18 @@ class Kernel(BaseModel):
 
     name: str = Field(description="What it computes, e.g. 'qkv', 'mlp_down', 'softmax'.")
     kind: KernelKind = Field(description="Which roofline limits it.")
-    flops: NonNegativeFloat = Field(description="Floating-point operations on this device.")
-    bytes: NonNegativeFloat = Field(description="HBM bytes read plus written on this device.")
+    flops: NonNegativeFloat = Field(description="Floating-point operations of one launch on this device.")
+    bytes: NonNegativeFloat = Field(description="HBM bytes read plus written by one launch on this device.")
     in_attention_core: bool = Field(False, description="Recomputed by selective recompute (scores, softmax, dropout, attention·V).")
+    count: NonNegativeFloat = Field(1.0, description="Launches of this kernel (may be fractional: an average over layers).")
 
     def scaled(self, factor: float) -> Kernel:
-        """The same kernel doing ``factor`` times the work."""
-        return self.model_copy(update={"flops": self.flops * factor, "bytes": self.bytes * factor})
+        """The same kernel launched ``factor`` times as often (same size per launch)."""
+        return self.model_copy(update={"count": self.count * factor})
+
+    @property
+    def total_flops(self) -> float:
+        return self.flops * self.count
 
 
 def _matmul(name: str, m: float, n: float, k: float, *, elem_bytes: int, batch: float = 1.0, core: bool = False) -> Kernel:
@@ -201,7 +206,7 @@ def recomputed_kernels(kernels: list[Kernel], recompute: Recompute) -> list[Kern
     """The share of a layer's forward ``kernels`` that ``recompute`` re-runs in backward.
 
     >>> k = Kernel(name="qkv", kind=KernelKind.MATMUL, flops=10.0, bytes=1.0)
-    >>> [r.flops for r in recomputed_kernels([k], Recompute.SELECTIVE_OP)]
+    >>> [r.total_flops for r in recomputed_kernels([k], Recompute.SELECTIVE_OP)]
     [5.0]
     """
     if recompute is Recompute.FULL:

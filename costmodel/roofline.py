@@ -59,7 +59,7 @@ class Efficiency(BaseModel):
 
 
 def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency) -> float:
-    """Seconds one execution of ``kernel`` takes on a device with these peaks."""
+    """Seconds ``kernel.count`` launches of ``kernel`` take on a device with these peaks."""
     memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm)
     if kernel.kind is KernelKind.MATMUL:
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.matmul(kernel.flops))
@@ -67,4 +67,4 @@ def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: f
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.flash_attention)
     else:
         compute_s = 0.0
-    return max(compute_s, memory_s) + efficiency.kernel_floor_s
+    return kernel.count * (max(compute_s, memory_s) + efficiency.kernel_floor_s)

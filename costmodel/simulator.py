@@ -80,7 +80,7 @@ def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
 
 def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
     kernels = recomputed_kernels(layer_forward_kernels(model, train, layout), layout.recompute)
-    per_device_mb = sum(k.flops for k in kernels if k.kind is not KernelKind.MEMORY) * model.num_layers
+    per_device_mb = sum(k.total_flops for k in kernels if k.kind is not KernelKind.MEMORY) * model.num_layers
     return per_device_mb * layout.micro_batches(train) * layout.dp * layout.tp * layout.cp
 
 

@@ -14,7 +14,7 @@ TRAIN = TrainConfig(seq_len=512, global_batch=8)
 
 
 def _matmul_flops(kernels):
-    return sum(k.flops for k in kernels if k.kind is not KernelKind.MEMORY)
+    return sum(k.total_flops for k in kernels if k.kind is not KernelKind.MEMORY)
 
 
 def _named(kernels, name):

@@ -1,0 +1,43 @@
+"""Tests `costmodel/data_parallel.py`: gradient reduction, ZeRO and FSDP traffic."""
+
+import pytest
+
+from costmodel.collectives import Group, Tier, all_reduce_s
+from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
+from costmodel.layer_costs import Machine, layer_costs
+from costmodel.layout import Layout
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+
+MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=8, num_heads=16, ffn_size=5632, vocab_size=32000)
+TRAIN = TrainConfig(seq_len=2048, global_batch=64)
+NV, IB = Tier(bytes_per_s=3e11, latency_s=1e-6), Tier(bytes_per_s=2.5e10, latency_s=5e-6)
+HW = Machine(name="t", peak_flops_per_s=1e15, hbm_bytes_per_s=3e12, hbm_bytes=8e10, devices_per_node=8, intra=NV, inter=IB)
+
+
+def _costs(layout):
+    return data_parallel_costs(MODEL, TRAIN, layout, HW, layer_costs(MODEL, TRAIN, layout, HW))
+
+
+def test_plain_data_parallel_all_reduces_fp32_gradients_once():
+    lay = Layout(dp=32, dp_overlap=False)
+    expected = all_reduce_s(stage_params_per_device(MODEL, lay) * 4, Group(n=32, n_nodes=4, intra=NV, inter=IB))
+    c = _costs(lay)
+    assert c.total_s == pytest.approx(expected) and c.exposed_s == c.total_s
+
+
+def test_overlap_hides_part_of_the_reduction():
+    assert _costs(Layout(dp=32, dp_overlap=True)).exposed_s < _costs(Layout(dp=32, dp_overlap=False)).exposed_s
+
+
+def test_fsdp_moves_more_bytes_than_plain_data_parallel():
+    assert _costs(Layout(dp=32, zero_stage=3, dp_overlap=False)).total_s > _costs(Layout(dp=32, dp_overlap=False)).total_s
+
+
+def test_no_data_parallelism_costs_nothing():
+    c = _costs(Layout(tp=8))
+    assert c.total_s == c.exposed_s == 0
+
+
+def test_pipeline_and_tensor_parallel_shrink_the_stage():
+    assert stage_params_per_device(MODEL, Layout(pp=2, tp=2)) < stage_params_per_device(MODEL, Layout()) / 3

@@ -1,0 +1,50 @@
+"""Tests `costmodel/layer_costs.py`: one layer's kernel and collective seconds."""
+
+import pytest
+
+from costmodel.collectives import Tier
+from costmodel.layer_costs import Machine, layer_costs
+from costmodel.layout import Attention, Layout, Recompute
+from costmodel.model_config import ModelConfig
+from costmodel.roofline import Efficiency
+from costmodel.train_config import TrainConfig
+
+MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=5632,
+                    vocab_size=32000, num_experts=8, experts_per_token=2)
+DENSE = MODEL.model_copy(update={"num_experts": 0, "experts_per_token": 0})
+TRAIN = TrainConfig(seq_len=2048, global_batch=64)
+HW = Machine(name="test", peak_flops_per_s=1e15, hbm_bytes_per_s=3e12, hbm_bytes=8e10, devices_per_node=8,
+             efficiency=Efficiency(kernel_floor_s=0.0),
+             intra=Tier(bytes_per_s=3e11, latency_s=1e-6), inter=Tier(bytes_per_s=5e10, latency_s=5e-6))
+
+
+def test_recompute_policies_order_their_cost():
+    costs = {r: layer_costs(DENSE, TRAIN, Layout(recompute=r), HW).recompute.total_s for r in Recompute}
+    assert costs[Recompute.NONE] == 0
+    assert costs[Recompute.SELECTIVE] < costs[Recompute.SELECTIVE_OP] < costs[Recompute.FULL]
+    assert costs[Recompute.SELECTIVE_LAYER] == pytest.approx(costs[Recompute.FULL] / 2)
+    full = layer_costs(DENSE, TRAIN, Layout(recompute=Recompute.FULL), HW)
+    assert full.recompute.total_s == pytest.approx(full.forward.total_s)
+
+
+def test_tensor_parallel_adds_collectives_and_full_recompute_repeats_them():
+    none = layer_costs(DENSE, TRAIN, Layout(tp=4), HW)
+    full = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL), HW)
+    assert none.tp_forward_s > 0 and none.tp_backward_s == pytest.approx(none.tp_forward_s)
+    assert full.tp_backward_s == pytest.approx(2 * full.tp_forward_s)
+    assert layer_costs(DENSE, TRAIN, Layout(), HW).tp_forward_s == 0
+
+
+def test_backward_costs_about_twice_forward():
+    c = layer_costs(DENSE, TRAIN, Layout(attention=Attention.MATERIALIZED), HW)
+    assert c.backward.total_s == pytest.approx(2 * c.forward.total_s, rel=0.05)
+
+
+def test_context_parallel_ring_hides_behind_attention_when_fast():
+    c = layer_costs(DENSE, TrainConfig(seq_len=32768, global_batch=64), Layout(cp=4), HW)
+    assert c.cp_total_s > 0 and c.cp_exposed_s == 0
+
+
+def test_expert_parallel_all_to_alls_only_for_moe():
+    assert layer_costs(MODEL, TRAIN, Layout(dp=4, ep=4), HW).ep_forward_s > 0
+    assert layer_costs(MODEL, TRAIN, Layout(dp=4), HW).ep_forward_s == 0

@@ -11,7 +11,8 @@ micro-batch and FSDP traffic behind the neighbouring layer's compute, leaving on
 exceeds it; without overlap all of it is on the critical path.
 
 >>> from costmodel.collectives import Tier
->>> from costmodel.layer_costs import Machine, layer_costs
+>>> from costmodel.layer_costs import layer_costs
+>>> from costmodel.machine import Machine
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
 >>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
@@ -29,7 +30,8 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
-from costmodel.layer_costs import LayerCosts, Machine
+from costmodel.layer_costs import LayerCosts
+from costmodel.machine import Machine
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import TrainConfig

@@ -7,6 +7,7 @@ hidden (Megatron-LM 2021–22 did not overlap them); the context-parallel ring o
 the attention it feeds.
 
 >>> from costmodel.collectives import Tier
+>>> from costmodel.machine import Machine
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
 >>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
@@ -18,40 +19,22 @@ True
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.collectives import Group, Tier, all_reduce_s, all_to_all_s, p2p_s
+from costmodel.collectives import all_reduce_s, all_to_all_s, p2p_s
 from costmodel.kernels import (
     FLASH_BACKWARD_FLOPS_RATIO, Kernel, KernelKind, layer_forward_kernels, recomputed_forward_comm_fraction,
     recomputed_kernels,
 )
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
-from costmodel.roofline import Efficiency, kernel_time_s
-from costmodel.topology import layout_groups
+from costmodel.machine import Machine
+from costmodel.roofline import kernel_time_s
 from costmodel.train_config import TrainConfig
 
 # A GEMM's backward is two GEMMs of its size (input and weight gradients); an
 # elementwise kernel's backward moves about twice its forward traffic.
 BACKWARD_RATIO = {KernelKind.MATMUL: 2.0, KernelKind.FLASH_ATTENTION: FLASH_BACKWARD_FLOPS_RATIO, KernelKind.MEMORY: 2.0}
-
-
-class Machine(BaseModel):
-    """What the simulator needs of a cluster: one device's peaks and the two link tiers."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(description="Hardware profile name.")
-    peak_flops_per_s: PositiveFloat = Field(description="Dense peak of the compute dtype.")
-    hbm_bytes_per_s: PositiveFloat = Field(description="HBM bandwidth.")
-    hbm_bytes: PositiveFloat = Field(description="HBM capacity.")
-    efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
-    devices_per_node: PositiveInt = Field(description="Devices sharing the intra-node link.")
-    intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, ICI).")
-    inter: Tier = Field(description="Inter-node link as one device sees it (its NIC, DCN).")
-
-    def groups(self, layout: Layout) -> dict[str, Group]:
-        return layout_groups(layout, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
 
 
 class Phase(BaseModel):

@@ -8,6 +8,7 @@
    (`costmodel.data_parallel`), then the optimizer update (HBM-bound).
 
 >>> from costmodel.collectives import Tier
+>>> from costmodel.machine import Machine
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
 >>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
@@ -27,7 +28,8 @@ from costmodel.estimate import StepEstimate, TimeBreakdown
 from costmodel.kernels import (
     KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels, recomputed_kernels,
 )
-from costmodel.layer_costs import LayerCosts, Machine, Phase, layer_costs, phase_time
+from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
+from costmodel.machine import Machine
 from costmodel.layout import Layout, check_layout
 from costmodel.memory import memory_breakdown
 from costmodel.model_config import ModelConfig

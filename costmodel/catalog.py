@@ -1,0 +1,133 @@
+"""Built-in hardware profiles, in SI units, each number with its source.
+
+Peaks are dense (no structured sparsity). Efficiencies are what micro-benchmarks reach:
+GEMM curves after the "maximum achievable matmul FLOPS" measurements (Bekman, *Machine
+Learning Engineering*, compute/accelerator chapter: A100-SXM 86 %, H100-SXM 80 % of
+peak on large bf16 GEMMs; small GEMMs fall off with tile/wave quantisation), fused
+attention after Dao 2023 (FlashAttention-2: 50–73 % of A100 peak, 35–50 % on H100),
+HBM after STREAM-like copy kernels (~85–90 %), NCCL bus bandwidth after nccl-tests
+(NVLink ~77–80 % of link peak, InfiniBand ~90 %). Profiles marked ``calibrated`` had
+their efficiencies fitted once over every published run on that hardware by
+``benchmarks/calibrate.py`` (one fit per hardware type, never per run).
+"""
+
+from __future__ import annotations
+
+from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, LinkSpec
+from costmodel.roofline import Efficiency
+
+GB, GIB, TFLOPS = 1e9, 2**30, 1e12
+_GBIT = 1e9 / 8
+
+# --- links -------------------------------------------------------------------------------
+NVLINK2 = LinkSpec(name="nvlink2", bytes_per_s=150 * GB, latency_s=2e-6, efficiency=0.8,
+                   source="V100 SXM2: 6 NVLink2 links × 25 GB/s per direction (NVIDIA V100 datasheet)")
+NVLINK3 = LinkSpec(name="nvlink3", bytes_per_s=300 * GB, latency_s=1e-6, efficiency=0.77,
+                   source="A100: 600 GB/s bidirectional NVLink3 via NVSwitch (A100 datasheet); nccl-tests all-reduce busbw ~230 GB/s")
+NVLINK4 = LinkSpec(name="nvlink4", bytes_per_s=450 * GB, latency_s=1e-6, efficiency=0.8,
+                   source="H100/H200 SXM: 900 GB/s bidirectional NVLink4 (H100 datasheet); nccl-tests busbw ~360 GB/s")
+PCIE3 = LinkSpec(name="pcie3-x16", bytes_per_s=16 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 3.0 x16: 15.75 GB/s per direction")
+PCIE4 = LinkSpec(name="pcie4-x16", bytes_per_s=32 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 4.0 x16: 31.5 GB/s per direction")
+IB_EDR = LinkSpec(name="ib-edr100", bytes_per_s=100 * _GBIT, latency_s=5e-6, efficiency=0.9, source="InfiniBand EDR 100 Gb/s NIC per GPU")
+IB_HDR = LinkSpec(name="ib-hdr200", bytes_per_s=200 * _GBIT, latency_s=5e-6, efficiency=0.9,
+                  source="DGX A100: 8× Mellanox ConnectX-6 HDR 200 Gb/s, one per GPU (DGX A100 user guide)")
+IB_NDR = LinkSpec(name="ib-ndr400", bytes_per_s=400 * _GBIT, latency_s=5e-6, efficiency=0.9,
+                  source="DGX H100: 8× ConnectX-7 NDR 400 Gb/s, one per GPU (DGX H100 user guide); torchtitan runs: 400 Gb/s RDMA per GPU")
+ETH_100 = LinkSpec(name="eth-100g", bytes_per_s=100 * _GBIT, latency_s=20e-6, efficiency=0.8, source="100 GbE per node, shared")
+LOOPBACK = LinkSpec(name="shared-memory", bytes_per_s=5 * GB, latency_s=20e-6, efficiency=0.5,
+                    source="emulated devices on one host: copies through shared DRAM (placeholder, to calibrate)")
+
+
+def _ici(name: str, per_chip_gbps: float, n_links: int) -> LinkSpec:
+    # Cloud TPU docs give ICI bandwidth per chip over all its links, both directions.
+    per_link_dir = per_chip_gbps * _GBIT / n_links / 2
+    return LinkSpec(name=name, bytes_per_s=per_link_dir, latency_s=2e-6, efficiency=0.85,
+                    source=f"Cloud TPU system architecture: {per_chip_gbps:.0f} Gbps ICI per chip over {n_links} torus links")
+
+
+DCN = LinkSpec(name="dcn", bytes_per_s=50 * _GBIT, latency_s=20e-6, efficiency=0.8,
+               source="Data-centre network between TPU slices: ~200 Gb/s per host of 4 chips (Cloud TPU docs, multislice)")
+
+# --- devices -----------------------------------------------------------------------------
+_A100_EFF = Efficiency(matmul_curve=((1e9, 0.45), (1e10, 0.7), (1e11, 0.82), (1e12, 0.86)),
+                       flash_attention=0.55, hbm=0.85, kernel_floor_s=5e-6)
+_H100_EFF = Efficiency(matmul_curve=((1e9, 0.3), (1e10, 0.55), (1e11, 0.72), (1e12, 0.8)),
+                       flash_attention=0.45, hbm=0.85, kernel_floor_s=4e-6)
+# A power cap lowers sustained tensor-core clocks: at 500 W instead of 700 W an H100
+# sustains roughly 85 % of its boost clock on GEMM-heavy work.
+_H100_500W_EFF = Efficiency(matmul_curve=tuple((f, e * 0.85) for f, e in _H100_EFF.matmul_curve),
+                            flash_attention=0.45 * 0.85, hbm=0.85, kernel_floor_s=4e-6)
+_GENERIC_EFF = Efficiency()
+
+
+def _gpu(name: str, *, peaks: dict[str, float], hbm_gib: float, hbm_gbps: float, power_w: float, source: str,
+         efficiency: Efficiency = _GENERIC_EFF) -> DeviceSpec:
+    return DeviceSpec(name=name, kind=DeviceKind.GPU, peak_flops_per_s={k: v * TFLOPS for k, v in peaks.items()},
+                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB, power_limit_w=power_w,
+                      efficiency=efficiency, source=source)
+
+
+_AMPERE = {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312, "int8": 624}
+_HOPPER = {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9, "int8": 1978.9}
+# Between H100 NVL (835 TF) and SXM (989 TF), as the torchtitan paper says of these parts.
+_HOPPER_CAPPED = {k: v * 900 / 989.4 for k, v in _HOPPER.items()}
+
+A100_40GB = _gpu("a100-40gb", peaks=_AMPERE, hbm_gib=40, hbm_gbps=1555, power_w=400, efficiency=_A100_EFF,
+                 source="NVIDIA A100 datasheet (SXM4 40GB)")
+A100_80GB = _gpu("a100-80gb", peaks=_AMPERE, hbm_gib=80, hbm_gbps=2039, power_w=400, efficiency=_A100_EFF,
+                 source="NVIDIA A100 datasheet (SXM4 80GB)")
+H100_SXM = _gpu("h100-sxm", peaks=_HOPPER, hbm_gib=80, hbm_gbps=3350, power_w=700, efficiency=_H100_EFF,
+                source="NVIDIA H100 datasheet (SXM5 80GB HBM3)")
+H200 = _gpu("h200", peaks=_HOPPER, hbm_gib=141e9 / GIB, hbm_gbps=4800, power_w=700, efficiency=_H100_EFF,
+            source="NVIDIA H200 datasheet (SXM, 141 GB HBM3e, 4.8 TB/s)")
+H100_96GB_500W = _gpu("h100-96gb-hbm2e-500w", peaks=_HOPPER_CAPPED, hbm_gib=96, hbm_gbps=2400, power_w=500,
+                      efficiency=_H100_500W_EFF,
+                      source="Meta Grand Teton H100, 96 GB HBM2e, 500 W cap (torchtitan benchmarks): peak between NVL and SXM "
+                             "(torchtitan paper, arXiv 2410.06511); HBM2e ~2.4 TB/s assumed (6 stacks at H100-PCIe speed)")
+H100_95GB_LOWTDP = H100_96GB_500W.model_copy(update={"name": "h100-95gb-hbm2e-lowtdp", "hbm_bytes": 95 * GIB})
+A40 = _gpu("a40", peaks={"float32": 37.4, "tf32": 74.8, "bfloat16": 149.7, "float16": 149.7, "int8": 299.3},
+           hbm_gib=48, hbm_gbps=696, power_w=300, source="NVIDIA A40 datasheet (GDDR6)")
+V100 = _gpu("v100", peaks={"float32": 15.7, "float16": 125}, hbm_gib=32, hbm_gbps=900, power_w=300,
+            source="NVIDIA V100 datasheet (SXM2 32GB); no bf16 tensor cores")
+T4 = _gpu("t4", peaks={"float32": 8.1, "float16": 65, "int8": 130}, hbm_gib=16, hbm_gbps=320, power_w=70,
+          source="NVIDIA T4 datasheet (GDDR6)")
+
+
+def _tpu(name: str, *, bf16_tflops: float, int8_tops: float, hbm_gib: float, hbm_gbps: float, source: str) -> DeviceSpec:
+    return DeviceSpec(name=name, kind=DeviceKind.TPU,
+                      peak_flops_per_s={"bfloat16": bf16_tflops * TFLOPS, "int8": int8_tops * TFLOPS},
+                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB, source=source)
+
+
+TPU_V4 = _tpu("tpu-v4", bf16_tflops=275, int8_tops=275, hbm_gib=32, hbm_gbps=1228, source="Cloud TPU v4 docs")
+TPU_V5E = _tpu("tpu-v5e", bf16_tflops=197, int8_tops=394, hbm_gib=16, hbm_gbps=819, source="Cloud TPU v5e docs")
+TPU_V5P = _tpu("tpu-v5p", bf16_tflops=459, int8_tops=918, hbm_gib=95, hbm_gbps=2765, source="Cloud TPU v5p docs")
+TPU_V6E = _tpu("tpu-v6e", bf16_tflops=918, int8_tops=1836, hbm_gib=32, hbm_gbps=1640, source="Cloud TPU v6e (Trillium) docs")
+CPU = DeviceSpec(name="cpu", kind=DeviceKind.CPU,
+                 peak_flops_per_s={"float32": 100 * GB, "bfloat16": 50 * GB},
+                 hbm_bytes=24 * GIB, hbm_bytes_per_s=10 * GB,
+                 efficiency=Efficiency(matmul_curve=((1e6, 0.2), (1e9, 0.5)), flash_attention=0.3, hbm=0.6, kernel_floor_s=2e-5),
+                 source="this 2-core x86 host: placeholders (2 cores × ~2.5 GHz × 16 fp32 FMA lanes; DRAM), to be "
+                        "replaced by the validator's micro-benchmarks")
+
+
+def _cluster(device: DeviceSpec, intra: LinkSpec, inter: LinkSpec, *, per_node: int = 8, torus: tuple[int, ...] = ()) -> ClusterSpec:
+    return ClusterSpec(name=device.name, device=device, devices_per_node=per_node, intra_node=intra, inter_node=inter, torus_dims=torus)
+
+
+CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
+    _cluster(A100_40GB, NVLINK3, IB_HDR),
+    _cluster(A100_80GB, NVLINK3, IB_HDR),
+    _cluster(H100_SXM, NVLINK4, IB_NDR),
+    _cluster(H200, NVLINK4, IB_NDR),
+    _cluster(H100_96GB_500W, NVLINK4, IB_NDR),
+    _cluster(H100_95GB_LOWTDP, NVLINK4, IB_NDR),
+    _cluster(A40, PCIE4, IB_HDR),
+    _cluster(V100, NVLINK2, IB_EDR),
+    _cluster(T4, PCIE3, ETH_100, per_node=4),
+    _cluster(TPU_V4, _ici("ici-v4", 2400, 6), DCN, per_node=64, torus=(4, 4, 4)),
+    _cluster(TPU_V5E, _ici("ici-v5e", 1600, 4), DCN, per_node=256, torus=(16, 16)),
+    _cluster(TPU_V5P, _ici("ici-v5p", 4800, 6), DCN, per_node=64, torus=(4, 4, 4)),
+    _cluster(TPU_V6E, _ici("ici-v6e", 3584, 4), DCN, per_node=256, torus=(16, 16)),
+    _cluster(CPU, LOOPBACK, LOOPBACK, per_node=1),
+)}

@@ -1,0 +1,128 @@
+"""Hardware profiles: devices, links and how they form a cluster.
+
+Units are SI and converted once, in `costmodel.catalog`: FLOP/s, bytes, bytes/s,
+seconds. A user adds a profile as a JSON file holding a `ClusterSpec`.
+
+>>> cluster = load_hardware("a100-80gb")
+>>> cluster.device.peak_flops_per_s["bfloat16"], cluster.devices_per_node
+(312000000000000.0, 8)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+
+from costmodel.collectives import Tier
+from costmodel.errors import InvalidConfigError, UnsupportedError
+from costmodel.roofline import Efficiency
+
+
+class DeviceKind(StrEnum):
+    GPU = "gpu"
+    TPU = "tpu"
+    CPU = "cpu"
+
+
+class DeviceSpec(BaseModel):
+    """One accelerator: peaks per dtype, memory, and what its kernels reach of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Part name.")
+    kind: DeviceKind = Field(description="GPU, TPU or CPU.")
+    peak_flops_per_s: dict[str, PositiveFloat] = Field(
+        description="Dense peak per dtype ('float32', 'tf32', 'bfloat16', 'float16', 'float8_e4m3fn', 'int8'); only what the part has."
+    )
+    hbm_bytes: PositiveFloat = Field(description="Device memory capacity.")
+    hbm_bytes_per_s: PositiveFloat = Field(description="Device memory bandwidth.")
+    power_limit_w: PositiveFloat | None = Field(None, description="Board power limit the peaks and efficiencies assume.")
+    efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
+    source: str = Field(description="Where the numbers come from.")
+
+    def peak_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; raises `UnsupportedError` if the part lacks it."""
+        if dtype not in self.peak_flops_per_s:
+            raise UnsupportedError(
+                f"{self.name} has no {dtype} peak (it has {', '.join(sorted(self.peak_flops_per_s))})",
+                fix="choose a compute dtype the part supports",
+            )
+        return self.peak_flops_per_s[dtype]
+
+
+class LinkSpec(BaseModel):
+    """A link tier as one device sees it: bandwidth per direction, latency, NCCL/XLA efficiency."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="e.g. 'nvlink3', 'ib-hdr200', 'ici-v5p', 'dcn'.")
+    bytes_per_s: PositiveFloat = Field(description="Peak bandwidth per device, per direction.")
+    latency_s: NonNegativeFloat = Field(description="Per-hop latency of a collective step (alpha).")
+    efficiency: float = Field(0.8, gt=0, le=1, description="Fraction of bytes_per_s collectives reach on large messages.")
+    source: str = Field(description="Where the numbers come from.")
+
+    def tier(self, *, wraparound: bool = False) -> Tier:
+        """The collective model's view of this link."""
+        return Tier(bytes_per_s=self.bytes_per_s * self.efficiency, latency_s=self.latency_s, bidirectional_ring=wraparound)
+
+
+class ClusterSpec(BaseModel):
+    """A hardware profile: the device, how many share a node, and the links within and between nodes.
+
+    For TPUs a "node" is a slice: ``intra_node`` is its ICI torus (``torus_dims``, rings
+    with wrap-around) and ``inter_node`` the data-centre network between slices.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Profile name.")
+    device: DeviceSpec = Field(description="The accelerator.")
+    devices_per_node: PositiveInt = Field(description="Devices on one intra-node fabric (GPU node, TPU slice).")
+    intra_node: LinkSpec = Field(description="NVLink/NVSwitch, PCIe, or TPU ICI.")
+    inter_node: LinkSpec = Field(description="InfiniBand/RoCE NIC per device, or DCN.")
+    torus_dims: tuple[PositiveInt, ...] = Field((), description="TPU slice torus shape; empty for switched fabrics.")
+
+    @property
+    def wraparound(self) -> bool:
+        return bool(self.torus_dims)
+
+
+def list_hardware() -> list[str]:
+    """Names of the built-in profiles."""
+    from costmodel.catalog import CATALOG
+
+    return sorted(CATALOG)
+
+
+def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> ClusterSpec:
+    """A built-in profile by name, or a `ClusterSpec` JSON file; ``devices_per_node`` overrides.
+
+    Raises:
+      InvalidConfigError: unknown name (the known ones are listed), missing file, or a
+        file that is not a valid profile.
+    """
+    from costmodel.catalog import CATALOG
+
+    if name_or_path in CATALOG:
+        cluster = CATALOG[name_or_path]
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise InvalidConfigError(
+                f"unknown hardware {name_or_path!r}", fix=f"use a profile JSON path or one of: {', '.join(list_hardware())}"
+            )
+        try:
+            cluster = ClusterSpec.model_validate_json(path.read_text())
+        except (OSError, UnicodeDecodeError) as err:
+            raise InvalidConfigError(f"cannot read {name_or_path!r}: {err}", fix="check the file") from err
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "profile"
+            raise InvalidConfigError(f"{name_or_path}: {where}: {first['msg']}", fix="see costmodel.hardware.ClusterSpec") from None
+    if devices_per_node is not None:
+        if devices_per_node < 1:
+            raise InvalidConfigError(f"--devices-per-node={devices_per_node} must be positive", fix="give a positive count")
+        cluster = cluster.model_copy(update={"devices_per_node": devices_per_node})
+    return cluster

@@ -1,0 +1,53 @@
+"""`Machine`: what the simulator reads of a hardware profile, for one compute dtype.
+
+>>> m = load_machine("a100-80gb")
+>>> m.peak_flops_per_s, m.intra.bytes_per_s == 300e9 * 0.77
+(312000000000000.0, True)
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+from costmodel.collectives import Group, Tier
+from costmodel.hardware import ClusterSpec, load_hardware
+from costmodel.layout import Layout
+from costmodel.roofline import Efficiency
+from costmodel.topology import layout_groups
+
+
+class Machine(BaseModel):
+    """What the simulator needs of a cluster: one device's peaks and the two link tiers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Hardware profile name.")
+    peak_flops_per_s: PositiveFloat = Field(description="Dense peak of the compute dtype.")
+    hbm_bytes_per_s: PositiveFloat = Field(description="HBM bandwidth.")
+    hbm_bytes: PositiveFloat = Field(description="HBM capacity.")
+    efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
+    devices_per_node: PositiveInt = Field(description="Devices sharing the intra-node link.")
+    intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, ICI).")
+    inter: Tier = Field(description="Inter-node link as one device sees it (its NIC, DCN).")
+
+    def groups(self, layout: Layout) -> dict[str, Group]:
+        return layout_groups(layout, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
+
+
+def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Machine:
+    """The simulator's view of ``cluster`` computing in ``compute_dtype``."""
+    return Machine(
+        name=cluster.name,
+        peak_flops_per_s=cluster.device.peak_for(compute_dtype),
+        hbm_bytes_per_s=cluster.device.hbm_bytes_per_s,
+        hbm_bytes=cluster.device.hbm_bytes,
+        efficiency=cluster.device.efficiency,
+        devices_per_node=cluster.devices_per_node,
+        intra=cluster.intra_node.tier(wraparound=cluster.wraparound),
+        inter=cluster.inter_node.tier(),
+    )
+
+
+def load_machine(name_or_path: str, *, devices_per_node: int | None = None, compute_dtype: str = "bfloat16") -> Machine:
+    """`load_hardware` then `machine_for`: a profile name or JSON path to a Machine."""
+    return machine_for(load_hardware(name_or_path, devices_per_node=devices_per_node), compute_dtype=compute_dtype)

@@ -13,7 +13,7 @@
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
 >>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
 ...              devices_per_node=8, intra=Tier(bytes_per_s=1e11, latency_s=0), inter=Tier(bytes_per_s=1e10, latency_s=0))
->>> est = simulate(m, TrainConfig(seq_len=1024, global_batch=16), Layout(dp=2, tp=2, pp=2, micro_batch=2), hw)
+>>> est = simulate(m, TrainConfig(seq_len=1024, global_batch=16), Layout(dp=2, tp=2, pp=2, micro_batch=2, recompute="full"), hw)
 >>> abs(est.breakdown.total_s - est.step_time_s) < 1e-9 and 0 < est.mfu < est.hfu < 1
 True
 """

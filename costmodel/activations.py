@@ -1,0 +1,140 @@
+"""Activation memory of one transformer layer for one micro-batch, term by term.
+
+Follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", section 4): with s tokens per device (seq_len / cp), b micro-batch, h width,
+a heads and t tensor-parallel degree, a GPT layer with materialized attention and
+dropout keeps
+
+    s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes   (tensor parallel)
+    s·b·h·(34/t + 5·a·s/(h·t))              (tensor + sequence parallel)
+    s·b·h·34/t                              (+ selective recompute)
+    2·s·b·h (/t with SP)                    (full recompute: the layer input only)
+
+Each stored tensor is a row of a table (`activation_table`), so the same rules extend to
+GQA (smaller K/V), gated MLPs of any width, flash attention (no s² terms: the output
+and the log-sum-exp are kept instead), models without dropout and mixture-of-experts.
+
+>>> from costmodel.model_config import ModelConfig
+>>> gpt = ModelConfig(name="g", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288,
+...                   vocab_size=51200, norm="layernorm", mlp="gelu", positions="learned")
+>>> lay = Layout(tp=8, attention="materialized")
+>>> s, b, h, a, t = 2048, 1, 12288, 96, 8
+>>> activation_bytes_per_layer(gpt, TrainConfig(seq_len=s), lay) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+True
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
+
+from costmodel.kernels import uses_dropout
+from costmodel.layout import Attention, Layout, Recompute
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+
+
+class Role(StrEnum):
+    """What a stored tensor is, which decides which recompute policies keep it."""
+
+    INPUT = "input"  # a matmul's or norm's input on the residual stream
+    MATMUL_OUTPUT = "matmul_output"  # produced by a GEMM (kept by per-op checkpointing)
+    ELEMENTWISE = "elementwise"  # produced by an elementwise op (recomputed by per-op checkpointing)
+    ATTENTION_CORE = "attention_core"  # the s² scores/softmax/dropout (dropped by selective recompute)
+    ATTENTION_OUTPUT = "attention_output"  # fused attention's output and log-sum-exp
+
+
+class ActivationTerm(BaseModel):
+    """One tensor a layer keeps for its backward pass."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="What the tensor is.")
+    bytes: NonNegativeFloat = Field(description="Bytes on one device for one micro-batch.")
+    role: Role = Field(description="Decides which recompute policies keep it.")
+
+
+def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[ActivationTerm]:
+    """Every tensor one layer keeps for backward with no recompute, on one device."""
+    e = train.compute_dtype.bytes
+    t = layout.tp
+    sb = layout.micro_batch * train.seq_len / layout.cp
+    h, d = model.hidden_size, model.head_dim
+    q, kv = model.num_heads * d / t, model.num_kv_heads * d / t
+    # Residual-stream tensors are split over tp only with sequence parallelism.
+    residual = sb * h * e / (t if layout.sequence_parallel else 1)
+    mask = residual / e  # dropout masks are one byte per element
+    dropout = uses_dropout(model)
+    terms = [
+        ActivationTerm(name="attn_norm_input", bytes=residual, role=Role.INPUT),
+        ActivationTerm(name="qkv_input", bytes=residual, role=Role.INPUT),
+        ActivationTerm(name="q", bytes=sb * q * e, role=Role.MATMUL_OUTPUT),
+        ActivationTerm(name="k", bytes=sb * kv * e, role=Role.MATMUL_OUTPUT),
+        ActivationTerm(name="v", bytes=sb * kv * e, role=Role.MATMUL_OUTPUT),
+        *_attention_core(model, train, layout, dropout=dropout),
+        ActivationTerm(name="attn_out_proj_input", bytes=sb * q * e, role=Role.ATTENTION_OUTPUT),
+        ActivationTerm(name="mlp_norm_input", bytes=residual, role=Role.INPUT),
+        ActivationTerm(name="mlp_input", bytes=residual, role=Role.INPUT),
+        *_mlp(model, sb, t, e),
+    ]
+    if dropout:
+        terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
+                  ActivationTerm(name="mlp_dropout_mask", bytes=mask, role=Role.ELEMENTWISE)]
+    return terms
+
+
+def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout, *, dropout: bool) -> list[ActivationTerm]:
+    e = train.compute_dtype.bytes
+    b, heads = layout.micro_batch, model.num_heads / layout.tp
+    s_q, s_kv = train.seq_len / layout.cp, train.seq_len
+    if layout.attention is Attention.FLASH:
+        return [ActivationTerm(name="softmax_logsumexp", bytes=b * heads * s_q * 4, role=Role.ATTENTION_OUTPUT)]
+    scores = b * heads * s_q * s_kv
+    terms = [ActivationTerm(name="softmax_output", bytes=scores * e, role=Role.ATTENTION_CORE)]
+    if dropout:
+        terms += [ActivationTerm(name="softmax_dropout_mask", bytes=scores, role=Role.ATTENTION_CORE),
+                  ActivationTerm(name="softmax_dropout_output", bytes=scores * e, role=Role.ATTENTION_CORE)]
+    return terms
+
+
+def _mlp(model: ModelConfig, sb: float, t: int, e: int) -> list[ActivationTerm]:
+    tokens = sb * (model.experts_per_token if model.is_moe else 1)
+    f = (model.moe_ffn_size if model.is_moe else model.ffn_size) / t
+    terms = [ActivationTerm(name="mlp_up_output", bytes=tokens * f * e, role=Role.MATMUL_OUTPUT)]
+    if model.mlp.gated:
+        terms.append(ActivationTerm(name="mlp_gate_output", bytes=tokens * f * e, role=Role.MATMUL_OUTPUT))
+    terms.append(ActivationTerm(name="mlp_down_input", bytes=tokens * f * e, role=Role.ELEMENTWISE))
+    if model.is_moe:
+        terms += [ActivationTerm(name="expert_inputs", bytes=tokens * model.hidden_size * e / t, role=Role.INPUT),
+                  ActivationTerm(name="router_probs", bytes=sb * model.num_experts * 4, role=Role.ELEMENTWISE)]
+    if model.shared_expert_ffn_size:
+        fs = model.shared_expert_ffn_size / t
+        n = 3 if model.mlp.gated else 2
+        terms.append(ActivationTerm(name="shared_expert", bytes=n * sb * fs * e, role=Role.MATMUL_OUTPUT))
+    return terms
+
+
+def layer_input_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    """The layer's input, all that full recompute keeps (split over tp with SP)."""
+    sb = layout.micro_batch * train.seq_len / layout.cp
+    return sb * model.hidden_size * train.compute_dtype.bytes / (layout.tp if layout.sequence_parallel else 1)
+
+
+def activation_bytes_per_layer(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    """Bytes one layer keeps for backward for one micro-batch under ``layout.recompute``."""
+    table = activation_table(model, train, layout)
+    total = sum(term.bytes for term in table)
+    policy = layout.recompute
+    if policy is Recompute.NONE:
+        return total
+    if policy is Recompute.SELECTIVE:
+        return total - sum(term.bytes for term in table if term.role is Role.ATTENTION_CORE)
+    if policy is Recompute.FULL:
+        return layer_input_bytes(model, train, layout)
+    if policy is Recompute.SELECTIVE_LAYER:
+        return (total + layer_input_bytes(model, train, layout)) / 2
+    # Per-op checkpointing keeps attention outputs and every second matmul output.
+    kept = sum(term.bytes for term in table if term.role is Role.ATTENTION_OUTPUT)
+    kept += sum(term.bytes for term in table if term.role is Role.MATMUL_OUTPUT) / 2
+    return kept + layer_input_bytes(model, train, layout)

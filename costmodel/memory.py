@@ -1,0 +1,123 @@
+"""Per-device memory of a layout, itemised, for the most loaded pipeline stage.
+
+Mixed-precision accounting (Megatron-LM's, 18 bytes per parameter without ZeRO):
+``params`` is the compute-dtype copy the kernels read (2 B); ``grads`` the gradients as
+reduced (fp32, 4 B); ``optimizer`` the fp32 master copy and Adam's two moments (12 B).
+ZeRO 1 shards the optimizer state over dp, ZeRO 2 also the gradients, ZeRO 3 (FSDP) also
+the parameters. With ``param_dtype == compute_dtype`` there is no separate master copy.
+
+Activations are `costmodel.activations` per layer times the layers a stage holds times
+the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);
+interleaved p·(1 + (p−1)/(p·v)), Korthikanti et al. 2022 section 4.2.3).
+
+>>> from costmodel.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
+>>> mem = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout())
+>>> (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / m.total_params
+18.0
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, computed_field
+
+from costmodel.activations import activation_bytes_per_layer
+from costmodel.data_parallel import layer_params_per_device
+from costmodel.layout import Layout, Recompute, Schedule
+from costmodel.model_config import ModelConfig, Positions
+from costmodel.train_config import TrainConfig
+
+# Gradient-reduction buckets in flight (PyTorch DDP's default bucket is 25 MB, two in flight).
+_REDUCTION_BUCKETS_BYTES = 2 * 25e6
+
+
+class MemoryBreakdown(BaseModel):
+    """Bytes one device holds at its peak, by kind."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stage: str = Field(description="Which pipeline stage this is ('first', 'last' or 'only').")
+    params_bytes: NonNegativeFloat = Field(description="Compute-dtype parameters held.")
+    grads_bytes: NonNegativeFloat = Field(description="Gradients held.")
+    optimizer_bytes: NonNegativeFloat = Field(description="Master weights and optimizer moments held.")
+    activations_bytes: NonNegativeFloat = Field(description="Activations kept for backward, all in-flight micro-batches.")
+    temporary_bytes: NonNegativeFloat = Field(description="Transient buffers: FSDP gathers, recompute working set, logits, buckets.")
+    hbm_bytes: NonNegativeFloat | None = Field(None, description="Device memory, when known.")
+
+    @computed_field(description="Sum of all items.")
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.temporary_bytes
+
+    @computed_field(description="hbm_bytes - total_bytes; negative when it does not fit.")
+    @property
+    def margin_bytes(self) -> float | None:
+        return None if self.hbm_bytes is None else self.hbm_bytes - self.total_bytes
+
+    @computed_field(description="Whether total_bytes fits in hbm_bytes.")
+    @property
+    def fits(self) -> bool | None:
+        return None if self.hbm_bytes is None else self.total_bytes <= self.hbm_bytes
+
+
+def in_flight_microbatches(layout: Layout, n_microbatches: int) -> float:
+    """Micro-batches whose activations the first stage holds at once, in units of its layers."""
+    p, m, v = layout.pp, n_microbatches, layout.interleave
+    if layout.schedule is Schedule.GPIPE:
+        return m
+    if layout.schedule is Schedule.INTERLEAVED and v > 1:
+        return min(m, p * (1 + (p - 1) / (p * v)))
+    return min(p, m)
+
+
+def _stage_params(model: ModelConfig, layout: Layout, *, first: bool, last: bool) -> float:
+    layers = math.ceil(model.num_layers / layout.pp) * layer_params_per_device(model, layout)
+    h, v = model.hidden_size, model.vocab_size
+    params = layers
+    if first:
+        params += v * h / layout.tp + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
+    if last:
+        params += h + (0 if model.tie_embeddings and first else h * v / layout.tp)
+    return params
+
+
+def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, first: bool, last: bool) -> dict[str, float]:
+    dp, zero = layout.dp, layout.zero_stage
+    n = _stage_params(model, layout, first=first, last=last)
+    mixed = train.param_dtype != train.compute_dtype
+    optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
+    params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
+    grads = n * train.grad_dtype.bytes / (dp if zero >= 2 else 1)
+    optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
+
+    n_micro = max(1, layout.micro_batches(train))
+    layers = math.ceil(model.num_layers / layout.pp)
+    per_layer = activation_bytes_per_layer(model, train, layout)
+    sb = layout.micro_batch * train.seq_len / layout.cp
+    in_flight = in_flight_microbatches(layout, n_micro) if first else 1
+    embedding_out = sb * model.hidden_size * train.compute_dtype.bytes / (layout.tp if layout.sequence_parallel else 1)
+    activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
+
+    temporary = _REDUCTION_BUCKETS_BYTES if dp > 1 else 0.0
+    if zero >= 3:
+        # The layer being computed and the one prefetched, gathered; one layer's fp32 gradient shard buffer.
+        layer_params = layer_params_per_device(model, layout)
+        temporary += layer_params * (2 * train.compute_dtype.bytes + train.grad_dtype.bytes)
+    if layout.recompute is not Recompute.NONE:
+        # Recomputing a layer materialises its full activations once more.
+        temporary += activation_bytes_per_layer(model, train, layout.model_copy(update={"recompute": Recompute.NONE}))
+    if last:
+        temporary += 2 * sb * model.vocab_size / layout.tp * 4  # fp32 logits and their gradient
+    return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optimizer,
+            "activations_bytes": activations, "temporary_bytes": temporary}
+
+
+def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None) -> MemoryBreakdown:
+    """Memory of the most loaded device (the first or the last pipeline stage)."""
+    if layout.pp == 1:
+        return MemoryBreakdown(stage="only", hbm_bytes=hbm_bytes, **_stage_memory(model, train, layout, first=True, last=True))
+    first = MemoryBreakdown(stage="first", hbm_bytes=hbm_bytes, **_stage_memory(model, train, layout, first=True, last=False))
+    last = MemoryBreakdown(stage="last", hbm_bytes=hbm_bytes, **_stage_memory(model, train, layout, first=False, last=True))
+    return max(first, last, key=lambda m: m.total_bytes)

@@ -5,7 +5,7 @@ configuration (model shape, devices, hardware, layout, attention kernel, overlap
 predicted step time is compared with the one the source measured. Prints a table and
 writes a CSV.
 
-    python benchmarks/simulator_accuracy.py [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
+    python -m benchmarks.simulator_accuracy [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
 
 Rules for cells the source leaves blank: micro-batch 1, no interleaving (1F1B), cp 1.
 torchtitan's "selective" is its own activation checkpointing: per layer where the row's
@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.catalog_machine import machine_for
+from costmodel.machine import load_machine
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
@@ -75,7 +75,7 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     for row in rows:
         model, layout = model_from_row(row), layout_from_row(row)
         train = TrainConfig(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch_seqs"]))
-        machine = machine_for(row["hardware"], devices_per_node=int(row["devices_per_node"]))
+        machine = load_machine(row["hardware"], devices_per_node=int(row["devices_per_node"]))
         start = time.perf_counter()
         est = simulate(model, train, layout, machine)
         elapsed_s = time.perf_counter() - start

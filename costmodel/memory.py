@@ -100,11 +100,17 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, fir
     embedding_out = sb * model.hidden_size * train.compute_dtype.bytes / (layout.tp if layout.sequence_parallel else 1)
     activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
 
-    temporary = _REDUCTION_BUCKETS_BYTES if dp > 1 else 0.0
-    if zero >= 3:
-        # The layer being computed and the one prefetched, gathered; one layer's fp32 gradient shard buffer.
+    temporary = 0.0
+    if dp > 1:
         layer_params = layer_params_per_device(model, layout)
-        temporary += layer_params * (2 * train.compute_dtype.bytes + train.grad_dtype.bytes)
+        if zero >= 2:
+            # One layer's full gradient exists until it is reduce-scattered.
+            temporary += layer_params * train.grad_dtype.bytes
+        else:
+            temporary += _REDUCTION_BUCKETS_BYTES
+        if zero >= 3:
+            # FSDP gathers the layer being computed and prefetches the next.
+            temporary += min(2, layers) * layer_params * train.compute_dtype.bytes
     if layout.recompute is not Recompute.NONE:
         # Recomputing a layer materialises its full activations once more.
         temporary += activation_bytes_per_layer(model, train, layout.model_copy(update={"recompute": Recompute.NONE}))

@@ -1,0 +1,62 @@
+"""Tests `costmodel/activations.py` against Korthikanti et al. 2022's closed forms."""
+
+import pytest
+
+from costmodel.activations import activation_bytes_per_layer, activation_table
+from costmodel.layout import Attention, Layout, Recompute
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+
+# GPT-3 175B as in the paper: h = 12288, a = 96, s = 2048, b = 1, t = 8.
+GPT3 = ModelConfig(name="gpt3", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288, vocab_size=51200,
+                   norm="layernorm", mlp="gelu", positions="learned", tie_embeddings=True)
+S, B, H, A, T = 2048, 1, 12288, 96, 8
+TRAIN = TrainConfig(seq_len=S, global_batch=64)
+
+
+def _bytes(**layout):
+    return activation_bytes_per_layer(GPT3, TRAIN, Layout(attention=Attention.MATERIALIZED, micro_batch=B, **layout))
+
+
+def test_no_parallelism():
+    assert _bytes() == pytest.approx(S * B * H * (34 + 5 * A * S / H), rel=1e-12)
+
+
+def test_tensor_parallel():
+    assert _bytes(tp=T) == pytest.approx(S * B * H * (10 + 24 / T + 5 * A * S / (H * T)), rel=1e-12)
+
+
+def test_tensor_and_sequence_parallel():
+    assert _bytes(tp=T, sequence_parallel=True) == pytest.approx(S * B * H * (34 / T + 5 * A * S / (H * T)), rel=1e-12)
+
+
+def test_selective_recompute_with_sequence_parallel():
+    assert _bytes(tp=T, sequence_parallel=True, recompute=Recompute.SELECTIVE) == pytest.approx(S * B * H * 34 / T, rel=1e-12)
+
+
+def test_full_recompute_keeps_the_layer_input():
+    assert _bytes(tp=T, recompute=Recompute.FULL) == pytest.approx(2 * S * B * H, rel=1e-12)
+    assert _bytes(tp=T, sequence_parallel=True, recompute=Recompute.FULL) == pytest.approx(2 * S * B * H / T, rel=1e-12)
+
+
+def test_selective_recompute_saves_seventy_percent_for_gpt3():
+    # Korthikanti et al. section 5: for GPT-3, 5as/h = 80, so selective recompute drops 80 / (34 + 80) of it.
+    sp = _bytes(tp=T, sequence_parallel=True)
+    assert 1 - _bytes(tp=T, sequence_parallel=True, recompute=Recompute.SELECTIVE) / sp == pytest.approx(80 / 114, rel=1e-12)
+
+
+def test_flash_attention_drops_the_quadratic_terms_and_gqa_shrinks_kv():
+    llama = ModelConfig(name="l", hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, ffn_size=28672, vocab_size=128256)
+    train = TrainConfig(seq_len=8192, global_batch=8)
+    flash = activation_bytes_per_layer(llama, train, Layout(attention=Attention.FLASH))
+    materialized = activation_bytes_per_layer(llama, train, Layout(attention=Attention.MATERIALIZED))
+    assert materialized - flash > 0.9 * 2 * 64 * 8192 * 8192  # the fp32-free bf16 score matrix at least
+    names = {t.name: t.bytes for t in activation_table(llama, train, Layout())}
+    assert names["k"] == names["q"] / 8
+    assert "attn_dropout_mask" not in names  # RMSNorm models train without dropout
+
+
+def test_torchtitan_policies_sit_between_none_and_full():
+    none, full = _bytes(), _bytes(recompute=Recompute.FULL)
+    for policy in (Recompute.SELECTIVE_OP, Recompute.SELECTIVE_LAYER):
+        assert full < _bytes(recompute=policy) < none

@@ -1,0 +1,67 @@
+"""Tests `costmodel/hardware.py` and `costmodel/catalog.py`: profiles and loading."""
+
+import json
+
+import pytest
+
+from costmodel.catalog import CATALOG
+from costmodel.errors import InvalidConfigError, UnsupportedError
+from costmodel.hardware import ClusterSpec, list_hardware, load_hardware
+
+REQUIRED = ["a100-40gb", "a100-80gb", "h100-sxm", "h200", "a40", "v100", "t4", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e",
+            "cpu", "h100-96gb-hbm2e-500w", "h100-95gb-hbm2e-lowtdp"]
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_every_required_part_is_in_the_catalog_with_sources(name):
+    cluster = load_hardware(name)
+    assert cluster.device.hbm_bytes > 0 and cluster.device.hbm_bytes_per_s > 0
+    assert cluster.device.source and cluster.intra_node.source and cluster.inter_node.source
+    assert max(cluster.device.peak_flops_per_s.values()) > 0
+
+
+def test_datasheet_numbers():
+    a100, h100 = load_hardware("a100-80gb").device, load_hardware("h100-sxm").device
+    assert a100.peak_for("bfloat16") == 312e12 and a100.hbm_bytes_per_s == 2039e9
+    assert h100.peak_for("bfloat16") == pytest.approx(989.4e12) and h100.peak_for("float8_e4m3fn") == pytest.approx(1978.9e12)
+    assert load_hardware("a100-80gb").inter_node.bytes_per_s == 25e9  # 200 Gb/s NIC per GPU
+    assert load_hardware("h100-sxm").inter_node.bytes_per_s == 50e9  # 400 Gb/s
+
+
+def test_power_capped_part_differs_from_sxm():
+    capped, sxm = load_hardware("h100-96gb-hbm2e-500w").device, load_hardware("h100-sxm").device
+    assert capped.power_limit_w < sxm.power_limit_w
+    assert capped.peak_for("bfloat16") < sxm.peak_for("bfloat16")
+    assert capped.efficiency.matmul(1e12) < sxm.efficiency.matmul(1e12)
+
+
+def test_missing_dtype_is_unsupported():
+    with pytest.raises(UnsupportedError, match="v100 has no bfloat16"):
+        load_hardware("v100").device.peak_for("bfloat16")
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(InvalidConfigError, match="unknown hardware 'h900'.*a100-80gb"):
+        load_hardware("h900")
+    assert list_hardware() == sorted(CATALOG)
+
+
+def test_json_profile_round_trip_and_override(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(CATALOG["h100-sxm"].model_copy(update={"name": "mine"}).model_dump_json())
+    cluster = load_hardware(str(path), devices_per_node=4)
+    assert cluster.name == "mine" and cluster.devices_per_node == 4
+    assert ClusterSpec.model_validate_json(cluster.model_dump_json()) == cluster
+
+
+@pytest.mark.parametrize(("content", "message"), [("{", "Invalid JSON"), (json.dumps({"name": "x"}), "device")])
+def test_malformed_profile(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(InvalidConfigError, match=message):
+        load_hardware(str(path))
+
+
+def test_devices_per_node_must_be_positive():
+    with pytest.raises(InvalidConfigError, match="devices-per-node=0"):
+        load_hardware("a100-80gb", devices_per_node=0)

@@ -1,0 +1,70 @@
+"""Tests `costmodel/memory.py`: itemised per-device memory."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.layout import Layout, Recompute, Schedule
+from costmodel.memory import in_flight_microbatches, memory_breakdown
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import Dtype, TrainConfig
+
+MODEL = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
+TRAIN = TrainConfig(seq_len=1024, global_batch=32)
+
+
+def _states_per_param(mem, model=MODEL):
+    return (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / model.total_params
+
+
+def test_mixed_precision_adam_holds_16_to_18_bytes_per_parameter():
+    assert 16 <= _states_per_param(memory_breakdown(MODEL, TRAIN, Layout())) <= 18
+    pure_fp32 = TrainConfig(seq_len=1024, global_batch=32, compute_dtype=Dtype.FP32)
+    assert _states_per_param(memory_breakdown(MODEL, pure_fp32, Layout())) == 16  # 4 + 4 + 8, no master copy
+
+
+def test_zero_stages_shard_states_over_data_parallel():
+    dp = 8
+    stage = {z: memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z)) for z in range(4)}
+    assert stage[1].optimizer_bytes == pytest.approx(stage[0].optimizer_bytes / dp)
+    assert stage[2].grads_bytes == pytest.approx(stage[0].grads_bytes / dp)
+    assert stage[3].params_bytes == pytest.approx(stage[0].params_bytes / dp)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60)
+@given(dp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       recompute=st.sampled_from(list(Recompute)), zero=st.integers(0, 2))
+def test_memory_never_grows_when_zero_stage_rises(dp, tp, pp, recompute, zero):
+    # 16 layers: every stage holds at least 4. (FSDP keeps two gathered layers besides its
+    # shards, so a stage of one or two layers can really hold more under ZeRO 3 than 2.)
+    deep = MODEL.model_copy(update={"num_layers": 16})
+    lay = Layout(dp=dp, tp=tp, pp=pp, recompute=recompute, zero_stage=zero)
+    higher = lay.model_copy(update={"zero_stage": zero + 1})
+    assert memory_breakdown(deep, TRAIN, higher).total_bytes <= memory_breakdown(deep, TRAIN, lay).total_bytes
+
+
+def test_tensor_parallel_shards_layer_weights():
+    one, four = memory_breakdown(MODEL, TRAIN, Layout()), memory_breakdown(MODEL, TRAIN, Layout(tp=4))
+    assert four.params_bytes == pytest.approx(one.params_bytes / 4, rel=0.01)
+
+
+@pytest.mark.parametrize(("schedule", "v", "m", "expected"), [
+    (Schedule.ONE_F_ONE_B, 1, 16, 4), (Schedule.ONE_F_ONE_B, 1, 2, 2), (Schedule.GPIPE, 1, 16, 16),
+    (Schedule.INTERLEAVED, 2, 16, 4 * (1 + 3 / 8)),
+])
+def test_first_stage_in_flight_microbatches(schedule, v, m, expected):
+    assert in_flight_microbatches(Layout(pp=4, interleave=v, schedule=schedule), m) == pytest.approx(expected)
+
+
+def test_fits_and_margin_against_hbm():
+    mem = memory_breakdown(MODEL, TRAIN, Layout(), hbm_bytes=80 * 2**30)
+    assert mem.fits and mem.margin_bytes == pytest.approx(80 * 2**30 - mem.total_bytes)
+    tight = memory_breakdown(MODEL, TRAIN, Layout(), hbm_bytes=mem.total_bytes / 2)
+    assert tight.fits is False and tight.margin_bytes < 0
+    assert memory_breakdown(MODEL, TRAIN, Layout()).fits is None
+
+
+def test_pipeline_reports_the_fuller_end_stage():
+    mem = memory_breakdown(MODEL, TRAIN, Layout(pp=4))
+    assert mem.stage in ("first", "last")
+    assert mem.total_bytes < memory_breakdown(MODEL, TRAIN, Layout()).total_bytes

@@ -4,8 +4,8 @@ For each hardware type in ``../shared/data/published_training_runs.csv`` this fi
 few efficiencies of its profile that micro-benchmarks leave uncertain — a scale on the
 GEMM efficiency curve, the fused-attention efficiency and the HBM efficiency — to
 minimise the mean absolute step-time error over *all* runs on that hardware (coordinate
-descent on a grid; never one run alone). Hardware types with fewer runs than free
-parameters + 2 fit only the GEMM scale. It then reports 5-fold cross-validated error, the
+descent on a grid; never one run alone). Hardware types with fewer than three runs per
+free parameter fit only the GEMM scale. It then reports 5-fold cross-validated error, the
 honest estimate for runs not in the data, and prints the values to put in
 ``costmodel/catalog.py``.
 
@@ -30,6 +30,8 @@ from costmodel.train_config import TrainConfig
 # Parts that are one hardware type under two names (torchtitan's capped H100 reported with
 # 95 and 96 GB) share one calibration.
 HARDWARE_TYPE = {"h100-95gb-hbm2e-lowtdp": "h100-96gb-hbm2e-500w"}
+# Fewer runs than this per fitted parameter and only the GEMM scale is fitted.
+RUNS_PER_FREE_PARAMETER = 3
 GRID = {
     "matmul_scale": [0.70 + 0.02 * i for i in range(16)],
     "flash_attention": [0.25 + 0.05 * i for i in range(10)],
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for hardware, rows in sorted(by_type.items()):
         base = load_machine(hardware).efficiency
         start = {"matmul_scale": 1.0, "flash_attention": base.flash_attention, "hbm": base.hbm}
-        free = list(GRID) if len(rows) >= len(GRID) + 2 else ["matmul_scale"]
+        free = list(GRID) if len(rows) >= RUNS_PER_FREE_PARAMETER * len(GRID) else ["matmul_scale"]
         before = errors_pct(rows, start)
         params = fit(rows, start, free)
         after = errors_pct(rows, params)

@@ -12,11 +12,12 @@ import sys
 from typing import Callable, Sequence
 
 from costmodel.errors import PlannerError
-from planner.commands import inspect_cmd
+from planner.commands import inspect_cmd, simulate_cmd
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "inspect": ("parameter count, FLOPs and graph size of a model", inspect_cmd.add_arguments, inspect_cmd.run),
+    "simulate": ("predict step time and memory of one layout", simulate_cmd.add_arguments, simulate_cmd.run),
 }
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from planner.config import load_model, train_config
-from planner.inspect import InspectReport, inspect_model
+
+if TYPE_CHECKING:
+    from planner.inspect import InspectReport
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # JAX is imported here, not at start-up: the other commands answer without it.
+    from planner.inspect import inspect_model
+
     cfg = load_model(args.model)
     train = train_config(seq_len=args.seq_len, global_batch=args.global_batch)
     report = inspect_model(cfg, train)

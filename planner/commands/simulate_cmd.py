@@ -1,0 +1,109 @@
+"""``plan simulate``: predict step time and memory of one hand-written layout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.errors import InvalidPlanError
+from costmodel.estimate import StepEstimate
+from costmodel.layout import Attention, Layout, Recompute, Schedule
+from costmodel.machine import load_machine
+from costmodel.simulator import simulate
+from planner.config import load_model, train_config
+from planner.timeline import write_timeline
+
+_GIB = 2**30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="preset name or config.json path")
+    parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
+    parser.add_argument("--devices", type=int, required=True, help="total devices")
+    parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
+    for flag, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
+                            ("--ep", "expert parallel")):
+        parser.add_argument(flag, type=int, default=1, help=f"{help_text} degree (default 1)")
+    parser.add_argument("--dp", type=int, help="data parallel degree (default: devices / (tp·pp·cp))")
+    parser.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--interleave", type=int, default=1, help="model chunks per pipeline device (default 1)")
+    parser.add_argument("--schedule", choices=[s.value for s in Schedule], help="pipeline schedule (default 1f1b, interleaved when --interleave > 1)")
+    parser.add_argument("--recompute", choices=[r.value for r in Recompute], default="none", help="activation recompute")
+    parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    parser.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
+    parser.add_argument("--attention", choices=[a.value for a in Attention], default="flash", help="attention kernel")
+    parser.add_argument("--dp-overlap", choices=["yes", "no"], default="yes", help="overlap data-parallel communication")
+    parser.add_argument("--eager", action="store_true", help="elementwise ops unfused (eager PyTorch)")
+    parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    """The Layout the flags describe; inconsistent degrees get one line naming the fix."""
+    rest = args.tp * args.pp * args.cp
+    if args.dp is None and args.devices % rest:
+        raise InvalidPlanError(f"devices={args.devices} is not divisible by tp·pp·cp = {rest}", fix="change --devices or the degrees")
+    schedule = args.schedule or (Schedule.INTERLEAVED if args.interleave > 1 else Schedule.ONE_F_ONE_B)
+    try:
+        return Layout(
+            dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
+            interleave=args.interleave, schedule=schedule, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+            zero_stage=args.zero, attention=args.attention, dp_overlap=args.dp_overlap == "yes", fused_elementwise=not args.eager,
+        )
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise InvalidPlanError(f"--{first['loc'][0]}={first['input']!r}: {first['msg']}", fix="give a positive degree") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args.model)
+    train = train_config(seq_len=args.seq_len, global_batch=args.global_batch)
+    layout = layout_from_args(args)
+    if layout.n_devices != args.devices:
+        raise InvalidPlanError(
+            f"tp·pp·dp·cp = {layout.tp}·{layout.pp}·{layout.dp}·{layout.cp} = {layout.n_devices} but --devices={args.devices}",
+            fix="make the degrees multiply to the device count",
+        )
+    machine = load_machine(args.hardware, devices_per_node=args.devices_per_node)
+    estimate = simulate(model, train, layout, machine, keep_timeline=bool(args.timeline))
+    if args.timeline:
+        write_timeline(estimate, args.timeline)
+    if args.json:
+        print(json.dumps(estimate_json(estimate), sort_keys=True))
+    else:
+        Console().print(_table(estimate, model.name))
+    return 0
+
+
+def estimate_json(est: StepEstimate) -> dict[str, object]:
+    """The JSON object ``plan simulate --json`` prints."""
+    data = est.model_dump(mode="json", exclude={"timeline"})
+    data["memory"]["per_device_bytes"] = est.memory.total_bytes
+    return data
+
+
+def _table(est: StepEstimate, model: str) -> Table:
+    lay, b, m = est.layout, est.breakdown, est.memory
+    table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} "
+                        f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}", show_header=False)
+    rows = [
+        ("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),
+        ("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}"),
+        ("  compute (matmul, attention)", f"{b.compute_s:.3f} s"), ("  memory-bound kernels", f"{b.memory_bound_s:.3f} s"),
+        ("  recompute", f"{b.recompute_s:.3f} s"), ("  pipeline bubble", f"{b.bubble_s:.3f} s"),
+        ("  exposed communication", f"{b.exposed_comm_s:.3f} s"), ("  optimizer", f"{b.optimizer_s:.3f} s"),
+        *((f"  {axis} collectives (total)", f"{t:.3f} s") for axis, t in b.comm_s_by_axis.items() if t > 0),
+        ("memory per device", f"{m.total_bytes / _GIB:.2f} GiB of {m.hbm_bytes / _GIB:.0f} GiB" if m.hbm_bytes else f"{m.total_bytes / _GIB:.2f} GiB"),
+        ("  parameters / gradients / optimizer", f"{m.params_bytes / _GIB:.2f} / {m.grads_bytes / _GIB:.2f} / {m.optimizer_bytes / _GIB:.2f} GiB"),
+        ("  activations / temporary", f"{m.activations_bytes / _GIB:.2f} / {m.temporary_bytes / _GIB:.2f} GiB"),
+        ("fits", "yes" if est.fits else "NO" if est.fits is False else "unknown"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -1,0 +1,91 @@
+"""The reference training step: loss, gradients and an AdamW update, mixed precision.
+
+fp32 master parameters and optimizer moments, bf16 compute (weights cast on use), fp32
+logits and loss. `make_train_step` gives a function of ``(params, opt_state, batch)`` for
+``jax.jit``; `abstract_train_inputs` gives its inputs as ``jax.ShapeDtypeStruct``s at any
+size without allocating.
+
+>>> import jax
+>>> from costmodel.model_config import ModelConfig
+>>> cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=50)
+>>> train = TrainConfig(seq_len=8, global_batch=2)
+>>> params, opt_state, batch = abstract_train_inputs(cfg, train)
+>>> out = jax.eval_shape(make_train_step(cfg, train), params, opt_state, batch)
+>>> out[2]["loss"].shape
+()
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import AdamW, TrainConfig
+from planner.models.params import Params, abstract_params
+from planner.models.transformer import forward
+
+# Weight of the MoE load-balancing loss (Switch Transformer, Fedus et al. 2021).
+MOE_AUX_LOSS_WEIGHT = 0.01
+Batch = dict[str, jax.Array]
+
+
+def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none") -> jax.Array:
+    """Mean next-token cross-entropy (plus the MoE balancing loss)."""
+    logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat)
+    with jax.named_scope("loss"):
+        logp_BxSxV = jax.nn.log_softmax(logits_BxSxV, axis=-1)
+        nll_BxS = -jnp.take_along_axis(logp_BxSxV, batch["targets"][..., None], axis=-1)[..., 0]
+        return nll_BxS.mean() + MOE_AUX_LOSS_WEIGHT * aux
+
+
+def init_opt_state(params: Params) -> dict[str, Any]:
+    """AdamW state: fp32 first and second moments and the step count."""
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    return {"m": zeros, "v": jax.tree.map(jnp.copy, zeros), "step": jnp.zeros((), jnp.int32)}
+
+
+def adamw_update(params: Params, grads: Params, opt_state: dict[str, Any], opt: AdamW) -> tuple[Params, dict[str, Any]]:
+    """Bias-corrected AdamW; decoupled weight decay on matrices only (not norms or biases)."""
+    step = opt_state["step"] + 1
+    m = jax.tree.map(lambda m, g: opt.beta1 * m + (1 - opt.beta1) * g, opt_state["m"], grads)
+    v = jax.tree.map(lambda v, g: opt.beta2 * v + (1 - opt.beta2) * g * g, opt_state["v"], grads)
+    m_scale = 1 / (1 - opt.beta1 ** step.astype(jnp.float32))
+    v_scale = 1 / (1 - opt.beta2 ** step.astype(jnp.float32))
+
+    def update(path: tuple[Any, ...], p: jax.Array, m: jax.Array, v: jax.Array) -> jax.Array:
+        delta = m * m_scale / (jnp.sqrt(v * v_scale) + opt.eps)
+        if _decays(path):
+            delta = delta + opt.weight_decay * p
+        return p - opt.learning_rate * delta
+
+    return jax.tree_util.tree_map_with_path(update, params, m, v), {"m": m, "v": v, "step": step}
+
+
+def _decays(path: tuple[Any, ...]) -> bool:
+    """Weight matrices and embeddings decay; norm scales and biases (names 'scale', 'b…') do not."""
+    name = str(path[-1].key)
+    return name != "scale" and not name.startswith("b")
+
+
+def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none") -> Callable[..., Any]:
+    """A function ``(params, opt_state, batch) -> (params, opt_state, {"loss": ...})``."""
+    compute_dtype = jnp.dtype(train.compute_dtype.value)
+
+    def train_step(params: Params, opt_state: dict[str, Any], batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, cfg, compute_dtype=compute_dtype, remat=remat)
+        with jax.named_scope("optimizer"):
+            params, opt_state = adamw_update(params, grads, opt_state, train.optimizer)
+        return params, opt_state, {"loss": loss}
+
+    return train_step
+
+
+def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: int | None = None) -> tuple[Params, dict[str, Any], Batch]:
+    """``(params, opt_state, batch)`` as ``jax.ShapeDtypeStruct`` trees, allocating nothing."""
+    params = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
+    opt_state = jax.eval_shape(init_opt_state, params)
+    tokens = jax.ShapeDtypeStruct((micro_batch or train.global_batch, train.seq_len), jnp.int32)
+    return params, opt_state, {"tokens": tokens, "targets": tokens}

@@ -1,0 +1,174 @@
+"""The reference decoder-only transformer in plain ``jax.numpy``.
+
+One code path covers the GPT-2 family (learned positions, LayerNorm, GELU, biases, tied
+embeddings), the Llama family (RoPE, RMSNorm, SwiGLU, grouped-query attention) and
+mixture-of-experts layers (softmax router, top-k, capacity-based dispatch per sequence,
+optional shared expert). Layers run under ``jax.lax.scan`` over stacked parameters, so
+tracing cost does not depend on depth. Weights are stored in fp32 and cast to the compute
+dtype on use; softmaxes and logits are fp32.
+
+>>> import jax, jax.numpy as jnp
+>>> from costmodel.model_config import ModelConfig
+>>> from planner.models.params import init_params
+>>> cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=50)
+>>> logits_BxSxV, aux = forward(init_params(cfg, jax.random.key(0)), jnp.zeros((2, 8), jnp.int32), cfg)
+>>> logits_BxSxV.shape, logits_BxSxV.dtype
+((2, 8, 50), dtype('float32'))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from costmodel.errors import UnsupportedError
+from costmodel.model_config import MlpKind, ModelConfig, Norm, Positions
+from planner.models.params import Params
+
+# Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
+MOE_CAPACITY_FACTOR = 1.25
+_REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    # Keep weight-matmul outputs, recompute the rest (attention scores included), as
+    # Megatron's selective recompute does.
+    "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _norm(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig) -> jax.Array:
+    x = x_BxSxD.astype(jnp.float32)
+    if cfg.norm is Norm.LAYERNORM:
+        x = x - x.mean(-1, keepdims=True)
+    y = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps) * p["scale"]
+    if "bias" in p:
+        y = y + p["bias"]
+    return y.astype(x_BxSxD.dtype)
+
+
+def _rope(x_BxSxNxH: jax.Array, theta: float) -> jax.Array:
+    s, h = x_BxSxNxH.shape[1], x_BxSxNxH.shape[-1]
+    freq_H2 = theta ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)
+    angle_SxH2 = jnp.arange(s, dtype=jnp.float32)[:, None] * freq_H2[None, :]
+    cos, sin = jnp.cos(angle_SxH2)[None, :, None, :], jnp.sin(angle_SxH2)[None, :, None, :]
+    x1, x2 = jnp.split(x_BxSxNxH.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x_BxSxNxH.dtype)
+
+
+def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> jax.Array:
+    b, s, _ = x_BxSxD.shape
+    k_heads, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+    q_BxSxNxH = jnp.einsum("bsd,dnh->bsnh", x_BxSxD, p["wq"].astype(dt))
+    k_BxSxKxH = jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wk"].astype(dt))
+    v_BxSxKxH = jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wv"].astype(dt))
+    if "bq" in p:
+        q_BxSxNxH, k_BxSxKxH, v_BxSxKxH = q_BxSxNxH + p["bq"].astype(dt), k_BxSxKxH + p["bk"].astype(dt), v_BxSxKxH + p["bv"].astype(dt)
+    if cfg.positions is Positions.ROPE:
+        q_BxSxNxH, k_BxSxKxH = _rope(q_BxSxNxH, cfg.rope_theta), _rope(k_BxSxKxH, cfg.rope_theta)
+    # Grouped-query attention: query heads grouped by the kv head they share, no k/v copies.
+    q_BxSxKxGxH = q_BxSxNxH.reshape(b, s, k_heads, group, cfg.head_dim)
+    scores_BxKxGxSxS = jnp.einsum("bskgh,btkh->bkgst", q_BxSxKxGxH, k_BxSxKxH).astype(jnp.float32)
+    causal_SxS = jnp.tril(jnp.ones((s, s), bool))
+    scores_BxKxGxSxS = jnp.where(causal_SxS, scores_BxKxGxSxS / math.sqrt(cfg.head_dim), -1e30)
+    probs_BxKxGxSxS = jax.nn.softmax(scores_BxKxGxSxS, axis=-1).astype(dt)
+    out_BxSxKxGxH = jnp.einsum("bkgst,btkh->bskgh", probs_BxKxGxSxS, v_BxSxKxH)
+    out_BxSxNxH = out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim)
+    y_BxSxD = jnp.einsum("bsnh,nhd->bsd", out_BxSxNxH, p["wo"].astype(dt))
+    return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
+
+
+def _activation(h: jax.Array, gate: jax.Array | None, kind: MlpKind) -> jax.Array:
+    if kind is MlpKind.SWIGLU:
+        return jax.nn.silu(gate) * h
+    if kind is MlpKind.GEGLU:
+        return jax.nn.gelu(gate) * h
+    return jax.nn.relu(h) if kind is MlpKind.RELU else jax.nn.gelu(h)
+
+
+def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str = "") -> jax.Array:
+    """MLP on any leading shape ``[..., D]`` (also one expert's slice ``[..., C, D]``)."""
+    h = jnp.einsum("...d,df->...f", x, p[f"{prefix}w_in"].astype(dt))
+    gate = jnp.einsum("...d,df->...f", x, p[f"{prefix}w_gate"].astype(dt)) if cfg.mlp.gated else None
+    if "b_in" in p and not prefix:
+        h = h + p["b_in"].astype(dt)
+        gate = gate + p["b_gate"].astype(dt) if gate is not None else None
+    y = jnp.einsum("...f,fd->...d", _activation(h, gate, cfg.mlp), p[f"{prefix}w_out"].astype(dt))
+    return y + p["b_out"].astype(dt) if "b_out" in p and not prefix else y
+
+
+def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.Array, jax.Array]:
+    """Top-k routed experts with per-sequence capacity; returns output and load-balance loss."""
+    b, s, d = x_BxSxD.shape
+    e, k = cfg.num_experts, cfg.experts_per_token
+    capacity = max(1, math.ceil(MOE_CAPACITY_FACTOR * s * k / e))
+    logits_BxSxE = jnp.einsum("bsd,de->bse", x_BxSxD, p["router"].astype(dt)).astype(jnp.float32)
+    probs_BxSxE = jax.nn.softmax(logits_BxSxE, axis=-1)
+    top_w_BxSxK, top_e_BxSxK = jax.lax.top_k(probs_BxSxE, k)
+    top_w_BxSxK = top_w_BxSxK / top_w_BxSxK.sum(-1, keepdims=True)
+    # Slot of each (token, choice) in its expert's buffer, in token order; past capacity it drops.
+    onehot_BxTxE = jax.nn.one_hot(top_e_BxSxK.reshape(b, s * k), e, dtype=jnp.int32)
+    slot_BxT = (jnp.cumsum(onehot_BxTxE, axis=1) * onehot_BxTxE).sum(-1) - 1
+    expert_BxT = top_e_BxSxK.reshape(b, s * k)
+    token_T = jnp.repeat(jnp.arange(s), k)
+    batch_B1 = jnp.arange(b)[:, None]
+    token_BxExC = jnp.zeros((b, e, capacity), jnp.int32).at[batch_B1, expert_BxT, slot_BxT].set(token_T[None, :], mode="drop")
+    weight_BxExC = jnp.zeros((b, e, capacity), jnp.float32).at[batch_B1, expert_BxT, slot_BxT].set(
+        top_w_BxSxK.reshape(b, s * k), mode="drop")
+    x_BxExCxD = jnp.take_along_axis(x_BxSxD[:, None], token_BxExC[..., None], axis=2)
+    h_BxExCxF = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_in"].astype(dt))
+    gate = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_gate"].astype(dt)) if cfg.mlp.gated else None
+    y_BxExCxD = jnp.einsum("becf,efd->becd", _activation(h_BxExCxF, gate, cfg.mlp), p["w_out"].astype(dt))
+    y_BxExCxD = y_BxExCxD * weight_BxExC[..., None].astype(dt)
+    out_BxSxD = jnp.zeros((b, s, d), dt).at[batch_B1[:, :, None], token_BxExC].add(y_BxExCxD)
+    if "shared_w_in" in p:
+        gate_BxSx1 = jax.nn.sigmoid(jnp.einsum("bsd,do->bso", x_BxSxD, p["shared_gate"].astype(dt)))
+        out_BxSxD = out_BxSxD + gate_BxSx1 * _dense_mlp(x_BxSxD, p, cfg, dt, prefix="shared_")
+    # Switch-Transformer load balancing: E · Σ_e (share of routed tokens) · (mean router prob).
+    share_E = onehot_BxTxE.mean(axis=(0, 1)).astype(jnp.float32)
+    aux = e * jnp.sum(share_E * probs_BxSxE.mean(axis=(0, 1)))
+    return out_BxSxD, aux
+
+
+def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.Array, jax.Array]:
+    with jax.named_scope("attention"):
+        x_BxSxD = x_BxSxD + _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt)
+    h_BxSxD = _norm(x_BxSxD, p["mlp_norm"], cfg)
+    if cfg.is_moe:
+        with jax.named_scope("moe"):
+            y_BxSxD, aux = _moe(h_BxSxD, p["moe"], cfg, dt)
+    else:
+        with jax.named_scope("mlp"):
+            y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt), jnp.zeros((), jnp.float32)
+    return x_BxSxD + y_BxSxD, aux
+
+
+def forward(
+    params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none"
+) -> tuple[jax.Array, jax.Array]:
+    """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
+
+    ``remat`` is the activation recompute policy: "none", "full" or "selective".
+    """
+    if remat not in _REMAT_POLICIES:
+        raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(_REMAT_POLICIES)}")
+    dt = compute_dtype
+    with jax.named_scope("embed"):
+        x_BxSxD = jnp.take(params["embed"]["tokens"], tokens_BxS, axis=0).astype(dt)
+        if cfg.positions is Positions.LEARNED:
+            x_BxSxD = x_BxSxD + params["embed"]["positions"][: tokens_BxS.shape[1]].astype(dt)
+
+    def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
+        with jax.named_scope("layer"):
+            return _layer(x, layer_params, cfg, dt)
+
+    if _REMAT_POLICIES[remat] is not None:
+        body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
+    x_BxSxD, aux_L = jax.lax.scan(body, x_BxSxD, params["layers"])
+    with jax.named_scope("head"):
+        h_BxSxD = _norm(x_BxSxD, params["final_norm"], cfg)
+        w_DxV = params["embed"]["tokens"].T if cfg.tie_embeddings else params["lm_head"]["w"]
+        logits_BxSxV = jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(dt), preferred_element_type=jnp.float32)
+    return logits_BxSxV, aux_L.mean()

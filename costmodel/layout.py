@@ -17,8 +17,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from costmodel.errors import InvalidPlanError
-from costmodel.model_config import ModelConfig
+from costmodel.errors import InvalidConfigError, InvalidPlanError
+from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import TrainConfig
 
 
@@ -87,6 +87,23 @@ class Layout(BaseModel):
         return train.global_batch // (self.dp * self.micro_batch)
 
 
+def check_sequence(model: ModelConfig, train: TrainConfig) -> None:
+    """Raise `InvalidConfigError` when sequences are longer than learned positions allow.
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> m = ModelConfig(name="gpt2", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=9,
+    ...                 positions="learned", max_position_embeddings=1024)
+    >>> check_sequence(m, TrainConfig(seq_len=2048))
+    Traceback (most recent call last):
+    costmodel.errors.InvalidConfigError: seq_len=2048 exceeds gpt2's 1024 learned positions; fix: use --seq-len 1024 or less
+    """
+    if model.positions is Positions.LEARNED and train.seq_len > model.max_position_embeddings:
+        raise InvalidConfigError(
+            f"seq_len={train.seq_len} exceeds {model.name}'s {model.max_position_embeddings} learned positions",
+            fix=f"use --seq-len {model.max_position_embeddings} or less",
+        )
+
+
 def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_devices: int) -> None:
     """Raise `InvalidPlanError` naming what to change when ``layout`` cannot run.
 
@@ -96,6 +113,7 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
     Traceback (most recent call last):
     costmodel.errors.InvalidPlanError: num_heads=4 is not divisible by tp=3; fix: use a tp that divides 4
     """
+    check_sequence(model, train)
     if layout.n_devices != n_devices:
         raise InvalidPlanError(
             f"dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.n_devices} but devices={n_devices}",

@@ -181,3 +181,12 @@ def train_config(**fields: Any) -> TrainConfig:
         first = err.errors()[0]
         flag = "--" + str(first["loc"][0]).replace("_", "-")
         raise InvalidConfigError(f"{flag}={first['input']!r}: {first['msg']}", fix=f"give a valid {flag}") from None
+
+
+def default_seq_len(model: ModelConfig) -> int:
+    """2048, or fewer when the model's learned position table is shorter.
+
+    >>> default_seq_len(load_model("gpt2")), default_seq_len(load_model("llama3-8b"))
+    (1024, 2048)
+    """
+    return min(2048, model.max_position_embeddings) if model.positions == "learned" else 2048

@@ -12,7 +12,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.model_config import ModelConfig
-from costmodel.opgraph import primitive_counts, total_bytes_accessed, total_flops
+from costmodel.opgraph import ops, primitive_counts, total_bytes_accessed, total_flops
 from costmodel.train_config import TrainConfig
 from planner.config import load_model  # noqa: F401  (used by the doctest)
 from planner.extract import extract_graph
@@ -32,6 +32,7 @@ class InspectReport(BaseModel):
     seq_len: int = Field(description="Tokens per sequence.")
     global_batch: int = Field(description="Sequences per step.")
     flops_per_step: float = Field(description="FLOPs of one training step from the graph (forward, backward, optimizer).")
+    matmul_flops_per_step: float = Field(description="The dot_general part of flops_per_step (what analytic counts count).")
     flops_per_token: float = Field(description="flops_per_step / tokens per step.")
     bytes_accessed_per_step: float = Field(description="Bytes read and written by all ops, unfused.")
     ops: int = Field(description="Operations in the extracted graph (a scanned layer counted once).")
@@ -55,6 +56,7 @@ def inspect_model(cfg: ModelConfig, train: TrainConfig) -> InspectReport:
         seq_len=train.seq_len,
         global_batch=train.global_batch,
         flops_per_step=flops,
+        matmul_flops_per_step=float(sum(op.flops * op.repeat for op in ops(g) if op.primitive == "dot_general")),
         flops_per_token=flops / train.tokens_per_step,
         bytes_accessed_per_step=total_bytes_accessed(g),
         ops=sum(counts.values()),

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from planner.config import load_model, train_config
+from costmodel.layout import check_sequence
+from planner.config import default_seq_len, load_model, train_config
 
 if TYPE_CHECKING:
     from planner.inspect import InspectReport
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="preset name (e.g. llama3-8b) or path to a config.json")
-    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -27,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from planner.inspect import inspect_model
 
     cfg = load_model(args.model)
-    train = train_config(seq_len=args.seq_len, global_batch=args.global_batch)
+    train = train_config(seq_len=args.seq_len or default_seq_len(cfg), global_batch=args.global_batch)
+    check_sequence(cfg, train)
     report = inspect_model(cfg, train)
     if args.json:
         print(json.dumps(report.model_dump(), sort_keys=True))
@@ -43,6 +45,7 @@ def _table(r: InspectReport) -> Table:
         ("  embedding + head", f"{r.embedding_params:,}"),
         ("  per layer × layers", f"{r.params_per_layer:,} × {r.layers}"),
         ("FLOPs per step", f"{r.flops_per_step:.4g}"),
+        ("  of which matmul", f"{r.matmul_flops_per_step:.4g}"),
         ("FLOPs per token", f"{r.flops_per_token:.4g}"),
         ("bytes accessed per step (unfused)", f"{r.bytes_accessed_per_step:.4g}"),
         ("ops in graph (layer once)", f"{r.ops:,}"),

@@ -14,7 +14,7 @@ from costmodel.estimate import StepEstimate
 from costmodel.layout import Attention, Layout, Recompute, Schedule
 from costmodel.machine import load_machine
 from costmodel.simulator import simulate
-from planner.config import load_model, train_config
+from planner.config import default_seq_len, load_model, train_config
 from planner.timeline import write_timeline
 
 _GIB = 2**30
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp", type=int, help="data parallel degree (default: devices / (tp·pp·cp))")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--interleave", type=int, default=1, help="model chunks per pipeline device (default 1)")
     parser.add_argument("--schedule", choices=[s.value for s in Schedule], help="pipeline schedule (default 1f1b, interleaved when --interleave > 1)")
     parser.add_argument("--recompute", choices=[r.value for r in Recompute], default="none", help="activation recompute")
@@ -63,7 +63,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    train = train_config(seq_len=args.seq_len, global_batch=args.global_batch)
+    train = train_config(seq_len=args.seq_len or default_seq_len(model), global_batch=args.global_batch)
     layout = layout_from_args(args)
     if layout.n_devices != args.devices:
         raise InvalidPlanError(

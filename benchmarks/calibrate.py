@@ -22,7 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.simulator_accuracy import DEFAULT_DATA, layout_from_row, model_from_row
-from costmodel.machine import Machine, load_machine
+from costmodel.catalog import MICROBENCHMARK_EFFICIENCY
+from costmodel.machine import load_machine
 from costmodel.roofline import Efficiency
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
@@ -39,23 +40,18 @@ GRID = {
 }
 
 
-def with_efficiency(machine: Machine, base: Efficiency, params: dict[str, float]) -> Machine:
-    """``machine`` with ``base`` efficiencies adjusted by ``params``."""
-    eff = base.model_copy(update={
-        "matmul_curve": tuple((f, min(1.0, e * params["matmul_scale"])) for f, e in base.matmul_curve),
-        "flash_attention": params["flash_attention"],
-        "hbm": params["hbm"],
-    })
-    return machine.model_copy(update={"efficiency": eff})
+def _start(hardware: str) -> Efficiency:
+    return MICROBENCHMARK_EFFICIENCY.get(hardware, load_machine(hardware).efficiency)
 
 
 def errors_pct(rows: list[dict[str, str]], params: dict[str, float]) -> list[float]:
-    """Signed step-time error of each row under ``params``."""
+    """Signed step-time error of each row with its hardware's micro-benchmark efficiencies adjusted by ``params``."""
     out = []
     for row in rows:
         machine = load_machine(row["hardware"], devices_per_node=int(row["devices_per_node"]))
+        machine = machine.model_copy(update={"efficiency": _start(row["hardware"]).calibrated(**params)})
         train = TrainConfig(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch_seqs"]))
-        est = simulate(model_from_row(row), train, layout_from_row(row), with_efficiency(machine, machine.efficiency, params))
+        est = simulate(model_from_row(row), train, layout_from_row(row), machine)
         measured = float(row["derived_step_time_s"])
         out.append(100 * (est.step_time_s - measured) / measured)
     return out
@@ -102,21 +98,23 @@ def main(argv: list[str] | None = None) -> int:
             by_type[HARDWARE_TYPE.get(row["hardware"], row["hardware"])].append(row)
     results = []
     for hardware, rows in sorted(by_type.items()):
-        base = load_machine(hardware).efficiency
+        base = _start(hardware)
         start = {"matmul_scale": 1.0, "flash_attention": base.flash_attention, "hbm": base.hbm}
         free = list(GRID) if len(rows) >= RUNS_PER_FREE_PARAMETER * len(GRID) else ["matmul_scale"]
         before = errors_pct(rows, start)
         params = fit(rows, start, free)
         after = errors_pct(rows, params)
-        held_out = cross_validated(rows, start, free) if len(rows) >= 10 else after
-        curve = tuple((f, round(min(1.0, e * params["matmul_scale"]), 3)) for f, e in base.matmul_curve)
+        held_out = cross_validated(rows, start, free) if len(rows) >= 10 else None
         print(f"{hardware}: {len(rows)} runs, free {free}")
-        print(f"  mean |error| uncalibrated {_mean_abs(before):.2f} %, calibrated {_mean_abs(after):.2f} % "
-              f"(max {max(map(abs, after)):.2f} %), 5-fold held-out {_mean_abs(held_out):.2f} % (max {max(map(abs, held_out)):.2f} %)")
-        print(f"  catalog values: matmul_curve={curve}, flash_attention={params['flash_attention']:.2f}, hbm={params['hbm']:.2f}")
+        print(f"  mean |error| micro-benchmark efficiencies {_mean_abs(before):.2f} %, calibrated {_mean_abs(after):.2f} % "
+              f"(max {max(map(abs, after)):.2f} %)")
+        if held_out:
+            print(f"  5-fold held-out mean |error| {_mean_abs(held_out):.2f} % (max {max(map(abs, held_out)):.2f} %)")
+        print(f"  catalog: calibrated(matmul_scale={params['matmul_scale']:.2f}, flash_attention={params['flash_attention']:.2f}, "
+              f"hbm={params['hbm']:.2f})")
         results.append({"hardware": hardware, "runs": len(rows), **{k: round(v, 3) for k, v in params.items()},
                         "mean_abs_err_uncalibrated_pct": round(_mean_abs(before), 2), "mean_abs_err_pct": round(_mean_abs(after), 2),
-                        "max_abs_err_pct": round(max(map(abs, after)), 2), "heldout_mean_abs_err_pct": round(_mean_abs(held_out), 2)})
+                        "max_abs_err_pct": round(max(map(abs, after)), 2), "heldout_mean_abs_err_pct": round(_mean_abs(held_out), 2) if held_out else ""})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(results[0]))

@@ -1,0 +1,96 @@
+"""Tests `costmodel/simulator.py`: consistency, physics properties, bad layouts."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.collectives import Tier
+from costmodel.errors import InvalidConfigError, InvalidPlanError
+from costmodel.layout import Attention, Layout, Recompute
+from costmodel.machine import Machine, load_machine
+from costmodel.model_config import ModelConfig
+from costmodel.simulator import model_flops_per_step, simulate
+from costmodel.train_config import TrainConfig
+
+DETERMINISTIC = settings(derandomize=True, database=None, deadline=None, max_examples=40)
+MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
+GPT = ModelConfig(name="gpt", hidden_size=2048, num_layers=16, num_heads=16, ffn_size=8192, vocab_size=51200,
+                  norm="layernorm", mlp="gelu", positions="learned", tie_embeddings=True, max_position_embeddings=2048)
+TRAIN = TrainConfig(seq_len=2048, global_batch=64)
+HW = load_machine("a100-80gb")
+LAYOUTS = st.builds(
+    Layout, dp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+    micro_batch=st.sampled_from([1, 2]), recompute=st.sampled_from(list(Recompute)), sequence_parallel=st.booleans(),
+    zero_stage=st.integers(0, 3), attention=st.sampled_from(list(Attention)), dp_overlap=st.booleans(),
+)
+
+
+def test_breakdown_sums_to_the_step_time_and_utilisation_is_sane():
+    est = simulate(GPT, TRAIN, Layout(dp=2, tp=4, pp=2, micro_batch=2, recompute=Recompute.FULL), HW)
+    assert est.breakdown.total_s == pytest.approx(est.step_time_s, rel=1e-12)
+    assert 0 < est.mfu < est.hfu < 1
+    assert est.tokens_per_s == pytest.approx(TRAIN.tokens_per_step / est.step_time_s)
+    assert est.breakdown.comm_s_by_axis["tp"] > 0 and est.breakdown.comm_s_by_axis["pp"] > 0
+
+
+def test_model_flops_follow_megatron():
+    l, h, s, v = GPT.num_layers, GPT.hidden_size, TRAIN.seq_len, GPT.vocab_size
+    expected = 72 * TRAIN.global_batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    assert model_flops_per_step(GPT, TRAIN) == pytest.approx(expected, rel=1e-3)
+
+
+def _scaled(hw: Machine, flops: float = 1.0, bandwidth: float = 1.0) -> Machine:
+    return hw.model_copy(update={
+        "peak_flops_per_s": hw.peak_flops_per_s * flops, "hbm_bytes_per_s": hw.hbm_bytes_per_s * bandwidth,
+        "intra": hw.intra.model_copy(update={"bytes_per_s": hw.intra.bytes_per_s * bandwidth}),
+        "inter": hw.inter.model_copy(update={"bytes_per_s": hw.inter.bytes_per_s * bandwidth}),
+    })
+
+
+@DETERMINISTIC
+@given(layout=LAYOUTS, flops=st.floats(1.0, 4.0), bandwidth=st.floats(1.0, 4.0))
+def test_more_flops_or_bandwidth_never_predicts_a_slower_step(layout, flops, bandwidth):
+    base = simulate(MODEL, TRAIN, layout, HW).step_time_s
+    assert simulate(MODEL, TRAIN, layout, _scaled(HW, flops=flops)).step_time_s <= base * (1 + 1e-9)
+    assert simulate(MODEL, TRAIN, layout, _scaled(HW, bandwidth=bandwidth)).step_time_s <= base * (1 + 1e-9)
+
+
+@DETERMINISTIC
+@given(layout=LAYOUTS, factor=st.sampled_from([2, 3, 4]))
+def test_step_time_is_monotone_in_global_batch(layout, factor):
+    small = simulate(MODEL, TRAIN, layout, HW).step_time_s
+    large = simulate(MODEL, TRAIN.model_copy(update={"global_batch": TRAIN.global_batch * factor}), layout, HW).step_time_s
+    assert large >= small
+
+
+def test_software_facts_move_step_time_the_right_way():
+    base = Layout(dp=8, micro_batch=2, attention=Attention.FLASH)
+    assert simulate(GPT, TRAIN, base.model_copy(update={"attention": Attention.MATERIALIZED}), HW).step_time_s > simulate(GPT, TRAIN, base, HW).step_time_s
+    assert simulate(GPT, TRAIN, base.model_copy(update={"dp_overlap": False}), HW).step_time_s >= simulate(GPT, TRAIN, base, HW).step_time_s
+    assert simulate(MODEL, TRAIN, base.model_copy(update={"fused_elementwise": False}), HW).step_time_s > simulate(MODEL, TRAIN, base, HW).step_time_s
+
+
+def test_memory_comes_with_the_estimate():
+    est = simulate(MODEL, TRAIN, Layout(dp=8), HW)
+    assert est.memory.hbm_bytes == HW.hbm_bytes and est.fits == est.memory.fits
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    (Layout(tp=3), "not divisible by tp=3"),
+    (Layout(pp=32), "num_layers=16 < pp"),
+    (Layout(dp=3), "global_batch=64 is not divisible"),
+])
+def test_inconsistent_layouts_are_refused(layout, message):
+    with pytest.raises(InvalidPlanError, match=message):
+        simulate(MODEL, TRAIN, layout, HW)
+
+
+def test_too_long_sequences_for_learned_positions():
+    with pytest.raises(InvalidConfigError, match="learned positions"):
+        simulate(GPT, TRAIN.model_copy(update={"seq_len": 4096}), Layout(), HW)
+
+
+def test_tiny_hand_machine_runs():
+    tier = Tier(bytes_per_s=1e10, latency_s=0)
+    hw = Machine(name="toy", peak_flops_per_s=1e13, hbm_bytes_per_s=1e11, hbm_bytes=1e10, devices_per_node=2, intra=tier, inter=tier)
+    assert simulate(MODEL, TRAIN, Layout(dp=2, pp=2), hw).step_time_s > 0

@@ -10,6 +10,10 @@ prints ``str(err)`` and exits with ``err.exit_code`` (no traceback unless ``--de
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import ValidationError
+
 
 class PlannerError(Exception):
     """Base of every error a user can cause; ``exit_code`` is the CLI's exit status."""
@@ -47,3 +51,16 @@ class UnsupportedError(PlannerError):
     """The input is valid but asks for something this tool does not model."""
 
     exit_code = 5
+
+
+def first_problem(err: ValidationError) -> tuple[str, str, Any]:
+    """(dotted field location, message, offending input) of the first problem pydantic found."""
+    first = err.errors()[0]
+    return ".".join(str(p) for p in first["loc"]), first["msg"], first.get("input")
+
+
+def flag_error(err: ValidationError, error_type: type[PlannerError] = InvalidConfigError) -> PlannerError:
+    """A validation error on command-line values, named by the flag (``--seq-len=0: ...``)."""
+    where, msg, value = first_problem(err)
+    flag = "--" + where.split(".")[0].replace("_", "-")
+    return error_type(f"{flag}={value!r}: {msg}", fix=f"give a valid {flag}")

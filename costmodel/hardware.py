@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from costmodel.collectives import Tier
-from costmodel.errors import InvalidConfigError, UnsupportedError
+from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem
 from costmodel.roofline import Efficiency
 
 
@@ -118,9 +118,8 @@ def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> 
         except (OSError, UnicodeDecodeError) as err:
             raise InvalidConfigError(f"cannot read {name_or_path!r}: {err}", fix="check the file") from err
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "profile"
-            raise InvalidConfigError(f"{name_or_path}: {where}: {first['msg']}", fix="see costmodel.hardware.ClusterSpec") from None
+            where, msg, _ = first_problem(err)
+            raise InvalidConfigError(f"{name_or_path}: {where or 'profile'}: {msg}", fix="see costmodel.hardware.ClusterSpec") from None
     if devices_per_node is not None:
         if devices_per_node < 1:
             raise InvalidConfigError(f"--devices-per-node={devices_per_node} must be positive", fix="give a positive count")

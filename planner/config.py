@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.errors import InvalidConfigError
+from costmodel.errors import InvalidConfigError, first_problem, flag_error
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
 from planner.presets import PRESETS
@@ -161,12 +161,9 @@ def _validated(fields: dict[str, Any], *, source: str) -> ModelConfig:
     try:
         return ModelConfig(**fields)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        got = f" (got {first['input']!r})" if "input" in first and not isinstance(first["input"], dict) else ""
-        raise InvalidConfigError(
-            f"{source}: {where}: {first['msg']}{got}", fix=f"correct {where!r} in the model config"
-        ) from None
+        where, msg, value = first_problem(err)
+        got = "" if value is None or isinstance(value, dict) else f" (got {value!r})"
+        raise InvalidConfigError(f"{source}: {where}: {msg}{got}", fix=f"correct {where!r} in the model config") from None
 
 
 def train_config(**fields: Any) -> TrainConfig:
@@ -178,9 +175,7 @@ def train_config(**fields: Any) -> TrainConfig:
     try:
         return TrainConfig(**fields)
     except ValidationError as err:
-        first = err.errors()[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-")
-        raise InvalidConfigError(f"{flag}={first['input']!r}: {first['msg']}", fix=f"give a valid {flag}") from None
+        raise flag_error(err) from None
 
 
 def default_seq_len(model: ModelConfig) -> int:

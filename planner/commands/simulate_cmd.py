@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.errors import InvalidPlanError
+from costmodel.errors import InvalidPlanError, flag_error
 from costmodel.estimate import StepEstimate
 from costmodel.layout import Attention, Layout, Recompute, Schedule
 from costmodel.machine import load_machine
@@ -57,8 +57,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
             zero_stage=args.zero, attention=args.attention, dp_overlap=args.dp_overlap == "yes", fused_elementwise=not args.eager,
         )
     except ValidationError as err:
-        first = err.errors()[0]
-        raise InvalidPlanError(f"--{first['loc'][0]}={first['input']!r}: {first['msg']}", fix="give a positive degree") from None
+        raise flag_error(err, InvalidPlanError) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,8 +27,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.machine import load_machine
 from costmodel.layout import Layout, Recompute, Schedule
+from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig

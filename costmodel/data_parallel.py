@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
 from costmodel.layer_costs import LayerCosts
-from costmodel.machine import Machine
 from costmodel.layout import Layout
+from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import TrainConfig
 

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, computed_fi
 from costmodel.layout import Layout
 from costmodel.memory import MemoryBreakdown
 from costmodel.pipeline import TimelineEvent
+from costmodel.schema import Record
 
 
-class TimeBreakdown(BaseModel):
+class TimeBreakdown(Record):
     """Where the busiest device's step time goes; the additive parts sum to the step time.
 
     ``comm_s_by_axis`` is the total time of each parallel dimension's collectives,
@@ -23,7 +24,6 @@ class TimeBreakdown(BaseModel):
     expert parallel in full, context parallel and data parallel beyond what overlaps).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     compute_s: NonNegativeFloat = Field(description="Matmul and attention kernels (forward + backward), first pass.")
     memory_bound_s: NonNegativeFloat = Field(description="HBM-bound kernels (norms, activations, softmax, residuals, loss).")

@@ -23,12 +23,16 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.collectives import all_reduce_s, all_to_all_s, p2p_s
 from costmodel.kernels import (
-    FLASH_BACKWARD_FLOPS_RATIO, Kernel, KernelKind, layer_forward_kernels, recomputed_forward_comm_fraction,
+    FLASH_BACKWARD_FLOPS_RATIO,
+    Kernel,
+    KernelKind,
+    layer_forward_kernels,
+    recomputed_forward_comm_fraction,
     recomputed_kernels,
 )
 from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
 from costmodel.machine import Machine
+from costmodel.model_config import ModelConfig
 from costmodel.roofline import kernel_time_s
 from costmodel.train_config import TrainConfig
 

@@ -21,22 +21,22 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, computed_field
+from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.activations import activation_bytes_per_layer
 from costmodel.data_parallel import layer_params_per_device
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.model_config import ModelConfig, Positions
+from costmodel.schema import Record
 from costmodel.train_config import TrainConfig
 
 # Gradient-reduction buckets in flight (PyTorch DDP's default bucket is 25 MB, two in flight).
 _REDUCTION_BUCKETS_BYTES = 2 * 25e6
 
 
-class MemoryBreakdown(BaseModel):
+class MemoryBreakdown(Record):
     """Bytes one device holds at its peak, by kind."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     stage: str = Field(description="Which pipeline stage this is ('first', 'last' or 'only').")
     params_bytes: NonNegativeFloat = Field(description="Compute-dtype parameters held.")
@@ -50,6 +50,11 @@ class MemoryBreakdown(BaseModel):
     @property
     def total_bytes(self) -> float:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.temporary_bytes
+
+    @computed_field(description="The same as total_bytes: what one device must hold.")
+    @property
+    def per_device_bytes(self) -> float:
+        return self.total_bytes
 
     @computed_field(description="hbm_bytes - total_bytes; negative when it does not fit.")
     @property

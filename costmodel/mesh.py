@@ -14,7 +14,14 @@ from __future__ import annotations
 import math
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from costmodel.errors import InvalidConfigError
 from costmodel.hardware import ClusterSpec

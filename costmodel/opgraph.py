@@ -21,7 +21,14 @@ from collections import Counter
 from typing import Iterable
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+)
 
 OP_ATTR = "op"
 TENSOR_ATTR = "tensor"

@@ -26,11 +26,15 @@ from costmodel.collectives import p2p_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
 from costmodel.kernels import (
-    KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels, recomputed_kernels,
+    KernelKind,
+    embedding_forward_kernels,
+    head_forward_kernels,
+    layer_forward_kernels,
+    recomputed_kernels,
 )
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
-from costmodel.machine import Machine
 from costmodel.layout import Layout, check_layout
+from costmodel.machine import Machine
 from costmodel.memory import memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.pipeline import PipelineTimes, simulate_pipeline

@@ -22,7 +22,14 @@ import jax
 import networkx as nx
 from jax.extend import core as jex_core
 
-from costmodel.opgraph import DotDims, OpNode, TensorSpec, add_input, add_op, new_op_graph
+from costmodel.opgraph import (
+    DotDims,
+    OpNode,
+    TensorSpec,
+    add_input,
+    add_op,
+    new_op_graph,
+)
 from planner.op_flops import op_flops
 
 # Primitive parameters that hold a sub-program executed once per call.

@@ -82,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def estimate_json(est: StepEstimate) -> dict[str, object]:
     """The JSON object ``plan simulate --json`` prints."""
-    data = est.model_dump(mode="json", exclude={"timeline"})
-    data["memory"]["per_device_bytes"] = est.memory.total_bytes
-    return data
+    return est.model_dump(mode="json", exclude={"timeline"})
 
 
 def _table(est: StepEstimate, model: str) -> Table:

@@ -5,7 +5,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.collectives import (
-    Collective, Group, Tier, all_gather_s, all_reduce_s, all_to_all_s, collective_s, p2p_s, reduce_scatter_s,
+    Collective,
+    Group,
+    Tier,
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    collective_s,
+    p2p_s,
+    reduce_scatter_s,
 )
 
 NVLINK = Tier(bytes_per_s=300e9, latency_s=5e-6)

@@ -5,8 +5,8 @@ import pytest
 from costmodel.collectives import Group, Tier, all_reduce_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
 from costmodel.layer_costs import layer_costs
-from costmodel.machine import Machine
 from costmodel.layout import Layout
+from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
 

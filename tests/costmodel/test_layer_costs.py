@@ -4,8 +4,8 @@ import pytest
 
 from costmodel.collectives import Tier
 from costmodel.layer_costs import layer_costs
-from costmodel.machine import Machine
 from costmodel.layout import Attention, Layout, Recompute
+from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.roofline import Efficiency
 from costmodel.train_config import TrainConfig

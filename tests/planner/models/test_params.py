@@ -7,7 +7,12 @@ import pytest
 
 from costmodel.model_config import ModelConfig
 from planner.config import load_model
-from planner.models.params import LogicalAxis, abstract_params, init_params, param_logical_axes
+from planner.models.params import (
+    LogicalAxis,
+    abstract_params,
+    init_params,
+    param_logical_axes,
+)
 
 TINY = {
     "gpt2-like": ModelConfig(name="g", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=64,

@@ -8,7 +8,12 @@ from costmodel.model_config import ModelConfig
 from costmodel.train_config import AdamW, TrainConfig
 from planner.config import load_model
 from planner.models.params import init_params
-from planner.models.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_train_step
+from planner.models.train_step import (
+    abstract_train_inputs,
+    adamw_update,
+    init_opt_state,
+    make_train_step,
+)
 
 GPT = ModelConfig(name="g", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=32, norm="layernorm",
                   mlp="gelu", positions="learned", tie_embeddings=True, qkv_bias=True, out_bias=True, mlp_bias=True,

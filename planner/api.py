@@ -1,0 +1,89 @@
+"""The library entry point: ``planner.plan(model, mesh="8x4", hardware="h100-sxm") -> Plan``.
+
+>>> p = plan("gpt2", mesh="2x4", hardware="a100-80gb", global_batch=64, seq_len=1024)
+>>> p.layout.n_devices, [a.parallelism for a in p.mesh][:2] != []
+(8, True)
+"""
+
+from __future__ import annotations
+
+import time
+
+from costmodel.errors import InvalidConfigError
+from costmodel.hardware import load_hardware
+from costmodel.layout import check_sequence
+from costmodel.machine import machine_for
+from costmodel.mesh import MeshSpec, axis_links, parse_mesh
+from costmodel.model_config import ModelConfig
+from planner.config import default_seq_len, load_model, train_config
+from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
+from planner.plan import Alternative, MeshAxis, Plan, SolverInfo
+from planner.shardings import logical_rules, param_specs
+from search.layouts import SearchSpace, grid_search
+
+_GIB = 2**30
+
+
+def plan(
+    model: str | ModelConfig, *, mesh: str | None = None, devices: int | None = None, hardware: str = "h100-sxm",
+    seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
+) -> Plan:
+    """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
+
+    Args:
+      model: preset name, config.json path, or a ModelConfig.
+      mesh: device mesh, e.g. "8x4" or "data=8,tensor=4"; or give ``devices`` and let the planner shape it.
+      hardware: hardware profile name or JSON path.
+    """
+    start = time.perf_counter()
+    cfg = model if isinstance(model, ModelConfig) else load_model(model)
+    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch)
+    check_sequence(cfg, train)
+    cluster = load_hardware(hardware, devices_per_node=devices_per_node)
+    machine = machine_for(cluster)
+    if (mesh is None) == (devices is None):
+        raise InvalidConfigError("give exactly one of --mesh and --devices", fix="e.g. --mesh 8x4 or --devices 32")
+    mesh_spec = parse_mesh(mesh) if mesh else None
+    kinds_options = assignments(mesh_spec) if mesh_spec else []
+    splits = tuple(sorted({degrees(mesh_spec, k) for k in kinds_options})) if mesh_spec else None
+    n_devices = mesh_spec.n_devices if mesh_spec else devices
+    result = grid_search(cfg, train, machine, n_devices=n_devices, space=SearchSpace(splits=splits))
+    best = result.best
+    lay = best.layout
+    if mesh_spec is None:
+        mesh_spec, kinds = _derived_mesh(lay.dp, lay.tp, lay.pp, lay.cp)
+    else:
+        kinds = next(k for k in kinds_options if degrees(mesh_spec, k) == (lay.dp, lay.tp, lay.pp, lay.cp))
+    links = axis_links(mesh_spec, cluster)
+    axes = [MeshAxis(name=n, size=s, parallelism=k, links=links[n].tiers) for n, s, k in zip(mesh_spec.axis_names, mesh_spec.axis_sizes, kinds)]
+    by_kind = {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
+    rules = logical_rules(lay, by_kind, cfg)
+    data, tensor = by_kind["dp"] or None, by_kind["tp"] or None
+    activations = {
+        "residual_BxSxD": (data, tensor if lay.sequence_parallel else None, None),
+        "attention_heads_BxSxNxH": (data, None, tensor, None),
+        "mlp_hidden_BxSxF": (data, None, tensor),
+        "logits_BxSxV": (data, None, tensor),
+    }
+    return Plan(
+        model=cfg, train=train, hardware=cluster.name, mesh=tuple(axes), layout=lay,
+        param_specs=param_specs(cfg, rules, mesh_spec.shape), activation_specs=activations, predicted=best,
+        alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
+        solver=SolverInfo(planner="grid", status="OPTIMAL", evaluated=result.evaluated, pruned=result.pruned),
+        plan_time_s=time.perf_counter() - start,
+    )
+
+
+def _derived_mesh(dp: int, tp: int, pp: int, cp: int) -> tuple[MeshSpec, tuple[str, ...]]:
+    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+    kinds = tuple(k for k in ("pp", "dp", "cp", "tp") if sizes[k] > 1) or ("dp",)
+    return MeshSpec(axis_names=tuple(AXIS_NAMES[k] for k in kinds), axis_sizes=tuple(sizes[k] for k in kinds)), kinds
+
+
+def _alternatives(runners_up, misses, best_s: float, hbm_bytes: float) -> tuple[Alternative, ...]:  # type: ignore[no-untyped-def]
+    out = [Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes,
+                       why=f"{100 * (e.step_time_s / best_s - 1):.1f} % slower ({e.step_time_s:.3f} s)") for e in runners_up]
+    out += [Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes,
+                        why=f"does not fit: needs {e.memory.total_bytes / _GIB:.1f} GiB per device, has {hbm_bytes / _GIB:.0f} GiB")
+            for e in misses]
+    return tuple(out)

@@ -1,0 +1,73 @@
+"""`Plan`: the chosen layout as frozen data — mesh, shardings, prediction, alternatives.
+
+A plan names the parallelism and links of every mesh axis, gives each parameter a
+sharding (mesh axis per dimension, by path), predicts step time and memory with the
+simulator's breakdown, and lists the runner-up layouts with why they lost. It
+round-trips through JSON.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from costmodel.estimate import StepEstimate
+from costmodel.layout import Layout
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+
+AxisSpec = tuple[str | tuple[str, ...] | None, ...]
+
+
+class MeshAxis(BaseModel):
+    """One device-mesh axis and what rides it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Axis name as given (or axis0, axis1, ... for '8x4').")
+    size: int = Field(description="Devices along the axis.")
+    parallelism: str = Field(description="dp, tp, pp or cp.")
+    links: tuple[str, ...] = Field(description="Link tiers its groups cross, e.g. ('nvlink4',).")
+
+
+class Alternative(BaseModel):
+    """A layout that was costed and lost."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layout: Layout = Field(description="The layout.")
+    step_time_s: float = Field(description="Its predicted step time.")
+    memory_bytes: float = Field(description="Its per-device memory.")
+    why: str = Field(description="Why it lost to the chosen plan.")
+
+
+class SolverInfo(BaseModel):
+    """How the layout was found."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    planner: str = Field(description="Which planner chose the layout.")
+    status: str = Field(description="OPTIMAL when every candidate of the search space was costed.")
+    evaluated: int = Field(description="Candidates costed by the simulator.")
+    pruned: dict[str, int] = Field(description="Candidates dropped before simulation, by rule.")
+
+
+class Plan(BaseModel):
+    """A parallel training layout and its predicted cost."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelConfig = Field(description="The model planned.")
+    train: TrainConfig = Field(description="Sequence length, batch and precision.")
+    hardware: str = Field(description="Hardware profile.")
+    mesh: tuple[MeshAxis, ...] = Field(description="Device mesh, major axis first.")
+    layout: Layout = Field(description="Parallel degrees and knobs.")
+    param_specs: dict[str, AxisSpec] = Field(description="Parameter path → mesh axis (or None) per dimension.")
+    activation_specs: dict[str, AxisSpec] = Field(description="Key activations → mesh axis per dimension.")
+    predicted: StepEstimate = Field(description="Simulated step time, throughput and memory.")
+    alternatives: tuple[Alternative, ...] = Field(description="Runner-up layouts, fastest first.")
+    solver: SolverInfo = Field(description="How the layout was found.")
+    plan_time_s: float = Field(description="Seconds the planner took.")
+
+    def axes_of(self, parallelism: str) -> tuple[str, ...]:
+        """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp or cp)."""
+        return tuple(a.name for a in self.mesh if a.parallelism == parallelism and a.size > 1)

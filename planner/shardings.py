@@ -1,0 +1,72 @@
+"""Logical-axis rules for a layout and the parameter shardings they give.
+
+Megatron's layout in logical terms: tensor parallelism splits attention heads, MLP width,
+vocabulary and experts; FSDP (ZeRO 3) splits the model width over the data axes;
+pipeline parallelism splits the stacked layers over the pipeline axes. A dimension whose
+size its mesh axes do not divide stays replicated.
+
+>>> from planner.config import load_model
+>>> rules = logical_rules(Layout(dp=8, tp=4, zero_stage=3), {"dp": ("data",), "tp": ("tensor",), "pp": (), "cp": ()}, load_model("llama3-8b"))
+>>> rules[LogicalAxis.HEADS], rules[LogicalAxis.EMBED]
+(('tensor',), ('data',))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+from costmodel.layout import Layout
+from costmodel.model_config import ModelConfig
+from planner.models.params import LogicalAxis, abstract_params, param_logical_axes
+
+Rules = dict[LogicalAxis, tuple[str, ...]]
+
+
+def logical_rules(layout: Layout, axes: dict[str, tuple[str, ...]], model: ModelConfig) -> Rules:
+    """Logical axis → mesh axes for ``layout``, given which mesh axes carry each parallelism."""
+    tensor, data, pipeline = axes["tp"], axes["dp"], axes["pp"]
+    rules: Rules = {axis: () for axis in LogicalAxis}
+    for axis in (LogicalAxis.HEADS, LogicalAxis.MLP, LogicalAxis.VOCAB):
+        rules[axis] = tensor
+    if model.num_kv_heads % layout.tp == 0:
+        rules[LogicalAxis.KV_HEADS] = tensor
+    if layout.zero_stage == 3:
+        rules[LogicalAxis.EMBED] = data
+    rules[LogicalAxis.LAYERS] = pipeline
+    return rules
+
+
+def _dim_spec(size: int, mesh_axes: tuple[str, ...], mesh_shape: dict[str, int]) -> str | tuple[str, ...] | None:
+    if not mesh_axes or size % math.prod(mesh_shape[a] for a in mesh_axes):
+        return None
+    return mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes
+
+
+def param_specs(model: ModelConfig, rules: Rules, mesh_shape: dict[str, int]) -> dict[str, tuple[Any, ...]]:
+    """Parameter path (``layers/attn/wq``) → per-dimension mesh axes under ``rules``."""
+    shapes = abstract_params(model)
+    logical = param_logical_axes(model)
+    flat_shapes = jax.tree_util.tree_flatten_with_path(shapes)[0]
+    flat_axes = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, tuple))
+    specs = {}
+    for (path, leaf), names in zip(flat_shapes, flat_axes):
+        used: set[str] = set()
+        dims = []
+        for size, name in zip(leaf.shape, names):
+            spec = _dim_spec(size, tuple(a for a in rules[name] if a not in used), mesh_shape)
+            used.update((spec,) if isinstance(spec, str) else spec or ())
+            dims.append(spec)
+        specs["/".join(str(p.key) for p in path)] = tuple(dims)
+    return specs
+
+
+def partition_spec_tree(model: ModelConfig, specs: dict[str, tuple[Any, ...]]) -> Any:
+    """The parameter pytree with a ``jax.sharding.PartitionSpec`` at every leaf."""
+    shapes = abstract_params(model)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    leaves = [PartitionSpec(*specs["/".join(str(p.key) for p in path)]) for path, _ in flat]
+    return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -12,10 +12,11 @@ import sys
 from typing import Callable, Sequence
 
 from costmodel.errors import PlannerError
-from planner.commands import inspect_cmd, simulate_cmd
+from planner.commands import inspect_cmd, plan_cmd, simulate_cmd
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "layout": ("choose a layout (the default command: plan --model M --mesh 8x4)", plan_cmd.add_arguments, plan_cmd.run),
     "inspect": ("parameter count, FLOPs and graph size of a model", inspect_cmd.add_arguments, inspect_cmd.run),
     "simulate": ("predict step time and memory of one layout", simulate_cmd.add_arguments, simulate_cmd.run),
 }
@@ -33,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``plan`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `plan --model M --mesh 8x4` is `plan layout ...`: the command name may be left out.
+    first = next((a for a in argv if a != "--debug"), None)
+    if first is not None and first not in _COMMANDS and first not in ("-h", "--help"):
+        argv.insert(argv.index(first), "layout")
     args = build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command][2](args)

@@ -1,0 +1,93 @@
+"""``plan --model M --mesh 8x4``: choose a layout, print it and why; optionally write it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.errors import InvalidConfigError
+from planner.plan import Plan
+
+_GIB = 2**30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="preset name or config.json path")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mesh", help="device mesh, e.g. 8x4 or data=8,tensor=4")
+    where.add_argument("--devices", type=int, help="device count; the planner chooses the mesh")
+    parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
+    parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
+    parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--planner", choices=["grid"], default="grid", help="layout planner (default grid)")
+    parser.add_argument("--format", choices=["summary", "json", "specs"], default="summary", help="what to print")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON (same as --format json)")
+    parser.add_argument("--out", help="also write the plan JSON to this file")
+    parser.add_argument("--force", action="store_true", help="let --out replace an existing file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.api import plan
+
+    if args.out and Path(args.out).exists() and not args.force:
+        raise InvalidConfigError(f"{args.out} already exists", fix="choose another --out or add --force")
+    result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
+                  global_batch=args.global_batch, devices_per_node=args.devices_per_node)
+    if args.out:
+        write_atomic(Path(args.out), result.model_dump_json(indent=1) + "\n")
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
+        print(result.model_dump_json())
+    elif fmt == "specs":
+        print(json.dumps(result.param_specs, indent=1))
+    else:
+        Console().print(*summary(result))
+    return 0
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so no half-written file is left."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def summary(p: Plan) -> list[Table]:
+    """Rich tables: mesh axes, prediction and memory, alternatives."""
+    est, lay, mem, b = p.predicted, p.layout, p.predicted.memory, p.predicted.breakdown
+    axes = Table(title=f"{p.model.name} on {lay.n_devices}× {p.hardware}: plan found in {p.plan_time_s:.2f} s "
+                       f"({p.solver.planner}, {p.solver.status}, {p.solver.evaluated} layouts costed)")
+    for col in ("mesh axis", "size", "carries", "links"):
+        axes.add_column(col)
+    for a in p.mesh:
+        axes.add_row(a.name, str(a.size), a.parallelism, " + ".join(a.links) or "-")
+    pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
+                       f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}", show_header=False)
+    for name, value in (
+        ("step time", f"{est.step_time_s:.3f} s   (MFU {est.mfu:.1%}, {est.tokens_per_s:,.0f} tokens/s)"),
+        ("  compute / memory-bound / recompute", f"{b.compute_s:.3f} / {b.memory_bound_s:.3f} / {b.recompute_s:.3f} s"),
+        ("  bubble / exposed comm / optimizer", f"{b.bubble_s:.3f} / {b.exposed_comm_s:.3f} / {b.optimizer_s:.3f} s"),
+        ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
+        ("  params / grads / optimizer", f"{mem.params_bytes / _GIB:.1f} / {mem.grads_bytes / _GIB:.1f} / {mem.optimizer_bytes / _GIB:.1f} GiB"),
+        ("  activations / temporary", f"{mem.activations_bytes / _GIB:.1f} / {mem.temporary_bytes / _GIB:.1f} GiB"),
+    ):
+        pred.add_row(name, value)
+    alts = Table(title="alternatives")
+    for col in ("layout", "step time", "why not"):
+        alts.add_column(col)
+    for alt in p.alternatives:
+        a = alt.layout
+        alts.add_row(f"dp{a.dp} tp{a.tp} pp{a.pp} mb{a.micro_batch} {a.recompute} z{a.zero_stage}", f"{alt.step_time_s:.3f} s", alt.why)
+    return [axes, pred, alts]

@@ -1,0 +1,105 @@
+"""Tests `planner/api.py`, `planner/shardings.py`, `planner/mesh_assign.py`: plans and their shardings."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from jax.sharding import PartitionSpec
+
+from costmodel.errors import InfeasibleError, InvalidConfigError
+from costmodel.mesh import parse_mesh
+from planner.api import plan
+from planner.mesh_assign import assignments, degrees
+from planner.plan import Plan
+from planner.shardings import partition_spec_tree
+
+
+def test_plan_round_trips_and_is_deterministic():
+    a = plan("gpt2", mesh="2x4", hardware="a100-80gb", global_batch=64)
+    b = plan("gpt2", mesh="2x4", hardware="a100-80gb", global_batch=64)
+    assert Plan.model_validate_json(a.model_dump_json()) == a
+    assert a.model_dump_json(exclude={"plan_time_s"}) == b.model_dump_json(exclude={"plan_time_s"})
+    assert a.solver.status == "OPTIMAL" and a.solver.evaluated > 0
+
+
+def test_mesh_axes_carry_parallelism_in_device_order():
+    assert ("dp", "tp") in assignments(parse_mesh("8x4"))
+    assert ("tp", "dp") not in assignments(parse_mesh("8x4"))  # tensor must be the inner axis
+    assert assignments(parse_mesh("data=8,tensor=4")) == [("dp", "tp")]
+    assert degrees(parse_mesh("8x4"), ("pp", "tp")) == (1, 4, 8, 1)
+    with pytest.raises(InvalidConfigError, match="device order"):
+        assignments(parse_mesh("tensor=4,data=8"))
+
+
+def test_tensor_parallel_plan_shards_heads_and_mlp_megatron_style():
+    p = plan("llama3-70b", mesh="data=4,tensor=8", hardware="h100-sxm", seq_len=8192, global_batch=64)
+    assert p.layout.tp == 8 and p.axes_of("tp") == ("tensor",)
+    specs = p.param_specs
+    assert specs["layers/attn/wq"][2] == "tensor" and specs["layers/attn/wo"][1] == "tensor"
+    assert specs["layers/mlp/w_in"][2] == "tensor" and specs["layers/mlp/w_out"][1] == "tensor"  # column, then row parallel
+    assert specs["embed/tokens"][0] == "tensor"  # vocabulary-parallel embedding
+
+
+def test_partition_specs_form_the_parameter_pytree():
+    p = plan("gpt2", mesh="2x4", hardware="a100-80gb", global_batch=64)
+    tree = partition_spec_tree(p.model, p.param_specs)
+    assert isinstance(tree["layers"]["attn"]["wq"], PartitionSpec)
+    assert len(tree["layers"]["attn"]["wq"]) == 4
+
+
+def test_choosing_the_mesh_from_a_device_count():
+    p = plan("llama3-8b", devices=16, hardware="h100-sxm", seq_len=4096, global_batch=64)
+    assert p.layout.n_devices == 16 and sum(1 for a in p.mesh) >= 1
+    assert {a.name for a in p.mesh} <= {"data", "tensor", "pipeline", "context"}
+
+
+def test_nothing_fits_says_what_was_needed():
+    with pytest.raises(InfeasibleError, match=r"needs [\d.]+ GiB per device, has 80 GiB"):
+        plan("llama3-405b", mesh="2x4", hardware="a100-80gb")
+
+
+def test_exported_shardings_compile_and_run_a_step_on_8_emulated_devices():
+    script = textwrap.dedent("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from costmodel.model_config import ModelConfig
+        from costmodel.train_config import TrainConfig
+        from planner.api import plan
+        from planner.shardings import partition_spec_tree
+        from planner.models import init_params, make_train_step
+        from planner.models.train_step import init_opt_state
+        cfg = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=4, ffn_size=128, vocab_size=256)
+        p = plan(cfg, mesh="data=2,tensor=4", hardware="a100-80gb", seq_len=32, global_batch=8)
+        mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        specs = jax.tree.map(lambda s: NamedSharding(mesh, s), partition_spec_tree(cfg, p.param_specs))
+        params = jax.device_put(init_params(cfg, jax.random.key(0)), specs)
+        opt = init_opt_state(params)
+        batch_sharding = NamedSharding(mesh, P("data", None))
+        tokens = jax.device_put(jnp.zeros((8, 32), jnp.int32), batch_sharding)
+        step = jax.jit(make_train_step(cfg, TrainConfig(seq_len=32, global_batch=8)))
+        params, opt, metrics = step(params, opt, {"tokens": tokens, "targets": tokens})
+        print(float(metrics["loss"]), params["layers"]["attn"]["wq"].sharding.spec)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loss, spec = proc.stdout.split(" ", 1)
+    assert float(loss) > 0 and "tensor" in spec
+
+
+def test_cli_refuses_to_overwrite_and_writes_atomically(tmp_path, capsys):
+    from planner.cli import main
+
+    out = tmp_path / "plan.json"
+    out.write_text("mine")
+    assert main(["--model", "gpt2", "--mesh", "2x4", "--hardware", "a100-80gb", "--global-batch", "64", "--out", str(out)]) == 2
+    assert out.read_text() == "mine"
+    assert main(["--model", "gpt2", "--mesh", "2x4", "--hardware", "a100-80gb", "--global-batch", "64", "--out", str(out), "--force", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text())["layout"] == printed["layout"]
+    assert {"predicted", "mesh", "param_specs", "solver", "plan_time_s"} <= set(printed)
+    assert printed["predicted"]["memory"]["per_device_bytes"] > 0 and printed["solver"]["status"] == "OPTIMAL"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]

@@ -103,3 +103,11 @@ def test_cli_refuses_to_overwrite_and_writes_atomically(tmp_path, capsys):
     assert {"predicted", "mesh", "param_specs", "solver", "plan_time_s"} <= set(printed)
     assert printed["predicted"]["memory"]["per_device_bytes"] > 0 and printed["solver"]["status"] == "OPTIMAL"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_public_api_is_importable_from_the_package():
+    import planner
+
+    assert planner.plan is plan and planner.load_model("gpt2").total_params == 124439808
+    with pytest.raises(AttributeError):
+        planner.no_such_name  # noqa: B018

@@ -16,7 +16,7 @@ from typing import Any
 
 _EXPORTS = {
     "plan": "planner.api",
-    "Plan": "planner.plan",
+    "Plan": "planner.schema",
     "load_model": "planner.config",
     "from_hf_config": "planner.config",
     "train_config": "planner.config",

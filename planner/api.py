@@ -17,7 +17,7 @@ from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
-from planner.plan import Alternative, MeshAxis, Plan, SolverInfo
+from planner.schema import Alternative, MeshAxis, Plan, SolverInfo
 from planner.shardings import logical_rules, param_specs
 from search.layouts import SearchSpace, grid_search
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
-from planner.plan import Plan
+from planner.schema import Plan
 
 _GIB = 2**30
 

@@ -12,7 +12,7 @@ from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.mesh import parse_mesh
 from planner.api import plan
 from planner.mesh_assign import assignments, degrees
-from planner.plan import Plan
+from planner.schema import Plan
 from planner.shardings import partition_spec_tree
 
 

@@ -44,6 +44,7 @@ class SearchSpace(BaseModel):
     micro_batches: tuple[int, ...] = Field(MICRO_BATCHES, description="Micro-batch sizes tried.")
     recompute: tuple[Recompute, ...] = Field(RECOMPUTE, description="Recompute policies tried.")
     zero_stages: tuple[int, ...] = Field((0, 1, 3), description="ZeRO stages tried.")
+    interleaves: tuple[int, ...] = Field((1, 2, 4), description="Model chunks per pipeline device tried (pp > 1).")
     max_cp: int = Field(1, description="Largest context-parallel degree tried.")
     splits: tuple[tuple[int, int, int, int], ...] | None = Field(
         None, description="Allowed (dp, tp, pp, cp) degrees, e.g. those a fixed mesh can carry; None = every split."
@@ -85,14 +86,19 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
                       pruned: Counter[str], *, devices_per_node: int) -> Iterator[Layout]:
     """Consistent layouts in a deterministic order; counts what it drops in ``pruned``."""
     splits = space.splits if space.splits is not None else tuple(degree_splits(n_devices, max_cp=space.max_cp))
-    for (dp, tp, pp, cp), mb, recompute, zero in itertools.product(splits, space.micro_batches, space.recompute, space.zero_stages):
+    for (dp, tp, pp, cp), mb, recompute, zero, v in itertools.product(
+        splits, space.micro_batches, space.recompute, space.zero_stages, space.interleaves
+    ):
         if zero > 0 and dp == 1:
             pruned["ZeRO without data parallelism"] += 1
             continue
+        if v > 1 and (pp == 1 or (train.global_batch // (dp * mb)) % pp):
+            pruned["interleaving needs pp > 1 and micro-batches divisible by pp"] += 1
+            continue
         layout = Layout(
             dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, recompute=recompute, sequence_parallel=tp > 1, zero_stage=zero,
-            attention=space.attention, dp_overlap=space.dp_overlap,
-            schedule=Schedule.ONE_F_ONE_B,
+            attention=space.attention, dp_overlap=space.dp_overlap, interleave=v,
+            schedule=Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
         )
         if not tensor_parallel_in_node(layout, devices_per_node):
             pruned["tensor parallel across nodes"] += 1

@@ -73,7 +73,8 @@ def summary(p: Plan) -> list[Table]:
         axes.add_column(col)
     for a in p.mesh:
         axes.add_row(a.name, str(a.size), a.parallelism, " + ".join(a.links) or "-")
-    pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
+    chunks = f" · {lay.interleave} chunks per stage" if lay.interleave > 1 else ""
+    pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
                        f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}", show_header=False)
     for name, value in (
         ("step time", f"{est.step_time_s:.3f} s   (MFU {est.mfu:.1%}, {est.tokens_per_s:,.0f} tokens/s)"),
@@ -89,5 +90,6 @@ def summary(p: Plan) -> list[Table]:
         alts.add_column(col)
     for alt in p.alternatives:
         a = alt.layout
-        alts.add_row(f"dp{a.dp} tp{a.tp} pp{a.pp} mb{a.micro_batch} {a.recompute} z{a.zero_stage}", f"{alt.step_time_s:.3f} s", alt.why)
+        alts.add_row(f"dp{a.dp} tp{a.tp} pp{a.pp} v{a.interleave} mb{a.micro_batch} {a.recompute} z{a.zero_stage}",
+                     f"{alt.step_time_s:.3f} s", alt.why)
     return [axes, pred, alts]

@@ -72,9 +72,10 @@ def degree_splits(n_devices: int, *, max_cp: int = 1) -> Iterator[tuple[int, int
     [(1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1), (2, 1, 2, 1), (2, 2, 1, 1), (4, 1, 1, 1)]
     """
     divisors = [d for d in range(1, n_devices + 1) if n_devices % d == 0]
-    for dp, tp, cp in itertools.product(divisors, divisors, [d for d in divisors if d <= max_cp]):
-        if n_devices % (dp * tp * cp) == 0:
-            yield dp, tp, n_devices // (dp * tp * cp), cp
+    splits = [(dp, tp, n_devices // (dp * tp * cp), cp)
+              for dp, tp, cp in itertools.product(divisors, divisors, [d for d in divisors if d <= max_cp])
+              if n_devices % (dp * tp * cp) == 0]
+    yield from sorted(splits)
 
 
 def tensor_parallel_in_node(layout: Layout, devices_per_node: int) -> bool:

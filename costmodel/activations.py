@@ -29,7 +29,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.kernels import uses_dropout
+from costmodel.kernels import local_widths, uses_dropout
 from costmodel.layout import Attention, Layout, Recompute
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
@@ -59,9 +59,8 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     """Every tensor one layer keeps for backward with no recompute, on one device."""
     e = train.compute_dtype.bytes
     t = layout.tp
-    sb = layout.micro_batch * train.seq_len / layout.cp
-    h, d = model.hidden_size, model.head_dim
-    q, kv = model.num_heads * d / t, model.num_kv_heads * d / t
+    h = model.hidden_size
+    sb, q, kv = local_widths(model, train, layout)
     # Residual-stream tensors are split over tp only with sequence parallelism.
     residual = sb * h * e / (t if layout.sequence_parallel else 1)
     mask = residual / e  # dropout masks are one byte per element

@@ -52,16 +52,23 @@ def layer_params_per_device(model: ModelConfig, layout: Layout) -> float:
     return (model.params_per_layer - experts) / layout.tp + experts / (layout.tp * layout.ep)
 
 
+def stage_params(model: ModelConfig, layout: Layout, *, first: bool, last: bool) -> float:
+    """Parameters one device of the first and/or last pipeline stage holds, before ZeRO sharding."""
+    params = math.ceil(model.num_layers / layout.pp) * layer_params_per_device(model, layout)
+    h, v = model.hidden_size, model.vocab_size
+    if first:
+        params += v * h / layout.tp + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
+    if last:
+        # A tied head shares the embedding only when both ends are on one stage.
+        params += h + (0 if model.tie_embeddings and first else h * v / layout.tp)
+    return params
+
+
 def stage_params_per_device(model: ModelConfig, layout: Layout) -> float:
     """Parameters on the busier end stage of the pipeline, per device, before ZeRO sharding."""
-    layers = math.ceil(model.num_layers / layout.pp) * layer_params_per_device(model, layout)
-    h, v = model.hidden_size, model.vocab_size
-    embed = v * h / layout.tp + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
-    # A tied head keeps its own copy of the embedding on the last stage when pp > 1.
-    head = h * v / layout.tp + h
     if layout.pp == 1:
-        return layers + embed + (0 if model.tie_embeddings else head)
-    return layers + max(embed, head)
+        return stage_params(model, layout, first=True, last=True)
+    return max(stage_params(model, layout, first=True, last=False), stage_params(model, layout, first=False, last=True))
 
 
 def data_parallel_costs(

@@ -103,13 +103,18 @@ def uses_dropout(model: ModelConfig) -> bool:
     return model.norm is Norm.LAYERNORM
 
 
+def local_widths(model: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[float, float, float]:
+    """(tokens of one micro-batch, query width, key/value width) on one device."""
+    d, t = model.head_dim, layout.tp
+    return layout.micro_batch * train.seq_len / layout.cp, model.num_heads * d / t, model.num_kv_heads * d / t
+
+
 def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
     """The forward kernels of one layer for one micro-batch on one device."""
     e = train.compute_dtype.bytes
     t = layout.tp
-    tokens = layout.micro_batch * train.seq_len / layout.cp
-    h, d = model.hidden_size, model.head_dim
-    q_width, kv_width = model.num_heads * d / t, model.num_kv_heads * d / t
+    h = model.hidden_size
+    tokens, q_width, kv_width = local_widths(model, train, layout)
     # Without sequence parallelism every tp rank runs the residual-stream kernels in full.
     residual_tokens = tokens / t if layout.sequence_parallel else tokens
     dropout_passes = 3 if uses_dropout(model) else 0

@@ -24,9 +24,9 @@ import math
 from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.activations import activation_bytes_per_layer
-from costmodel.data_parallel import layer_params_per_device
+from costmodel.data_parallel import layer_params_per_device, stage_params
 from costmodel.layout import Layout, Recompute, Schedule
-from costmodel.model_config import ModelConfig, Positions
+from costmodel.model_config import ModelConfig
 from costmodel.schema import Record
 from costmodel.train_config import TrainConfig
 
@@ -77,20 +77,9 @@ def in_flight_microbatches(layout: Layout, n_microbatches: int) -> float:
     return min(p, m)
 
 
-def _stage_params(model: ModelConfig, layout: Layout, *, first: bool, last: bool) -> float:
-    layers = math.ceil(model.num_layers / layout.pp) * layer_params_per_device(model, layout)
-    h, v = model.hidden_size, model.vocab_size
-    params = layers
-    if first:
-        params += v * h / layout.tp + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
-    if last:
-        params += h + (0 if model.tie_embeddings and first else h * v / layout.tp)
-    return params
-
-
 def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, first: bool, last: bool) -> dict[str, float]:
     dp, zero = layout.dp, layout.zero_stage
-    n = _stage_params(model, layout, first=first, last=last)
+    n = stage_params(model, layout, first=first, last=last)
     mixed = train.param_dtype != train.compute_dtype
     optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
     params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)

@@ -55,7 +55,8 @@ def plan(
     else:
         kinds = next(k for k in kinds_options if degrees(mesh_spec, k) == (lay.dp, lay.tp, lay.pp, lay.cp))
     links = axis_links(mesh_spec, cluster)
-    axes = [MeshAxis(name=n, size=s, parallelism=k, links=links[n].tiers) for n, s, k in zip(mesh_spec.axis_names, mesh_spec.axis_sizes, kinds)]
+    axes = [MeshAxis(name=n, size=s, parallelism=k, links=links[n].tiers, nodes_spanned=links[n].nodes_per_group)
+            for n, s, k in zip(mesh_spec.axis_names, mesh_spec.axis_sizes, kinds)]
     by_kind = {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
     rules = logical_rules(lay, by_kind, cfg)
     data, tensor = by_kind["dp"] or None, by_kind["tp"] or None

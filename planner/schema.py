@@ -27,6 +27,7 @@ class MeshAxis(BaseModel):
     size: int = Field(description="Devices along the axis.")
     parallelism: str = Field(description="dp, tp, pp or cp.")
     links: tuple[str, ...] = Field(description="Link tiers its groups cross, e.g. ('nvlink4',).")
+    nodes_spanned: int = Field(description="Nodes (TPU slices) one group along this axis spans.")
 
 
 class Alternative(BaseModel):

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
     parser.add_argument("--planner", choices=["grid"], default="grid", help="layout planner (default grid)")
-    parser.add_argument("--format", choices=["summary", "json", "specs"], default="summary", help="what to print")
+    parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "markdown"], default="summary",
+                        help="what to print: rich summary, Plan JSON, parameter specs, MaxText overrides, Markdown report")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (same as --format json)")
     parser.add_argument("--out", help="also write the plan JSON to this file")
     parser.add_argument("--force", action="store_true", help="let --out replace an existing file")
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from planner.api import plan
+    from planner.exports import markdown_report, to_maxtext
 
     if args.out and Path(args.out).exists() and not args.force:
         raise InvalidConfigError(f"{args.out} already exists", fix="choose another --out or add --force")
@@ -47,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
         print(result.model_dump_json())
     elif fmt == "specs":
         print(json.dumps(result.param_specs, indent=1))
+    elif fmt == "maxtext":
+        print(json.dumps(to_maxtext(result), indent=1))
+    elif fmt == "markdown":
+        print(markdown_report(result), end="")
     else:
         Console().print(*summary(result))
     return 0

@@ -2,7 +2,8 @@
 
 For each hardware type in ``../shared/data/published_training_runs.csv`` this fits the
 few efficiencies of its profile that micro-benchmarks leave uncertain — a scale on the
-GEMM efficiency curve, the fused-attention efficiency and the HBM efficiency — to
+GEMM efficiency curve and where it bends (a shift along FLOPs), the fused-attention
+efficiency and the HBM efficiency — to
 minimise the mean absolute step-time error over *all* runs on that hardware (coordinate
 descent on a grid; never one run alone). Hardware types with fewer than three runs per
 free parameter fit only the GEMM scale. It then reports 5-fold cross-validated error, the
@@ -35,6 +36,7 @@ HARDWARE_TYPE = {"h100-95gb-hbm2e-lowtdp": "h100-96gb-hbm2e-500w"}
 RUNS_PER_FREE_PARAMETER = 3
 GRID = {
     "matmul_scale": [0.70 + 0.02 * i for i in range(16)],
+    "matmul_knee": [0.01, 0.03, 0.1, 0.3, 1.0],
     "flash_attention": [0.25 + 0.05 * i for i in range(10)],
     "hbm": [0.60 + 0.05 * i for i in range(8)],
 }
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for hardware, rows in sorted(by_type.items()):
         base = _start(hardware)
-        start = {"matmul_scale": 1.0, "flash_attention": base.flash_attention, "hbm": base.hbm}
+        start = {"matmul_scale": 1.0, "matmul_knee": 1.0, "flash_attention": base.flash_attention, "hbm": base.hbm}
         free = list(GRID) if len(rows) >= RUNS_PER_FREE_PARAMETER * len(GRID) else ["matmul_scale"]
         before = errors_pct(rows, start)
         params = fit(rows, start, free)
@@ -110,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(max {max(map(abs, after)):.2f} %)")
         if held_out:
             print(f"  5-fold held-out mean |error| {_mean_abs(held_out):.2f} % (max {max(map(abs, held_out)):.2f} %)")
-        print(f"  catalog: calibrated(matmul_scale={params['matmul_scale']:.2f}, flash_attention={params['flash_attention']:.2f}, "
-              f"hbm={params['hbm']:.2f})")
+        print(f"  catalog: calibrated(matmul_scale={params['matmul_scale']:.2f}, matmul_knee={params['matmul_knee']}, "
+              f"flash_attention={params['flash_attention']:.2f}, hbm={params['hbm']:.2f})")
         results.append({"hardware": hardware, "runs": len(rows), **{k: round(v, 3) for k, v in params.items()},
                         "mean_abs_err_uncalibrated_pct": round(_mean_abs(before), 2), "mean_abs_err_pct": round(_mean_abs(after), 2),
                         "max_abs_err_pct": round(max(map(abs, after)), 2), "heldout_mean_abs_err_pct": round(_mean_abs(held_out), 2) if held_out else ""})

@@ -45,13 +45,14 @@ class Efficiency(BaseModel):
             raise ValueError("matmul_curve efficiencies must be in (0, 1]")
         return curve
 
-    def calibrated(self, *, matmul_scale: float, flash_attention: float, hbm: float) -> Efficiency:
-        """These efficiencies with the GEMM curve scaled and the attention/HBM ones replaced.
+    def calibrated(self, *, matmul_scale: float, flash_attention: float, hbm: float, matmul_knee: float = 1.0) -> Efficiency:
+        """These efficiencies with the GEMM curve scaled (and shifted along FLOPs by
+        ``matmul_knee``) and the attention/HBM ones replaced.
 
         >>> Efficiency(matmul_curve=((1e9, 0.5),)).calibrated(matmul_scale=0.8, flash_attention=0.4, hbm=0.9).matmul(1e9)
         0.4
         """
-        curve = tuple((f, min(1.0, e * matmul_scale)) for f, e in self.matmul_curve)
+        curve = tuple((f * matmul_knee, min(1.0, e * matmul_scale)) for f, e in self.matmul_curve)
         return self.model_copy(update={"matmul_curve": curve, "flash_attention": flash_attention, "hbm": hbm})
 
     def matmul(self, flops: float) -> float:

@@ -37,7 +37,7 @@ from costmodel.layout import Layout, check_layout
 from costmodel.machine import Machine
 from costmodel.memory import memory_breakdown
 from costmodel.model_config import ModelConfig
-from costmodel.pipeline import PipelineTimes, simulate_pipeline
+from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
 from costmodel.topology import link_between_stages
 from costmodel.train_config import TrainConfig
 
@@ -100,11 +100,12 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     stage_tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter)
     send_s = p2p_s(tokens_mb * model.hidden_size * train.compute_dtype.bytes / layout.tp, stage_tier) if layout.pp > 1 else 0.0
     n_micro = layout.micro_batches(train)
-    pipe = simulate_pipeline(
-        PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
-                      p2p_s=send_s, interleave=layout.interleave),
-        n_microbatches=n_micro, schedule=layout.schedule, keep_events=keep_timeline,
-    )
+    times = PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
+                          p2p_s=send_s, interleave=layout.interleave)
+    if keep_timeline:
+        pipe = simulate_pipeline(times, n_microbatches=n_micro, schedule=layout.schedule, keep_events=True)
+    else:
+        pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)
     dp = data_parallel_costs(model, train, layout, hw, layer)
     optimizer_params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.efficiency.hbm)

@@ -4,7 +4,7 @@ import pytest
 
 from costmodel.errors import InvalidPlanError
 from costmodel.layout import Schedule
-from costmodel.pipeline import PipelineTimes, simulate_pipeline
+from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
 
 
 def _times(p, *, f=1.0, b=2.0, p2p=0.0, v=1):
@@ -50,3 +50,18 @@ def test_events_cover_every_microstep_without_overlap():
 def test_interleaving_needs_divisible_microbatches():
     with pytest.raises(InvalidPlanError, match="divisible by pipeline stages"):
         simulate_pipeline(_times(4, v=2), n_microbatches=6, schedule=Schedule.INTERLEAVED)
+
+
+@pytest.mark.parametrize(("forward", "backward", "p2p", "v", "m", "schedule"), [
+    ((1.0,) * 4, (2.0,) * 4, 0.0, 1, 8, Schedule.ONE_F_ONE_B),
+    ((1.0,) * 8, (2.0,) * 8, 0.0, 3, 16, Schedule.INTERLEAVED),
+    ((1.2, 1.0, 1.0, 1.5), (2.4, 2.0, 2.0, 3.1), 0.01, 1, 16, Schedule.ONE_F_ONE_B),
+    ((1.2, 1.0, 1.0, 1.5), (2.4, 2.0, 2.0, 3.1), 0.01, 2, 16, Schedule.INTERLEAVED),
+    ((1.0,) * 8, (2.0,) * 8, 0.05, 1, 4, Schedule.GPIPE),
+])
+def test_closed_form_agrees_with_the_simulated_timeline(forward, backward, p2p, v, m, schedule):
+    times = PipelineTimes(forward_s=forward, backward_s=backward, p2p_s=p2p, interleave=v)
+    simulated = simulate_pipeline(times, n_microbatches=m, schedule=schedule)
+    closed = pipeline_step_estimate(times, n_microbatches=m, schedule=schedule)
+    assert closed.step_time_s == pytest.approx(simulated.step_time_s, rel=1e-9)
+    assert closed.bubble_s == pytest.approx(simulated.bubble_s, rel=1e-9, abs=1e-9)

@@ -226,6 +226,13 @@ def recomputed_kernels(kernels: list[Kernel], recompute: Recompute) -> list[Kern
     return []
 
 
-def recomputed_forward_comm_fraction(recompute: Recompute) -> float:
-    """Share of a layer's forward collectives re-issued by recompute."""
-    return {Recompute.FULL: 1.0, Recompute.SELECTIVE_LAYER: 0.5}.get(recompute, 0.0)
+def recomputed_forward_comm_fraction(layout: Layout) -> float:
+    """Share of a layer's forward tensor/expert-parallel collectives re-issued by recompute.
+
+    Per-op checkpointing keeps reduce-scatter outputs but not all-gathers: with sequence
+    parallelism, recomputing every second matmul re-gathers the inputs of two of the
+    layer's four collectives.
+    """
+    if layout.recompute is Recompute.SELECTIVE_OP:
+        return 0.5 if layout.sequence_parallel else 0.0
+    return {Recompute.FULL: 1.0, Recompute.SELECTIVE_LAYER: 0.5}.get(layout.recompute, 0.0)

@@ -106,7 +106,7 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     core = [k for k in kernels if k.in_attention_core]
     forward = phase_time(kernels, hw)
     recompute = phase_time(recomputed_kernels(kernels, layout.recompute), hw)
-    comm_repeat = recomputed_forward_comm_fraction(layout.recompute)
+    comm_repeat = recomputed_forward_comm_fraction(layout)
     # Two all-reduces per layer and pass (with SP: all-gather + reduce-scatter, same bytes);
     # recomputing a layer re-runs its forward ones.
     tp_pass_s = 2 * all_reduce_s(tokens * model.hidden_size * e, groups["tp"])

@@ -21,6 +21,7 @@ True
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from costmodel.collectives import p2p_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
@@ -46,12 +47,16 @@ from costmodel.train_config import TrainConfig
 OPTIMIZER_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
 
 
+@dataclass(frozen=True)
 class _Stage:
-    """One pipeline stage's work for one micro-batch."""
+    """One pipeline stage's work for one micro-batch, in seconds."""
 
-    def __init__(self, compute_s: float, memory_s: float, recompute_s: float, comm_s: float, forward_s: float, backward_s: float):
-        self.compute_s, self.memory_s, self.recompute_s, self.comm_s = compute_s, memory_s, recompute_s, comm_s
-        self.forward_s, self.backward_s = forward_s, backward_s
+    compute_s: float
+    memory_s: float
+    recompute_s: float
+    comm_s: float
+    forward_s: float
+    backward_s: float
 
 
 def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> list[_Stage]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from costmodel.errors import InvalidConfigError
+from costmodel.estimate import StepEstimate
 from costmodel.hardware import load_hardware
 from costmodel.layout import check_sequence
 from costmodel.machine import machine_for
@@ -81,7 +82,8 @@ def _derived_mesh(dp: int, tp: int, pp: int, cp: int) -> tuple[MeshSpec, tuple[s
     return MeshSpec(axis_names=tuple(AXIS_NAMES[k] for k in kinds), axis_sizes=tuple(sizes[k] for k in kinds)), kinds
 
 
-def _alternatives(runners_up, misses, best_s: float, hbm_bytes: float) -> tuple[Alternative, ...]:  # type: ignore[no-untyped-def]
+def _alternatives(runners_up: tuple[StepEstimate, ...], misses: tuple[StepEstimate, ...], best_s: float,
+                  hbm_bytes: float) -> tuple[Alternative, ...]:
     out = [Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes,
                        why=f"{100 * (e.step_time_s / best_s - 1):.1f} % slower ({e.step_time_s:.3f} s)") for e in runners_up]
     out += [Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes,

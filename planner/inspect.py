@@ -1,5 +1,6 @@
 """`inspect_model`: what a model costs before any layout is chosen.
 
+>>> from planner.config import load_model
 >>> report = inspect_model(load_model("gpt2"), TrainConfig(seq_len=128, global_batch=2))
 >>> report.params, report.ops > 0
 (124439808, True)
@@ -14,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.model_config import ModelConfig
 from costmodel.opgraph import ops, primitive_counts, total_bytes_accessed, total_flops
 from costmodel.train_config import TrainConfig
-from planner.config import load_model  # noqa: F401  (used by the doctest)
 from planner.extract import extract_graph
 from planner.models.train_step import abstract_train_inputs, make_train_step
 

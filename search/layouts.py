@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections import Counter
 from typing import Iterator
 
@@ -107,7 +108,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         try:
             check_layout(layout, model, train, n_devices=n_devices)
         except PlannerError as err:
-            pruned[err.cause.split(" is ")[0].split("=")[0]] += 1
+            pruned[re.sub(r"\d+", "N", err.cause)] += 1  # the rule, without this candidate's numbers
             continue
         yield layout
 

@@ -65,6 +65,8 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
 def from_hf_config(data: dict[str, Any], *, name: str = "config") -> ModelConfig:
     """Translate a Hugging Face (or native) config dictionary into a `ModelConfig`."""
     model_type = data.get("model_type") or _guess_model_type(data)
+    if not isinstance(model_type, str):
+        raise InvalidConfigError(f"model_type={model_type!r} is not a string", fix=f"use one of: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if model_type == "native":
         return _validated({"name": name, **data}, source=name)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -120,7 +122,7 @@ def _gpt2_fields(data: dict[str, Any]) -> dict[str, Any]:
 
 def _llama_fields(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     activation = data.get("hidden_act", "silu")
-    if activation not in _GATED_ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in _GATED_ACTIVATIONS:
         raise InvalidConfigError(
             f"hidden_act={activation!r} is not supported for model_type={model_type!r}",
             fix=f"use one of: {', '.join(_GATED_ACTIVATIONS)}",

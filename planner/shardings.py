@@ -70,3 +70,28 @@ def partition_spec_tree(model: ModelConfig, specs: dict[str, tuple[Any, ...]]) -
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     leaves = [PartitionSpec(*specs["/".join(str(p.key) for p in path)]) for path, _ in flat]
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def zero_sharded_specs(model: ModelConfig, specs: dict[str, tuple[Any, ...]], data_axes: tuple[str, ...],
+                       mesh_shape: dict[str, int]) -> dict[str, tuple[Any, ...]]:
+    """``specs`` with each array also split over ``data_axes`` (ZeRO's optimizer-state sharding).
+
+    The first dimension that is not yet sharded and that the data axes divide takes them;
+    an array with none stays as it was.
+    """
+    if not data_axes:
+        return dict(specs)
+    shapes = {"/".join(str(p.key) for p in path): leaf.shape
+              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(model))[0]}
+    n_data = math.prod(mesh_shape[a] for a in data_axes)
+    out = {}
+    for path, dims in specs.items():
+        used = {a for d in dims for a in ((d,) if isinstance(d, str) else d or ())}
+        new = list(dims)
+        if not used & set(data_axes):
+            for i, (size, dim) in enumerate(zip(shapes[path], dims)):
+                if dim is None and size % n_data == 0:
+                    new[i] = data_axes[0] if len(data_axes) == 1 else data_axes
+                    break
+        out[path] = tuple(new)
+    return out

@@ -22,6 +22,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.output import write_csv
 from benchmarks.simulator_accuracy import DEFAULT_DATA, layout_from_row, model_from_row
 from costmodel.catalog import MICROBENCHMARK_EFFICIENCY
 from costmodel.machine import load_machine
@@ -117,11 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"hardware": hardware, "runs": len(rows), **{k: round(v, 3) for k, v in params.items()},
                         "mean_abs_err_uncalibrated_pct": round(_mean_abs(before), 2), "mean_abs_err_pct": round(_mean_abs(after), 2),
                         "max_abs_err_pct": round(max(map(abs, after)), 2), "heldout_mean_abs_err_pct": round(_mean_abs(held_out), 2) if held_out else ""})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(results[0]))
-        writer.writeheader()
-        writer.writerows(results)
+    write_csv(args.out, results)
     print(f"wrote {args.out}")
     return 0
 

@@ -9,15 +9,12 @@ tracing caches empty); "warm" the median of the repeats after it.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from benchmarks.output import print_table, write_csv
 from costmodel.train_config import TrainConfig
 from planner.config import load_model
 from planner.inspect import inspect_model
@@ -42,20 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             warm.append(time.perf_counter() - start)
         rows.append({"model": f"llama3-70b ({layers} layers)", "ops": report.ops, "cold_s": round(cold_s, 3),
                      "warm_median_s": round(statistics.median(warm), 3), "warm_max_s": round(max(warm), 3)})
-    table = Table(title="OpGraph extraction of a full training step (trace + graph build)")
-    for col in rows[0]:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(str(v) for v in r.values()))
-    console = Console()
-    console.print(table)
-    ratio = rows[0]["warm_median_s"] / rows[1]["warm_median_s"]
-    console.print(f"80-layer / 8-layer warm time: {ratio:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    print_table("OpGraph extraction of a full training step (trace + graph build)", rows)
+    print(f"80-layer / 8-layer: cold {rows[0]['cold_s'] / rows[1]['cold_s']:.2f}, warm {rows[0]['warm_median_s'] / rows[1]['warm_median_s']:.2f}")
+    write_csv(args.out, rows)
     return 0
 
 

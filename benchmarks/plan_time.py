@@ -10,7 +10,6 @@ with depth. Prints the median of the repeats and writes a CSV.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import subprocess
 import sys
@@ -18,9 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from benchmarks.output import print_table, write_csv
 from planner.config import load_model
 
 
@@ -52,19 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             ("llama3-70b 80 layers, 8x4", ["--model", configs[80], "--mesh", "8x4", "--seq-len", "8192", "--global-batch", "512"]),
         ]
         rows = [{"case": name, "median_s": round(_time_cli(cli, args.repeats), 3)} for name, cli in cases]
-    table = Table(title=f"`plan` wall time, cold process, median of {args.repeats}")
-    table.add_column("case")
-    table.add_column("seconds", justify="right")
-    for r in rows:
-        table.add_row(r["case"], f"{r['median_s']:.2f}")
-    console = Console()
-    console.print(table)
-    console.print(f"80 / 8 layers: {rows[3]['median_s'] / rows[2]['median_s']:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    print_table(f"`plan` wall time, cold process, median of {args.repeats}", rows)
+    print(f"80 / 8 layers: {rows[3]['median_s'] / rows[2]['median_s']:.2f}")
+    write_csv(args.out, rows)
     return 0
 
 

@@ -24,9 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from benchmarks.output import print_table, write_csv
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
@@ -98,23 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     with args.data.open() as f:
         rows = list(csv.DictReader(f))
     results = evaluate(rows)
-    table = Table(title=f"Simulator vs published step time ({len(results)} runs)")
-    for col in ("model", "hardware", "devices", "layout", "measured_s", "predicted_s", "error_pct", "mfu", "fits"):
-        table.add_column(col, justify="right" if col not in ("model", "hardware", "layout") else "left")
-    for r in results:
-        table.add_row(str(r["model"]), str(r["hardware"]), str(r["devices"]), str(r["layout"]), f"{r['measured_s']:.3f}",
-                      f"{r['predicted_s']:.3f}", f"{r['error_pct']:+.1f}", f"{r['mfu']:.3f}", str(r["fits"]))
-    console = Console(width=200)
-    console.print(table)
+    print_table(f"Simulator vs published step time ({len(results)} runs)",
+                [{k: v for k, v in r.items() if k not in ("source", "table", "simulate_s")} for r in results])
     errors = [abs(float(r["error_pct"])) for r in results]
-    console.print(f"mean |error| {statistics.mean(errors):.2f} %   max |error| {max(errors):.2f} %   "
-                  f"slowest simulate() {max(float(r['simulate_s']) for r in results) * 1e3:.0f} ms")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(results[0]))
-        writer.writeheader()
-        writer.writerows(results)
-    console.print(f"wrote {args.out}")
+    print(f"mean |error| {statistics.mean(errors):.2f} %   max |error| {max(errors):.2f} %   "
+          f"slowest simulate() {max(float(r['simulate_s']) for r in results) * 1e3:.0f} ms")
+    write_csv(args.out, results)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -61,22 +61,22 @@ class _Stage:
 
 def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> list[_Stage]:
     n_layers = math.ceil(model.num_layers / layout.pp)
-    embed = phase_time(embedding_forward_kernels(model, train, layout), hw)
-    embed_bwd = phase_time(embedding_forward_kernels(model, train, layout), hw, backward=True)
+    embed_kernels = embedding_forward_kernels(model, train, layout)
+    embed, embed_bwd = phase_time(embed_kernels, hw), phase_time(embed_kernels, hw, backward=True)
     head_kernels = head_forward_kernels(model, train, layout)
     head, head_bwd = phase_time(head_kernels, hw), phase_time(head_kernels, hw, backward=True)
     stages = []
     for s in range(layout.pp):
-        ends = [p for p, on in ((embed, s == 0), (embed_bwd, s == 0), (head, s == layout.pp - 1), (head_bwd, s == layout.pp - 1)) if on]
-        fwd_extra = (embed.total_s if s == 0 else 0.0) + (head.total_s if s == layout.pp - 1 else 0.0)
-        bwd_extra = (embed_bwd.total_s if s == 0 else 0.0) + (head_bwd.total_s if s == layout.pp - 1 else 0.0)
+        first, last = s == 0, s == layout.pp - 1
+        fwd_ends = [p for p, on in ((embed, first), (head, last)) if on]
+        bwd_ends = [p for p, on in ((embed_bwd, first), (head_bwd, last)) if on]
         stages.append(_Stage(
-            compute_s=n_layers * (layer.forward.compute_s + layer.backward.compute_s) + sum(p.compute_s for p in ends),
-            memory_s=n_layers * (layer.forward.memory_s + layer.backward.memory_s) + sum(p.memory_s for p in ends),
+            compute_s=n_layers * (layer.forward.compute_s + layer.backward.compute_s) + sum(p.compute_s for p in fwd_ends + bwd_ends),
+            memory_s=n_layers * (layer.forward.memory_s + layer.backward.memory_s) + sum(p.memory_s for p in fwd_ends + bwd_ends),
             recompute_s=n_layers * layer.recompute.total_s,
             comm_s=n_layers * layer.exposed_comm_s,
-            forward_s=n_layers * layer.forward_s + fwd_extra,
-            backward_s=n_layers * layer.backward_s + bwd_extra,
+            forward_s=n_layers * layer.forward_s + sum(p.total_s for p in fwd_ends),
+            backward_s=n_layers * layer.backward_s + sum(p.total_s for p in bwd_ends),
         ))
     return stages
 

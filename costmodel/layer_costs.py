@@ -27,6 +27,7 @@ from costmodel.kernels import (
     Kernel,
     KernelKind,
     layer_forward_kernels,
+    local_widths,
     recomputed_forward_comm_fraction,
     recomputed_kernels,
 )
@@ -101,7 +102,7 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     """Cost one layer of ``model`` for one micro-batch under ``layout`` on ``hw``."""
     groups = hw.groups(layout)
     e = train.compute_dtype.bytes
-    tokens = layout.micro_batch * train.seq_len / layout.cp
+    tokens, _, kv_width = local_widths(model, train, layout)
     kernels = layer_forward_kernels(model, train, layout)
     core = [k for k in kernels if k.in_attention_core]
     forward = phase_time(kernels, hw)
@@ -113,7 +114,7 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     tp_backward_s = tp_pass_s * (1 + comm_repeat)
     # Context parallel: each device passes its K/V chunk round the ring, cp-1 hops, in
     # forward and twice in backward (K/V and their gradients).
-    kv_bytes = 2 * tokens * model.num_kv_heads * model.head_dim / layout.tp * e
+    kv_bytes = 2 * tokens * kv_width * e
     cp_group = groups["cp"]
     hop_tier = cp_group.inter if cp_group.n_nodes > 1 else cp_group.intra
     ring_s = (layout.cp - 1) * p2p_s(kv_bytes, hop_tier)

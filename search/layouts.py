@@ -45,13 +45,14 @@ class SearchSpace(BaseModel):
     micro_batches: tuple[int, ...] = Field(MICRO_BATCHES, description="Micro-batch sizes tried.")
     recompute: tuple[Recompute, ...] = Field(RECOMPUTE, description="Recompute policies tried.")
     zero_stages: tuple[int, ...] = Field((0, 1, 3), description="ZeRO stages tried.")
-    interleaves: tuple[int, ...] = Field((1, 2, 4), description="Model chunks per pipeline device tried (pp > 1).")
+    interleaves: tuple[int, ...] = Field((1, 2, 3, 4), description="Model chunks per pipeline device tried (pp > 1).")
     max_cp: int = Field(1, description="Largest context-parallel degree tried.")
     splits: tuple[tuple[int, int, int, int], ...] | None = Field(
         None, description="Allowed (dp, tp, pp, cp) degrees, e.g. those a fixed mesh can carry; None = every split."
     )
     attention: Attention = Field(Attention.FLASH, description="Attention kernel of the software stack.")
     dp_overlap: bool = Field(True, description="Whether the stack overlaps data-parallel communication.")
+    fused_elementwise: bool = Field(True, description="Whether the stack fuses elementwise kernels.")
 
 
 class SearchResult(BaseModel):
@@ -99,7 +100,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         layout = Layout(
             dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, recompute=recompute, sequence_parallel=tp > 1, zero_stage=zero,
-            attention=space.attention, dp_overlap=space.dp_overlap, interleave=v,
+            attention=space.attention, dp_overlap=space.dp_overlap, fused_elementwise=space.fused_elementwise, interleave=v,
             schedule=Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
         )
         if not tensor_parallel_in_node(layout, devices_per_node):

@@ -24,7 +24,6 @@ class TimeBreakdown(Record):
     expert parallel in full, context parallel and data parallel beyond what overlaps).
     """
 
-
     compute_s: NonNegativeFloat = Field(description="Matmul and attention kernels (forward + backward), first pass.")
     memory_bound_s: NonNegativeFloat = Field(description="HBM-bound kernels (norms, activations, softmax, residuals, loss).")
     recompute_s: NonNegativeFloat = Field(description="Forward work repeated in backward by activation recompute.")

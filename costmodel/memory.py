@@ -37,7 +37,6 @@ _REDUCTION_BUCKETS_BYTES = 2 * 25e6
 class MemoryBreakdown(Record):
     """Bytes one device holds at its peak, by kind."""
 
-
     stage: str = Field(description="Which pipeline stage this is ('first', 'last' or 'only').")
     params_bytes: NonNegativeFloat = Field(description="Compute-dtype parameters held.")
     grads_bytes: NonNegativeFloat = Field(description="Gradients held.")

@@ -10,6 +10,7 @@ prints ``str(err)`` and exits with ``err.exit_code`` (no traceback unless ``--de
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -64,3 +65,18 @@ def flag_error(err: ValidationError, error_type: type[PlannerError] = InvalidCon
     where, msg, value = first_problem(err)
     flag = "--" + where.split(".")[0].replace("_", "-")
     return error_type(f"{flag}={value!r}: {msg}", fix=f"give a valid {flag}")
+
+
+def read_user_file(path: Path, what: str) -> str:
+    """The text of a file the user named, or `InvalidConfigError` in one line.
+
+    >>> read_user_file(Path("/nonexistent.json"), "model file")
+    Traceback (most recent call last):
+    costmodel.errors.InvalidConfigError: cannot read model file '/nonexistent.json': it does not exist; fix: check the path
+    """
+    if not path.is_file():
+        raise InvalidConfigError(f"cannot read {what} {str(path)!r}: it does not exist", fix="check the path")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidConfigError(f"cannot read {what} {str(path)!r}: {err}", fix="check the file and its permissions") from err

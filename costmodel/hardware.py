@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from costmodel.collectives import Tier
-from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem
+from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
 from costmodel.roofline import Efficiency
 
 
@@ -122,9 +122,7 @@ def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> 
                 f"unknown hardware {name_or_path!r}", fix=f"use a profile JSON path or one of: {', '.join(list_hardware())}"
             )
         try:
-            cluster = ClusterSpec.model_validate_json(path.read_text())
-        except (OSError, UnicodeDecodeError) as err:
-            raise InvalidConfigError(f"cannot read {name_or_path!r}: {err}", fix="check the file") from err
+            cluster = ClusterSpec.model_validate_json(read_user_file(path, "hardware profile"))
         except ValidationError as err:
             where, msg, _ = first_problem(err)
             raise InvalidConfigError(f"{name_or_path}: {where or 'profile'}: {msg}", fix="see costmodel.hardware.ClusterSpec") from None

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.errors import InvalidConfigError, first_problem, flag_error
+from costmodel.errors import InvalidConfigError, first_problem, flag_error, read_user_file
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
 from planner.presets import PRESETS
@@ -42,16 +42,12 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
     if text in PRESETS:
         return _validated(dict(PRESETS[text], name=text), source=text)
     path = Path(text)
-    if not path.exists():
-        if path.suffix == ".json" or "/" in text:
-            raise InvalidConfigError(f"model file {text!r} does not exist", fix="check the path")
+    if not path.exists() and path.suffix != ".json" and "/" not in text:
         raise InvalidConfigError(
             f"unknown model {text!r}", fix=f"use a config.json path or one of: {', '.join(sorted(PRESETS))}"
         )
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidConfigError(f"cannot read {text!r}: {err}", fix="check the file's permissions") from err
+        data = json.loads(read_user_file(path, "model file"))
     except json.JSONDecodeError as err:
         raise InvalidConfigError(
             f"{text!r} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",

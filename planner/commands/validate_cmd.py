@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem
+from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
 
 _GIB = 2**30
 
@@ -30,11 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.compile_only:
         raise UnsupportedError("timed validation is not built yet", fix="use --compile-only")
-    path = Path(args.plan)
-    if not path.is_file():
-        raise InvalidConfigError(f"plan file {args.plan!r} does not exist", fix="write one with plan ... --out plan.json")
     try:
-        plan = Plan.model_validate_json(path.read_text())
+        plan = Plan.model_validate_json(read_user_file(Path(args.plan), "plan file"))
     except ValidationError as err:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None

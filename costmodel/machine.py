@@ -13,7 +13,7 @@ from costmodel.collectives import Group, Tier
 from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import Layout
 from costmodel.roofline import Efficiency
-from costmodel.topology import layout_groups
+from costmodel.topology import layout_groups, mesh_groups
 
 
 class Machine(BaseModel):
@@ -32,6 +32,10 @@ class Machine(BaseModel):
 
     def groups(self, layout: Layout) -> dict[str, Group]:
         return layout_groups(layout, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
+
+    def mesh_groups(self, axes: list[tuple[str, int]]) -> dict[str, Group]:
+        """The group along each (name, size) axis of a device mesh, major axis first."""
+        return mesh_groups(axes, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
 
 
 def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Machine:

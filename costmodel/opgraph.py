@@ -32,6 +32,7 @@ from pydantic import (
 
 OP_ATTR = "op"
 TENSOR_ATTR = "tensor"
+USES_ATTR = "uses"
 INPUT_PRIMITIVE = "input"
 
 _DTYPE_BYTES = {
@@ -79,6 +80,23 @@ class DotDims(BaseModel):
     rhs_batch: tuple[int, ...] = Field(description="Batch axes of the right operand.")
 
 
+class LoopNest(BaseModel):
+    """An op as a loop nest: every operand and result dimension is indexed by one loop, or by none.
+
+    Sharding a loop on a mesh axis shards every dimension it indexes. A ``reduced`` loop
+    indexes no result dimension: its iterations are summed (or max-ed), so sharding it
+    leaves partial results that an all-reduce or reduce-scatter completes. A dimension
+    indexed by no loop must stay whole (replicated).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sizes: tuple[PositiveInt, ...] = Field(description="Trip count of each loop.")
+    reduced: tuple[bool, ...] = Field(description="Whether each loop is summed over (absent from the results).")
+    operands: tuple[tuple[int | None, ...], ...] = Field(description="Per operand, the loop indexing each dimension.")
+    results: tuple[tuple[int | None, ...], ...] = Field(description="Per result, the loop indexing each dimension.")
+
+
 class OpNode(BaseModel):
     """One operation: what it computes, on what shapes, at what cost, how often."""
 
@@ -94,6 +112,7 @@ class OpNode(BaseModel):
     scope: str = Field("", description="Name scope path, e.g. 'transpose(jvp(layer))/attention'.")
     label: str = Field("", description="Input path (for inputs) or a short human-readable tag.")
     dot: DotDims | None = Field(None, description="Dimension numbers, for dot_general only.")
+    loops: LoopNest | None = Field(None, description="How its dimensions relate, for sharding; None = unknown (replicate).")
 
     @property
     def is_input(self) -> bool:
@@ -115,17 +134,23 @@ def add_input(g: nx.DiGraph, tensor: TensorSpec, *, label: str) -> int:
     return add_op(g, OpNode(primitive=INPUT_PRIMITIVE, outputs=(tensor,), label=label), [])
 
 
-def add_op(g: nx.DiGraph, op: OpNode, producers: Iterable[tuple[int, int]]) -> int:
-    """Add ``op`` fed by ``producers``, pairs of (node id, output index); returns its id.
+def add_op(g: nx.DiGraph, op: OpNode, producers: Iterable[tuple[int, int] | tuple[int, int, int]]) -> int:
+    """Add ``op`` fed by ``producers`` and return its id.
 
+    A producer is (node id, output index) or (node id, output index, operand index), the
+    last saying which of ``op.inputs`` it feeds (default: its place in ``producers``).
     Node ids are consecutive integers in program order, so iteration is deterministic.
-    When one op reads several outputs of the same producer, the edge keeps the first.
+    One edge joins a producer and ``op``: ``TENSOR_ATTR`` is the first tensor it carries,
+    ``USES_ATTR`` every (output index, operand index) pair it carries.
     """
     node = g.number_of_nodes()
     g.add_node(node, **{OP_ATTR: op})
-    for src, out_index in producers:
-        if not g.has_edge(src, node):
-            g.add_edge(src, node, **{TENSOR_ATTR: g.nodes[src][OP_ATTR].outputs[out_index]})
+    for position, (src, out_index, *operand) in enumerate(producers):
+        use = (out_index, operand[0] if operand else position)
+        if g.has_edge(src, node):
+            g.edges[src, node][USES_ATTR] += (use,)
+        else:
+            g.add_edge(src, node, **{TENSOR_ATTR: g.nodes[src][OP_ATTR].outputs[out_index], USES_ATTR: (use,)})
     return node
 
 

@@ -39,6 +39,22 @@ def layout_groups(layout: Layout, *, devices_per_node: int, intra: Tier, inter: 
     return groups
 
 
+def mesh_groups(axes: list[tuple[str, int]], *, devices_per_node: int, intra: Tier, inter: Tier) -> dict[str, Group]:
+    """The group along each named axis of a device mesh, major axis first (the last varies fastest).
+
+    >>> from costmodel.collectives import Tier
+    >>> nv, ib = Tier(bytes_per_s=3e11, latency_s=0), Tier(bytes_per_s=2.5e10, latency_s=0)
+    >>> g = mesh_groups([("data", 4), ("tensor", 8)], devices_per_node=8, intra=nv, inter=ib)
+    >>> (g["tensor"].n_nodes, g["data"].n_nodes)
+    (1, 4)
+    """
+    groups, stride = {}, 1
+    for name, size in reversed(axes):
+        groups[name] = _group(size, stride, devices_per_node, intra, inter)
+        stride *= size
+    return {name: groups[name] for name, _ in axes}
+
+
 def link_between_stages(layout: Layout, *, devices_per_node: int, intra: Tier, inter: Tier) -> Tier:
     """The tier a pipeline send crosses: stages are tp·cp·dp devices apart."""
     return intra if layout.tp * layout.cp * layout.dp < devices_per_node else inter

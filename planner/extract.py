@@ -30,6 +30,7 @@ from costmodel.opgraph import (
     add_op,
     new_op_graph,
 )
+from planner.loops import loop_nest
 from planner.op_flops import op_flops
 
 # Primitive parameters that hold a sub-program executed once per call.
@@ -57,7 +58,8 @@ def extract_graph(fn: Callable[..., Any], *abstract_args: Any, name: str | None 
     for path, var in zip(paths, closed.jaxpr.invars, strict=True):
         env[var] = (add_input(g, _tensor(var.aval), label=path), 0)
     _walk(g, closed.jaxpr, env, repeat=1, scope="")
-    g.graph["outputs"] = [env[v] for v in closed.jaxpr.outvars if not isinstance(v, jex_core.Literal)]
+    # One entry per output leaf; None for a constant (literal) output.
+    g.graph["outputs"] = [None if isinstance(v, jex_core.Literal) else env.get(v) for v in closed.jaxpr.outvars]
     return g
 
 
@@ -70,7 +72,8 @@ def _walk(g: nx.DiGraph, jaxpr: Any, env: dict[Any, _Producer], *, repeat: int, 
             inner_repeat = repeat * (eqn.params["length"] if eqn.primitive.name == "scan" else 1)
             _inline(g, eqn, sub, env, repeat=inner_repeat, scope=eqn_scope)
             continue
-        producers = [env[v] for v in eqn.invars if not isinstance(v, jex_core.Literal) and v in env]
+        operands = [v for v in eqn.invars if hasattr(v.aval, "shape")]
+        producers = [(*env[v], i) for i, v in enumerate(operands) if not isinstance(v, jex_core.Literal) and v in env]
         node = add_op(g, _op_node(eqn, repeat=repeat, scope=eqn_scope), producers)
         for i, out in enumerate(eqn.outvars):
             env[out] = (node, i)
@@ -125,6 +128,7 @@ def _op_node(eqn: Any, *, repeat: int, scope: str) -> OpNode:
         repeat=repeat,
         scope=scope,
         dot=dot,
+        loops=loop_nest(eqn.primitive.name, inputs, outputs, eqn.params),
     )
 
 

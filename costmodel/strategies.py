@@ -1,0 +1,235 @@
+"""Sharding strategies of one op on a device mesh, and the cost of resharding a tensor.
+
+A strategy assigns each mesh axis to one loop of the op's `LoopNest` (or to none: the op
+is replicated along that axis). That fixes how every operand and result is sharded, the
+per-device FLOPs and bytes (costed by the roofline), and the collectives the op needs
+inside: an axis on a summed loop leaves partial results, completed by an all-reduce
+(result replicated on that axis) or a reduce-scatter (result sharded on it). As in Alpa,
+several axes may shard one loop, so 32 devices of an 8x4 mesh can all split the batch.
+
+A sharding is, per tensor dimension, the tuple of mesh axes splitting it (major first).
+
+>>> from costmodel.collectives import Group, Tier
+>>> from costmodel.machine import load_machine
+>>> from costmodel.opgraph import LoopNest, OpNode, TensorSpec
+>>> t = lambda *s: TensorSpec(shape=s, dtype="bfloat16")
+>>> matmul = OpNode(primitive="dot_general", inputs=(t(64, 512), t(512, 256)), outputs=(t(64, 256),),
+...                 flops=2 * 64 * 512 * 256, loops=LoopNest(sizes=(64, 256, 512), reduced=(False, False, True),
+...                                                          operands=((0, 2), (2, 1)), results=((0, 1),)))
+>>> tier = Tier(bytes_per_s=1e11, latency_s=1e-6)
+>>> axes = {"data": Group(n=2, n_nodes=1, intra=tier, inter=tier)}
+>>> names = [s.name for s in op_strategies(matmul, axes, load_machine("a100-80gb"))]
+>>> names[:2]
+['[-,-]×[-,-] → [-,-]', '[data,-]×[-,-] → [data,-]']
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from costmodel.collectives import Group, all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
+from costmodel.kernels import Kernel, KernelKind
+from costmodel.machine import Machine
+from costmodel.opgraph import LoopNest, OpNode, TensorSpec, dtype_bytes
+from costmodel.roofline import kernel_time_s
+
+Sharding = tuple[tuple[str, ...], ...]
+MeshGroups = dict[str, Group]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to shard an op: its tensors' shardings and its per-step cost on one device."""
+
+    name: str
+    operands: tuple[Sharding, ...]
+    results: tuple[Sharding, ...]
+    compute_s: float
+    communication_s: float
+    memory_bytes: float
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.communication_s
+
+
+def format_sharding(sharding: Sharding) -> str:
+    """``(("data",), ())`` → ``"[data,-]"``.
+
+    >>> format_sharding((("data", "tensor"), ()))
+    '[data·tensor,-]'
+    """
+    return "[" + ",".join("·".join(axes) or "-" for axes in sharding) + "]"
+
+
+def shard_factor(sharding: Sharding, sizes: dict[str, int]) -> int:
+    """How many pieces a sharding cuts a tensor into."""
+    return math.prod(sizes[a] for axes in sharding for a in axes)
+
+
+def input_nest(tensor: TensorSpec) -> LoopNest | None:
+    """A graph input as a loop nest over its own dimensions (any dimension may be split)."""
+    if not tensor.shape or all(s <= 1 for s in tensor.shape):
+        return None
+    dims = tuple(range(len(tensor.shape)))
+    return LoopNest(sizes=tuple(max(1, s) for s in tensor.shape), reduced=(False,) * len(dims), operands=(), results=(dims,))
+
+
+def op_strategies(op: OpNode, groups: MeshGroups, machine: Machine, *, saved: bool = False,
+                  memory_factor: float = 1.0) -> tuple[Strategy, ...]:
+    """Every strategy of ``op`` on the mesh whose axes are ``groups``, replicated first.
+
+    ``saved``: its results stay live until the backward pass (they count as memory);
+    ``memory_factor``: for a graph input, bytes held per byte of the input (e.g. 2 for a
+    parameter and its gradient). Only divisible splits are kept.
+    """
+    return _cached_strategies(op, tuple(groups.items()), machine, saved, memory_factor)
+
+
+@lru_cache(maxsize=65536)
+def _cached_strategies(op: OpNode, groups: tuple[tuple[str, Group], ...], machine: Machine, saved: bool,
+                       memory_factor: float) -> tuple[Strategy, ...]:
+    nest = input_nest(op.outputs[0]) if op.is_input else op.loops
+    if nest is None:
+        return (strategy_for(op, (), dict(groups), machine, saved=saved, memory_factor=memory_factor),)
+    names = [name for name, _ in groups]
+    sizes = {name: g.n for name, g in groups}
+    out = []
+    for choice in itertools.product([None, *range(len(nest.sizes))], repeat=len(names)):
+        loop_axes = tuple(tuple(a for a, k in zip(names, choice) if k == loop and sizes[a] > 1) for loop in range(len(nest.sizes)))
+        if _divisible(op, nest, loop_axes, sizes):
+            for scatter in _scatter_choices(nest, loop_axes, op, sizes):
+                out.append(strategy_for(op, loop_axes, dict(groups), machine, saved=saved, memory_factor=memory_factor,
+                                        scatter=scatter))
+    unique = {(s.operands, s.results): s for s in out}
+    return tuple(unique.values())
+
+
+def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: MeshGroups, machine: Machine, *,
+                 saved: bool = False, memory_factor: float = 1.0, scatter: tuple[tuple[str, int], ...] = ()) -> Strategy:
+    """The strategy that shards loop ``k`` of ``op`` on the axes ``loop_axes[k]`` (empty: replicated).
+
+    ``scatter`` lists (axis, result dimension) pairs: partial sums over that axis are
+    reduce-scattered onto that dimension instead of all-reduced.
+    """
+    nest = input_nest(op.outputs[0]) if op.is_input else op.loops
+    sizes = {name: g.n for name, g in groups.items()}
+    if nest is None or not loop_axes:
+        operands = tuple(((),) * len(t.shape) for t in op.inputs)
+        results = tuple(((),) * len(t.shape) for t in op.outputs)
+        loop_axes = ()
+    else:
+        operands = tuple(_tensor_sharding(dims, loop_axes) for dims in nest.operands)
+        results = tuple(_tensor_sharding(dims, loop_axes) for dims in nest.results)
+    scattered = dict(scatter)
+    results = tuple(tuple(axes + tuple(a for a, d in scatter if d == dim) for dim, axes in enumerate(r)) for r in results)
+    split = math.prod(sizes[a] for axes in loop_axes for a in axes)
+    operand_bytes = sum(t.nbytes / shard_factor(s, sizes) for t, s in zip(op.inputs, operands))
+    result_bytes = sum(t.nbytes / shard_factor(s, sizes) for t, s in zip(op.outputs, results))
+    compute_s = 0.0
+    if not op.is_input:
+        kind = KernelKind.MATMUL if op.primitive == "dot_general" else KernelKind.MEMORY
+        kernel = Kernel(name=op.primitive, kind=kind, flops=op.flops / split, bytes=operand_bytes + result_bytes, count=op.repeat)
+        compute_s = kernel_time_s(kernel, peak_flops_per_s=machine.peak_flops_per_s, hbm_bytes_per_s=machine.hbm_bytes_per_s,
+                                  efficiency=machine.efficiency)
+    communication_s = 0.0
+    partial = [a for k, axes in enumerate(loop_axes) if nest is not None and nest.reduced[k] for a in axes]
+    unscattered_bytes = sum(t.nbytes / shard_factor(tuple(tuple(a for a in axes if a not in scattered) for axes in s), sizes)
+                            for t, s in zip(op.outputs, results))
+    for axis in partial:
+        collective = reduce_scatter_s if axis in scattered else all_reduce_s
+        communication_s += op.repeat * collective(unscattered_bytes, groups[axis])
+    if op.is_input:
+        memory = memory_factor * result_bytes
+    else:
+        memory = result_bytes * op.repeat if saved else 0.0
+    described = " → ".join(("×".join(format_sharding(s) for s in operands), ",".join(format_sharding(s) for s in results)))
+    if op.is_input:
+        described = ",".join(format_sharding(s) for s in results)
+    reductions = [f"{'reduce-scatter' if a in scattered else 'all-reduce'}({a})" for a in partial]
+    name = " ".join([described, *reductions])
+    return Strategy(name=name, operands=operands, results=results, compute_s=compute_s, communication_s=communication_s,
+                    memory_bytes=memory)
+
+
+def _tensor_sharding(dims: tuple[int | None, ...], loop_axes: tuple[tuple[str, ...], ...]) -> Sharding:
+    return tuple(loop_axes[k] if k is not None else () for k in dims)
+
+
+def _divisible(op: OpNode, nest: LoopNest, loop_axes: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
+    def parts(k: int | None) -> int:
+        return math.prod(sizes[a] for a in loop_axes[k]) if k is not None else 1
+
+    if any(size % parts(k) for k, size in enumerate(nest.sizes)):
+        return False
+    tensors = list(zip(op.inputs, nest.operands)) + list(zip(op.outputs, nest.results))
+    return all(s % parts(k) == 0 for t, dims in tensors for s, k in zip(t.shape, dims))
+
+
+def _scatter_choices(nest: LoopNest, loop_axes: tuple[tuple[str, ...], ...], op: OpNode,
+                     sizes: dict[str, int]) -> list[tuple[tuple[str, int], ...]]:
+    """For each axis on a summed loop: all-reduce, or reduce-scatter onto the first free result dimension.
+
+    One scatter target per axis keeps the space small; the first free dimension is the
+    batch (or sequence) dimension of an activation and the leading dimension of a weight
+    gradient, where Megatron's sequence parallelism and ZeRO put it.
+    """
+    partial = [a for k, axes in enumerate(loop_axes) if nest.reduced[k] for a in axes]
+    if not partial or not nest.results:
+        return [()]
+    result = op.outputs[0].shape
+    taken = {d for d, k in enumerate(nest.results[0]) if k is not None and loop_axes[k]}
+    options = []
+    for axis in partial:
+        free = [d for d in range(len(result)) if d not in taken and result[d] > 1 and result[d] % sizes[axis] == 0]
+        options.append([None, *free[:1]])
+    out = []
+    for pick in itertools.product(*options):
+        dims = [d for d in pick if d is not None]
+        if len(dims) == len(set(dims)):
+            out.append(tuple((a, d) for a, d in zip(partial, pick) if d is not None))
+    return out
+
+
+def reshard_s(tensor: TensorSpec, src: Sharding, dst: Sharding, groups: MeshGroups) -> float:
+    """Seconds to turn ``tensor`` sharded as ``src`` into ``dst`` (per axis: all-gather, all-to-all or a free slice).
+
+    Shardings of a different rank than ``tensor`` are aligned on their trailing dimensions
+    (a stacked layer parameter read one layer at a time); axes on extra leading
+    dimensions must be gathered.
+
+    >>> from costmodel.collectives import Group, Tier
+    >>> g = {"data": Group(n=4, n_nodes=1, intra=Tier(bytes_per_s=1e11, latency_s=0), inter=Tier(bytes_per_s=1e10, latency_s=0))}
+    >>> reshard_s(TensorSpec(shape=(1024, 1024), dtype="float32"), (("data",), ()), ((), ()), g)  # all-gather 4 MiB
+    3.145728e-05
+    """
+    return _reshard_s(tensor.shape, tensor.dtype, src, dst, tuple(groups.items()))
+
+
+@lru_cache(maxsize=262144)
+def _reshard_s(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding, groups: tuple[tuple[str, Group], ...]) -> float:
+    rank = len(shape)
+    src_dims = _axis_dims(src, rank)
+    dst_dims = _axis_dims(dst, rank)
+    sizes = {name: g.n for name, g in groups}
+    nbytes = math.prod(shape) * dtype_bytes(dtype)
+    total = 0.0
+    for name, group in groups:
+        s, d = src_dims.get(name), dst_dims.get(name)
+        if s == d or s is None:
+            continue
+        others = math.prod(sizes[a] for a, dim in dst_dims.items() if a != name and dim is not None)
+        size_bytes = nbytes / others
+        # A slice of a stacked tensor lives on one member (s == -1): every member must receive it.
+        gather = d is None or s == -1
+        total += all_gather_s(size_bytes, group) if gather else all_to_all_s(size_bytes / sizes[name], group)
+    return total
+
+
+def _axis_dims(sharding: Sharding, rank: int) -> dict[str, int]:
+    """Axis → the dimension (of a rank-``rank`` tensor, trailing-aligned) it splits; -1 for a dropped leading one."""
+    offset = len(sharding) - rank
+    return {a: (d - offset if d >= offset else -1) for d, axes in enumerate(sharding) for a in axes}

@@ -1,0 +1,124 @@
+"""The intra-op ILP: one strategy per free node of a `StrategySpace`, solved with OR-Tools CP-SAT.
+
+Variables: ``x[n, s]`` (node n takes strategy s, exactly one per node) and, per edge,
+``y[e, p, c]`` (the source hands the tensors over in sharding class p, the destination
+wants class c). ``y`` is tied to ``x`` by its row and column sums, the tight
+(marginal-polytope) linearization of the quadratic edge cost. Per-device memory — the
+parameters, gradients and optimizer state the inputs hold, plus the activations kept for
+the backward pass — stays within budget; predicted time is minimized.
+
+CP-SAT runs single-threaded with LP-heavy search (``linearization_level=2``), measured
+to prove optimality in seconds where the default portfolio stalls (FACTS.md), with a
+fixed seed and a deterministic time limit, so the same input gives the same plan.
+
+>>> from costmodel.collectives import Group, Tier
+>>> from costmodel.machine import load_machine
+>>> from costmodel.opgraph import LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
+>>> from costmodel.strategy_space import build_space
+>>> t = lambda *s: TensorSpec(shape=s, dtype="bfloat16")
+>>> g = new_op_graph("matmul")
+>>> x, w = add_input(g, t(4096, 1024), label="x"), add_input(g, t(1024, 1024), label="w")
+>>> nest = LoopNest(sizes=(4096, 1024, 1024), reduced=(False, False, True), operands=((0, 2), (2, 1)), results=((0, 1),))
+>>> y = add_op(g, OpNode(primitive="dot_general", inputs=(t(4096, 1024), t(1024, 1024)), outputs=(t(4096, 1024),),
+...                      flops=2 * 4096 * 1024 * 1024, loops=nest), [(x, 0), (w, 0)])
+>>> tier = Tier(bytes_per_s=1e11, latency_s=1e-6)
+>>> space = build_space(g, {"data": Group(n=4, n_nodes=1, intra=tier, inter=tier)}, load_machine("a100-80gb"))
+>>> solution = solve_intra_op(space, memory_budget_bytes=1e9)
+>>> from costmodel.strategies import shard_factor
+>>> solution.status, shard_factor(space.chosen(y, solution.choice).results[0], {"data": 4})  # the matmul is split 4 ways
+('OPTIMAL', 4)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from ortools.sat.python import cp_model
+from pydantic import BaseModel, ConfigDict, Field
+
+from costmodel.errors import InfeasibleError
+from costmodel.strategy_space import StrategySpace
+
+# Integer units of the objective and the memory row: CP-SAT needs integer coefficients.
+_TIME_UNIT_S = 1e-8
+_MEMORY_UNIT_BYTES = 1024
+_GIB = 2**30
+
+
+class IntraOpSolution(BaseModel):
+    """The strategy chosen for every free node, and how sure the solver is it is best."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    choice: dict[int, int] = Field(description="Free node id → index of its chosen strategy.")
+    status: str = Field(description="OPTIMAL (proven) or FEASIBLE (best found within the time limit).")
+    objective_s: float = Field(description="Predicted seconds of the chosen strategies: compute, collectives, resharding.")
+    bound_s: float = Field(description="Proven lower bound on the objective.")
+    gap: float = Field(description="(objective − bound) / objective; 0 when OPTIMAL.")
+    memory_bytes: float = Field(description="Per-device memory of the choice.")
+    solve_time_s: float = Field(description="Wall seconds in CP-SAT.")
+    variables: int = Field(description="Boolean variables of the model.")
+
+
+def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_limit_s: float = 20.0,
+                   seed: int = 0) -> IntraOpSolution:
+    """Choose one strategy per free node of ``space``: least predicted time within the memory budget.
+
+    Raises InfeasibleError when even the least-memory choice exceeds the budget or the
+    time limit passes before any plan is found.
+    """
+    least = sum(float(m.min()) for m in space.node_memory_bytes.values())
+    if least > memory_budget_bytes:
+        raise InfeasibleError(
+            f"even the least-memory sharding needs {least / _GIB:.1f} GiB per device, the budget is {memory_budget_bytes / _GIB:.1f} GiB",
+            fix="use more devices, a smaller batch, or activation recompute")
+    model = cp_model.CpModel()
+    x = {n: [model.new_bool_var(f"x{n}_{i}") for i in range(len(s))] for n, s in space.strategies.items()}
+    objective = []
+    for n, xs in x.items():
+        model.add_exactly_one(xs)
+        objective += [(v, _units(t)) for v, t in zip(xs, space.node_time_s[n])]
+    for e_index, edge in enumerate(space.edges):
+        n_src, n_dst = edge.matrix.shape
+        y = [[model.new_bool_var(f"y{e_index}_{p}_{c}") for c in range(n_dst)] for p in range(n_src)]
+        for p in range(n_src):
+            members = [x[edge.src][i] for i in np.flatnonzero(edge.src_class == p)]
+            model.add(sum(y[p]) == sum(members))
+        for c in range(n_dst):
+            members = [x[edge.dst][j] for j in np.flatnonzero(edge.dst_class == c)]
+            model.add(sum(y[p][c] for p in range(n_src)) == sum(members))
+        objective += [(y[p][c], _units(edge.matrix[p, c])) for p in range(n_src) for c in range(n_dst) if edge.matrix[p, c] > 0]
+    memory = [(v, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, xs in x.items() for v, b in zip(xs, space.node_memory_bytes[n]) if b > 0]
+    if memory:
+        model.add(sum(c * v for v, c in memory) <= int(memory_budget_bytes // _MEMORY_UNIT_BYTES))
+    model.minimize(sum(c * v for v, c in objective if c))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.linearization_level = 2
+    solver.parameters.random_seed = seed
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.max_deterministic_time = time_limit_s
+    start = time.perf_counter()
+    status = solver.solve(model)
+    elapsed = time.perf_counter() - start
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.INFEASIBLE:
+            raise InfeasibleError(f"no sharding fits in {memory_budget_bytes / _GIB:.1f} GiB per device",
+                                  fix="use more devices, a smaller batch, or activation recompute")
+        raise InfeasibleError(f"the ILP found no plan within {time_limit_s:g} s", fix="raise --time-limit-s")
+    choice = {n: next(i for i, v in enumerate(xs) if solver.boolean_value(v)) for n, xs in x.items()}
+    objective_s = space.total_time_s(choice)
+    bound_s = solver.best_objective_bound * _TIME_UNIT_S
+    optimal = status == cp_model.OPTIMAL
+    scaled = solver.objective_value * _TIME_UNIT_S
+    return IntraOpSolution(
+        choice=choice, status="OPTIMAL" if optimal else "FEASIBLE", objective_s=objective_s,
+        bound_s=scaled if optimal else bound_s, gap=0.0 if optimal else max(0.0, (scaled - bound_s) / scaled) if scaled else 0.0,
+        memory_bytes=space.memory_bytes(choice), solve_time_s=elapsed, variables=len(model.proto.variables),
+    )
+
+
+def _units(seconds: float) -> int:
+    return int(round(float(seconds) / _TIME_UNIT_S))

@@ -72,7 +72,7 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     least = sum(float(m.min()) for m in space.node_memory_bytes.values())
     if least > memory_budget_bytes:
         raise InfeasibleError(
-            f"even the least-memory sharding needs {least / _GIB:.1f} GiB per device, the budget is {memory_budget_bytes / _GIB:.1f} GiB",
+            f"even the least-memory sharding needs {_size(least)} per device, the budget is {_size(memory_budget_bytes)}",
             fix="use more devices, a smaller batch, or activation recompute")
     model = cp_model.CpModel()
     x = {n: [model.new_bool_var(f"x{n}_{i}") for i in range(len(s))] for n, s in space.strategies.items()}
@@ -105,7 +105,7 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     elapsed = time.perf_counter() - start
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.INFEASIBLE:
-            raise InfeasibleError(f"no sharding fits in {memory_budget_bytes / _GIB:.1f} GiB per device",
+            raise InfeasibleError(f"no sharding fits in {_size(memory_budget_bytes)} per device",
                                   fix="use more devices, a smaller batch, or activation recompute")
         raise InfeasibleError(f"the ILP found no plan within {time_limit_s:g} s", fix="raise --time-limit-s")
     choice = {n: next(i for i, v in enumerate(xs) if solver.boolean_value(v)) for n, xs in x.items()}
@@ -118,6 +118,11 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
         bound_s=scaled if optimal else bound_s, gap=0.0 if optimal else max(0.0, (scaled - bound_s) / scaled) if scaled else 0.0,
         memory_bytes=space.memory_bytes(choice), solve_time_s=elapsed, variables=len(model.proto.variables),
     )
+
+
+def _size(nbytes: float) -> str:
+    """Bytes for a message: GiB, or MiB below one GiB."""
+    return f"{nbytes / _GIB:.1f} GiB" if nbytes >= _GIB else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _units(seconds: float) -> int:

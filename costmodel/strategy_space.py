@@ -169,9 +169,11 @@ def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tupl
     assert nest is not None
     sizes = {name: grp.n for name, grp in groups.items()}
     loop_axes: list[tuple[str, ...]] = [()] * len(nest.sizes)
+    # Align on trailing dimensions: a stacked input [L, ...] feeds a loop body one [...] slice at a time.
+    offset = len(sharding) - len(dim_loops)
     for dim, k in enumerate(dim_loops):
-        if k is not None and dim < len(sharding):
-            loop_axes[k] = sharding[dim]
+        if k is not None and 0 <= dim + offset < len(sharding):
+            loop_axes[k] = sharding[dim + offset]
     for k in range(len(loop_axes)):
         parts = int(np.prod([sizes[a] for a in loop_axes[k]])) if loop_axes[k] else 1
         tensors = list(zip(op.inputs, nest.operands)) + list(zip(op.outputs, nest.results))

@@ -5,6 +5,7 @@ The public API, importable from a notebook::
     import planner
     p = planner.plan("llama3-8b", mesh="8x4", hardware="h100-sxm")
     specs = planner.partition_spec_tree(p.model, p.param_specs)
+    sharded = planner.shard(train_step, *abstract_inputs, mesh="data=8,tensor=4")  # any jittable function
 
 Names are loaded on first use, so ``plan simulate`` starts without importing JAX.
 """
@@ -25,6 +26,7 @@ _EXPORTS = {
     "extract_graph": "planner.extract",
     "inspect_model": "planner.inspect",
     "partition_spec_tree": "planner.shardings",
+    "shard": "planner.shard",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -23,11 +23,13 @@ from planner.shardings import logical_rules, param_specs
 from search.layouts import SearchSpace, grid_search
 
 _GIB = 2**30
+PLANNERS = ("grid", "ilp")
 
 
 def plan(
     model: str | ModelConfig, *, mesh: str | None = None, devices: int | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
+    planner: str = "grid", time_limit_s: float = 20.0,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -35,7 +37,12 @@ def plan(
       model: preset name, config.json path, or a ModelConfig.
       mesh: device mesh, e.g. "8x4" or "data=8,tensor=4"; or give ``devices`` and let the planner shape it.
       hardware: hardware profile name or JSON path.
+      planner: "grid" (layout search, rule-based Megatron shardings) or "ilp" (the same layout
+        search, then the CP-SAT intra-op ILP shards each stage's training step on its sub-mesh).
+      time_limit_s: the ILP's time limit; it returns the best plan found with its gap.
     """
+    if planner not in PLANNERS:
+        raise InvalidConfigError(f"unknown planner {planner!r}", fix=f"use one of {', '.join(PLANNERS)}")
     start = time.perf_counter()
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch)
@@ -60,6 +67,14 @@ def plan(
             for n, s, k in zip(mesh_spec.axis_names, mesh_spec.axis_sizes, kinds)]
     by_kind = {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
     rules = logical_rules(lay, by_kind, cfg)
+    specs = param_specs(cfg, rules, mesh_spec.shape)
+    intra_op = None
+    if planner == "ilp":
+        ilp_axes = [(a.name, a.size) for a in axes if a.parallelism != "pp" and a.size > 1]
+        if ilp_axes:
+            from planner.intra_op import intra_op_specs  # jax tracing and OR-Tools only when asked for
+
+            specs, intra_op = intra_op_specs(cfg, train, lay, ilp_axes, machine, time_limit_s=time_limit_s)
     data, tensor = by_kind["dp"] or None, by_kind["tp"] or None
     activations = {
         "residual_BxSxD": (data, tensor if lay.sequence_parallel else None, None),
@@ -69,9 +84,10 @@ def plan(
     }
     return Plan(
         model=cfg, train=train, hardware=cluster.name, mesh=tuple(axes), layout=lay,
-        param_specs=param_specs(cfg, rules, mesh_spec.shape), activation_specs=activations, predicted=best,
+        param_specs=specs, activation_specs=activations, predicted=best,
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
-        solver=SolverInfo(planner="grid", status="OPTIMAL", evaluated=result.evaluated, pruned=result.pruned),
+        solver=SolverInfo(planner=planner, status=intra_op.status if intra_op else "OPTIMAL", evaluated=result.evaluated,
+                          pruned=result.pruned, intra_op=intra_op),
         plan_time_s=time.perf_counter() - start,
     )
 

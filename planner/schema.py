@@ -41,6 +41,22 @@ class Alternative(BaseModel):
     why: str = Field(description="Why it lost to the chosen plan.")
 
 
+class IntraOpInfo(BaseModel):
+    """What the intra-op ILP did for a plan."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    axes: tuple[str, ...] = Field(description="Mesh axes it sharded over.")
+    status: str = Field(description="OPTIMAL or FEASIBLE.")
+    objective_s: float = Field(description="Predicted seconds of one stage's micro-batch step under its shardings.")
+    gap: float = Field(description="Relative optimality gap (0 when OPTIMAL).")
+    memory_bytes: float = Field(description="Per-device memory of the chosen shardings (reference program).")
+    ops: int = Field(description="Nodes of the stage's training-step graph.")
+    free_nodes: int = Field(description="Decisions left after merging followers.")
+    variables: int = Field(description="Boolean variables of the ILP.")
+    solve_time_s: float = Field(description="Seconds in CP-SAT.")
+
+
 class SolverInfo(BaseModel):
     """How the layout was found."""
 
@@ -50,6 +66,7 @@ class SolverInfo(BaseModel):
     status: str = Field(description="OPTIMAL when every candidate of the search space was costed.")
     evaluated: int = Field(description="Candidates costed by the simulator.")
     pruned: dict[str, int] = Field(description="Candidates dropped before simulation, by rule.")
+    intra_op: IntraOpInfo | None = Field(None, description="The intra-op ILP's report, when it chose the parameter shardings.")
 
 
 class Plan(BaseModel):

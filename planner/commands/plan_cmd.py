@@ -26,7 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
-    parser.add_argument("--planner", choices=["grid"], default="grid", help="layout planner (default grid)")
+    parser.add_argument("--planner", choices=["grid", "ilp"], default="grid",
+                        help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
+                             "CP-SAT intra-op ILP shards every parameter and op of a stage")
+    parser.add_argument("--time-limit-s", type=float, default=20.0,
+                        help="ILP time limit; when it runs out the best plan found is kept with its gap (default 20)")
     parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "markdown"], default="summary",
                         help="what to print: rich summary, Plan JSON, parameter specs, MaxText overrides, Markdown report")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (same as --format json)")
@@ -41,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).exists() and not args.force:
         raise InvalidConfigError(f"{args.out} already exists", fix="choose another --out or add --force")
     result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
-                  global_batch=args.global_batch, devices_per_node=args.devices_per_node)
+                  global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
+                  time_limit_s=args.time_limit_s)
     if args.out:
         write_atomic(Path(args.out), result.model_dump_json(indent=1) + "\n")
     fmt = "json" if args.json else args.format

@@ -1,0 +1,67 @@
+"""The intra-op ILP inside a layout: shard one pipeline stage's training step on its sub-mesh.
+
+The layout search fixes the outer knobs (degrees, micro-batch, recompute). Here the
+reference training step of one stage (its share of the layers, one micro-batch per
+data-parallel replica) is sharded over the mesh axes that are not pipeline axes by the
+CP-SAT ILP, which is free to use any axis for any tensor dimension. Its parameter
+shardings replace the rule-based (Megatron) ones in the plan.
+
+>>> from costmodel.layout import Layout
+>>> from costmodel.machine import load_machine
+>>> from costmodel.model_config import ModelConfig
+>>> from costmodel.train_config import TrainConfig
+>>> cfg = ModelConfig(name="m", hidden_size=256, num_layers=4, num_heads=4, ffn_size=1024, vocab_size=512)
+>>> specs, info = intra_op_specs(cfg, TrainConfig(seq_len=128, global_batch=16), Layout(dp=2, tp=2, micro_batch=2),
+...                              [("data", 2), ("tensor", 2)], load_machine("a100-80gb"))
+>>> info.status, len(specs["layers/attn/wq"])
+('OPTIMAL', 4)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from costmodel.layout import Layout, Recompute
+from costmodel.machine import Machine
+from costmodel.model_config import ModelConfig
+from costmodel.opgraph import OP_ATTR
+from costmodel.strategy_space import build_space, prune_dominated
+from costmodel.train_config import TrainConfig
+from planner.extract import extract_graph
+from planner.ilp import solve_intra_op
+from planner.models.train_step import abstract_train_inputs, make_train_step
+from planner.schema import IntraOpInfo
+from planner.shard import to_partition_spec
+
+# Bytes held per byte of a graph input: a parameter also has its gradient (the optimizer
+# moments are inputs of the graph themselves).
+_PARAM_FACTOR = 2.0
+_REMAT = {Recompute.NONE: "none", Recompute.FULL: "full"}
+
+
+def intra_op_specs(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]], machine: Machine,
+                   *, time_limit_s: float = 20.0) -> tuple[dict[str, tuple[Any, ...]], IntraOpInfo]:
+    """Parameter path → per-dimension mesh axes chosen by the ILP, and what it reported.
+
+    Raises InfeasibleError when no sharding of the reference step fits in HBM (the
+    reference materializes attention scores, so long sequences may need recompute).
+    """
+    stage = cfg.model_copy(update={"num_layers": cfg.num_layers // layout.pp})
+    step = make_train_step(stage, train, remat=_REMAT.get(layout.recompute, "selective"))
+    abstract = abstract_train_inputs(stage, train, micro_batch=layout.micro_batch * layout.dp)
+    graph = extract_graph(step, *abstract)
+    groups = machine.mesh_groups(axes)
+    space = prune_dominated(build_space(
+        graph, groups, machine, memory_factor=lambda op: _PARAM_FACTOR if op.label.startswith("[0]") else 1.0))
+    solution = solve_intra_op(space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=time_limit_s)
+    inputs = {d[OP_ATTR].label: n for n, d in graph.nodes(data=True) if d[OP_ATTR].is_input}
+    specs = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract[0])[0]:
+        sharding = space.chosen(inputs["[0]" + jax.tree_util.keystr(path)], solution.choice).results[0]
+        spec = tuple(to_partition_spec(sharding))
+        specs["/".join(str(p.key) for p in path)] = spec + (None,) * (len(leaf.shape) - len(spec))
+    info = IntraOpInfo(axes=tuple(name for name, _ in axes), status=solution.status, objective_s=solution.objective_s,
+                       gap=solution.gap, memory_bytes=solution.memory_bytes, ops=graph.number_of_nodes(),
+                       free_nodes=len(space.strategies), variables=solution.variables, solve_time_s=solution.solve_time_s)
+    return specs, info

@@ -37,7 +37,6 @@ from costmodel.machine import Machine
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
 from costmodel.strategies import MeshGroups, Strategy, op_strategies, reshard_s, strategy_for
 
-
 # Ops that make a big tensor from a small one: they follow their reader, not their producer.
 _CONSUMER_LED = frozenset({"broadcast_in_dim", "iota"})
 

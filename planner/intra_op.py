@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+
 from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig

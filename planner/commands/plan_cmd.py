@@ -96,6 +96,10 @@ def summary(p: Plan) -> list[Table]:
         ("  activations / temporary", f"{mem.activations_bytes / _GIB:.1f} / {mem.temporary_bytes / _GIB:.1f} GiB"),
     ):
         pred.add_row(name, value)
+    if p.solver.intra_op:
+        ilp = p.solver.intra_op
+        pred.add_row("intra-op ILP", f"{ilp.status} over {', '.join(ilp.axes)} in {ilp.solve_time_s:.1f} s "
+                                     f"({ilp.free_nodes} decisions, {ilp.variables:,} variables, gap {ilp.gap:.1%})")
     alts = Table(title="alternatives")
     for col in ("layout", "step time", "why not"):
         alts.add_column(col)

@@ -1,0 +1,56 @@
+"""The CP-SAT intra-op ILP against brute force, memory budgets and determinism."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from costmodel.errors import InfeasibleError
+from costmodel.machine import load_machine
+from costmodel.strategy_space import build_space
+from planner.extract import extract_graph
+from planner.ilp import solve_intra_op
+
+MACHINE = load_machine("a100-80gb")
+
+
+def mlp_space(mesh, m=2048, d=1024, f=4096):
+    args = (jax.ShapeDtypeStruct((m, d), jnp.bfloat16), jax.ShapeDtypeStruct((d, f), jnp.bfloat16),
+            jax.ShapeDtypeStruct((f, d), jnp.bfloat16))
+    g = extract_graph(lambda x, w1, w2: jnp.tanh(x @ w1) @ w2, *args)
+    return build_space(g, MACHINE.mesh_groups(mesh), MACHINE)
+
+
+def brute_force(space, budget):
+    nodes = space.free_nodes
+    choices = (dict(zip(nodes, c)) for c in itertools.product(*(range(len(space.strategies[v])) for v in nodes)))
+    return min(space.total_time_s(c) for c in choices if space.memory_bytes(c) <= budget)
+
+
+@pytest.mark.parametrize("budget", [1e10, 12e6])
+def test_ilp_matches_brute_force(budget):
+    space = mlp_space([("tensor", 4)])
+    solution = solve_intra_op(space, memory_budget_bytes=budget)
+    assert solution.status == "OPTIMAL"
+    assert solution.memory_bytes <= budget
+    assert solution.objective_s == pytest.approx(brute_force(space, budget), rel=1e-6)
+    assert solution.gap == 0
+
+
+def test_tight_memory_costs_time():
+    space = mlp_space([("tensor", 4)])
+    ample = solve_intra_op(space, memory_budget_bytes=1e10)
+    tight = solve_intra_op(space, memory_budget_bytes=6e6)
+    assert tight.memory_bytes <= 6e6 < ample.memory_bytes
+    assert tight.objective_s >= ample.objective_s
+
+
+def test_same_input_same_choice():
+    space = mlp_space([("data", 2), ("tensor", 4)])
+    assert solve_intra_op(space, memory_budget_bytes=1e10).choice == solve_intra_op(space, memory_budget_bytes=1e10).choice
+
+
+def test_budget_below_the_least_memory_is_a_clear_error():
+    with pytest.raises(InfeasibleError, match=r"least-memory sharding needs .* MiB per device"):
+        solve_intra_op(mlp_space([("tensor", 4)]), memory_budget_bytes=1e5)

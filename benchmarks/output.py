@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from planner.csv_out import write_csv
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write ``rows`` (dicts with the same keys) to ``path``, creating its folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+__all__ = ["print_table", "write_csv"]
 
 
 def print_table(title: str, rows: list[dict[str, Any]], *, console: Console | None = None) -> None:

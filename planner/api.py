@@ -23,13 +23,13 @@ from planner.shardings import logical_rules, param_specs
 from search.layouts import SearchSpace, grid_search
 
 _GIB = 2**30
-PLANNERS = ("grid", "ilp")
+PLANNERS = ("grid", "ilp", "anneal", "beam", "random")
 
 
 def plan(
     model: str | ModelConfig, *, mesh: str | None = None, devices: int | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
-    planner: str = "grid", time_limit_s: float = 20.0,
+    planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -38,8 +38,10 @@ def plan(
       mesh: device mesh, e.g. "8x4" or "data=8,tensor=4"; or give ``devices`` and let the planner shape it.
       hardware: hardware profile name or JSON path.
       planner: "grid" (layout search, rule-based Megatron shardings) or "ilp" (the same layout
-        search, then the CP-SAT intra-op ILP shards each stage's training step on its sub-mesh).
-      time_limit_s: the ILP's time limit; it returns the best plan found with its gap.
+        search, then the CP-SAT intra-op ILP shards each stage's training step on its sub-mesh),
+        or "anneal" / "beam" / "random", search planners on the ILP's strategy space.
+      time_limit_s: the intra-op planner's time limit; the ILP returns the best plan found with its gap.
+      seed: the intra-op planner's random seed.
     """
     if planner not in PLANNERS:
         raise InvalidConfigError(f"unknown planner {planner!r}", fix=f"use one of {', '.join(PLANNERS)}")
@@ -69,12 +71,13 @@ def plan(
     rules = logical_rules(lay, by_kind, cfg)
     specs = param_specs(cfg, rules, mesh_spec.shape)
     intra_op = None
-    if planner == "ilp":
+    if planner != "grid":
         ilp_axes = [(a.name, a.size) for a in axes if a.parallelism != "pp" and a.size > 1]
         if ilp_axes:
             from planner.intra_op import intra_op_specs  # jax tracing and OR-Tools only when asked for
 
-            specs, intra_op = intra_op_specs(cfg, train, lay, ilp_axes, machine, time_limit_s=time_limit_s)
+            specs, intra_op = intra_op_specs(cfg, train, lay, ilp_axes, machine, planner=planner,
+                                             time_limit_s=time_limit_s, seed=seed)
     data, tensor = by_kind["dp"] or None, by_kind["tp"] or None
     activations = {
         "residual_BxSxD": (data, tensor if lay.sequence_parallel else None, None),

@@ -62,14 +62,16 @@ class IntraOpSolution(BaseModel):
     memory_bytes: float = Field(description="Per-device memory of the choice.")
     solve_time_s: float = Field(description="Wall seconds in CP-SAT.")
     variables: int = Field(description="Boolean variables of the model.")
+    trace: tuple[tuple[float, float], ...] = Field((), description="(wall seconds, objective seconds) of each improving solution.")
 
 
 def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_limit_s: float = 20.0,
                    seed: int = 0) -> IntraOpSolution:
     """Choose one strategy per free node of ``space``: least predicted time within the memory budget.
 
-    Raises InfeasibleError when even the least-memory choice exceeds the budget or the
-    time limit passes before any plan is found.
+    Raises InfeasibleError when even the least-memory choice exceeds the budget. When the
+    time limit passes before CP-SAT finds a solution, the least-memory choice is returned
+    as FEASIBLE with its gap to the proven bound.
     """
     least = sum(float(m.min()) for m in space.node_memory_bytes.values())
     if least > memory_budget_bytes:
@@ -104,24 +106,41 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.max_deterministic_time = time_limit_s
-    start = time.perf_counter()
-    status = solver.solve(model)
-    elapsed = time.perf_counter() - start
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if status == cp_model.INFEASIBLE:
-            raise InfeasibleError(f"no sharding fits in {_size(memory_budget_bytes)} per device",
-                                  fix="use more devices, a smaller batch, or activation recompute")
-        raise InfeasibleError(f"the ILP found no plan within {time_limit_s:g} s", fix="raise --time-limit-s")
-    choice = {n: next(i for i, v in enumerate(xs) if solver.boolean_value(v)) for n, xs in x.items()}
-    objective_s = space.total_time_s(choice)
+    recorder = _Recorder()
+    status = solver.solve(model, recorder)
+    elapsed = time.perf_counter() - recorder.start
+    if status == cp_model.INFEASIBLE:
+        raise InfeasibleError(f"no sharding fits in {_size(memory_budget_bytes)} per device",
+                              fix="use more devices, a smaller batch, or activation recompute")
     bound_s = solver.best_objective_bound * _TIME_UNIT_S
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        choice = {n: next(i for i, v in enumerate(xs) if solver.boolean_value(v)) for n, xs in x.items()}
+    else:
+        # Out of time before a first solution: the least-memory choice fits whenever anything
+        # does, so return it (FEASIBLE, with the gap to the proven bound) rather than nothing.
+        choice = {n: int(np.lexsort((space.node_time_s[n], space.node_memory_bytes[n]))[0]) for n in x}
+        bound_s = 0.0 if status == cp_model.MODEL_INVALID else bound_s
+    objective_s = space.total_time_s(choice)
     optimal = status == cp_model.OPTIMAL
-    scaled = solver.objective_value * _TIME_UNIT_S
     return IntraOpSolution(
         choice=choice, status="OPTIMAL" if optimal else "FEASIBLE", objective_s=objective_s,
-        bound_s=scaled if optimal else bound_s, gap=0.0 if optimal else max(0.0, (scaled - bound_s) / scaled) if scaled else 0.0,
+        bound_s=objective_s if optimal else min(bound_s, objective_s),
+        gap=0.0 if optimal or objective_s <= 0 else max(0.0, 1 - bound_s / objective_s),
         memory_bytes=space.memory_bytes(choice), solve_time_s=elapsed, variables=len(model.proto.variables),
+        trace=tuple(recorder.points),
     )
+
+
+class _Recorder(cp_model.CpSolverSolutionCallback):
+    """The anytime trace: wall time and objective of every improving solution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = time.perf_counter()
+        self.points: list[tuple[float, float]] = []
+
+    def on_solution_callback(self) -> None:
+        self.points.append((time.perf_counter() - self.start, self.objective_value * _TIME_UNIT_S))
 
 
 def _size(nbytes: float) -> str:

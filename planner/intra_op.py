@@ -1,10 +1,10 @@
-"""The intra-op ILP inside a layout: shard one pipeline stage's training step on its sub-mesh.
+"""The intra-op planner inside a layout: shard one pipeline stage's training step on its sub-mesh.
 
 The layout search fixes the outer knobs (degrees, micro-batch, recompute). Here the
 reference training step of one stage (its share of the layers, one micro-batch per
 data-parallel replica) is sharded over the mesh axes that are not pipeline axes by the
-CP-SAT ILP, which is free to use any axis for any tensor dimension. Its parameter
-shardings replace the rule-based (Megatron) ones in the plan.
+CP-SAT ILP (or a search planner on the same space), free to use any axis for any tensor
+dimension. Its parameter shardings replace the rule-based (Megatron) ones in the plan.
 
 >>> from costmodel.layout import Layout
 >>> from costmodel.machine import load_machine
@@ -22,18 +22,21 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import networkx as nx
 
 from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.opgraph import OP_ATTR
-from costmodel.strategy_space import build_space, prune_dominated
+from costmodel.errors import InfeasibleError
+from costmodel.strategy_space import StrategySpace, build_space, prune_dominated
 from costmodel.train_config import TrainConfig
 from planner.extract import extract_graph
 from planner.ilp import solve_intra_op
 from planner.models.train_step import abstract_train_inputs, make_train_step
 from planner.schema import IntraOpInfo
 from planner.shard import to_partition_spec
+from search.strategy_search import SEARCH_PLANNERS
 
 # Bytes held per byte of a graph input: a parameter also has its gradient (the optimizer
 # moments are inputs of the graph themselves).
@@ -41,28 +44,50 @@ _PARAM_FACTOR = 2.0
 _REMAT = {Recompute.NONE: "none", Recompute.FULL: "full"}
 
 
-def intra_op_specs(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]], machine: Machine,
-                   *, time_limit_s: float = 20.0) -> tuple[dict[str, tuple[Any, ...]], IntraOpInfo]:
-    """Parameter path → per-dimension mesh axes chosen by the ILP, and what it reported.
-
-    Raises InfeasibleError when no sharding of the reference step fits in HBM (the
-    reference materializes attention scores, so long sequences may need recompute).
-    """
+def stage_space(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]],
+                machine: Machine) -> tuple[nx.DiGraph, StrategySpace, Any]:
+    """The graph, pruned strategy space and abstract inputs of one stage's training step."""
     stage = cfg.model_copy(update={"num_layers": cfg.num_layers // layout.pp})
     step = make_train_step(stage, train, remat=_REMAT.get(layout.recompute, "selective"))
     abstract = abstract_train_inputs(stage, train, micro_batch=layout.micro_batch * layout.dp)
     graph = extract_graph(step, *abstract)
-    groups = machine.mesh_groups(axes)
     space = prune_dominated(build_space(
-        graph, groups, machine, memory_factor=lambda op: _PARAM_FACTOR if op.label.startswith("[0]") else 1.0))
-    solution = solve_intra_op(space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=time_limit_s)
+        graph, machine.mesh_groups(axes), machine, memory_factor=lambda op: _PARAM_FACTOR if op.label.startswith("[0]") else 1.0))
+    return graph, space, abstract
+
+
+def solve_space(space: StrategySpace, *, planner: str, memory_budget_bytes: float, time_limit_s: float,
+                seed: int = 0) -> tuple[dict[int, int], dict[str, Any]]:
+    """Run ``planner`` (ilp or a search planner) on ``space``: the choice and IntraOpInfo fields."""
+    if planner == "ilp":
+        solution = solve_intra_op(space, memory_budget_bytes=memory_budget_bytes, time_limit_s=time_limit_s, seed=seed)
+        return solution.choice, {"status": solution.status, "objective_s": solution.objective_s, "gap": solution.gap,
+                                 "memory_bytes": solution.memory_bytes, "variables": solution.variables,
+                                 "solve_time_s": solution.solve_time_s}
+    run = SEARCH_PLANNERS[planner](space, memory_budget_bytes=memory_budget_bytes, time_limit_s=time_limit_s, seed=seed)
+    if not run.feasible:
+        raise InfeasibleError(f"the {planner} search found no sharding within the memory budget in {run.wall_s:.1f} s",
+                              fix="use --planner ilp, or raise --time-limit-s")
+    return run.choice, {"status": "FEASIBLE", "objective_s": run.objective_s, "gap": None, "memory_bytes": run.memory_bytes,
+                        "evaluations": run.evaluations, "solve_time_s": run.wall_s}
+
+
+def intra_op_specs(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]], machine: Machine,
+                   *, planner: str = "ilp", time_limit_s: float = 20.0, seed: int = 0) -> tuple[dict[str, tuple[Any, ...]], IntraOpInfo]:
+    """Parameter path → per-dimension mesh axes chosen by ``planner``, and what it reported.
+
+    Raises InfeasibleError when no sharding of the reference step fits in HBM (the
+    reference materializes attention scores, so long sequences may need recompute).
+    """
+    graph, space, abstract = stage_space(cfg, train, layout, axes, machine)
+    choice, fields = solve_space(space, planner=planner, memory_budget_bytes=machine.hbm_bytes, time_limit_s=time_limit_s,
+                                 seed=seed)
     inputs = {d[OP_ATTR].label: n for n, d in graph.nodes(data=True) if d[OP_ATTR].is_input}
     specs = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract[0])[0]:
-        sharding = space.chosen(inputs["[0]" + jax.tree_util.keystr(path)], solution.choice).results[0]
+        sharding = space.chosen(inputs["[0]" + jax.tree_util.keystr(path)], choice).results[0]
         spec = tuple(to_partition_spec(sharding))
         specs["/".join(str(p.key) for p in path)] = spec + (None,) * (len(leaf.shape) - len(spec))
-    info = IntraOpInfo(axes=tuple(name for name, _ in axes), status=solution.status, objective_s=solution.objective_s,
-                       gap=solution.gap, memory_bytes=solution.memory_bytes, ops=graph.number_of_nodes(),
-                       free_nodes=len(space.strategies), variables=solution.variables, solve_time_s=solution.solve_time_s)
+    info = IntraOpInfo(planner=planner, axes=tuple(name for name, _ in axes), ops=graph.number_of_nodes(),
+                       free_nodes=len(space.strategies), **fields)
     return specs, info

@@ -42,19 +42,21 @@ class Alternative(BaseModel):
 
 
 class IntraOpInfo(BaseModel):
-    """What the intra-op ILP did for a plan."""
+    """What the intra-op planner (the ILP or a search planner) did for a plan."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    planner: str = Field("ilp", description="ilp, anneal, beam or random.")
     axes: tuple[str, ...] = Field(description="Mesh axes it sharded over.")
-    status: str = Field(description="OPTIMAL or FEASIBLE.")
+    status: str = Field(description="OPTIMAL (proven by the ILP) or FEASIBLE (best found; a search proves nothing).")
     objective_s: float = Field(description="Predicted seconds of one stage's micro-batch step under its shardings.")
-    gap: float = Field(description="Relative optimality gap (0 when OPTIMAL).")
+    gap: float | None = Field(description="Relative optimality gap (0 when OPTIMAL; None for a search planner).")
     memory_bytes: float = Field(description="Per-device memory of the chosen shardings (reference program).")
     ops: int = Field(description="Nodes of the stage's training-step graph.")
     free_nodes: int = Field(description="Decisions left after merging followers.")
-    variables: int = Field(description="Boolean variables of the ILP.")
-    solve_time_s: float = Field(description="Seconds in CP-SAT.")
+    variables: int = Field(0, description="Boolean variables of the ILP.")
+    evaluations: int = Field(0, description="Candidates a search planner evaluated.")
+    solve_time_s: float = Field(description="Seconds in the solver or search.")
 
 
 class SolverInfo(BaseModel):

@@ -26,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
-    parser.add_argument("--planner", choices=["grid", "ilp"], default="grid",
+    parser.add_argument("--planner", choices=["grid", "ilp", "anneal", "beam", "random"], default="grid",
                         help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
-                             "CP-SAT intra-op ILP shards every parameter and op of a stage")
+                             "CP-SAT intra-op ILP shards every parameter and op of a stage; anneal/beam/random: search "
+                             "planners on the ILP's strategy space")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of a search planner (default 0)")
     parser.add_argument("--time-limit-s", type=float, default=20.0,
                         help="ILP time limit; when it runs out the best plan found is kept with its gap (default 20)")
     parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "markdown"], default="summary",
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidConfigError(f"{args.out} already exists", fix="choose another --out or add --force")
     result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
                   global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
-                  time_limit_s=args.time_limit_s)
+                  time_limit_s=args.time_limit_s, seed=args.seed)
     if args.out:
         write_atomic(Path(args.out), result.model_dump_json(indent=1) + "\n")
     fmt = "json" if args.json else args.format
@@ -98,8 +100,10 @@ def summary(p: Plan) -> list[Table]:
         pred.add_row(name, value)
     if p.solver.intra_op:
         ilp = p.solver.intra_op
-        pred.add_row("intra-op ILP", f"{ilp.status} over {', '.join(ilp.axes)} in {ilp.solve_time_s:.1f} s "
-                                     f"({ilp.free_nodes} decisions, {ilp.variables:,} variables, gap {ilp.gap:.1%})")
+        effort = (f"{ilp.variables:,} variables, gap {ilp.gap:.1%}" if ilp.gap is not None
+                  else f"{ilp.evaluations:,} evaluations, no bound")
+        pred.add_row(f"intra-op {ilp.planner}", f"{ilp.status} over {', '.join(ilp.axes)} in {ilp.solve_time_s:.1f} s "
+                                                f"({ilp.free_nodes} decisions, {effort})")
     alts = Table(title="alternatives")
     for col in ("layout", "step time", "why not"):
         alts.add_column(col)

@@ -1,0 +1,151 @@
+"""The search-vs-ILP bench: every planner on one strategy space, side by side.
+
+The layout search picks the outer knobs for the model on the mesh; one stage's training
+step on its non-pipeline axes becomes the costed strategy space; the ILP and each search
+planner (per seed) solve it under the same time budget. The ILP's objective is the
+reference: its proven optimum, or its best plan with the gap when the time runs out.
+
+>>> from costmodel.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=256, num_layers=2, num_heads=4, ffn_size=1024, vocab_size=512)
+>>> result = compare(m, mesh="2x2", hardware="a100-80gb", seq_len=128, global_batch=8, planners=("ilp", "beam"), budget_s=5)
+>>> [row.planner for row in result.rows], result.rows[0].gap_pct
+(['ilp', 'beam'], 0.0)
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from costmodel.errors import InvalidConfigError
+from costmodel.machine import load_machine
+from costmodel.model_config import ModelConfig
+from planner.api import plan
+from planner.ilp import solve_intra_op
+from planner.intra_op import stage_space
+from search.strategy_search import SEARCH_PLANNERS, TracePoint
+
+COMPARED = ("ilp", *SEARCH_PLANNERS)
+# Search planners stop on time here, not on evaluations, so all get the same wall budget.
+_UNBOUNDED_EVALUATIONS = 10**9
+
+
+class CompareRow(BaseModel):
+    """One planner's result on the case (medians over seeds for a search planner)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    planner: str = Field(description="ilp, anneal, beam or random.")
+    status: str = Field(description="ILP: OPTIMAL or FEASIBLE; search: FEASIBLE, or NONE when no seed found a feasible choice.")
+    step_time_s: float | None = Field(description="Best predicted objective: seconds of one stage micro-batch step.")
+    gap_pct: float | None = Field(description="Percent above the ILP's objective.")
+    wall_s: float = Field(description="Seconds the planner ran.")
+    first_feasible_s: float | None = Field(description="Seconds to its first feasible choice.")
+    within_1pct_s: float | None = Field(description="Seconds until within 1 % of the ILP's objective (None: never).")
+    evaluations: int = Field(description="Candidates evaluated (ILP: Boolean variables of the model).")
+    seeds: int = Field(description="Seeds run.")
+    ilp_bound_gap_pct: float | None = Field(None, description="ILP only: percent between its objective and its proven bound.")
+
+
+class CompareResult(BaseModel):
+    """The case, one row per planner, and every anytime trace."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    case: str = Field(description="Model, mesh, hardware, batch and the stage layout compared on.")
+    free_nodes: int = Field(description="Decisions in the strategy space.")
+    reference_s: float = Field(description="The ILP's objective, the reference for gaps.")
+    rows: tuple[CompareRow, ...] = Field(description="One row per planner.")
+    traces: dict[str, tuple[tuple[TracePoint, ...], ...]] = Field(description="Planner → one anytime trace per seed.")
+
+
+def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", seq_len: int | None = None,
+            global_batch: int = 256, planners: tuple[str, ...] = COMPARED, budget_s: float = 30.0, seeds: int = 3) -> CompareResult:
+    """Run ``planners`` on the strategy space of ``model`` on ``mesh``, the same wall budget each."""
+    unknown = [p for p in planners if p not in COMPARED]
+    if unknown or "ilp" not in planners:
+        raise InvalidConfigError(f"cannot compare planners {', '.join(unknown) or '(no ilp)'}",
+                                 fix=f"choose among {', '.join(COMPARED)}, ilp included (grid plans layouts, not per-op strategies)")
+    outer = plan(model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=global_batch)
+    machine = load_machine(hardware)
+    axes = [(a.name, a.size) for a in outer.mesh if a.parallelism != "pp" and a.size > 1]
+    if not axes:
+        raise InvalidConfigError("the chosen layout is pure pipeline parallelism: there is no intra-op sharding to compare",
+                                 fix="use a mesh with a data or tensor axis")
+    _, space, _ = stage_space(outer.model, outer.train, outer.layout, axes, machine)
+    ilp = solve_intra_op(space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=budget_s)
+    reference = ilp.objective_s
+    ilp_trace = tuple(TracePoint(wall_s=w, evaluations=0, best_s=o) for w, o in ilp.trace)
+    rows = [CompareRow(planner="ilp", status=ilp.status, step_time_s=reference, gap_pct=0.0, wall_s=ilp.solve_time_s,
+                       first_feasible_s=ilp_trace[0].wall_s if ilp_trace else ilp.solve_time_s,
+                       within_1pct_s=_first_within(ilp_trace, reference) or ilp.solve_time_s,
+                       evaluations=ilp.variables, seeds=1, ilp_bound_gap_pct=100 * ilp.gap)]
+    traces = {"ilp": (ilp_trace,)}
+    for name in planners:
+        if name == "ilp":
+            continue
+        runs = []
+        for seed in range(seeds):
+            kwargs = {"memory_budget_bytes": machine.hbm_bytes, "time_limit_s": budget_s, "seed": seed}
+            if name != "beam":
+                kwargs["max_evaluations"] = _UNBOUNDED_EVALUATIONS
+            runs.append(SEARCH_PLANNERS[name](space, **kwargs))
+        feasible = [r for r in runs if r.feasible]
+        best = statistics.median(r.objective_s for r in feasible) if feasible else None
+        firsts = [r.trace[0].wall_s for r in feasible]
+        withins = [_first_within(r.trace, reference) for r in runs]
+        rows.append(CompareRow(
+            planner=name, status="FEASIBLE" if feasible else "NONE", step_time_s=best,
+            gap_pct=100 * (best / reference - 1) if best is not None else None,
+            wall_s=statistics.median(r.wall_s for r in runs), first_feasible_s=statistics.median(firsts) if firsts else None,
+            within_1pct_s=statistics.median(withins) if all(w is not None for w in withins) else None,
+            evaluations=int(statistics.median(r.evaluations for r in runs)), seeds=seeds))
+        traces[name] = tuple(r.trace for r in runs)
+    lay = outer.layout
+    case = (f"{outer.model.name} on {mesh} {hardware}, {outer.train.seq_len}×{global_batch} tokens; stage of dp{lay.dp} tp{lay.tp} "
+            f"pp{lay.pp} mb{lay.micro_batch} {lay.recompute} over {', '.join(n for n, _ in axes)}")
+    return CompareResult(case=case, free_nodes=len(space.strategies), reference_s=reference, rows=tuple(rows), traces=traces)
+
+
+def _first_within(trace: tuple[TracePoint, ...], reference_s: float, tolerance: float = 0.01) -> float | None:
+    return next((p.wall_s for p in trace if p.best_s <= reference_s * (1 + tolerance)), None)
+
+
+def plot_traces(result: CompareResult, path: Path) -> None:
+    """Gap to the ILP's objective against wall time, one line per planner, seeds as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, all_traces in result.traces.items():
+        traces = [t for t in all_traces if t]
+        points = sorted({p.wall_s for t in traces for p in t})
+        if not points:
+            continue
+        gaps = [[_gap_at(t, w, result.reference_s) for t in traces] for w in points]
+        low = [min(g) for g in gaps]
+        high = [max(g) for g in gaps]
+        mid = [statistics.median(g) for g in gaps]
+        line, = ax.step(points, mid, where="post", label=name)
+        if len(traces) > 1:
+            ax.fill_between(points, low, high, step="post", alpha=0.2, color=line.get_color())
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("gap to ILP objective (%)")
+    ax.set_title(result.case, fontsize=8)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _gap_at(trace: tuple[TracePoint, ...], wall_s: float, reference_s: float) -> float:
+    """Gap (%) of the best found by ``wall_s``; before the first feasible point, the first one's."""
+    known = [p.best_s for p in trace if p.wall_s <= wall_s] or [trace[0].best_s]
+    return 100 * (known[-1] / reference_s - 1)

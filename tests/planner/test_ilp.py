@@ -54,3 +54,11 @@ def test_same_input_same_choice():
 def test_budget_below_the_least_memory_is_a_clear_error():
     with pytest.raises(InfeasibleError, match=r"least-memory sharding needs .* MiB per device"):
         solve_intra_op(mlp_space([("tensor", 4)]), memory_budget_bytes=1e5)
+
+
+def test_time_limit_before_any_solution_returns_the_least_memory_choice_with_its_gap():
+    space = mlp_space([("tensor", 4)])
+    solution = solve_intra_op(space, memory_budget_bytes=12e6, time_limit_s=0.001)
+    assert solution.status == "FEASIBLE" and 0 < solution.gap <= 1
+    assert solution.memory_bytes <= 12e6
+    assert solution.bound_s <= solution.objective_s

@@ -1,0 +1,37 @@
+"""plan compare: the ILP and the search planners on one space."""
+
+import json
+
+import pytest
+
+from costmodel.errors import InvalidConfigError
+from costmodel.model_config import ModelConfig
+from planner.cli import main
+from planner.compare import compare
+
+TINY = ModelConfig(name="tiny", hidden_size=256, num_layers=2, num_heads=4, ffn_size=1024, vocab_size=512)
+
+
+def test_rows_are_measured_against_the_ilp():
+    result = compare(TINY, mesh="2x2", hardware="a100-80gb", seq_len=128, global_batch=8, budget_s=3, seeds=2)
+    rows = {r.planner: r for r in result.rows}
+    assert set(rows) == {"ilp", "anneal", "beam", "random"}
+    assert rows["ilp"].gap_pct == 0 and result.reference_s == rows["ilp"].step_time_s
+    if rows["ilp"].status == "OPTIMAL":
+        assert all(r.gap_pct >= -1e-9 for r in rows.values() if r.gap_pct is not None)
+    assert len(result.traces["anneal"]) == 2
+
+
+def test_grid_is_not_a_strategy_planner():
+    with pytest.raises(InvalidConfigError, match="grid plans layouts"):
+        compare(TINY, mesh="2x2", planners=("ilp", "grid"))
+
+
+def test_cli_json_and_files(capsys, tmp_path):
+    code = main(["compare", "--model", "gpt2", "--mesh", "2x2", "--hardware", "a100-80gb", "--seq-len", "128",
+                 "--global-batch", "8", "--planners", "ilp,beam", "--budget-s", "5", "--seeds", "1", "--out-dir", str(tmp_path),
+                 "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert code == 0 and [r["planner"] for r in rows] == ["ilp", "beam"]
+    assert {"planner", "step_time_s", "gap_pct", "wall_s", "evaluations"} <= set(rows[0])
+    assert (tmp_path / "compare.csv").exists() and (tmp_path / "compare.png").stat().st_size > 1000

@@ -79,6 +79,8 @@ class _Problem:
         for k, (a, b, *_rest) in enumerate(self.edges):
             self.incident[a].append(k)
             self.incident[b].append(k)
+        self.neighbours = [sorted({e[1] if e[0] == i else e[0] for e in (self.edges[k] for k in ks)})
+                           for i, ks in enumerate(self.incident)]
         self.least_memory = [int(np.lexsort((c, m))[0]) for c, m in zip(self.cost, self.memory)]
 
     def total(self, choice: list[int]) -> float:
@@ -135,8 +137,9 @@ class _Tracker:
 
 def anneal(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: int = 200_000, time_limit_s: float = math.inf,
            seed: int = 0) -> SearchRun:
-    """Simulated annealing (FlexFlow-style MCMC): change one node's strategy at a time.
+    """Simulated annealing (FlexFlow-style MCMC) over per-op strategies.
 
+    A move changes one node's strategy and lets its neighbours follow (`_compound_move`).
     Starts from the least-memory choice, accepts a move by the Metropolis rule, rejects moves
     over the memory budget, cools geometrically with progress through the evaluation budget
     (or through the time limit, when that is the tighter: then runs are not repeatable),
@@ -152,25 +155,72 @@ def anneal(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations:
     movable = [i for i, c in enumerate(p.cost) if len(c) > 1]
     if not movable:
         return track.result()
-    start_temperature, end_temperature = 0.05 * current / max(1, len(movable)), 1e-6 * current / max(1, len(movable))
+    start_temperature = _start_temperature(p, choice, movable, rng)
+    end_temperature = start_temperature * 1e-4
     while track.evaluations < max_evaluations and not track.out_of_time():
         progress = max(track.evaluations / max_evaluations, track.elapsed() / track.time_limit_s)
         temperature = start_temperature * (end_temperature / start_temperature) ** progress
         node = rng.choice(movable)
         option = rng.randrange(len(p.cost[node]) - 1)
         option += option >= choice[node]
-        track.evaluations += 1
-        new_memory = memory - p.memory[node][choice[node]] + p.memory[node][option]
-        if new_memory > p.budget:
+        delta, memory_delta, undo = _compound_move(p, track, choice, memory, node, option)
+        if undo is None:
             continue
-        costs = p.option_costs(node, choice)
-        delta = float(costs[option] - costs[choice[node]])
         if delta <= 0 or rng.random() < math.exp(-delta / temperature):
-            choice[node], current, memory = option, current + delta, new_memory
+            current, memory = current + delta, memory + memory_delta
             track.offer(choice, current, memory)
+        else:
+            for other, previous in reversed(undo):
+                choice[other] = previous
     if track.best is not None:
         _descend(p, track, track.best)
     return track.result()
+
+
+def _compound_move(p: _Problem, track: _Tracker, choice: list[int], memory: float, node: int,
+                   option: int) -> tuple[float, float, list[tuple[int, int]] | None]:
+    """Set ``node`` to ``option``, then give each neighbour its best option given the rest.
+
+    Changing one op's sharding alone usually just moves a resharding onto its edges; letting
+    the neighbours follow makes the coordinated change one move. Applied to ``choice`` in
+    place; returns (time delta, memory delta, undo list), or no undo list when over budget.
+    """
+    memory_delta = float(p.memory[node][option] - p.memory[node][choice[node]])
+    if memory + memory_delta > p.budget:
+        track.evaluations += 1
+        return 0.0, 0.0, None
+    costs = p.option_costs(node, choice)
+    track.evaluations += 1
+    delta = float(costs[option] - costs[choice[node]])
+    undo = [(node, choice[node])]
+    choice[node] = option
+    for other in p.neighbours[node]:
+        costs = p.option_costs(other, choice)
+        track.evaluations += 1
+        spare = p.budget - (memory + memory_delta) + p.memory[other][choice[other]]
+        best = int(np.argmin(np.where(p.memory[other] <= spare, costs, np.inf)))
+        if costs[best] < costs[choice[other]]:
+            delta += float(costs[best] - costs[choice[other]])
+            memory_delta += float(p.memory[other][best] - p.memory[other][choice[other]])
+            undo.append((other, choice[other]))
+            choice[other] = best
+    return delta, memory_delta, undo
+
+
+def _start_temperature(p: _Problem, choice: list[int], movable: list[int], rng: random.Random, samples: int = 200) -> float:
+    """A temperature at which half of the mild uphill moves from ``choice`` (the cheapest tenth) are accepted.
+
+    Calibrating on the median move instead makes the walk random: most single-node changes
+    reshard big tensors and cost orders of magnitude more than the useful ones.
+    """
+    uphill = []
+    for _ in range(samples):
+        node = rng.choice(movable)
+        costs = p.option_costs(node, choice)
+        delta = float(costs[rng.randrange(len(costs))] - costs[choice[node]])
+        if delta > 0:
+            uphill.append(delta)
+    return (float(np.percentile(uphill, 10)) if uphill else 1e-9) / math.log(2)
 
 
 def _descend(p: _Problem, track: _Tracker, choice: list[int]) -> None:

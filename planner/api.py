@@ -12,7 +12,7 @@ import time
 from costmodel.errors import InvalidConfigError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import load_hardware
-from costmodel.layout import check_sequence
+from costmodel.layout import Attention, check_sequence
 from costmodel.machine import machine_for
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
@@ -29,7 +29,7 @@ PLANNERS = ("grid", "ilp", "anneal", "beam", "random")
 def plan(
     model: str | ModelConfig, *, mesh: str | None = None, devices: int | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
-    planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0,
+    planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0, attention: Attention | None = None,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -42,6 +42,9 @@ def plan(
         or "anneal" / "beam" / "random", search planners on the ILP's strategy space.
       time_limit_s: the intra-op planner's time limit; the ILP returns the best plan found with its gap.
       seed: the intra-op planner's random seed.
+      attention: the attention kernel the layout is chosen for; default flash for grid and
+        materialized for the intra-op planners, which shard the reference program (it
+        materializes the score matrix).
     """
     if planner not in PLANNERS:
         raise InvalidConfigError(f"unknown planner {planner!r}", fix=f"use one of {', '.join(PLANNERS)}")
@@ -57,7 +60,10 @@ def plan(
     kinds_options = assignments(mesh_spec) if mesh_spec else []
     splits = tuple(sorted({degrees(mesh_spec, k) for k in kinds_options})) if mesh_spec else None
     n_devices = mesh_spec.n_devices if mesh_spec else devices
-    result = grid_search(cfg, train, machine, n_devices=n_devices, space=SearchSpace(splits=splits))
+    # An intra-op planner shards the reference program, which materializes attention
+    # scores: choose the layout (micro-batch, recompute) for that program's memory.
+    attention = attention or (Attention.FLASH if planner == "grid" else Attention.MATERIALIZED)
+    result = grid_search(cfg, train, machine, n_devices=n_devices, space=SearchSpace(splits=splits, attention=attention))
     best = result.best
     lay = best.layout
     if mesh_spec is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidConfigError
+from costmodel.layout import Attention, Recompute
 from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from planner.api import plan
@@ -56,25 +57,38 @@ class CompareResult(BaseModel):
 
     case: str = Field(description="Model, mesh, hardware, batch and the stage layout compared on.")
     free_nodes: int = Field(description="Decisions in the strategy space.")
+    memory_fraction: float = Field(description="The ILP choice's per-device memory over HBM (how tight memory is).")
     reference_s: float = Field(description="The ILP's objective, the reference for gaps.")
     rows: tuple[CompareRow, ...] = Field(description="One row per planner.")
     traces: dict[str, tuple[tuple[TracePoint, ...], ...]] = Field(description="Planner → one anytime trace per seed.")
 
 
 def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", seq_len: int | None = None,
-            global_batch: int = 256, planners: tuple[str, ...] = COMPARED, budget_s: float = 30.0, seeds: int = 3) -> CompareResult:
-    """Run ``planners`` on the strategy space of ``model`` on ``mesh``, the same wall budget each."""
+            global_batch: int = 256, planners: tuple[str, ...] = COMPARED, budget_s: float = 30.0, seeds: int = 3,
+            search_time_factor: float | None = None) -> CompareResult:
+    """Run ``planners`` on the strategy space of ``model`` on ``mesh``, the same wall budget each.
+
+    With ``search_time_factor`` a search planner gets that multiple of the ILP's wall time
+    instead (at most ``budget_s``).
+    """
     unknown = [p for p in planners if p not in COMPARED]
     if unknown or "ilp" not in planners:
         raise InvalidConfigError(f"cannot compare planners {', '.join(unknown) or '(no ilp)'}",
                                  fix=f"choose among {', '.join(COMPARED)}, ilp included (grid plans layouts, not per-op strategies)")
-    outer = plan(model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=global_batch)
+    outer = plan(model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=global_batch,
+                 attention=Attention.MATERIALIZED)
     machine = load_machine(hardware)
     axes = [(a.name, a.size) for a in outer.mesh if a.parallelism != "pp" and a.size > 1]
     if not axes:
         raise InvalidConfigError("the chosen layout is pure pipeline parallelism: there is no intra-op sharding to compare",
                                  fix="use a mesh with a data or tensor axis")
-    _, space, _ = stage_space(outer.model, outer.train, outer.layout, axes, machine)
+    layout = outer.layout
+    _, space, _ = stage_space(outer.model, outer.train, layout, axes, machine)
+    if sum(float(m.min()) for m in space.node_memory_bytes.values()) > machine.hbm_bytes and layout.recompute != Recompute.FULL:
+        # The reference program keeps more attention intermediates than the simulator's
+        # memory model assumes; full recompute makes the stage fit so there is a problem to compare on.
+        layout = layout.model_copy(update={"recompute": Recompute.FULL})
+        _, space, _ = stage_space(outer.model, outer.train, layout, axes, machine)
     ilp = solve_intra_op(space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=budget_s)
     reference = ilp.objective_s
     ilp_trace = tuple(TracePoint(wall_s=w, evaluations=0, best_s=o) for w, o in ilp.trace)
@@ -83,12 +97,13 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
                        within_1pct_s=_first_within(ilp_trace, reference) or ilp.solve_time_s,
                        evaluations=ilp.variables, seeds=1, ilp_bound_gap_pct=100 * ilp.gap)]
     traces = {"ilp": (ilp_trace,)}
+    search_s = budget_s if search_time_factor is None else min(budget_s, search_time_factor * ilp.solve_time_s)
     for name in planners:
         if name == "ilp":
             continue
         runs = []
         for seed in range(seeds):
-            kwargs = {"memory_budget_bytes": machine.hbm_bytes, "time_limit_s": budget_s, "seed": seed}
+            kwargs = {"memory_budget_bytes": machine.hbm_bytes, "time_limit_s": search_s, "seed": seed}
             if name != "beam":
                 kwargs["max_evaluations"] = _UNBOUNDED_EVALUATIONS
             runs.append(SEARCH_PLANNERS[name](space, **kwargs))
@@ -103,10 +118,11 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
             within_1pct_s=statistics.median(withins) if all(w is not None for w in withins) else None,
             evaluations=int(statistics.median(r.evaluations for r in runs)), seeds=seeds))
         traces[name] = tuple(r.trace for r in runs)
-    lay = outer.layout
+    lay = layout
     case = (f"{outer.model.name} on {mesh} {hardware}, {outer.train.seq_len}×{global_batch} tokens; stage of dp{lay.dp} tp{lay.tp} "
             f"pp{lay.pp} mb{lay.micro_batch} {lay.recompute} over {', '.join(n for n, _ in axes)}")
-    return CompareResult(case=case, free_nodes=len(space.strategies), reference_s=reference, rows=tuple(rows), traces=traces)
+    return CompareResult(case=case, free_nodes=len(space.strategies), memory_fraction=ilp.memory_bytes / machine.hbm_bytes,
+                         reference_s=reference, rows=tuple(rows), traces=traces)
 
 
 def _first_within(trace: tuple[TracePoint, ...], reference_s: float, tolerance: float = 0.01) -> float | None:
@@ -115,34 +131,42 @@ def _first_within(trace: tuple[TracePoint, ...], reference_s: float, tolerance: 
 
 def plot_traces(result: CompareResult, path: Path) -> None:
     """Gap to the ILP's objective against wall time, one line per planner, seeds as a band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    draw_traces(result, ax)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw_traces(result: CompareResult, ax) -> None:
+    """Draw ``result``'s anytime traces on a matplotlib axes."""
     for name, all_traces in result.traces.items():
         traces = [t for t in all_traces if t]
         points = sorted({p.wall_s for t in traces for p in t})
         if not points:
             continue
         gaps = [[_gap_at(t, w, result.reference_s) for t in traces] for w in points]
-        low = [min(g) for g in gaps]
-        high = [max(g) for g in gaps]
-        mid = [statistics.median(g) for g in gaps]
-        line, = ax.step(points, mid, where="post", label=name)
+        line, = ax.step(points, [statistics.median(g) for g in gaps], where="post", label=name)
         if len(traces) > 1:
-            ax.fill_between(points, low, high, step="post", alpha=0.2, color=line.get_color())
+            ax.fill_between(points, [min(g) for g in gaps], [max(g) for g in gaps], step="post", alpha=0.2,
+                            color=line.get_color())
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=1.0)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("gap to ILP objective (%)")
-    ax.set_title(result.case, fontsize=8)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    ax.set_title(result.case, fontsize=7)
+    ax.legend(fontsize=7)
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _gap_at(trace: tuple[TracePoint, ...], wall_s: float, reference_s: float) -> float:

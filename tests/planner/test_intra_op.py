@@ -48,3 +48,9 @@ def test_cli_planner_ilp_json(capsys):
     assert code == 0
     assert out["solver"]["planner"] == "ilp" and out["solver"]["intra_op"]["status"] in ("OPTIMAL", "FEASIBLE")
     assert out["solver"]["intra_op"]["variables"] > 0
+
+
+def test_a_search_planner_can_take_the_ilps_place():
+    p = plan(TINY, mesh="data=2,tensor=4", hardware="a100-80gb", seq_len=256, global_batch=32, planner="beam", seed=1)
+    info = p.solver.intra_op
+    assert info.planner == "beam" and info.status == "FEASIBLE" and info.gap is None and info.evaluations > 0

@@ -1,0 +1,73 @@
+"""Search planners against the ILP on one strategy space, over a fixed suite of cases.
+
+    python -m benchmarks.search_vs_ilp [--seeds 2] [--factor 10] [--ilp-limit-s 60] [--out-dir benchmarks/out/search_vs_ilp]
+
+For each case the layout search picks the outer knobs; one stage's training step on its
+non-pipeline axes is the strategy space. The ILP solves it (time limit --ilp-limit-s);
+each search planner then gets --factor times the ILP's wall time per seed. Prints one
+table (per case and planner: objective, gap to the ILP, time to within 1 %), writes
+summary.csv, traces.csv and summary.png (one panel per case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from benchmarks.output import print_table, write_csv
+from planner.compare import CompareResult, compare, draw_traces, pyplot
+
+# (model, mesh, hardware, seq_len, global batch); 8, 32 and 256 devices; the a100-40gb row is memory-tight.
+CASES = (
+    ("gpt2-xl", "2x4", "a100-80gb", 1024, 64),
+    ("llama3-8b", "2x4", "a100-40gb", 4096, 32),
+    ("llama3-8b", "8x4", "h100-sxm", 4096, 256),
+    ("llama3-70b", "8x4", "h100-sxm", 4096, 256),
+    ("mixtral-8x7b", "8x4", "h100-sxm", 4096, 256),
+    ("llama3-70b", "32x8", "h100-sxm", 4096, 1024),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--factor", type=float, default=10.0, help="search wall budget as a multiple of the ILP's")
+    parser.add_argument("--ilp-limit-s", type=float, default=60.0)
+    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/out/search_vs_ilp"))
+    args = parser.parse_args(argv)
+    results: list[CompareResult] = []
+    rows = []
+    for model, mesh, hardware, seq_len, batch in CASES:
+        result = compare(model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=batch, budget_s=args.ilp_limit_s,
+                         seeds=args.seeds, search_time_factor=args.factor)
+        results.append(result)
+        for row in result.rows:
+            rows.append({"model": model, "mesh": mesh, "hardware": hardware, "decisions": result.free_nodes,
+                         "memory_pct": round(100 * result.memory_fraction, 1), "planner": row.planner, "status": row.status,
+                         "objective_s": _round(row.step_time_s, 5), "gap_pct": _round(row.gap_pct, 2),
+                         "wall_s": round(row.wall_s, 2), "within_1pct_s": _round(row.within_1pct_s, 2),
+                         "evaluations": row.evaluations, "ilp_bound_gap_pct": _round(row.ilp_bound_gap_pct, 3)})
+    print_table(f"Search planners vs the ILP (search budget {args.factor:g}× the ILP's time, {args.seeds} seeds, medians)", rows)
+    write_csv(args.out_dir / "summary.csv", rows)
+    write_csv(args.out_dir / "traces.csv", [
+        {"case": r.case, "planner": name, "seed": seed, "wall_s": p.wall_s, "evaluations": p.evaluations, "best_s": p.best_s}
+        for r in results for name, traces in r.traces.items() for seed, trace in enumerate(traces) for p in trace])
+    plt = pyplot()
+    columns = 2
+    fig, axes = plt.subplots(math.ceil(len(results) / columns), columns, figsize=(12, 3.6 * math.ceil(len(results) / columns)))
+    for result, ax in zip(results, axes.flat):
+        draw_traces(result, ax)
+    fig.tight_layout()
+    fig.savefig(args.out_dir / "summary.png", dpi=110)
+    print(f"wrote {args.out_dir}/summary.csv, traces.csv, summary.png")
+    return 0
+
+
+def _round(value: float | None, digits: int) -> float | str:
+    return "" if value is None else round(value, digits)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -147,6 +147,9 @@ def draw_traces(result: CompareResult, ax) -> None:
         points = sorted({p.wall_s for t in traces for p in t})
         if not points:
             continue
+        if name == "ilp":
+            ax.axvline(points[-1], linestyle="--", color="black", label=f"ilp {result.rows[0].status.lower()}")
+            continue
         gaps = [[_gap_at(t, w, result.reference_s) for t in traces] for w in points]
         line, = ax.step(points, [statistics.median(g) for g in gaps], where="post", label=name)
         if len(traces) > 1:

@@ -14,21 +14,28 @@ reference: its proven optimum, or its best plan with the gap when the time runs 
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
+import time
 from pathlib import Path
 
+import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidConfigError
-from costmodel.layout import Attention, Recompute
+from costmodel.layout import Attention, Layout, Recompute
 from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
+from costmodel.opgraph import OP_ATTR
+from costmodel.strategy_space import StrategySpace
 from planner.api import plan
 from planner.ilp import solve_intra_op
 from planner.intra_op import stage_space
-from search.strategy_search import SEARCH_PLANNERS, TracePoint
+from planner.shardings import logical_rules, param_specs
+from search.strategy_search import SEARCH_PLANNERS, SearchRun, TracePoint, descend
 
-COMPARED = ("ilp", *SEARCH_PLANNERS)
+COMPARED = ("ilp", "grid", *SEARCH_PLANNERS)
 # Search planners stop on time here, not on evaluations, so all get the same wall budget.
 _UNBOUNDED_EVALUATIONS = 10**9
 
@@ -38,7 +45,7 @@ class CompareRow(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    planner: str = Field(description="ilp, anneal, beam or random.")
+    planner: str = Field(description="ilp, grid, anneal, beam or random.")
     status: str = Field(description="ILP: OPTIMAL or FEASIBLE; search: FEASIBLE, or NONE when no seed found a feasible choice.")
     step_time_s: float | None = Field(description="Best predicted objective: seconds of one stage micro-batch step.")
     gap_pct: float | None = Field(description="Percent above the ILP's objective.")
@@ -74,7 +81,7 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
     unknown = [p for p in planners if p not in COMPARED]
     if unknown or "ilp" not in planners:
         raise InvalidConfigError(f"cannot compare planners {', '.join(unknown) or '(no ilp)'}",
-                                 fix=f"choose among {', '.join(COMPARED)}, ilp included (grid plans layouts, not per-op strategies)")
+                                 fix=f"choose among {', '.join(COMPARED)}, ilp included")
     outer = plan(model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=global_batch,
                  attention=Attention.MATERIALIZED)
     machine = load_machine(hardware)
@@ -83,12 +90,12 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
         raise InvalidConfigError("the chosen layout is pure pipeline parallelism: there is no intra-op sharding to compare",
                                  fix="use a mesh with a data or tensor axis")
     layout = outer.layout
-    _, space, _ = stage_space(outer.model, outer.train, layout, axes, machine)
+    graph, space, _ = stage_space(outer.model, outer.train, layout, axes, machine)
     if sum(float(m.min()) for m in space.node_memory_bytes.values()) > machine.hbm_bytes and layout.recompute != Recompute.FULL:
         # The reference program keeps more attention intermediates than the simulator's
         # memory model assumes; full recompute makes the stage fit so there is a problem to compare on.
         layout = layout.model_copy(update={"recompute": Recompute.FULL})
-        _, space, _ = stage_space(outer.model, outer.train, layout, axes, machine)
+        graph, space, _ = stage_space(outer.model, outer.train, layout, axes, machine)
     ilp = solve_intra_op(space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=budget_s)
     reference = ilp.objective_s
     ilp_trace = tuple(TracePoint(wall_s=w, evaluations=0, best_s=o) for w, o in ilp.trace)
@@ -106,6 +113,11 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
             kwargs = {"memory_budget_bytes": machine.hbm_bytes, "time_limit_s": search_s, "seed": seed}
             if name != "beam":
                 kwargs["max_evaluations"] = _UNBOUNDED_EVALUATIONS
+            if name == "grid":
+                stage = outer.model.model_copy(update={"num_layers": outer.model.num_layers // layout.pp})
+                runs.append(grid_over_rules(space, graph, stage, axes, memory_budget_bytes=machine.hbm_bytes,
+                                            time_limit_s=search_s))
+                break  # deterministic: one run stands for every seed
             runs.append(SEARCH_PLANNERS[name](space, **kwargs))
         feasible = [r for r in runs if r.feasible]
         best = statistics.median(r.objective_s for r in feasible) if feasible else None
@@ -116,13 +128,59 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
             gap_pct=100 * (best / reference - 1) if best is not None else None,
             wall_s=statistics.median(r.wall_s for r in runs), first_feasible_s=statistics.median(firsts) if firsts else None,
             within_1pct_s=statistics.median(withins) if all(w is not None for w in withins) else None,
-            evaluations=int(statistics.median(r.evaluations for r in runs)), seeds=seeds))
+            evaluations=int(statistics.median(r.evaluations for r in runs)), seeds=len(runs)))
         traces[name] = tuple(r.trace for r in runs)
     lay = layout
     case = (f"{outer.model.name} on {mesh} {hardware}, {outer.train.seq_len}×{global_batch} tokens; stage of dp{lay.dp} tp{lay.tp} "
             f"pp{lay.pp} mb{lay.micro_batch} {lay.recompute} over {', '.join(n for n, _ in axes)}")
     return CompareResult(case=case, free_nodes=len(space.strategies), memory_fraction=ilp.memory_bytes / machine.hbm_bytes,
                          reference_s=reference, rows=tuple(rows), traces=traces)
+
+
+def grid_over_rules(space: StrategySpace, graph: nx.DiGraph, stage: ModelConfig, axes: list[tuple[str, int]], *,
+                    memory_budget_bytes: float, time_limit_s: float = math.inf) -> SearchRun:
+    """The hand-tuning grid on the strategy space: every way to give each mesh axis a role.
+
+    Each axis carries data or tensor (Megatron) parallelism, with or without ZeRO-3; the
+    rule-based shardings fix the parameters, optimizer moments and batch, and the other ops
+    descend to their best strategies given those. Parameters whose rule sharding was pruned
+    as dominated are left free. The best grid point wins; its trace is one point per grid point.
+    """
+    inputs = {d[OP_ATTR].label: n for n, d in graph.nodes(data=True) if d[OP_ATTR].is_input}
+    sizes = dict(axes)
+    best: SearchRun | None = None
+    trace: list[TracePoint] = []
+    evaluations, start = 0, time.perf_counter()
+    for roles, zero in itertools.product(itertools.product(("dp", "tp"), repeat=len(axes)), (0, 3)):
+        by_kind = {k: tuple(name for (name, _), r in zip(axes, roles) if r == k) for k in ("dp", "tp", "pp", "cp")}
+        layout = Layout(dp=math.prod(sizes[a] for a in by_kind["dp"]), tp=math.prod(sizes[a] for a in by_kind["tp"]),
+                        zero_stage=zero if by_kind["dp"] else 0)
+        wanted = {}
+        for path, spec in param_specs(stage, logical_rules(layout, by_kind, stage), sizes).items():
+            keys = "".join(f"['{k}']" for k in path.split("/"))
+            for prefix in ("[0]", "[1]['m']", "[1]['v']"):
+                wanted[inputs.get(prefix + keys)] = tuple(() if a is None else (a,) if isinstance(a, str) else tuple(a) for a in spec)
+        for label in ("[2]['tokens']", "[2]['targets']"):
+            rank = len(graph.nodes[inputs[label]][OP_ATTR].outputs[0].shape)
+            wanted[inputs[label]] = (by_kind["dp"],) + ((),) * (rank - 1)
+        fixed = {}
+        for node, sharding in wanted.items():
+            match = next((i for i, s in enumerate(space.strategies.get(node, ())) if s.results[0] == sharding), None)
+            if match is not None:
+                fixed[node] = match
+        run = descend(space, start=fixed, fixed=frozenset(fixed), memory_budget_bytes=memory_budget_bytes,
+                      time_limit_s=max(0.0, time_limit_s - (time.perf_counter() - start)))
+        evaluations += run.evaluations
+        if run.feasible and (best is None or run.objective_s < best.objective_s):
+            best = run
+            trace.append(TracePoint(wall_s=time.perf_counter() - start, evaluations=evaluations, best_s=run.objective_s))
+        if time.perf_counter() - start > time_limit_s:
+            break
+    if best is None:
+        return SearchRun(planner="grid", seed=0, choice={}, objective_s=math.inf, memory_bytes=math.inf, feasible=False,
+                         evaluations=evaluations, wall_s=time.perf_counter() - start, trace=())
+    return best.model_copy(update={"planner": "grid", "evaluations": evaluations, "wall_s": time.perf_counter() - start,
+                                   "trace": tuple(trace)})
 
 
 def _first_within(trace: tuple[TracePoint, ...], reference_s: float, tolerance: float = 0.01) -> float | None:

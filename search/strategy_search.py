@@ -223,14 +223,19 @@ def _start_temperature(p: _Problem, choice: list[int], movable: list[int], rng: 
     return (float(np.percentile(uphill, 10)) if uphill else 1e-9) / math.log(2)
 
 
-def _descend(p: _Problem, track: _Tracker, choice: list[int]) -> None:
-    """Polish: give each node its best option given the others, until no node improves."""
+def _descend(p: _Problem, track: _Tracker, choice: list[int], fixed: frozenset[int] = frozenset()) -> None:
+    """Polish: give each node (but the ``fixed``) its best option given the others, until none improves."""
     choice = list(choice)
     memory = p.total_memory(choice)
+    if memory > p.budget:
+        return
+    track.offer(choice, p.total(choice), memory)
     improved = True
     while improved and not track.out_of_time():
         improved = False
         for node in range(len(p.nodes)):
+            if node in fixed:
+                continue
             costs = p.option_costs(node, choice)
             track.evaluations += len(costs)
             fits = memory - p.memory[node][choice[node]] + p.memory[node] <= p.budget
@@ -240,6 +245,19 @@ def _descend(p: _Problem, track: _Tracker, choice: list[int]) -> None:
                 choice[node] = best
                 improved = True
         track.offer(choice, p.total(choice), memory)
+
+
+def descend(space: StrategySpace, *, start: dict[int, int], memory_budget_bytes: float, fixed: frozenset[int] = frozenset(),
+            time_limit_s: float = math.inf) -> SearchRun:
+    """Local search from ``start`` (free node → strategy index): each node not in ``fixed``
+    takes its best option given the others until none improves. Not feasible when ``start``
+    is over the memory budget."""
+    p = _Problem(space, memory_budget_bytes)
+    track = _Tracker("descent", 0, p, time_limit_s)
+    index = {n: i for i, n in enumerate(p.nodes)}
+    choice = [start.get(n, least) for n, least in zip(p.nodes, p.least_memory)]
+    _descend(p, track, choice, frozenset(index[n] for n in fixed))
+    return track.result()
 
 
 def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int = 16, time_limit_s: float = math.inf,

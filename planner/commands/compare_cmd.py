@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
-    parser.add_argument("--planners", default="ilp,anneal,beam,random", help="comma-separated, ilp included (default all)")
+    parser.add_argument("--planners", default="ilp,grid,anneal,beam,random", help="comma-separated, ilp included (default all)")
     parser.add_argument("--budget-s", type=float, default=30.0, help="wall seconds each planner may run (default 30)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per search planner (default 3)")
     parser.add_argument("--out-dir", type=Path, help="write compare.csv, traces.csv and compare.png here")

@@ -15,16 +15,18 @@ TINY = ModelConfig(name="tiny", hidden_size=256, num_layers=2, num_heads=4, ffn_
 def test_rows_are_measured_against_the_ilp():
     result = compare(TINY, mesh="2x2", hardware="a100-80gb", seq_len=128, global_batch=8, budget_s=1, seeds=2)
     rows = {r.planner: r for r in result.rows}
-    assert set(rows) == {"ilp", "anneal", "beam", "random"}
+    assert set(rows) == {"ilp", "grid", "anneal", "beam", "random"}
     assert rows["ilp"].gap_pct == 0 and result.reference_s == rows["ilp"].step_time_s
     if rows["ilp"].status == "OPTIMAL":
         assert all(r.gap_pct >= -1e-9 for r in rows.values() if r.gap_pct is not None)
     assert len(result.traces["anneal"]) == 2
 
 
-def test_grid_is_not_a_strategy_planner():
-    with pytest.raises(InvalidConfigError, match="grid plans layouts"):
-        compare(TINY, mesh="2x2", planners=("ilp", "grid"))
+def test_unknown_planners_and_no_ilp_are_clear_errors():
+    with pytest.raises(InvalidConfigError, match="cannot compare planners magic"):
+        compare(TINY, mesh="2x2", planners=("ilp", "magic"))
+    with pytest.raises(InvalidConfigError, match="no ilp"):
+        compare(TINY, mesh="2x2", planners=("anneal",))
 
 
 def test_cli_json_and_files(capsys, tmp_path):

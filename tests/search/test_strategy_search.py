@@ -82,3 +82,16 @@ def test_time_limit_stops_a_search():
 def test_nothing_fits_is_a_clear_error():
     with pytest.raises(InfeasibleError, match="least-memory sharding"):
         anneal(mlp_space(), memory_budget_bytes=1e3)
+
+
+def test_descent_keeps_fixed_nodes_and_reaches_a_local_optimum():
+    from search.strategy_search import descend
+
+    space = mlp_space()
+    first = space.free_nodes[0]
+    last_option = len(space.strategies[first]) - 1
+    run = descend(space, start={first: last_option}, fixed=frozenset({first}), memory_budget_bytes=1e10)
+    assert run.feasible and run.choice[first] == last_option
+    for node in space.free_nodes[1:]:  # no single free node can improve
+        for option in range(len(space.strategies[node])):
+            assert space.total_time_s({**run.choice, node: option}) >= run.objective_s - 1e-15

@@ -24,11 +24,11 @@ from typing import Any
 import jax
 import networkx as nx
 
+from costmodel.errors import InfeasibleError
 from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.opgraph import OP_ATTR
-from costmodel.errors import InfeasibleError
 from costmodel.strategy_space import StrategySpace, build_space, prune_dominated
 from costmodel.train_config import TrainConfig
 from planner.extract import extract_graph

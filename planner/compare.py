@@ -108,17 +108,13 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
     for name in planners:
         if name == "ilp":
             continue
-        runs = []
-        for seed in range(seeds):
-            kwargs = {"memory_budget_bytes": machine.hbm_bytes, "time_limit_s": search_s, "seed": seed}
-            if name != "beam":
-                kwargs["max_evaluations"] = _UNBOUNDED_EVALUATIONS
-            if name == "grid":
-                stage = outer.model.model_copy(update={"num_layers": outer.model.num_layers // layout.pp})
-                runs.append(grid_over_rules(space, graph, stage, axes, memory_budget_bytes=machine.hbm_bytes,
-                                            time_limit_s=search_s))
-                break  # deterministic: one run stands for every seed
-            runs.append(SEARCH_PLANNERS[name](space, **kwargs))
+        if name == "grid":  # deterministic: one run stands for every seed
+            stage = outer.model.model_copy(update={"num_layers": outer.model.num_layers // layout.pp})
+            runs = [grid_over_rules(space, graph, stage, axes, memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s)]
+        else:
+            extra = {} if name == "beam" else {"max_evaluations": _UNBOUNDED_EVALUATIONS}
+            runs = [SEARCH_PLANNERS[name](space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s, seed=seed, **extra)
+                    for seed in range(seeds)]
         feasible = [r for r in runs if r.feasible]
         best = statistics.median(r.objective_s for r in feasible) if feasible else None
         firsts = [r.trace[0].wall_s for r in feasible]
@@ -130,9 +126,8 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
             within_1pct_s=statistics.median(withins) if all(w is not None for w in withins) else None,
             evaluations=int(statistics.median(r.evaluations for r in runs)), seeds=len(runs)))
         traces[name] = tuple(r.trace for r in runs)
-    lay = layout
-    case = (f"{outer.model.name} on {mesh} {hardware}, {outer.train.seq_len}×{global_batch} tokens; stage of dp{lay.dp} tp{lay.tp} "
-            f"pp{lay.pp} mb{lay.micro_batch} {lay.recompute} over {', '.join(n for n, _ in axes)}")
+    case = (f"{outer.model.name} on {mesh} {hardware}, {outer.train.seq_len}×{global_batch} tokens; stage of dp{layout.dp} "
+            f"tp{layout.tp} pp{layout.pp} mb{layout.micro_batch} {layout.recompute} over {', '.join(n for n, _ in axes)}")
     return CompareResult(case=case, free_nodes=len(space.strategies), memory_fraction=ilp.memory_bytes / machine.hbm_bytes,
                          reference_s=reference, rows=tuple(rows), traces=traces)
 

@@ -25,8 +25,6 @@ True
 
 from __future__ import annotations
 
-import math
-
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
@@ -52,9 +50,11 @@ def layer_params_per_device(model: ModelConfig, layout: Layout) -> float:
     return (model.params_per_layer - experts) / layout.tp + experts / (layout.tp * layout.ep)
 
 
-def stage_params(model: ModelConfig, layout: Layout, *, first: bool, last: bool) -> float:
-    """Parameters one device of the first and/or last pipeline stage holds, before ZeRO sharding."""
-    params = math.ceil(model.num_layers / layout.pp) * layer_params_per_device(model, layout)
+def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
+    """Parameters one device of pipeline stage ``stage`` holds, before ZeRO sharding (the first
+    stage has the embedding, the last the head)."""
+    first, last = stage == 0, stage == layout.pp - 1
+    params = layout.layers_on_stage(model.num_layers, stage) * layer_params_per_device(model, layout)
     h, v = model.hidden_size, model.vocab_size
     if first:
         params += v * h / layout.tp + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
@@ -65,10 +65,8 @@ def stage_params(model: ModelConfig, layout: Layout, *, first: bool, last: bool)
 
 
 def stage_params_per_device(model: ModelConfig, layout: Layout) -> float:
-    """Parameters on the busier end stage of the pipeline, per device, before ZeRO sharding."""
-    if layout.pp == 1:
-        return stage_params(model, layout, first=True, last=True)
-    return max(stage_params(model, layout, first=True, last=False), stage_params(model, layout, first=False, last=True))
+    """Parameters on the most loaded pipeline stage, per device, before ZeRO sharding."""
+    return max(stage_params(model, layout, s) for s in range(layout.pp))
 
 
 def data_parallel_costs(
@@ -79,7 +77,7 @@ def data_parallel_costs(
         return DataParallelCost(total_s=0.0, exposed_s=0.0)
     group = hw.groups(layout)["dp"]
     grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
-    layers = math.ceil(model.num_layers / layout.pp)
+    layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     if layout.zero_stage == 3:
         n_micro = layout.micro_batches(train)
         per_layer = layer_params_per_device(model, layout)

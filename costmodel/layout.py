@@ -13,6 +13,7 @@ data-parallel communication overlaps compute.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
@@ -66,6 +67,8 @@ class Layout(BaseModel):
     ep: PositiveInt = Field(1, description="Expert-parallel degree; divides dp·cp, MoE only.")
     micro_batch: PositiveInt = Field(1, description="Sequences per micro-batch on one data-parallel replica.")
     interleave: PositiveInt = Field(1, description="Model chunks per pipeline device (virtual stages).")
+    stage_layers: tuple[PositiveInt, ...] | None = Field(
+        None, description="Layers of each pipeline stage, first to last (uneven stages); None = as even as possible.")
     schedule: Schedule = Field(Schedule.ONE_F_ONE_B, description="Pipeline schedule.")
     recompute: Recompute = Field(Recompute.NONE, description="Activation recompute policy.")
     sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (Megatron SP).")
@@ -81,6 +84,14 @@ class Layout(BaseModel):
     @property
     def n_devices(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    def layers_on_stage(self, num_layers: int, stage: int) -> int:
+        """Layers pipeline stage ``stage`` runs (the even split rounds up, as Megatron requires divisibility).
+
+        >>> Layout(pp=4, stage_layers=(7, 9, 9, 7)).layers_on_stage(32, 0), Layout(pp=4).layers_on_stage(32, 0)
+        (7, 8)
+        """
+        return self.stage_layers[stage] if self.stage_layers else math.ceil(num_layers / self.pp)
 
     def micro_batches(self, train: TrainConfig) -> int:
         """Micro-batches each pipeline processes per step (gradient accumulation steps)."""
@@ -145,3 +156,8 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
         )
     if layout.interleave > 1 and layout.pp == 1:
         raise InvalidPlanError(f"interleave={layout.interleave} needs pipeline parallelism (pp > 1)", fix="set interleave=1")
+    if layout.stage_layers is not None and (len(layout.stage_layers) != layout.pp or sum(layout.stage_layers) != model.num_layers
+                                            or layout.interleave > 1):
+        raise InvalidPlanError(
+            f"stage_layers={list(layout.stage_layers)} must give each of the pp={layout.pp} stages its layers, "
+            f"{model.num_layers} in all, without interleaving", fix="drop stage_layers for an even split")

@@ -19,8 +19,6 @@ interleaved p·(1 + (p−1)/(p·v)), Korthikanti et al. 2022 section 4.2.3).
 
 from __future__ import annotations
 
-import math
-
 from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.activations import activation_bytes_per_layer
@@ -66,19 +64,24 @@ class MemoryBreakdown(Record):
         return None if self.hbm_bytes is None else self.total_bytes <= self.hbm_bytes
 
 
-def in_flight_microbatches(layout: Layout, n_microbatches: int) -> float:
-    """Micro-batches whose activations the first stage holds at once, in units of its layers."""
+def in_flight_microbatches(layout: Layout, n_microbatches: int, stage: int = 0) -> float:
+    """Micro-batches whose activations pipeline stage ``stage`` holds at once, in units of its layers.
+
+    In 1F1B stage s warms up with p − s forwards before its first backward.
+    """
     p, m, v = layout.pp, n_microbatches, layout.interleave
     if layout.schedule is Schedule.GPIPE:
         return m
     if layout.schedule is Schedule.INTERLEAVED and v > 1:
-        return min(m, p * (1 + (p - 1) / (p * v)))
-    return min(p, m)
+        return min(m, p * (1 + (p - 1) / (p * v))) if stage == 0 else 1
+    return min(p - stage, m)
 
 
-def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, first: bool, last: bool) -> dict[str, float]:
+def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int, per_layer: float,
+                  recompute_temporary: float) -> dict[str, float]:
     dp, zero = layout.dp, layout.zero_stage
-    n = stage_params(model, layout, first=first, last=last)
+    first, last = stage == 0, stage == layout.pp - 1
+    n = stage_params(model, layout, stage)
     mixed = train.param_dtype != train.compute_dtype
     optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
     params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
@@ -86,10 +89,9 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, fir
     optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
 
     n_micro = max(1, layout.micro_batches(train))
-    layers = math.ceil(model.num_layers / layout.pp)
-    per_layer = activation_bytes_per_layer(model, train, layout)
+    layers = layout.layers_on_stage(model.num_layers, stage)
     sb = layout.micro_batch * train.seq_len / layout.cp
-    in_flight = in_flight_microbatches(layout, n_micro) if first else 1
+    in_flight = in_flight_microbatches(layout, n_micro, stage)
     embedding_out = sb * model.hidden_size * train.compute_dtype.bytes / (layout.tp if layout.sequence_parallel else 1)
     activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
 
@@ -104,9 +106,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, fir
         if zero >= 3:
             # FSDP gathers the layer being computed and prefetches the next.
             temporary += min(2, layers) * layer_params * train.compute_dtype.bytes
-    if layout.recompute is not Recompute.NONE:
-        # Recomputing a layer materialises its full activations once more.
-        temporary += activation_bytes_per_layer(model, train, layout.model_copy(update={"recompute": Recompute.NONE}))
+    temporary += recompute_temporary
     if last:
         temporary += 2 * sb * model.vocab_size / layout.tp * 4  # fp32 logits and their gradient
     return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optimizer,
@@ -114,9 +114,20 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, fir
 
 
 def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None) -> MemoryBreakdown:
-    """Memory of the most loaded device (the first or the last pipeline stage)."""
+    """Memory of the most loaded device: the first, a middle or the last pipeline stage.
+
+    With an even split a middle stage never holds more than the first (fewer layers in
+    flight, no embedding), so only the ends are costed; uneven stages are all costed.
+    """
+    per_layer = activation_bytes_per_layer(model, train, layout)
+    # Recomputing a layer materialises its full activations once more.
+    recompute_temporary = (0.0 if layout.recompute is Recompute.NONE else
+                           activation_bytes_per_layer(model, train, layout.model_copy(update={"recompute": Recompute.NONE})))
     if layout.pp == 1:
-        return MemoryBreakdown(stage="only", hbm_bytes=hbm_bytes, **_stage_memory(model, train, layout, first=True, last=True))
-    first = MemoryBreakdown(stage="first", hbm_bytes=hbm_bytes, **_stage_memory(model, train, layout, first=True, last=False))
-    last = MemoryBreakdown(stage="last", hbm_bytes=hbm_bytes, **_stage_memory(model, train, layout, first=False, last=True))
-    return max(first, last, key=lambda m: m.total_bytes)
+        return MemoryBreakdown(stage="only", hbm_bytes=hbm_bytes,
+                               **_stage_memory(model, train, layout, 0, per_layer, recompute_temporary))
+    names = {0: "first", layout.pp - 1: "last"}
+    costed = range(layout.pp) if layout.stage_layers else (0, layout.pp - 1)
+    totals = {s: _stage_memory(model, train, layout, s, per_layer, recompute_temporary) for s in costed}
+    busiest = max(totals, key=lambda s: (sum(totals[s].values()), -s))
+    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **totals[busiest])

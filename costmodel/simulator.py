@@ -20,7 +20,6 @@ True
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from costmodel.collectives import p2p_s
@@ -39,6 +38,7 @@ from costmodel.machine import Machine
 from costmodel.memory import memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
+from costmodel.stage_split import balanced_stage_layers
 from costmodel.topology import link_between_stages
 from costmodel.train_config import TrainConfig
 
@@ -60,7 +60,6 @@ class _Stage:
 
 
 def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> list[_Stage]:
-    n_layers = math.ceil(model.num_layers / layout.pp)
     embed_kernels = embedding_forward_kernels(model, train, layout)
     embed, embed_bwd = phase_time(embed_kernels, hw), phase_time(embed_kernels, hw, backward=True)
     head_kernels = head_forward_kernels(model, train, layout)
@@ -68,6 +67,7 @@ def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine,
     stages = []
     for s in range(layout.pp):
         first, last = s == 0, s == layout.pp - 1
+        n_layers = layout.layers_on_stage(model.num_layers, s)
         fwd_ends = [p for p, on in ((embed, first), (head, last)) if on]
         bwd_ends = [p for p, on in ((embed_bwd, first), (head_bwd, last)) if on]
         stages.append(_Stage(
@@ -79,6 +79,30 @@ def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine,
             backward_s=n_layers * layer.backward_s + sum(p.total_s for p in bwd_ends),
         ))
     return stages
+
+
+def balanced_layout(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> Layout:
+    """``layout`` with its layers cut into stages by `balanced_stage_layers` (the inter-op DP):
+    the end stages, which also run the embedding and the head, get fewer layers when that
+    shortens the slowest stage. Unchanged without pipelining, with interleaving, or when the
+    even split is already best.
+
+    >>> from costmodel.machine import load_machine
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=128000)
+    >>> balanced_layout(m, TrainConfig(seq_len=1024, global_batch=16), Layout(pp=4), load_machine("a100-80gb")).stage_layers
+    (2, 2, 3, 1)
+    """
+    if layout.pp == 1 or layout.interleave > 1:
+        return layout
+    even = layout.model_copy(update={"stage_layers": None})
+    layer = layer_costs(model, train, even, hw)
+    ends = _stages(model.model_copy(update={"num_layers": layout.pp}), train, even, hw, layer)
+    first_extra = ends[0].forward_s + ends[0].backward_s - (layer.forward_s + layer.backward_s)
+    last_extra = ends[-1].forward_s + ends[-1].backward_s - (layer.forward_s + layer.backward_s)
+    split = balanced_stage_layers([layer.forward_s + layer.backward_s] * model.num_layers, pp=layout.pp,
+                                  first_extra_s=first_extra, last_extra_s=last_extra)
+    uneven = len(set(split)) > 1 or model.num_layers % layout.pp
+    return layout.model_copy(update={"stage_layers": split if uneven else None})
 
 
 def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
@@ -116,8 +140,9 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
     step_s = pipe.step_time_s + dp.exposed_s + optimizer_s
 
-    busiest = max(stages, key=lambda s: s.forward_s + s.backward_s)
-    n_layers = math.ceil(model.num_layers / layout.pp)
+    busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
+    busiest = stages[busiest_stage]
+    n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
     breakdown = TimeBreakdown(
         compute_s=n_micro * busiest.compute_s,
         memory_bound_s=n_micro * busiest.memory_s,

@@ -29,7 +29,7 @@ from costmodel.estimate import StepEstimate
 from costmodel.layout import Attention, Layout, Recompute, Schedule, check_layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
-from costmodel.simulator import simulate
+from costmodel.simulator import balanced_layout, simulate
 from costmodel.train_config import TrainConfig
 
 _GIB = 2**30
@@ -53,6 +53,7 @@ class SearchSpace(BaseModel):
     attention: Attention = Field(Attention.FLASH, description="Attention kernel of the software stack.")
     dp_overlap: bool = Field(True, description="Whether the stack overlaps data-parallel communication.")
     fused_elementwise: bool = Field(True, description="Whether the stack fuses elementwise kernels.")
+    uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
 
 
 class SearchResult(BaseModel):
@@ -126,9 +127,14 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
     pruned: Counter[str] = Counter()
     fitting, missing, evaluated = [], [], 0
     for layout in candidate_layouts(model, train, n_devices, space, pruned, devices_per_node=machine.devices_per_node):
-        est = simulate(model, train, layout, machine)
-        evaluated += 1
-        (fitting if est.fits else missing).append(est)
+        variants = [layout]
+        if space.uneven_stages:
+            balanced = balanced_layout(model, train, layout, machine)
+            variants += [balanced] if balanced.stage_layers else []
+        for variant in variants:
+            est = simulate(model, train, variant, machine)
+            evaluated += 1
+            (fitting if est.fits else missing).append(est)
     fitting.sort(key=lambda e: (e.step_time_s, e.memory.total_bytes))
     missing.sort(key=lambda e: e.memory.total_bytes)
     if not fitting:

@@ -87,6 +87,7 @@ def summary(p: Plan) -> list[Table]:
     for a in p.mesh:
         axes.add_row(a.name, str(a.size), a.parallelism, " + ".join(a.links) or "-")
     chunks = f" · {lay.interleave} chunks per stage" if lay.interleave > 1 else ""
+    chunks += f" · layers per stage {'/'.join(map(str, lay.stage_layers))}" if lay.stage_layers else ""
     pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
                        f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}", show_header=False)
     for name, value in (

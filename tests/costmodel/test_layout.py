@@ -34,3 +34,18 @@ def test_inconsistent_layouts_say_what_to_change(layout, n_devices, message):
     with pytest.raises(InvalidPlanError) as info:
         check_layout(layout, MODEL, TRAIN, n_devices=n_devices)
     assert message in str(info.value) and "fix:" in str(info.value)
+
+
+@pytest.mark.parametrize("stage_layers, interleave", [((3, 3), 1), ((2, 2, 4), 1), ((4, 4), 2)])
+def test_stage_layers_must_cover_the_layers_once_without_interleaving(stage_layers, interleave):
+    m = ModelConfig(name="m", hidden_size=64, num_layers=8, num_heads=4, ffn_size=256, vocab_size=128)
+    layout = Layout(pp=2, stage_layers=stage_layers, interleave=interleave, micro_batch=1)
+    with pytest.raises(InvalidPlanError, match="stage_layers"):
+        check_layout(layout, m, TrainConfig(global_batch=8), n_devices=2)
+
+
+def test_uneven_stages_are_valid_and_counted():
+    m = ModelConfig(name="m", hidden_size=64, num_layers=8, num_heads=4, ffn_size=256, vocab_size=128)
+    layout = Layout(pp=2, stage_layers=(3, 5))
+    check_layout(layout, m, TrainConfig(global_batch=8), n_devices=2)
+    assert [layout.layers_on_stage(8, s) for s in range(2)] == [3, 5]

@@ -94,3 +94,23 @@ def test_tiny_hand_machine_runs():
     tier = Tier(bytes_per_s=1e10, latency_s=0)
     hw = Machine(name="toy", peak_flops_per_s=1e13, hbm_bytes_per_s=1e11, hbm_bytes=1e10, devices_per_node=2, intra=tier, inter=tier)
     assert simulate(MODEL, TRAIN, Layout(dp=2, pp=2), hw).step_time_s > 0
+
+
+def test_balanced_stages_shorten_the_end_stages_and_the_step():
+    from costmodel.simulator import balanced_layout
+
+    big_vocab = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, ffn_size=8192, vocab_size=256000)
+    train = TrainConfig(seq_len=2048, global_batch=64)
+    hw = load_machine("a100-80gb")
+    even = Layout(pp=4, dp=2, micro_batch=1)
+    uneven = balanced_layout(big_vocab, train, even, hw)
+    assert uneven.stage_layers is not None and sum(uneven.stage_layers) == 16
+    assert uneven.stage_layers[-1] < max(uneven.stage_layers)  # the head's stage carries fewer layers
+    assert simulate(big_vocab, train, uneven, hw).step_time_s < simulate(big_vocab, train, even, hw).step_time_s
+
+
+def test_memory_of_uneven_stages_costs_the_busiest_middle_stage():
+    m = ModelConfig(name="m", hidden_size=1024, num_layers=16, num_heads=16, ffn_size=4096, vocab_size=1000)
+    train = TrainConfig(seq_len=2048, global_batch=64)
+    heavy_middle = simulate(m, train, Layout(pp=4, stage_layers=(1, 13, 1, 1)), load_machine("a100-80gb"))
+    assert heavy_middle.memory.stage == "stage 1"

@@ -33,10 +33,12 @@ from typing import Callable
 import networkx as nx
 import numpy as np
 
+from costmodel.errors import InfeasibleError
 from costmodel.machine import Machine
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
 from costmodel.strategies import MeshGroups, Strategy, op_strategies, reshard_s, strategy_for
 
+_GIB = 2**30
 # Ops that make a big tensor from a small one: they follow their reader, not their producer.
 _CONSUMER_LED = frozenset({"broadcast_in_dim", "iota"})
 
@@ -90,6 +92,27 @@ class StrategySpace:
 
     def memory_bytes(self, choice: dict[int, int]) -> float:
         return sum(float(self.node_memory_bytes[n][i]) for n, i in choice.items())
+
+    def least_memory_choice(self) -> dict[int, int]:
+        """Each free node's least-memory strategy (the faster on ties): it fits whenever any choice does."""
+        return {n: int(np.lexsort((self.node_time_s[n], self.node_memory_bytes[n]))[0]) for n in self.strategies}
+
+    def check_fits(self, memory_budget_bytes: float) -> None:
+        """Raise InfeasibleError when even the least-memory choice exceeds ``memory_budget_bytes``."""
+        least = self.memory_bytes(self.least_memory_choice())
+        if least > memory_budget_bytes:
+            raise InfeasibleError(
+                f"even the least-memory sharding needs {format_bytes(least)} per device, the budget is "
+                f"{format_bytes(memory_budget_bytes)}", fix="use more devices, a smaller batch, or activation recompute")
+
+
+def format_bytes(nbytes: float) -> str:
+    """Bytes for a message: GiB, or MiB below one GiB.
+
+    >>> format_bytes(3 * 2**29), format_bytes(2**20)
+    ('1.5 GiB', '1.0 MiB')
+    """
+    return f"{nbytes / _GIB:.1f} GiB" if nbytes >= _GIB else f"{nbytes / 2**20:.1f} MiB"
 
 
 def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,

@@ -91,7 +91,7 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
                                  fix="use a mesh with a data or tensor axis")
     layout = outer.layout
     graph, space, _ = stage_space(outer.model, outer.train, layout, axes, machine)
-    if sum(float(m.min()) for m in space.node_memory_bytes.values()) > machine.hbm_bytes and layout.recompute != Recompute.FULL:
+    if space.memory_bytes(space.least_memory_choice()) > machine.hbm_bytes and layout.recompute != Recompute.FULL:
         # The reference program keeps more attention intermediates than the simulator's
         # memory model assumes; full recompute makes the stage fit so there is a problem to compare on.
         layout = layout.model_copy(update={"recompute": Recompute.FULL})

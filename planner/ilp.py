@@ -41,12 +41,11 @@ from ortools.sat.python import cp_model
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError
-from costmodel.strategy_space import StrategySpace
+from costmodel.strategy_space import StrategySpace, format_bytes
 
 # Integer units of the objective and the memory row: CP-SAT needs integer coefficients.
 _TIME_UNIT_S = 1e-8
 _MEMORY_UNIT_BYTES = 1024
-_GIB = 2**30
 
 
 class IntraOpSolution(BaseModel):
@@ -73,11 +72,7 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     time limit passes before CP-SAT finds a solution, the least-memory choice is returned
     as FEASIBLE with its gap to the proven bound.
     """
-    least = sum(float(m.min()) for m in space.node_memory_bytes.values())
-    if least > memory_budget_bytes:
-        raise InfeasibleError(
-            f"even the least-memory sharding needs {_size(least)} per device, the budget is {_size(memory_budget_bytes)}",
-            fix="use more devices, a smaller batch, or activation recompute")
+    space.check_fits(memory_budget_bytes)
     model = cp_model.CpModel()
     x = {n: [model.new_bool_var(f"x{n}_{i}") for i in range(len(s))] for n, s in space.strategies.items()}
     objective = []
@@ -110,7 +105,7 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     status = solver.solve(model, recorder)
     elapsed = time.perf_counter() - recorder.start
     if status == cp_model.INFEASIBLE:
-        raise InfeasibleError(f"no sharding fits in {_size(memory_budget_bytes)} per device",
+        raise InfeasibleError(f"no sharding fits in {format_bytes(memory_budget_bytes)} per device",
                               fix="use more devices, a smaller batch, or activation recompute")
     bound_s = solver.best_objective_bound * _TIME_UNIT_S
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -118,7 +113,7 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     else:
         # Out of time before a first solution: the least-memory choice fits whenever anything
         # does, so return it (FEASIBLE, with the gap to the proven bound) rather than nothing.
-        choice = {n: int(np.lexsort((space.node_time_s[n], space.node_memory_bytes[n]))[0]) for n in x}
+        choice = space.least_memory_choice()
         bound_s = 0.0 if status == cp_model.MODEL_INVALID else bound_s
     objective_s = space.total_time_s(choice)
     optimal = status == cp_model.OPTIMAL
@@ -141,11 +136,6 @@ class _Recorder(cp_model.CpSolverSolutionCallback):
 
     def on_solution_callback(self) -> None:
         self.points.append((time.perf_counter() - self.start, self.objective_value * _TIME_UNIT_S))
-
-
-def _size(nbytes: float) -> str:
-    """Bytes for a message: GiB, or MiB below one GiB."""
-    return f"{nbytes / _GIB:.1f} GiB" if nbytes >= _GIB else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _units(seconds: float) -> int:

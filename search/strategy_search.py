@@ -33,10 +33,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.errors import InfeasibleError
 from costmodel.strategy_space import StrategySpace
-
-_GIB = 2**30
 
 
 class TracePoint(BaseModel):
@@ -81,7 +78,8 @@ class _Problem:
             self.incident[b].append(k)
         self.neighbours = [sorted({e[1] if e[0] == i else e[0] for e in (self.edges[k] for k in ks)})
                            for i, ks in enumerate(self.incident)]
-        self.least_memory = [int(np.lexsort((c, m))[0]) for c, m in zip(self.cost, self.memory)]
+        least = space.least_memory_choice()
+        self.least_memory = [least[n] for n in self.nodes]
 
     def total(self, choice: list[int]) -> float:
         nodes = sum(float(c[i]) for c, i in zip(self.cost, choice))
@@ -100,12 +98,6 @@ class _Problem:
             elif b == node and assigned(a):
                 out += m[sc[choice[a]], dc]
         return out
-
-    def check_feasible(self) -> None:
-        least = sum(float(m[i]) for m, i in zip(self.memory, self.least_memory))
-        if least > self.budget:
-            raise InfeasibleError(f"even the least-memory sharding needs {least / _GIB:.2f} GiB per device, "
-                                  f"the budget is {self.budget / _GIB:.2f} GiB", fix="use more devices or a smaller batch")
 
 
 class _Tracker:
@@ -145,8 +137,8 @@ def anneal(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations:
     (or through the time limit, when that is the tighter: then runs are not repeatable),
     and ends with a descent to a local optimum (its evaluations come on top of ``max_evaluations``).
     """
+    space.check_fits(memory_budget_bytes)
     p = _Problem(space, memory_budget_bytes)
-    p.check_feasible()
     rng = random.Random(seed)
     track = _Tracker("anneal", seed, p, time_limit_s)
     choice = list(p.least_memory)
@@ -268,8 +260,8 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
     plus the least memory of the nodes still to assign exceeds the budget. ``seed`` only
     breaks ties. The best complete choice is polished by descent to a local optimum.
     """
+    space.check_fits(memory_budget_bytes)
     p = _Problem(space, memory_budget_bytes)
-    p.check_feasible()
     track = _Tracker("beam", seed, p, time_limit_s)
     rng = np.random.default_rng(seed)
     least_rest = np.cumsum([float(m.min()) for m in p.memory][::-1])[::-1].tolist() + [0.0]
@@ -299,8 +291,8 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
 def random_search(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: int = 20_000,
                   time_limit_s: float = math.inf, seed: int = 0) -> SearchRun:
     """The baseline: uniformly random full choices, the best feasible one kept."""
+    space.check_fits(memory_budget_bytes)
     p = _Problem(space, memory_budget_bytes)
-    p.check_feasible()
     rng = random.Random(seed)
     track = _Tracker("random", seed, p, time_limit_s)
     while track.evaluations < max_evaluations and not track.out_of_time():

@@ -160,13 +160,13 @@ def _tensor_sharding(dims: tuple[int | None, ...], loop_axes: tuple[tuple[str, .
 
 
 def _divisible(op: OpNode, nest: LoopNest, loop_axes: tuple[tuple[str, ...], ...], sizes: dict[str, int]) -> bool:
-    def parts(k: int | None) -> int:
-        return math.prod(sizes[a] for a in loop_axes[k]) if k is not None else 1
+    return all(loop_divisible(op, nest, k, math.prod(sizes[a] for a in axes)) for k, axes in enumerate(loop_axes))
 
-    if any(size % parts(k) for k, size in enumerate(nest.sizes)):
-        return False
+
+def loop_divisible(op: OpNode, nest: LoopNest, loop: int, parts: int) -> bool:
+    """Whether ``parts`` divides loop ``loop`` and every operand and result dimension it indexes."""
     tensors = list(zip(op.inputs, nest.operands)) + list(zip(op.outputs, nest.results))
-    return all(s % parts(k) == 0 for t, dims in tensors for s, k in zip(t.shape, dims))
+    return nest.sizes[loop] % parts == 0 and all(s % parts == 0 for t, dims in tensors for s, k in zip(t.shape, dims) if k == loop)
 
 
 def _scatter_choices(nest: LoopNest, loop_axes: tuple[tuple[str, ...], ...], op: OpNode,

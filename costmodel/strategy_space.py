@@ -27,6 +27,7 @@ one copy in the graph (``repeat`` = trip count), so the space does not grow with
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -36,7 +37,7 @@ import numpy as np
 from costmodel.errors import InfeasibleError
 from costmodel.machine import Machine
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
-from costmodel.strategies import MeshGroups, Strategy, op_strategies, reshard_s, strategy_for
+from costmodel.strategies import MeshGroups, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
 
 _GIB = 2**30
 # Ops that make a big tensor from a small one: they follow their reader, not their producer.
@@ -196,10 +197,8 @@ def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tupl
     for dim, k in enumerate(dim_loops):
         if k is not None and 0 <= dim + offset < len(sharding):
             loop_axes[k] = sharding[dim + offset]
-    for k in range(len(loop_axes)):
-        parts = int(np.prod([sizes[a] for a in loop_axes[k]])) if loop_axes[k] else 1
-        tensors = list(zip(op.inputs, nest.operands)) + list(zip(op.outputs, nest.results))
-        if nest.sizes[k] % parts or any(s % parts for t, dims in tensors for s, kk in zip(t.shape, dims) if kk == k):
+    for k, axes in enumerate(loop_axes):
+        if not loop_divisible(op, nest, k, math.prod(sizes[a] for a in axes)):
             loop_axes[k] = ()
     return strategy_for(op, tuple(loop_axes), groups, machine, saved=saved)
 

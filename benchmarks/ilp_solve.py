@@ -23,6 +23,7 @@ from costmodel.train_config import TrainConfig
 from planner.config import load_model
 from planner.extract import extract_graph
 from planner.ilp import solve_intra_op
+from planner.intra_op import train_step_memory_factor
 from planner.models.train_step import abstract_train_inputs, make_train_step
 
 _GIB = 2**30
@@ -48,8 +49,7 @@ def run_case(model: str, layers: int | None, axes: tuple[tuple[str, int], ...], 
     extract_s = time.perf_counter() - start
     machine = load_machine(hardware)
     start = time.perf_counter()
-    space = prune_dominated(build_space(graph, machine.mesh_groups(list(axes)), machine,
-                                        memory_factor=lambda op: 2.0 if op.label.startswith("[0]") else 1.0))
+    space = prune_dominated(build_space(graph, machine.mesh_groups(list(axes)), machine, memory_factor=train_step_memory_factor))
     space_s = time.perf_counter() - start
     row = {"model": model, "layers": cfg.num_layers, "mesh": "x".join(str(s) for _, s in axes), "hardware": hardware,
            "tokens": seq_len * batch, "remat": remat, "ops": graph.number_of_nodes(), "free_nodes": len(space.strategies),

@@ -78,10 +78,10 @@ def plan(
     specs = param_specs(cfg, rules, mesh_spec.shape)
     intra_op = None
     if planner != "grid":
-        ilp_axes = [(a.name, a.size) for a in axes if a.parallelism != "pp" and a.size > 1]
-        if ilp_axes:
-            from planner.intra_op import intra_op_specs  # jax tracing and OR-Tools only when asked for
+        from planner.intra_op import intra_op_axes, intra_op_specs  # jax tracing and OR-Tools only when asked for
 
+        ilp_axes = intra_op_axes(axes)
+        if ilp_axes:
             specs, intra_op = intra_op_specs(cfg, train, lay, ilp_axes, machine, planner=planner,
                                              time_limit_s=time_limit_s, seed=seed)
     data, tensor = by_kind["dp"] or None, by_kind["tp"] or None

@@ -31,7 +31,7 @@ from costmodel.opgraph import OP_ATTR
 from costmodel.strategy_space import StrategySpace
 from planner.api import plan
 from planner.ilp import solve_intra_op
-from planner.intra_op import stage_space
+from planner.intra_op import intra_op_axes, stage_model, stage_space
 from planner.shardings import logical_rules, param_specs
 from search.strategy_search import SEARCH_PLANNERS, SearchRun, TracePoint, descend
 
@@ -85,7 +85,7 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
     outer = plan(model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=global_batch,
                  attention=Attention.MATERIALIZED)
     machine = load_machine(hardware)
-    axes = [(a.name, a.size) for a in outer.mesh if a.parallelism != "pp" and a.size > 1]
+    axes = intra_op_axes(outer.mesh)
     if not axes:
         raise InvalidConfigError("the chosen layout is pure pipeline parallelism: there is no intra-op sharding to compare",
                                  fix="use a mesh with a data or tensor axis")
@@ -109,8 +109,7 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
         if name == "ilp":
             continue
         if name == "grid":  # deterministic: one run stands for every seed
-            stage = outer.model.model_copy(update={"num_layers": outer.model.num_layers // layout.pp})
-            runs = [grid_over_rules(space, graph, stage, axes, memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s)]
+            runs = [grid_over_rules(space, graph, stage_model(outer.model, layout), axes, memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s)]
         else:
             extra = {} if name == "beam" else {"max_evaluations": _UNBOUNDED_EVALUATIONS}
             runs = [SEARCH_PLANNERS[name](space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s, seed=seed, **extra)

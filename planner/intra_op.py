@@ -19,7 +19,7 @@ dimension. Its parameter shardings replace the rule-based (Megatron) ones in the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import networkx as nx
@@ -28,31 +28,43 @@ from costmodel.errors import InfeasibleError
 from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
-from costmodel.opgraph import OP_ATTR
+from costmodel.opgraph import OP_ATTR, OpNode
 from costmodel.strategy_space import StrategySpace, build_space, prune_dominated
 from costmodel.train_config import TrainConfig
 from planner.extract import extract_graph
 from planner.ilp import solve_intra_op
 from planner.models.train_step import abstract_train_inputs, make_train_step
-from planner.schema import IntraOpInfo
+from planner.schema import IntraOpInfo, MeshAxis
 from planner.shard import to_partition_spec
 from search.strategy_search import SEARCH_PLANNERS
 
-# Bytes held per byte of a graph input: a parameter also has its gradient (the optimizer
-# moments are inputs of the graph themselves).
-_PARAM_FACTOR = 2.0
 _REMAT = {Recompute.NONE: "none", Recompute.FULL: "full"}
+
+
+def train_step_memory_factor(op: OpNode) -> float:
+    """Bytes held per byte of an input of a ``(params, opt_state, batch)`` training step: a
+    parameter also has its gradient (the optimizer moments are inputs of their own)."""
+    return 2.0 if op.label.startswith("[0]") else 1.0
+
+
+def intra_op_axes(mesh: Sequence[MeshAxis]) -> list[tuple[str, int]]:
+    """(name, size) of the mesh axes an intra-op planner shards over: all but the pipeline axes."""
+    return [(a.name, a.size) for a in mesh if a.parallelism != "pp" and a.size > 1]
+
+
+def stage_model(cfg: ModelConfig, layout: Layout) -> ModelConfig:
+    """``cfg`` cut to the layers of its largest pipeline stage."""
+    return cfg.model_copy(update={"num_layers": max(layout.layers_on_stage(cfg.num_layers, s) for s in range(layout.pp))})
 
 
 def stage_space(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]],
                 machine: Machine) -> tuple[nx.DiGraph, StrategySpace, Any]:
-    """The graph, pruned strategy space and abstract inputs of one stage's training step."""
-    stage = cfg.model_copy(update={"num_layers": cfg.num_layers // layout.pp})
+    """The graph, pruned strategy space and abstract inputs of the largest stage's training step."""
+    stage = stage_model(cfg, layout)
     step = make_train_step(stage, train, remat=_REMAT.get(layout.recompute, "selective"))
     abstract = abstract_train_inputs(stage, train, micro_batch=layout.micro_batch * layout.dp)
     graph = extract_graph(step, *abstract)
-    space = prune_dominated(build_space(
-        graph, machine.mesh_groups(axes), machine, memory_factor=lambda op: _PARAM_FACTOR if op.label.startswith("[0]") else 1.0))
+    space = prune_dominated(build_space(graph, machine.mesh_groups(axes), machine, memory_factor=train_step_memory_factor))
     return graph, space, abstract
 
 

@@ -59,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                          "evaluations": row.evaluations, "ilp_bound_gap_pct": _round(row.ilp_bound_gap_pct, 3)})
     print_table(f"Search planners vs the ILP (search budget {args.factor:g}× the ILP's time, {args.seeds} seeds, medians)", rows)
     write_csv(args.out_dir / "summary.csv", rows)
-    write_csv(args.out_dir / "traces.csv", [
-        {"case": r.case, "planner": name, "seed": seed, "wall_s": p.wall_s, "evaluations": p.evaluations, "best_s": p.best_s}
-        for r in results for name, traces in r.traces.items() for seed, trace in enumerate(traces) for p in trace])
+    write_csv(args.out_dir / "traces.csv", [{"case": r.case, **row} for r in results for row in r.trace_rows()])
     plt = pyplot()
     columns = 2
     fig, axes = plt.subplots(math.ceil(len(results) / columns), columns, figsize=(12, 3.6 * math.ceil(len(results) / columns)))

@@ -69,6 +69,11 @@ class CompareResult(BaseModel):
     rows: tuple[CompareRow, ...] = Field(description="One row per planner.")
     traces: dict[str, tuple[tuple[TracePoint, ...], ...]] = Field(description="Planner → one anytime trace per seed.")
 
+    def trace_rows(self) -> list[dict[str, float | int | str]]:
+        """Every trace point as a CSV row: planner, seed, wall_s, evaluations, best_s."""
+        return [{"planner": name, "seed": seed, "wall_s": p.wall_s, "evaluations": p.evaluations, "best_s": p.best_s}
+                for name, traces in self.traces.items() for seed, trace in enumerate(traces) for p in trace]
+
 
 def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", seq_len: int | None = None,
             global_batch: int = 256, planners: tuple[str, ...] = COMPARED, budget_s: float = 30.0, seeds: int = 3,
@@ -109,7 +114,8 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
         if name == "ilp":
             continue
         if name == "grid":  # deterministic: one run stands for every seed
-            runs = [grid_over_rules(space, graph, stage_model(outer.model, layout), axes, memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s)]
+            runs = [grid_over_rules(space, graph, stage_model(outer.model, layout), axes,
+                                    memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s)]
         else:
             extra = {} if name == "beam" else {"max_evaluations": _UNBOUNDED_EVALUATIONS}
             runs = [SEARCH_PLANNERS[name](space, memory_budget_bytes=machine.hbm_bytes, time_limit_s=search_s, seed=seed, **extra)

@@ -40,10 +40,6 @@ class ShardResult:
     space: StrategySpace
     mesh_axes: tuple[tuple[str, int], ...]
 
-    def strategy_names(self) -> dict[str, str]:
-        """Free node label → its chosen strategy, for reports."""
-        return {self.space.labels[n]: self.space.strategies[n][i].name for n, i in sorted(self.solution.choice.items())}
-
 
 def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardware: str = "h100-sxm",
           memory_budget_bytes: float | None = None, time_limit_s: float = 20.0,

@@ -37,9 +37,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [row.model_dump() for row in result.rows]
     if args.out_dir:
         write_csv(args.out_dir / "compare.csv", rows)
-        write_csv(args.out_dir / "traces.csv", [
-            {"planner": name, "seed": seed, "wall_s": p.wall_s, "evaluations": p.evaluations, "best_s": p.best_s}
-            for name, traces in result.traces.items() for seed, trace in enumerate(traces) for p in trace])
+        write_csv(args.out_dir / "traces.csv", result.trace_rows())
         plot_traces(result, args.out_dir / "compare.png")
     if args.json:
         print(json.dumps(rows))

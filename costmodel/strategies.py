@@ -146,9 +146,9 @@ def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: Mes
         memory = memory_factor * result_bytes
     else:
         memory = result_bytes * op.repeat if saved else 0.0
-    described = " → ".join(("×".join(format_sharding(s) for s in operands), ",".join(format_sharding(s) for s in results)))
-    if op.is_input:
-        described = ",".join(format_sharding(s) for s in results)
+    described = ",".join(format_sharding(s) for s in results)
+    if not op.is_input:
+        described = "×".join(format_sharding(s) for s in operands) + " → " + described
     reductions = [f"{'reduce-scatter' if a in scattered else 'all-reduce'}({a})" for a in partial]
     name = " ".join([described, *reductions])
     return Strategy(name=name, operands=operands, results=results, compute_s=compute_s, communication_s=communication_s,

@@ -11,11 +11,12 @@ import time
 
 from costmodel.errors import InvalidConfigError
 from costmodel.estimate import StepEstimate
-from costmodel.hardware import load_hardware
-from costmodel.layout import Attention, check_sequence
+from costmodel.hardware import ClusterSpec, load_hardware
+from costmodel.layout import Attention, Layout, check_sequence
 from costmodel.machine import machine_for
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
+from costmodel.simulator import simulate
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, MeshAxis, Plan, SolverInfo
@@ -70,12 +71,9 @@ def plan(
         mesh_spec, kinds = _derived_mesh(lay.dp, lay.tp, lay.pp, lay.cp)
     else:
         kinds = next(k for k in kinds_options if degrees(mesh_spec, k) == (lay.dp, lay.tp, lay.pp, lay.cp))
-    links = axis_links(mesh_spec, cluster)
-    axes = [MeshAxis(name=n, size=s, parallelism=k, links=links[n].tiers, nodes_spanned=links[n].nodes_per_group)
-            for n, s, k in zip(mesh_spec.axis_names, mesh_spec.axis_sizes, kinds)]
-    by_kind = {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
-    rules = logical_rules(lay, by_kind, cfg)
-    specs = param_specs(cfg, rules, mesh_spec.shape)
+    axes = _mesh_axes(mesh_spec, kinds, cluster)
+    by_kind = _axes_by_kind(axes)
+    specs = param_specs(cfg, logical_rules(lay, by_kind, cfg), mesh_spec.shape)
     intra_op = None
     if planner != "grid":
         from planner.intra_op import intra_op_axes, intra_op_specs  # jax tracing and OR-Tools only when asked for
@@ -84,21 +82,74 @@ def plan(
         if ilp_axes:
             specs, intra_op = intra_op_specs(cfg, train, lay, ilp_axes, machine, planner=planner,
                                              time_limit_s=time_limit_s, seed=seed)
-    data, tensor = by_kind["dp"] or None, by_kind["tp"] or None
-    activations = {
-        "residual_BxSxD": (data, tensor if lay.sequence_parallel else None, None),
-        "attention_heads_BxSxNxH": (data, None, tensor, None),
-        "mlp_hidden_BxSxF": (data, None, tensor),
-        "logits_BxSxV": (data, None, tensor),
-    }
     return Plan(
-        model=cfg, train=train, hardware=cluster.name, mesh=tuple(axes), layout=lay,
-        param_specs=specs, activation_specs=activations, predicted=best,
+        model=cfg, train=train, hardware=cluster.name, mesh=axes, layout=lay,
+        param_specs=specs, activation_specs=_activation_specs(lay, by_kind), predicted=best,
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
         solver=SolverInfo(planner=planner, status=intra_op.status if intra_op else "OPTIMAL", evaluated=result.evaluated,
                           pruned=result.pruned, intra_op=intra_op),
         plan_time_s=time.perf_counter() - start,
     )
+
+
+def layout_plan(
+    model: str | ModelConfig, layout: Layout, *, mesh: str | None = None, hardware: str = "h100-sxm",
+    seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
+) -> Plan:
+    """The plan for a layout chosen by hand: mesh roles, Megatron shardings, simulated prediction.
+
+    What a user compares with `plan`'s choice, and what the validator's timed checks run.
+    Without ``mesh``, one axis per parallelism (pipeline, data, context, tensor; major first).
+
+    >>> p = layout_plan("gpt2", Layout(dp=2, tp=4, micro_batch=8), hardware="a100-80gb", global_batch=64, seq_len=1024)
+    >>> [(a.name, a.size, a.parallelism) for a in p.mesh], p.param_specs["layers/mlp/w_in"]
+    ([('data', 2, 'dp'), ('tensor', 4, 'tp')], (None, None, 'tensor'))
+    """
+    start = time.perf_counter()
+    cfg = model if isinstance(model, ModelConfig) else load_model(model)
+    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch)
+    check_sequence(cfg, train)
+    cluster = load_hardware(hardware, devices_per_node=devices_per_node)
+    machine = machine_for(cluster)
+    estimate = simulate(cfg, train, layout, machine)
+    wanted = (layout.dp, layout.tp, layout.pp, layout.cp)
+    if mesh is None:
+        mesh_spec, kinds = _derived_mesh(*wanted)
+    else:
+        mesh_spec = parse_mesh(mesh)
+        kinds = next((k for k in assignments(mesh_spec) if degrees(mesh_spec, k) == wanted), None)
+        if kinds is None:
+            raise InvalidConfigError(f"mesh {mesh} cannot carry dp={layout.dp}, tp={layout.tp}, pp={layout.pp}, cp={layout.cp}",
+                                     fix="give a mesh whose axis sizes are those degrees, or leave the mesh out")
+    axes = _mesh_axes(mesh_spec, kinds, cluster)
+    by_kind = _axes_by_kind(axes)
+    return Plan(
+        model=cfg, train=train, hardware=cluster.name, mesh=axes, layout=layout,
+        param_specs=param_specs(cfg, logical_rules(layout, by_kind, cfg), mesh_spec.shape),
+        activation_specs=_activation_specs(layout, by_kind), predicted=estimate, alternatives=(),
+        solver=SolverInfo(planner="fixed", status="GIVEN", evaluated=1, pruned={}),
+        plan_time_s=time.perf_counter() - start,
+    )
+
+
+def _mesh_axes(mesh_spec: MeshSpec, kinds: tuple[str, ...], cluster: ClusterSpec) -> tuple[MeshAxis, ...]:
+    links = axis_links(mesh_spec, cluster)
+    return tuple(MeshAxis(name=n, size=s, parallelism=k, links=links[n].tiers, nodes_spanned=links[n].nodes_per_group)
+                 for n, s, k in zip(mesh_spec.axis_names, mesh_spec.axis_sizes, kinds))
+
+
+def _axes_by_kind(axes: tuple[MeshAxis, ...]) -> dict[str, tuple[str, ...]]:
+    return {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
+
+
+def _activation_specs(lay: Layout, by_kind: dict[str, tuple[str, ...]]) -> dict[str, tuple]:
+    data, tensor = by_kind["dp"] or None, by_kind["tp"] or None
+    return {
+        "residual_BxSxD": (data, tensor if lay.sequence_parallel else None, None),
+        "attention_heads_BxSxNxH": (data, None, tensor, None),
+        "mlp_hidden_BxSxF": (data, None, tensor),
+        "logits_BxSxV": (data, None, tensor),
+    }
 
 
 def _derived_mesh(dp: int, tp: int, pp: int, cp: int) -> tuple[MeshSpec, tuple[str, ...]]:

@@ -48,33 +48,14 @@ class CompileReport(BaseModel):
 def compile_plan(plan: Plan) -> CompileReport:
     """Lower and compile the reference train step with the plan's shardings (in this process)."""
     import jax
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-    from planner.models.train_step import abstract_train_inputs, make_train_step
-    from planner.shardings import partition_spec_tree, zero_sharded_specs
+    from validate.lowering import abstract_inputs, device_mesh, train_step
 
-    sizes = tuple(a.size for a in plan.mesh)
-    if len(jax.devices()) < plan.layout.n_devices:
-        raise InvalidPlanError(f"the plan needs {plan.layout.n_devices} devices, this process has {len(jax.devices())}",
-                               fix="run through compile_in_subprocess, which emulates them")
-    mesh = jax.make_mesh(sizes, tuple(a.name for a in plan.mesh), axis_types=(AxisType.Auto,) * len(sizes))
-    param_specs = partition_spec_tree(plan.model, plan.param_specs)
-    params, opt_state, batch = abstract_train_inputs(plan.model, plan.train)
-    data_axes = plan.axes_of("dp")
-    moment_specs = param_specs
-    if plan.layout.zero_stage >= 1:
-        shape = {a.name: a.size for a in plan.mesh}
-        moment_specs = partition_spec_tree(plan.model, zero_sharded_specs(plan.model, plan.param_specs, data_axes, shape))
-
-    def sharded(tree: Any, specs: Any) -> Any:
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)), tree, specs)
-
-    opt_specs = {"m": moment_specs, "v": moment_specs, "step": PartitionSpec()}
-    batch_specs = {k: PartitionSpec(data_axes or None, None) for k in batch}
-    args = (sharded(params, param_specs), sharded(opt_state, opt_specs), sharded(batch, batch_specs))
+    mesh = device_mesh(plan)
+    args = abstract_inputs(plan, mesh)
     start = time.perf_counter()
     try:
-        compiled = jax.jit(make_train_step(plan.model, plan.train)).lower(*args).compile()
+        compiled = jax.jit(train_step(plan, mesh)).lower(*args).compile()
     except Exception as err:  # XLA reports sharding mistakes as assorted exception types
         raise InvalidPlanError(f"XLA could not compile the plan: {str(err).splitlines()[0][:300]}",
                                fix="check param_specs against the parameter shapes (plan --format specs)") from err

@@ -70,12 +70,41 @@ def _decays(path: tuple[Any, ...]) -> bool:
     return name != "scale" and not name.startswith("b")
 
 
-def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none") -> Callable[..., Any]:
-    """A function ``(params, opt_state, batch) -> (params, opt_state, {"loss": ...})``."""
+def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1) -> Callable[..., Any]:
+    """A function ``(params, batch) -> (mean loss, fp32 gradients)``.
+
+    With ``micro_batches`` > 1 the batch is cut into that many micro-batches whose
+    gradients accumulate in fp32 under a ``lax.scan`` (gradient accumulation), so only one
+    micro-batch's activations are live at a time.
+    """
     compute_dtype = jnp.dtype(train.compute_dtype.value)
+    grad_fn = jax.value_and_grad(loss_fn)
+
+    def loss_and_grads(params: Params, batch: Batch) -> tuple[jax.Array, Params]:
+        if micro_batches == 1:
+            return grad_fn(params, batch, cfg, compute_dtype=compute_dtype, remat=remat)
+        # Micro-batch index minor within each sequence block, so a batch split over data
+        # devices stays split the same way: no data moves between them.
+        micro = {k: jnp.moveaxis(v.reshape(v.shape[0] // micro_batches, micro_batches, *v.shape[1:]), 1, 0) for k, v in batch.items()}
+
+        def accumulate(carry: tuple[jax.Array, Params], mb: Batch) -> tuple[tuple[jax.Array, Params], None]:
+            loss, grads = grad_fn(params, mb, cfg, compute_dtype=compute_dtype, remat=remat)
+            return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], grads)), None
+
+        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+        (loss, grads), _ = jax.lax.scan(accumulate, zeros, micro)
+        return loss / micro_batches, jax.tree.map(lambda g: g / micro_batches, grads)
+
+    return loss_and_grads
+
+
+def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1) -> Callable[..., Any]:
+    """A function ``(params, opt_state, batch) -> (params, opt_state, {"loss": ...})``: loss and
+    gradients by `make_loss_and_grads`, then the AdamW update."""
+    loss_and_grads = make_loss_and_grads(cfg, train, remat=remat, micro_batches=micro_batches)
 
     def train_step(params: Params, opt_state: dict[str, Any], batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch, cfg, compute_dtype=compute_dtype, remat=remat)
+        loss, grads = loss_and_grads(params, batch)
         with jax.named_scope("optimizer"):
             params, opt_state = adamw_update(params, grads, opt_state, train.optimizer)
         return params, opt_state, {"loss": loss}

@@ -1,0 +1,97 @@
+"""A `Plan` as a JAX program: its device mesh, its sharded abstract inputs, its train step.
+
+Every check of the validator (compile-only, timed, multi-host) builds the program here, so
+they all test the same thing: the reference training step (`planner.models.train_step`)
+with the plan's recompute policy and micro-batches (gradient accumulation), its inputs
+carrying ``NamedSharding``s of the plan's ``PartitionSpec``s. ZeRO: with stage ≥ 1 the
+Adam moments are split over the data axes and the gradients are constrained to the same
+split (so XLA reduce-scatters them); stage 3 also splits the parameters (the plan's
+``param_specs`` say how).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from costmodel.errors import InvalidPlanError
+from costmodel.layout import Recompute
+from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
+from planner.schema import Plan
+from planner.shardings import partition_spec_tree, zero_sharded_specs
+
+# The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
+# are closest to Megatron's selective policy (keep the weight matmuls).
+REMAT_POLICY = {
+    Recompute.NONE: "none", Recompute.FULL: "full", Recompute.SELECTIVE: "selective",
+    Recompute.SELECTIVE_OP: "selective", Recompute.SELECTIVE_LAYER: "selective",
+}
+
+
+def device_mesh(plan: Plan, devices: Any = None) -> Mesh:
+    """The plan's mesh on ``devices`` (default: this process's, or the global ones under
+    ``jax.distributed``), axes named as in the plan."""
+    devices = jax.devices() if devices is None else devices
+    if len(devices) < plan.layout.n_devices:
+        raise InvalidPlanError(f"the plan needs {plan.layout.n_devices} devices, this process sees {len(devices)}",
+                               fix="run it through validate.compile_check.compile_in_subprocess, which emulates them")
+    sizes = tuple(a.size for a in plan.mesh)
+    return jax.make_mesh(sizes, tuple(a.name for a in plan.mesh), axis_types=(AxisType.Auto,) * len(sizes),
+                         devices=devices[:plan.layout.n_devices])
+
+
+def input_specs(plan: Plan) -> tuple[Any, Any, Any]:
+    """``PartitionSpec`` trees of ``(params, opt_state, batch)``."""
+    param_specs = partition_spec_tree(plan.model, plan.param_specs)
+    data_axes = plan.axes_of("dp")
+    moment_specs = param_specs
+    if plan.layout.zero_stage >= 1:
+        shape = {a.name: a.size for a in plan.mesh}
+        moment_specs = partition_spec_tree(plan.model, zero_sharded_specs(plan.model, plan.param_specs, data_axes, shape))
+    context_axes = plan.axes_of("cp")
+    token_spec = PartitionSpec(data_axes or None, context_axes or None)
+    opt_specs = {"m": moment_specs, "v": moment_specs, "step": PartitionSpec()}
+    return param_specs, opt_specs, {"tokens": token_spec, "targets": token_spec}
+
+
+def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, Any, Any]:
+    """``(params, opt_state, batch)`` as ``jax.ShapeDtypeStruct``s with the plan's shardings."""
+    params, opt_state, batch = abstract_train_inputs(plan.model, plan.train)
+    specs = input_specs(plan)
+
+    def sharded(tree: Any, spec_tree: Any) -> Any:
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)), tree, spec_tree)
+
+    return sharded(params, specs[0]), sharded(opt_state, specs[1]), sharded(batch, specs[2])
+
+
+def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
+    """The plan's training step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
+
+    >>> from costmodel.layout import Layout
+    >>> from planner.api import layout_plan
+    >>> p = layout_plan("gpt2", Layout(micro_batch=2, recompute="full"), hardware="a100-80gb", global_batch=4, seq_len=32)
+    >>> step = train_step(p, device_mesh(p))
+    >>> out = jax.eval_shape(step, *abstract_inputs(p, device_mesh(p)))
+    >>> out[2]["loss"].shape
+    ()
+    """
+    lay, train = plan.layout, plan.train
+    if lay.pp > 1:
+        raise InvalidPlanError("pipeline plans are not lowered yet", fix="validate a plan with pp=1")
+    loss_and_grads = make_loss_and_grads(plan.model, train, remat=REMAT_POLICY[lay.recompute],
+                                         micro_batches=lay.micro_batches(train))
+    _, opt_specs, _ = input_specs(plan)
+    grad_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), opt_specs["m"])
+
+    def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
+        loss, grads = loss_and_grads(params, batch)
+        if lay.zero_stage >= 1:
+            grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
+        with jax.named_scope("optimizer"):
+            params, opt_state = adamw_update(params, grads, opt_state, train.optimizer)
+        return params, opt_state, {"loss": loss}
+
+    return step

@@ -2,60 +2,64 @@
 
 Nothing is allocated: parameters, optimizer state and the batch are
 ``jax.ShapeDtypeStruct``s carrying the plan's ``NamedSharding``s, so any model size
-compiles. The compiled module gives per-device memory (``memory_analysis()``), FLOPs
-(``cost_analysis()``, whose while-loop bodies count once: reported as they are, not yet
-scaled by trip counts) and its collectives (static count). Meshes are emulated CPU devices unless real ones exist; run
-it in a fresh process with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
+compiles. The compiled module gives per-device memory (``memory_analysis()``), matmul
+FLOPs and every collective with its bytes, mesh axes and loop trip counts
+(`validate.hlo`). Meshes are emulated CPU devices unless real ones exist; run it in a
+fresh process with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
 (`compile_in_subprocess` does that).
-
-Pipeline parallelism is compiled as layer-sharded weights under plain ``jit`` (no
-``shard_map`` schedule yet), so pipeline plans check shardings and memory, not the schedule.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
+import resource
 import subprocess
 import sys
 import time
-from collections import Counter
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidPlanError
 from planner.schema import Plan
-
-_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+from validate.hlo import Collective, collectives, dot_flops
 
 
 class CompileReport(BaseModel):
-    """What XLA made of the plan on its mesh."""
+    """What XLA made of the plan on its mesh, per device."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     n_devices: int = Field(description="Devices in the mesh compiled for.")
+    n_processes: int = Field(1, description="JAX processes the mesh spans.")
     compile_time_s: float = Field(description="Lowering plus compilation seconds.")
-    argument_bytes: float = Field(description="memory_analysis().argument_size_in_bytes, per device.")
-    temp_bytes: float = Field(description="memory_analysis().temp_size_in_bytes, per device.")
-    peak_bytes: float = Field(description="Arguments + outputs − aliased + temporaries, per device.")
-    flops_as_reported: float = Field(description="cost_analysis() FLOPs per device as XLA reports them: the scanned layer counted once.")
-    collectives: dict[str, int] = Field(description="Collective ops in the compiled module, by kind (static count).")
+    peak_rss_bytes: float = Field(description="Peak resident memory of the compiling process.")
+    argument_bytes: float = Field(description="memory_analysis().argument_size_in_bytes.")
+    output_bytes: float = Field(description="memory_analysis().output_size_in_bytes.")
+    alias_bytes: float = Field(description="memory_analysis().alias_size_in_bytes (donated inputs reused as outputs).")
+    temp_bytes: float = Field(description="memory_analysis().temp_size_in_bytes: the backend's temporaries.")
+    flops_as_reported: float = Field(description="cost_analysis() FLOPs: while-loop bodies counted once.")
+    matmul_flops: float = Field(description="Matmul FLOPs read from the module's dots, loop bodies times their trip counts.")
+    collectives: tuple[Collective, ...] = Field(description="Every collective of the compiled module.")
+
+    @property
+    def peak_bytes(self) -> float:
+        """Arguments + outputs − aliased + temporaries."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
 
 
 def compile_plan(plan: Plan) -> CompileReport:
-    """Lower and compile the reference train step with the plan's shardings (in this process)."""
+    """Lower and compile the plan's train step (`validate.lowering.jitted_step`) in this process,
+    on ``jax.devices()`` (the global devices under ``jax.distributed``)."""
     import jax
 
-    from validate.lowering import abstract_inputs, device_mesh, train_step
+    from validate.lowering import abstract_inputs, device_mesh, jitted_step
 
     mesh = device_mesh(plan)
     args = abstract_inputs(plan, mesh)
     start = time.perf_counter()
     try:
-        compiled = jax.jit(train_step(plan, mesh)).lower(*args).compile()
+        compiled = jitted_step(plan, mesh).lower(*args).compile()
     except Exception as err:  # XLA reports sharding mistakes as assorted exception types
         raise InvalidPlanError(f"XLA could not compile the plan: {str(err).splitlines()[0][:300]}",
                                fix="check param_specs against the parameter shapes (plan --format specs)") from err
@@ -63,12 +67,15 @@ def compile_plan(plan: Plan) -> CompileReport:
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    kinds = Counter(m.group(1) for m in _COLLECTIVE.finditer(compiled.as_text()))
+    text = compiled.as_text()
+    mesh_shape = tuple((a.name, a.size) for a in plan.mesh)
     return CompileReport(
-        n_devices=plan.layout.n_devices, compile_time_s=compile_time_s,
-        argument_bytes=float(mem.argument_size_in_bytes), temp_bytes=float(mem.temp_size_in_bytes),
-        peak_bytes=float(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes),
-        flops_as_reported=float(cost.get("flops", 0.0)), collectives=dict(sorted(kinds.items())),
+        n_devices=plan.layout.n_devices, n_processes=jax.process_count(), compile_time_s=compile_time_s,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,
+        argument_bytes=float(mem.argument_size_in_bytes), output_bytes=float(mem.output_size_in_bytes),
+        alias_bytes=float(mem.alias_size_in_bytes), temp_bytes=float(mem.temp_size_in_bytes),
+        flops_as_reported=float(cost.get("flops", 0.0)), matmul_flops=dot_flops(text),
+        collectives=tuple(collectives(text, mesh_shape=mesh_shape, device_ids=[d.id for d in mesh.devices.flat])),
     )
 
 

@@ -11,9 +11,11 @@ split (so XLA reduce-scatters them); stage 3 also splits the parameters (the pla
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import InvalidPlanError
@@ -67,6 +69,66 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, Any, Any]:
     return sharded(params, specs[0]), sharded(opt_state, specs[1]), sharded(batch, specs[2])
 
 
+def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], jax.Array]:
+    """``constrain(name, x)`` for the reference model: pins the activations the plan names to
+    its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather
+    than by its own propagation. K/V heads follow the query heads' spec when the tensor
+    axes divide the KV heads, and stay whole otherwise, as the plan's ``wk`` does."""
+    specs = {name: PartitionSpec(*spec) for name, spec in plan.activation_specs.items()}
+    heads = plan.activation_specs.get("attention_heads_BxSxNxH")
+    if heads is not None:
+        kv_split = plan.param_specs["layers/attn/wk"][2] is not None
+        specs["kv_heads_BxSxKxH"] = PartitionSpec(*(heads if kv_split else (heads[0], None, None, None)))
+
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+
+    def divides(dim: Any, n: int) -> bool:
+        return dim is None or n % math.prod(sizes[a] for a in ((dim,) if isinstance(dim, str) else dim)) == 0
+
+    def constrain(name: str, x: jax.Array) -> jax.Array:
+        spec = specs.get(name)
+        if spec is None:
+            return x
+        # A dimension its axes do not divide (GPT-2's 50257-token vocabulary) stays whole, as its weight does.
+        spec = PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return constrain
+
+
+def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """Megatron's vocab-parallel embedding when the plan splits the table's vocabulary only:
+    each device looks up the tokens its vocabulary slice holds (zeros elsewhere) and a sum
+    over the vocabulary axes completes the rows. Left to XLA, the gather of a
+    vocabulary-sharded table became all-gathers of tokens, an all-reduce over every axis and
+    an all-to-all of the gradient."""
+    vocab, embed = plan.param_specs["embed/tokens"]
+    if vocab is None or embed is not None:
+        return lambda table_VxD, tokens_BxS: jnp.take(table_VxD, tokens_BxS, axis=0)
+    vocab_axes = (vocab,) if isinstance(vocab, str) else tuple(vocab)
+    token_spec = input_specs(plan)[2]["tokens"]
+
+    def local(table_vxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
+        start = jax.lax.axis_index(vocab_axes) * table_vxD.shape[0]
+        local_BxS = tokens_BxS - start
+        inside_BxS = (local_BxS >= 0) & (local_BxS < table_vxD.shape[0])
+        rows_BxSxD = jnp.take(table_vxD, jnp.where(inside_BxS, local_BxS, 0), axis=0)
+        return jax.lax.psum(jnp.where(inside_BxS[..., None], rows_BxSxD, 0), vocab_axes)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(vocab_axes, None), token_spec),
+                         out_specs=PartitionSpec(*token_spec, None))
+
+
+def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
+    """`train_step` under ``jax.jit`` with the plan's input shardings kept on the outputs
+    (a step is a fixed point of its layout) and the parameters and optimizer state donated,
+    as a training loop runs it."""
+    specs = input_specs(plan)
+    named = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    return jax.jit(train_step(plan, mesh), in_shardings=named, out_shardings=(named[0], named[1], NamedSharding(mesh, PartitionSpec())),
+                   donate_argnums=(0, 1))
+
+
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """The plan's training step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
 
@@ -82,7 +144,8 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     if lay.pp > 1:
         raise InvalidPlanError("pipeline plans are not lowered yet", fix="validate a plan with pp=1")
     loss_and_grads = make_loss_and_grads(plan.model, train, remat=REMAT_POLICY[lay.recompute],
-                                         micro_batches=lay.micro_batches(train))
+                                         micro_batches=lay.micro_batches(train),
+                                         hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh)})
     _, opt_specs, _ = input_specs(plan)
     grad_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), opt_specs["m"])
 

@@ -17,6 +17,7 @@ size without allocating.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -32,9 +33,11 @@ MOE_AUX_LOSS_WEIGHT = 0.01
 Batch = dict[str, jax.Array]
 
 
-def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none") -> jax.Array:
-    """Mean next-token cross-entropy (plus the MoE balancing loss)."""
-    logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat)
+def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
+            hooks: dict[str, Any] | None = None) -> jax.Array:
+    """Mean next-token cross-entropy (plus the MoE balancing loss); ``hooks`` are `forward`'s
+    ``constrain`` and ``lookup``."""
+    logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, **(hooks or {}))
     with jax.named_scope("loss"):
         logp_BxSxV = jax.nn.log_softmax(logits_BxSxV, axis=-1)
         nll_BxS = -jnp.take_along_axis(logp_BxSxV, batch["targets"][..., None], axis=-1)[..., 0]
@@ -70,15 +73,17 @@ def _decays(path: tuple[Any, ...]) -> bool:
     return name != "scale" and not name.startswith("b")
 
 
-def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1) -> Callable[..., Any]:
+def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
+                        hooks: dict[str, Any] | None = None) -> Callable[..., Any]:
     """A function ``(params, batch) -> (mean loss, fp32 gradients)``.
 
     With ``micro_batches`` > 1 the batch is cut into that many micro-batches whose
     gradients accumulate in fp32 under a ``lax.scan`` (gradient accumulation), so only one
-    micro-batch's activations are live at a time.
+    micro-batch's activations are live at a time. ``hooks`` go to `forward` (sharding
+    constraints, the embedding lookup).
     """
     compute_dtype = jnp.dtype(train.compute_dtype.value)
-    grad_fn = jax.value_and_grad(loss_fn)
+    grad_fn = jax.value_and_grad(partial(loss_fn, hooks=hooks))
 
     def loss_and_grads(params: Params, batch: Batch) -> tuple[jax.Array, Params]:
         if micro_batches == 1:

@@ -19,7 +19,7 @@ dtype on use; softmaxes and logits are fp32.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,8 @@ from costmodel.errors import UnsupportedError
 from costmodel.model_config import MlpKind, ModelConfig, Norm, Positions
 from planner.models.params import Params
 
+Constrain = Callable[[str, jax.Array], jax.Array]
+Lookup = Callable[[jax.Array, jax.Array], jax.Array]
 # Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
 MOE_CAPACITY_FACTOR = 1.25
 _REMAT_POLICIES = {
@@ -58,12 +60,20 @@ def _rope(x_BxSxNxH: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x_BxSxNxH.dtype)
 
 
-def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> jax.Array:
+def _keep(name: str, x: jax.Array) -> jax.Array:
+    return x
+
+
+def _take(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
+    return jnp.take(table_VxD, tokens_BxS, axis=0)
+
+
+def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain) -> jax.Array:
     b, s, _ = x_BxSxD.shape
     k_heads, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
-    q_BxSxNxH = jnp.einsum("bsd,dnh->bsnh", x_BxSxD, p["wq"].astype(dt))
-    k_BxSxKxH = jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wk"].astype(dt))
-    v_BxSxKxH = jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wv"].astype(dt))
+    q_BxSxNxH = constrain("attention_heads_BxSxNxH", jnp.einsum("bsd,dnh->bsnh", x_BxSxD, p["wq"].astype(dt)))
+    k_BxSxKxH = constrain("kv_heads_BxSxKxH", jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wk"].astype(dt)))
+    v_BxSxKxH = constrain("kv_heads_BxSxKxH", jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wv"].astype(dt)))
     if "bq" in p:
         q_BxSxNxH, k_BxSxKxH, v_BxSxKxH = q_BxSxNxH + p["bq"].astype(dt), k_BxSxKxH + p["bk"].astype(dt), v_BxSxKxH + p["bv"].astype(dt)
     if cfg.positions is Positions.ROPE:
@@ -88,10 +98,10 @@ def _activation(h: jax.Array, gate: jax.Array | None, kind: MlpKind) -> jax.Arra
     return jax.nn.relu(h) if kind is MlpKind.RELU else jax.nn.gelu(h)
 
 
-def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str = "") -> jax.Array:
+def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str = "", constrain: Constrain = _keep) -> jax.Array:
     """MLP on any leading shape ``[..., D]`` (also one expert's slice ``[..., C, D]``)."""
-    h = jnp.einsum("...d,df->...f", x, p[f"{prefix}w_in"].astype(dt))
-    gate = jnp.einsum("...d,df->...f", x, p[f"{prefix}w_gate"].astype(dt)) if cfg.mlp.gated else None
+    h = constrain("mlp_hidden_BxSxF", jnp.einsum("...d,df->...f", x, p[f"{prefix}w_in"].astype(dt)))
+    gate = constrain("mlp_hidden_BxSxF", jnp.einsum("...d,df->...f", x, p[f"{prefix}w_gate"].astype(dt))) if cfg.mlp.gated else None
     if "b_in" in p and not prefix:
         h = h + p["b_in"].astype(dt)
         gate = gate + p["b_gate"].astype(dt) if gate is not None else None
@@ -132,37 +142,44 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
     return out_BxSxD, aux
 
 
-def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.Array, jax.Array]:
+def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain = _keep) -> tuple[jax.Array, jax.Array]:
     with jax.named_scope("attention"):
-        x_BxSxD = x_BxSxD + _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt)
+        x_BxSxD = constrain("residual_BxSxD", x_BxSxD + _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain))
     h_BxSxD = _norm(x_BxSxD, p["mlp_norm"], cfg)
     if cfg.is_moe:
         with jax.named_scope("moe"):
             y_BxSxD, aux = _moe(h_BxSxD, p["moe"], cfg, dt)
     else:
         with jax.named_scope("mlp"):
-            y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt), jnp.zeros((), jnp.float32)
-    return x_BxSxD + y_BxSxD, aux
+            y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain), jnp.zeros((), jnp.float32)
+    return constrain("residual_BxSxD", x_BxSxD + y_BxSxD), aux
 
 
 def forward(
-    params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none"
+    params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
+    constrain: Constrain = _keep, lookup: Lookup = _take,
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
     ``remat`` is the activation recompute policy: "none", "full" or "selective".
+    ``constrain(name, x)`` may pin the sharding of the named activations (``residual_BxSxD``,
+    ``attention_heads_BxSxNxH``, ``kv_heads_BxSxKxH``, ``mlp_hidden_BxSxF``, ``logits_BxSxV``);
+    the validator passes ``jax.lax.with_sharding_constraint`` with the plan's specs.
+    ``lookup(table_VxD, tokens_BxS)`` gathers embedding rows (the validator passes a
+    vocab-parallel one for a vocabulary-sharded table).
     """
     if remat not in _REMAT_POLICIES:
         raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(_REMAT_POLICIES)}")
     dt = compute_dtype
     with jax.named_scope("embed"):
-        x_BxSxD = jnp.take(params["embed"]["tokens"], tokens_BxS, axis=0).astype(dt)
+        x_BxSxD = lookup(params["embed"]["tokens"], tokens_BxS).astype(dt)
         if cfg.positions is Positions.LEARNED:
             x_BxSxD = x_BxSxD + params["embed"]["positions"][: tokens_BxS.shape[1]].astype(dt)
+        x_BxSxD = constrain("residual_BxSxD", x_BxSxD)
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, layer_params, cfg, dt)
+            return _layer(x, layer_params, cfg, dt, constrain)
 
     if _REMAT_POLICIES[remat] is not None:
         body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
@@ -170,5 +187,5 @@ def forward(
     with jax.named_scope("head"):
         h_BxSxD = _norm(x_BxSxD, params["final_norm"], cfg)
         w_DxV = params["embed"]["tokens"].T if cfg.tie_embeddings else params["lm_head"]["w"]
-        logits_BxSxV = jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(dt), preferred_element_type=jnp.float32)
+        logits_BxSxV = constrain("logits_BxSxV", jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(dt), preferred_element_type=jnp.float32))
     return logits_BxSxV, aux_L.mean()

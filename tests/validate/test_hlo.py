@@ -1,0 +1,77 @@
+"""Tests `validate/hlo.py`: replica-group forms, mesh axes, trip counts, promoted bytes, dot FLOPs."""
+
+import pytest
+
+from validate.hlo import collectives, dot_flops, loop_trip_counts
+
+MESH = (("data", 2), ("tensor", 4))
+
+
+def _one(line: str, mesh=MESH, device_ids=None):
+    text = f"ENTRY %main (a: f32[4]) -> f32[4] {{\n  {line}\n}}"
+    (c,) = collectives(text, mesh_shape=mesh, device_ids=device_ids)
+    return c
+
+
+@pytest.mark.parametrize("groups, axes", [
+    ("{{0,1,2,3},{4,5,6,7}}", ("tensor",)),
+    ("{{0,4},{1,5},{2,6},{3,7}}", ("data",)),
+    ("[2,4]<=[8]", ("tensor",)),
+    ("[4,2]<=[2,4]T(1,0)", ("data",)),
+    ("[1,8]<=[8]", ("data", "tensor")),
+    ("mesh['x'=2,'y'=4] {'y'}", ("tensor",)),
+    ("mesh['x'=2,'y'=4] {'x'}", ("data",)),
+    ("mesh['x'=4,'y'=2], device_ids=([2,4]T(1,0)) {'x'}", ("tensor",)),
+    ("{}", ("data", "tensor")),
+])
+def test_replica_groups_map_to_mesh_axes(groups, axes):
+    c = _one(f"%ar = bf16[16]{{0}} all-reduce(%x), replica_groups={groups}, to_apply=%add")
+    assert c.axes == axes and c.kind == "all-reduce" and c.bytes_per_call == 32 and not c.promoted
+
+
+def test_device_order_of_the_mesh_is_respected():
+    # A mesh laid out with devices 0..7 in column-major order: {0,1} then differ along "tensor".
+    c = _one("%ar = f32[4]{0} all-reduce(%x), replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add",
+             device_ids=[0, 2, 4, 6, 1, 3, 5, 7])
+    assert c.axes == ("data",)
+
+
+def test_buffer_bytes_per_kind_and_promotion():
+    rs = _one("%rs = f32[4]{0} reduce-scatter(%x), replica_groups=[2,4]<=[8], dimensions={0}, to_apply=%add.clone_promoted")
+    assert rs.kind == "reduce-scatter" and rs.promoted and rs.bytes_per_call == 4 * 4 * 4 / 2  # input = 4 × result, back to bf16
+    tup = _one("%ag = (f32[8]{0}, bf16[8]{0}) all-gather(%x, %y), replica_groups=[2,4]<=[8], dimensions={0}")
+    assert tup.bytes_per_call == 8 * 4 + 8 * 2
+    cp = _one("%cp = bf16[10]{0} collective-permute(%x), source_target_pairs={{0,4},{4,0},{1,1}}")
+    assert cp.kind == "collective-permute" and cp.axes == ("data",) and cp.bytes_per_call == 20
+
+
+def test_nested_loops_multiply_trip_counts():
+    text = """
+%inner (p: f32[]) -> f32[] {
+  %ar = f32[2]{0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add
+}
+%outer (p: f32[]) -> f32[] {
+  %w = (s32[]) while(%t), condition=%c, body=%inner, backend_config={"known_trip_count":{"n":"32"}}
+}
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %w2 = (s32[]) while(%t), condition=%c2, body=%outer, backend_config={"known_trip_count":{"n":"4"}}
+}"""
+    (c,) = collectives(text, mesh_shape=MESH)
+    assert c.calls == 128 and c.total_bytes == 128 * 8
+    assert loop_trip_counts(text) == {"inner": 128, "outer": 4, "main": 1}
+
+
+def test_dots_inside_a_looped_fusion_count_per_iteration():
+    text = """
+%fused (param_0: bf16[8,16], param_1: bf16[16,4]) -> f32[8,4] {
+  %param_0 = bf16[8,16]{1,0} parameter(0)
+  %param_1 = bf16[16,4]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,4]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+%body (p: f32[]) -> f32[] {
+  %f = f32[8,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused
+}
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %w = (s32[]) while(%t), condition=%c, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+}"""
+    assert dot_flops(text) == 3 * 2 * 8 * 4 * 16

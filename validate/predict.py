@@ -1,0 +1,167 @@
+"""What the plan's program should communicate and compute, per device, before XLA compiles it.
+
+The prediction follows the reference program's structure (`validate.lowering`) and the
+partitioning XLA gives it, term by term, each with a one-line reason:
+
+- Tensor parallel, per layer and micro-batch: one all-reduce of the ``[tokens, D]``
+  activation per row-parallel matmul (``wo``, ``w_out``) in forward, and one per
+  column-parallel matmul (``wq``, ``wk``, ``wv``, ``w_in``, ``w_gate``) in backward: XLA
+  reduces each partial input gradient on its own, where Megatron's fused QKV and
+  gate/up GEMMs reduce two. Full recompute repeats the forward ones except the last,
+  which only feeds the layer's output and is dead code in the recomputation.
+- Vocabulary-parallel embedding (fp32 rows summed over the vocabulary axes) and head
+  (fp32 input gradient, four ``[tokens]`` softmax/loss reductions).
+- Data parallel: gradients are reduced once per micro-batch (the reduction happens inside
+  the accumulation loop, where the partial sums appear), layer weights in the compute
+  dtype, fp32 for what is used in fp32 (norms, the embedding table, the fp32-output head).
+  With ZeRO ≥ 1 the updated fp32 parameters are all-gathered over the data axes.
+- Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
+
+Not predicted yet (reported as such): pipeline, context and expert parallelism, sequence
+parallelism and ZeRO 2/3 collectives.
+
+>>> from costmodel.layout import Layout
+>>> from planner.api import layout_plan
+>>> p = layout_plan("llama3-8b", Layout(dp=8, tp=4, micro_batch=1, recompute="full", zero_stage=1), seq_len=2048, global_batch=16)
+>>> by_kind = {}
+>>> for c in predicted_collectives(p):
+...     by_kind[c.kind] = by_kind.get(c.kind, 0) + c.total_bytes
+>>> {k: round(v / 2**20) for k, v in sorted(by_kind.items())}
+{'all-gather': 7659, 'all-reduce': 16982}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+from pydantic import BaseModel, ConfigDict, Field
+
+from costmodel.layout import Recompute
+from planner.models.params import abstract_params
+from planner.schema import Plan
+
+_F32 = 4
+# Matmul weights of a dense layer and the dim (of the stacked [L, ...] array) tensor parallelism splits.
+_COLUMN = {"attn/wq": 2, "attn/wk": 2, "attn/wv": 2, "mlp/w_in": 2, "mlp/w_gate": 2}
+_ROW = {"attn/wo": 1, "mlp/w_out": 1}
+
+
+class PredictedCollective(BaseModel):
+    """One group of collectives the program should issue."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field(description="all-reduce, all-gather, reduce-scatter, all-to-all or collective-permute.")
+    axes: tuple[str, ...] = Field(description="Mesh axes of its groups.")
+    bytes_per_call: float = Field(description="Per-device buffer bytes of one execution.")
+    calls: int = Field(description="Executions per step.")
+    why: str = Field(description="What it is.")
+
+    @property
+    def total_bytes(self) -> float:
+        return self.bytes_per_call * self.calls
+
+
+def unpredicted_features(plan: Plan) -> list[str]:
+    """Layout features whose collectives `predicted_collectives` does not model."""
+    lay = plan.layout
+    features = {"pipeline parallelism": lay.pp > 1, "context parallelism": lay.cp > 1, "expert parallelism": plan.model.is_moe,
+                "sequence parallelism": lay.sequence_parallel and lay.tp > 1, f"ZeRO stage {lay.zero_stage}": lay.zero_stage >= 2}
+    return [name for name, on in features.items() if on]
+
+
+def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]:
+    """Parameter path → (elements per device, spec, global shape)."""
+    sizes = {a.name: a.size for a in plan.mesh}
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(plan.model))[0]:
+        name = "/".join(str(p.key) for p in path)
+        spec = plan.param_specs[name]
+        split = math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d))
+        out[name] = (math.prod(leaf.shape) / split, spec, leaf.shape)
+    return out
+
+
+def parameters_per_device(plan: Plan) -> float:
+    """Parameter elements one device holds under the plan's specs (a dimension its axes do
+    not divide stays whole, so this can exceed parameters / model-parallel degree)."""
+    return sum(el for el, _, _ in _per_device(plan).values())
+
+
+def _grad_bytes(name: str, elements: float, compute_bytes: int) -> float:
+    """Gradient bytes as the program produces them: fp32 for what it uses in fp32."""
+    fp32 = name.endswith(("scale", "norm/bias")) or name in ("embed/tokens", "lm_head/w", "final_norm/bias")
+    return elements * (_F32 if fp32 else compute_bytes)
+
+
+def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
+    """The collectives of one step of the plan's program (see the module docstring)."""
+    model, lay, train = plan.model, plan.layout, plan.train
+    data, tensor = plan.axes_of("dp"), plan.axes_of("tp")
+    e = train.compute_dtype.bytes
+    micro = lay.micro_batches(train)
+    tokens = lay.micro_batch * train.seq_len
+    act = tokens * model.hidden_size
+    layers = model.num_layers
+    params = _per_device(plan)
+    out: list[PredictedCollective] = []
+    if tensor:
+        def split(key: str, dim: int) -> bool:
+            name = f"layers/{key}"
+            return name in params and params[name][1][dim] is not None
+
+        rows = sum(split(k, d) for k, d in _ROW.items())
+        cols = sum(split(k, d) for k, d in _COLUMN.items())
+        recompute_rows = max(rows - 1, 0) if lay.recompute is Recompute.FULL else 0
+        for count, why in ((rows, "row-parallel matmul outputs, forward"), (cols, "column-parallel input gradients, backward"),
+                           (recompute_rows, "row-parallel outputs re-run by full recompute")):
+            if count:
+                out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * e,
+                                               calls=count * layers * micro, why=why))
+        vocab_split = params["embed/tokens"][1][0] is not None
+        if vocab_split:
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * _F32, calls=micro,
+                                           why="vocab-parallel embedding rows (fp32)"))
+        head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
+        if params[head][1][0 if model.tie_embeddings else 1] is not None:
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * _F32, calls=micro,
+                                           why="vocab-parallel head input gradient (fp32)"))
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * tokens * _F32, calls=micro,
+                                           why="softmax max and sum, target logit, over the vocabulary split"))
+    if data:
+        layer_bytes = sum(_grad_bytes(n, el, e) / layers for n, (el, _, _) in params.items() if n.startswith("layers/"))
+        other_bytes = sum(_grad_bytes(n, el, e) for n, (el, _, _) in params.items() if not n.startswith("layers/"))
+        if model.tie_embeddings:  # the lookup's and the head's gradients of the shared table are reduced apart
+            other_bytes += params["embed/tokens"][0] * _F32
+        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=layers * micro,
+                                       why="layer gradients, every micro-batch"))
+        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes, calls=micro,
+                                       why="embedding, head and final-norm gradients, every micro-batch"))
+        if lay.zero_stage >= 1:
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=sum(el for el, _, _ in params.values()) * _F32,
+                                           calls=1, why="ZeRO: updated fp32 parameters gathered from their data shards"))
+    return out
+
+
+def predicted_matmul_flops(plan: Plan) -> float:
+    """Matmul FLOPs per device per step of the plan's program: forward (weights, attention
+    scores and values over the full ``S×S``, the head), backward twice that, and the
+    recompute: full repeats the layer's forward but its last matmul, selective the
+    attention core (the batched matmuls its policy does not save)."""
+    model, lay, train = plan.model, plan.layout, plan.train
+    tokens = train.global_batch * train.seq_len / lay.dp
+    attention = 4 * train.seq_len * model.num_heads * model.head_dim
+    layer_weights = 2 * model.active_params_per_layer
+    # A vocabulary the tensor axes do not divide is not split: every tensor device computes the whole head.
+    head_w = plan.param_specs["embed/tokens"][0] if model.tie_embeddings else plan.param_specs["lm_head/w"][1]
+    head = 2 * model.hidden_size * model.vocab_size / (1 if head_w is None else lay.tp)
+    forward = model.num_layers * (layer_weights + attention) / lay.tp + head
+    recompute = 0.0
+    if lay.recompute is Recompute.FULL:
+        last = 2 * model.ffn_size * model.hidden_size if not model.is_moe else 0
+        recompute = model.num_layers * (layer_weights + attention - last)
+    elif lay.recompute is not Recompute.NONE:
+        recompute = model.num_layers * attention
+    return tokens * (3 * forward + recompute / lay.tp) / lay.cp

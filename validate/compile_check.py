@@ -53,8 +53,9 @@ def compile_plan(plan: Plan) -> CompileReport:
     on ``jax.devices()`` (the global devices under ``jax.distributed``)."""
     import jax
 
-    from validate.lowering import abstract_inputs, device_mesh, jitted_step
+    from validate.lowering import abstract_inputs, check_param_specs, device_mesh, jitted_step
 
+    check_param_specs(plan)
     mesh = device_mesh(plan)
     args = abstract_inputs(plan, mesh)
     start = time.perf_counter()
@@ -81,6 +82,9 @@ def compile_plan(plan: Plan) -> CompileReport:
 
 def compile_in_subprocess(plan: Plan, *, timeout_s: float = 600) -> CompileReport:
     """`compile_plan` in a fresh Python with the plan's device count emulated on the CPU."""
+    from validate.lowering import check_param_specs
+
+    check_param_specs(plan)  # here, so a broken spec is named in plain words rather than by the child's traceback
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={plan.layout.n_devices}", JAX_PLATFORMS="cpu")
     code = ("import sys; from planner.schema import Plan; from validate.compile_check import compile_plan; "
             "print(compile_plan(Plan.model_validate_json(sys.stdin.read())).model_dump_json())")

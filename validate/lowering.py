@@ -11,6 +11,7 @@ split (so XLA reduce-scatters them); stage 3 also splits the parameters (the pla
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable
 
@@ -20,6 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import InvalidPlanError
 from costmodel.layout import Recompute
+from planner.models.params import abstract_params
 from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
 from planner.schema import Plan
 from planner.shardings import partition_spec_tree, zero_sharded_specs
@@ -42,6 +44,49 @@ def device_mesh(plan: Plan, devices: Any = None) -> Mesh:
     sizes = tuple(a.size for a in plan.mesh)
     return jax.make_mesh(sizes, tuple(a.name for a in plan.mesh), axis_types=(AxisType.Auto,) * len(sizes),
                          devices=devices[:plan.layout.n_devices])
+
+
+def check_param_specs(plan: Plan) -> None:
+    """Raise `InvalidPlanError` naming the first parameter whose spec XLA would reject:
+    missing, the wrong length, an axis the mesh lacks, an axis used twice, or a split the
+    dimension's size does not divide.
+
+    >>> from costmodel.layout import Layout
+    >>> from planner.api import layout_plan
+    >>> p = layout_plan("gpt2", Layout(dp=2, tp=4, micro_batch=8), hardware="a100-80gb", global_batch=64, seq_len=1024)
+    >>> check_param_specs(p.model_copy(update={"param_specs": {**p.param_specs, "layers/mlp/w_in": (None, "tensr", None)}}))
+    Traceback (most recent call last):
+    costmodel.errors.InvalidPlanError: param_specs["layers/mlp/w_in"] = (None, 'tensr', None): the mesh has no axis 'tensr'; fix: use \
+mesh axes data, tensor (or null), one per dimension of shape (12, 768, 3072)
+    """
+    sizes = {a.name: a.size for a in plan.mesh}
+    shapes = {"/".join(str(k.key) for k in path): leaf.shape
+              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(plan.model))[0]}
+    for path, shape in shapes.items():
+        fix = f"use mesh axes {', '.join(sizes)} (or null), one per dimension of shape {shape}"
+        if path not in plan.param_specs:
+            raise InvalidPlanError(f"param_specs has no entry for parameter {path!r}", fix=fix)
+        spec = tuple(plan.param_specs[path])
+        where = f"param_specs[{json.dumps(path)}] = {spec}"
+        if len(spec) != len(shape):
+            raise InvalidPlanError(f"{where}: {len(spec)} entries for a {len(shape)}-dimensional parameter", fix=fix)
+        used: list[str] = []
+        for dim, size in zip(spec, shape):
+            axes = () if dim is None else (dim,) if isinstance(dim, str) else tuple(dim)
+            for axis in axes:
+                if axis not in sizes:
+                    raise InvalidPlanError(f"{where}: the mesh has no axis {axis!r}", fix=fix)
+                if axis in used:
+                    raise InvalidPlanError(f"{where}: axis {axis!r} splits two dimensions", fix="use each mesh axis at most once per parameter")
+                used.append(axis)
+            split = math.prod(sizes[a] for a in axes)
+            if size % split:
+                raise InvalidPlanError(f"{where}: a dimension of size {size} cannot be split {split} ways",
+                                       fix="leave that dimension unsplit (null) or use axes whose sizes divide it")
+    extra = sorted(set(plan.param_specs) - set(shapes))
+    if extra:
+        raise InvalidPlanError(f"param_specs names {extra[0]!r}, which {plan.model.name} does not have",
+                               fix="regenerate the plan with plan ... --out")
 
 
 def input_specs(plan: Plan) -> tuple[Any, Any, Any]:

@@ -33,8 +33,13 @@ def test_the_report_reads_memory_flops_and_collectives(tp_report):
     assert max(c.calls for c in tp_report.collectives) == 4 * 4
 
 
-def test_a_hand_broken_spec_names_the_failure(tp_plan):
-    specs = dict(tp_plan.param_specs)
-    specs["layers/attn/wq"] = ("nope", None, None, None)
-    with pytest.raises(InvalidPlanError, match="compiling the plan failed"):
-        compile_in_subprocess(tp_plan.model_copy(update={"param_specs": specs}))
+@pytest.mark.parametrize("spec, message", [
+    (("nope", None, None, None), r'param_specs\["layers/attn/wq"\] = \(\'nope\', None, None, None\): the mesh has no axis \'nope\''),
+    ((None, None, "tensor"), r"3 entries for a 4-dimensional parameter"),
+    ((None, "tensor", "tensor", None), r"axis 'tensor' splits two dimensions"),
+    ((("data", "tensor"), None, None, None), r"a dimension of size 4 cannot be split 8 ways"),
+])
+def test_a_hand_broken_spec_names_the_parameter_and_spec(tp_plan, spec, message):
+    broken = tp_plan.model_copy(update={"param_specs": {**tp_plan.param_specs, "layers/attn/wq": spec}})
+    with pytest.raises(InvalidPlanError, match=message):
+        compile_in_subprocess(broken)

@@ -77,7 +77,8 @@ mesh axes data, tensor (or null), one per dimension of shape (12, 768, 3072)
                 if axis not in sizes:
                     raise InvalidPlanError(f"{where}: the mesh has no axis {axis!r}", fix=fix)
                 if axis in used:
-                    raise InvalidPlanError(f"{where}: axis {axis!r} splits two dimensions", fix="use each mesh axis at most once per parameter")
+                    raise InvalidPlanError(f"{where}: axis {axis!r} splits two dimensions",
+                                           fix="use each mesh axis at most once per parameter")
                 used.append(axis)
             split = math.prod(sizes[a] for a in axes)
             if size % split:

@@ -76,7 +76,7 @@ def compile_plan(plan: Plan) -> CompileReport:
         argument_bytes=float(mem.argument_size_in_bytes), output_bytes=float(mem.output_size_in_bytes),
         alias_bytes=float(mem.alias_size_in_bytes), temp_bytes=float(mem.temp_size_in_bytes),
         flops_as_reported=float(cost.get("flops", 0.0)), matmul_flops=dot_flops(text),
-        collectives=tuple(collectives(text, mesh_shape=mesh_shape, device_ids=[d.id for d in mesh.devices.flat])),
+        collectives=tuple(collectives(text, mesh_shape=mesh_shape)),
     )
 
 

@@ -167,17 +167,18 @@ def _multipliers(comps: dict[str, list[str]]) -> dict[str, int]:
     return {c: times(c) for c in comps}
 
 
-def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...], device_ids: list[int] | None = None) -> list[Collective]:
+def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[Collective]:
     """Every collective of the module ``text`` with its mesh axes, bytes and executions per step.
 
-    ``mesh_shape`` is ((axis name, size), ...) major first; ``device_ids`` the mesh's device
-    ids in row-major order (default 0..n-1).
+    ``mesh_shape`` is ((axis name, size), ...) major first. Replica groups name devices by
+    their position in the executable's device assignment (``use_global_device_ids``), which
+    for ``jit`` over a mesh is the mesh's devices in row-major order, whatever their
+    ``Device.id`` (under ``jax.distributed`` those are not 0..n-1).
     """
     names = tuple(n for n, _ in mesh_shape)
     sizes = tuple(s for _, s in mesh_shape)
-    order = np.array(device_ids if device_ids is not None else range(math.prod(sizes)))
-    coords = np.zeros((order.max() + 1, len(sizes)), int)
-    coords[order] = np.array(np.unravel_index(np.arange(len(order)), sizes)).T
+    n_devices = math.prod(sizes)
+    coords = np.array(np.unravel_index(np.arange(n_devices), sizes)).T
     comps = _computations(text)
     times = _multipliers(comps)
     found = []
@@ -189,7 +190,7 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...], device_id
             name, result_type, op, attrs = m.groups()
             kind = op.removesuffix("-start")
             groups = _groups(attrs)
-            size = groups.shape[1] if groups is not None and kind != "collective-permute" else len(order)
+            size = groups.shape[1] if groups is not None and kind != "collective-permute" else n_devices
             if kind == "collective-permute":
                 groups = groups[groups[:, 0] != groups[:, 1]] if groups is not None else None
                 size = 2

@@ -1,4 +1,4 @@
-"""``plan validate plan.json --compile-only``: compile the plan on its mesh and compare, item by item.
+"""``plan validate plan.json --compile-only [--processes N]``: compile the plan on its mesh and compare, item by item.
 
 Exit status: 0 when every predicted item is within tolerance, 1 when one is not (so it can
 sit in a user's CI), the error catalog's codes for bad input.
@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-only", action="store_true", help="lower and compile from abstract inputs (no run)")
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="allowed |actual/predicted - 1| for bytes (default 0.05; FLOPs 0.02, total memory 0.25)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="JAX processes on this host (jax.distributed over 127.0.0.1) forming one mesh (default 1)")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
 
 
@@ -40,7 +42,8 @@ def _format(value: float | None, unit: str) -> str:
 def run(args: argparse.Namespace) -> int:
     # The validator imports planner; the CLI loads it only for this command (DESIGN: composition root).
     from planner.schema import Plan
-    from validate.compile_check import compile_in_subprocess
+    from validate.compile_check import CompileReport, compile_in_subprocess
+    from validate.multihost import run_processes, validate_processes
     from validate.predict import unpredicted_features
     from validate.report import checks
 
@@ -51,14 +54,20 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
-    report = compile_in_subprocess(plan)
+    if args.processes == 1:
+        report = compile_in_subprocess(plan)
+    else:
+        per_process = validate_processes(args.processes, plan.layout.n_devices)
+        report = CompileReport.model_validate_json(run_processes("validate.multihost:compile_plan_json", plan.model_dump_json(),
+                                                                 n_processes=args.processes, devices_per_process=per_process))
     results = checks(plan, report, tolerance=args.tolerance)
     unpredicted = unpredicted_features(plan)
     if args.json:
         print(json.dumps({"checks": [c.model_dump() for c in results], "unpredicted": unpredicted,
                           "compile": report.model_dump(exclude={"collectives"}) | {"peak_bytes": report.peak_bytes}}, sort_keys=True))
     else:
-        title = (f"{plan.model.name}: compiled on {report.n_devices} emulated devices in {report.compile_time_s:.1f} s, "
+        title = (f"{plan.model.name}: compiled on {report.n_devices} emulated devices ({report.n_processes} process"
+                 f"{'es' if report.n_processes > 1 else ''}) in {report.compile_time_s:.1f} s, "
                  f"peak RSS {report.peak_rss_bytes / _GIB:.2f} GiB")
         table = Table(title=title)
         for col in ("item", "axis", "predicted", "compiled", "ratio", "ok"):

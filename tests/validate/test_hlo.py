@@ -7,9 +7,9 @@ from validate.hlo import collectives, dot_flops, loop_trip_counts
 MESH = (("data", 2), ("tensor", 4))
 
 
-def _one(line: str, mesh=MESH, device_ids=None):
+def _one(line: str, mesh=MESH):
     text = f"ENTRY %main (a: f32[4]) -> f32[4] {{\n  {line}\n}}"
-    (c,) = collectives(text, mesh_shape=mesh, device_ids=device_ids)
+    (c,) = collectives(text, mesh_shape=mesh)
     return c
 
 
@@ -27,13 +27,6 @@ def _one(line: str, mesh=MESH, device_ids=None):
 def test_replica_groups_map_to_mesh_axes(groups, axes):
     c = _one(f"%ar = bf16[16]{{0}} all-reduce(%x), replica_groups={groups}, to_apply=%add")
     assert c.axes == axes and c.kind == "all-reduce" and c.bytes_per_call == 32 and not c.promoted
-
-
-def test_device_order_of_the_mesh_is_respected():
-    # A mesh laid out with devices 0..7 in column-major order: {0,1} then differ along "tensor".
-    c = _one("%ar = f32[4]{0} all-reduce(%x), replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add",
-             device_ids=[0, 2, 4, 6, 1, 3, 5, 7])
-    assert c.axes == ("data",)
 
 
 def test_buffer_bytes_per_kind_and_promotion():

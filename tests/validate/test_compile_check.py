@@ -43,3 +43,10 @@ def test_a_hand_broken_spec_names_the_parameter_and_spec(tp_plan, spec, message)
     broken = tp_plan.model_copy(update={"param_specs": {**tp_plan.param_specs, "layers/attn/wq": spec}})
     with pytest.raises(InvalidPlanError, match=message):
         compile_in_subprocess(broken)
+
+
+def test_a_pipeline_plan_compiles_with_stage_to_stage_sends():
+    plan = layout_plan(TINY, Layout(pp=2, dp=2, tp=2, micro_batch=2), hardware="a100-80gb", seq_len=64, global_batch=16)
+    report = compile_in_subprocess(plan)
+    sends = [c for c in report.collectives if c.kind == "collective-permute" and c.axes == ("pipeline",)]
+    assert sends and all(c.calls >= plan.layout.micro_batches(plan.train) for c in sends)

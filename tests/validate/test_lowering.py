@@ -50,3 +50,11 @@ def test_sharded_step_matches_the_single_device_loss(layout):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["loss"] == pytest.approx(out["reference"], rel=1e-5)
     assert out["lookup_error"] == 0.0
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(pp=2, dp=2, tp=2, micro_batch=2),
+    Layout(pp=2, dp=4, micro_batch=1, recompute="full"),
+], ids=["pp2-dp2-tp2", "pp2-dp4-full"])
+def test_pipelined_step_matches_the_single_device_loss(layout):
+    test_sharded_step_matches_the_single_device_loss(layout)

@@ -1,102 +1,255 @@
 """The ``cpu`` hardware profile, measured on this host by micro-benchmarks the project runs itself.
 
-The catalog's ``cpu`` entry holds placeholders; a timed validation on emulated CPU devices
-needs what this host really does. Measured here, with JAX, medians of repeats:
+The catalog's ``cpu`` entry holds placeholders; a timed check on emulated CPU devices needs
+what this host really does. `measure` runs every benchmark with JAX on all ``n_devices``
+emulated devices at once (one GEMM, stream or collective per device, sharded over a 1-D
+mesh), inside compiled loops where a call's dispatch would otherwise count, and keeps the
+median of repeats:
 
-- matmul FLOP/s of square float32 GEMMs from 128 to 1024 (the largest gives the peak,
-  the others the efficiency curve for small GEMMs),
-- memory bandwidth of a streaming elementwise op (bytes read + written per second),
-- the per-kernel floor (a tiny op's time).
+- GEMM FLOP/s of square float32 GEMMs from 128 to 1024, each size timed as the three GEMMs
+  a training step runs per weight (forward ``A·B``, input gradient ``G·Bᵀ``, weight
+  gradient ``Aᵀ·G``; the simulator costs a backward as two GEMMs of the forward's size).
+  The largest gives the peak, the others the efficiency curve for small GEMMs.
+- Streaming bandwidth of a jitted elementwise op reading 64 MB and writing a new 64 MB
+  buffer per device (bytes read + written per second), far beyond the 32 MB last-level
+  cache. A new buffer that large is freshly mapped memory, so its first touch (page faults,
+  zeroing) counts, as it does in a training step: XLA's CPU runtime maps a step's
+  temporaries anew each step and faults all of them in (~160 MB per step for the 1-device
+  benchmark GPT). The same op in place, in a compiled loop, ran ~7× faster (~30 GB/s).
+- The per-kernel floor: one iteration of a compiled loop around a tiny (8×8) GEMM.
+- The link tier: a ``psum`` over the ``n_devices`` inside a compiled loop, of a few floats
+  (latency) and of 4 MB per device (bandwidth, by the simulator's own ring formula).
 
-N emulated devices are threads of one process on the same cores: they share its compute and
-its memory bandwidth, so one device of N gets 1/N of each (`cpu_cluster`). Transfers
-between emulated devices are memory copies: the link tier runs at the per-device memory
-bandwidth. Results are cached in ``~/.cache/jax-parallel-planner/cpu_profile.json``.
+Why one measurement per device count rather than the host's throughput / N: emulated
+devices are threads of one process on the same cores, so N devices share its compute, but
+how well depends on the size. Measured here (2 cores, quiet): one device reached
+~190 GFLOP/s on 1024-GEMMs but only ~90 on 128-GEMMs (two threads on a small GEMM);
+eight concurrent devices reached ~21 GFLOP/s each at every size from 128 to 1024 (~170
+for the host). So one device's small GEMMs are inefficient where eight devices' are not,
+and `cpu_cluster` takes the per-device numbers measured with all N devices busy. float32
+only: bf16 GEMMs were no faster on this CPU (160–185 GFLOP/s against ~200 at 1024–2048),
+so the timed check computes in float32 and the profile has no bf16 peak
+(`DeviceSpec.peak_for` says so if asked).
 
->>> m = CpuMeasurement(matmul_flops_per_s=((1e6, 2e9), (1e9, 4e10)), memory_bytes_per_s=8e9, kernel_floor_s=2e-5)
->>> c = cpu_cluster(m, n_devices=4)
->>> c.device.peak_flops_per_s["float32"], c.device.hbm_bytes_per_s, c.devices_per_node
-(10000000000.0, 2000000000.0, 4)
+Measurements are cached per device count in ``~/.cache/jax-parallel-planner/cpu_profile.json``
+(another host or JAX version re-measures; ``recalibrate=True`` forces it).
+
+>>> m = CpuMeasurement(n_devices=4, matmul_flops_per_s=((1e6, 2e9), (1e9, 4e10)), stream_bytes_per_s=2e9, kernel_floor_s=2e-6,
+...                    link_bytes_per_s=1e9, link_latency_s=1e-5, load_average=0.5, other_cpu_share=0.0, host="x", jax_version="0")
+>>> c = cpu_cluster(m)
+>>> c.device.peak_flops_per_s["float32"], c.device.hbm_bytes_per_s, c.devices_per_node, c.intra_node.bytes_per_s
+(40000000000.0, 2000000000.0, 4, 1000000000.0)
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
+from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
+from costmodel.errors import PlannerError
 from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, LinkSpec
 from costmodel.roofline import Efficiency
 
 CACHE = Path.home() / ".cache" / "jax-parallel-planner" / "cpu_profile.json"
+GEMM_SIZES = (128, 256, 512, 1024)
 _GIB = 2**30
+_GEMM_HOST_FLOPS = 8e9  # the host's work per timed GEMM call: tens of ms, so dispatch (~0.1 ms on 8 devices) is noise
+_STREAM_BYTES = 64 * 2**20  # per device, read, and as much written: above glibc's largest mmap threshold (32 MB)
+_LINK_BYTES = 4 * 2**20  # per device
+_REPEATS = 7
 
 
 class CpuMeasurement(BaseModel):
-    """What the micro-benchmarks measured on the whole host (all cores, one process)."""
+    """What the micro-benchmarks measured for one device while all ``n_devices`` ran at once."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    matmul_flops_per_s: tuple[tuple[float, float], ...] = Field(description="(FLOPs of the GEMM, FLOP/s reached), ascending.")
-    memory_bytes_per_s: float = Field(description="Streaming elementwise bandwidth, read + write.")
-    kernel_floor_s: float = Field(description="Time of a tiny jitted op.")
+    n_devices: PositiveInt = Field(description="Emulated devices running the benchmarks concurrently.")
+    matmul_flops_per_s: tuple[tuple[PositiveFloat, PositiveFloat], ...] = Field(
+        description="(FLOPs of one device's GEMM, FLOP/s one device reached over forward + both gradient GEMMs), ascending.")
+    stream_bytes_per_s: PositiveFloat = Field(description="One device's streaming bandwidth into a new buffer, read + write, all at once.")
+    kernel_floor_s: NonNegativeFloat = Field(description="Seconds per iteration of a compiled loop around a tiny GEMM.")
+    link_bytes_per_s: PositiveFloat = Field(description="psum ring bandwidth per device (the stream bandwidth for 1 device).")
+    link_latency_s: NonNegativeFloat = Field(description="Per-step latency (alpha) of the psum ring (0 for 1 device).")
+    load_average: NonNegativeFloat = Field(description="1-minute load average when the benchmarks ended (this process included).")
+    other_cpu_share: NonNegativeFloat | None = Field(
+        description="Share of the host's cores other processes kept busy meanwhile (/proc/stat; None where unreadable).")
+    host: str = Field(description="Processor and core count the numbers belong to.")
+    jax_version: str = Field(description="jax version the numbers were measured with.")
+
+    @property
+    def peak_flops_per_s(self) -> float:
+        return max(rate for _, rate in self.matmul_flops_per_s)
 
 
-def _median_s(fn, *args, repeats: int = 7) -> float:
-    fn(*args).block_until_ready()
+def host_name() -> str:
+    """What identifies this host's compute for the cache."""
+    return f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} cores"
+
+
+def cpu_clock() -> tuple[float, float, float]:
+    """(wall seconds, seconds the host's cores were busy, seconds this process ran): two
+    readings give `other_cpu_share`. Busy time is NaN where ``/proc/stat`` is unreadable."""
+    try:
+        ticks = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        busy_s = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait; steal counts
+    except (OSError, ValueError, IndexError):
+        busy_s = float("nan")
+    return time.perf_counter(), busy_s, time.process_time()
+
+
+def other_cpu_share(start: tuple[float, float, float], end: tuple[float, float, float]) -> float | None:
+    """Share of the host's cores busy with other processes (or other VMs) between two `cpu_clock` readings."""
+    wall_s, busy_s, own_s = (b - a for a, b in zip(start, end))
+    if busy_s != busy_s or wall_s <= 0:
+        return None
+    return max(0.0, busy_s - own_s) / (wall_s * (os.cpu_count() or 1))
+
+
+def _median_s(fn: Callable[..., Any], *args: Any, repeats: int = _REPEATS) -> float:
+    import jax
+
+    jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        fn(*args).block_until_ready()
+        jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def measure() -> CpuMeasurement:
-    """Run the micro-benchmarks on this process's first device (a few seconds)."""
+def _per_iteration_s(make_loop: Callable[[int], Callable[..., Any]], x: Any, *, iterations: tuple[int, int]) -> float:
+    """Seconds per iteration of the compiled loop ``make_loop(k)`` runs on ``x`` (k
+    iterations), the call's fixed cost (dispatch to every device) cancelled."""
+    few, many = iterations
+    return max(0.0, (_median_s(make_loop(many), x) - _median_s(make_loop(few), x)) / (many - few))
+
+
+def _gemm_curve(per_device: Callable[..., Any], n_devices: int) -> list[tuple[float, float]]:
+    import jax
+
+    contractions = (((2,), (1,)), ((2,), (2,)), ((1,), (1,)))  # A·B, G·Bᵀ, Aᵀ·G; b = 1/n keeps x at ones
+
+    @jax.jit
+    def gemms(x: jax.Array, b: jax.Array, k: jax.Array) -> jax.Array:
+        def body(_: Any, x: jax.Array) -> jax.Array:
+            for contract in contractions:
+                x = jax.lax.dot_general(x, b, (contract, ((0,), (0,))))
+            return x
+        return jax.lax.fori_loop(0, k, body, x)
+
+    curve = []
+    for n in GEMM_SIZES:
+        flops = 2.0 * n**3
+        k = max(1, round(_GEMM_HOST_FLOPS / (3 * flops * n_devices)))
+        seconds = _median_s(gemms, per_device(n, n), per_device(n, n, value=1 / n), k, repeats=5 if k == 1 else _REPEATS)
+        curve.append((flops, 3 * k * flops / seconds))
+    return curve
+
+
+def _link(per_device: Callable[..., Any], mesh: Any, n_devices: int) -> tuple[float, float]:
+    """(bandwidth, latency) of the psum ring, inverting the simulator's 2(n−1)(S/(n·bw) + α)."""
+    import jax
+    from jax.sharding import PartitionSpec
+
+    def psums(k: int) -> Callable[..., Any]:
+        loop = lambda v: jax.lax.fori_loop(0, k, lambda _, v: jax.lax.pcast(jax.lax.psum(v, "d"), ("d",), to="varying"), v)  # noqa: E731
+        return jax.jit(jax.shard_map(loop, mesh=mesh, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
+
+    steps = 2 * (n_devices - 1)
+    small_s = _per_iteration_s(psums, per_device(8, value=0.0), iterations=(20, 220))
+    large_s = _per_iteration_s(psums, per_device(_LINK_BYTES // 4, value=0.0), iterations=(2, 12))
+    return steps / n_devices * _LINK_BYTES / max(large_s - small_s, 1e-9), small_s / steps
+
+
+def measure(n_devices: int) -> CpuMeasurement:
+    """Run the micro-benchmarks on this process's first ``n_devices`` devices, all at once
+    (about 5 s for one device, 10 s for eight)."""
     import jax
     import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
 
-    matmul = jax.jit(jnp.dot)
-    curve = []
-    for n in (128, 256, 512, 1024):
-        a = jnp.ones((n, n), jnp.float32)
-        flops = 2.0 * n**3
-        curve.append((flops, flops / _median_s(matmul, a, a)))
-    x = jnp.ones((32 * 2**20,), jnp.float32)
-    stream = jax.jit(lambda v: v * 1.0001 + 1.0)
-    memory = 2 * x.nbytes / _median_s(stream, x)
-    tiny = jnp.ones((8,), jnp.float32)
-    floor = _median_s(jax.jit(lambda v: v + 1.0), tiny, repeats=51)
-    return CpuMeasurement(matmul_flops_per_s=tuple(curve), memory_bytes_per_s=memory, kernel_floor_s=floor)
+    start = cpu_clock()
+    mesh = jax.make_mesh((n_devices,), ("d",), devices=jax.devices()[:n_devices])
+    split = NamedSharding(mesh, PartitionSpec("d"))
+
+    def per_device(*shape: int, value: float = 1.0) -> jax.Array:
+        return jax.device_put(jnp.full((n_devices, *shape), value, jnp.float32), split)
+
+    curve = _gemm_curve(per_device, n_devices)
+    stream = jax.jit(lambda v: v * 1.0001 + 1.0, out_shardings=split)
+    stream_bytes_per_s = 2 * _STREAM_BYTES / _median_s(stream, per_device(_STREAM_BYTES // 4))
+
+    def tiny_gemms(k: int) -> Callable[..., Any]:  # a GEMM, unlike an elementwise op, is not fused into the loop around it
+        return jax.jit(lambda v: jax.lax.fori_loop(0, k, lambda _, v: jnp.einsum("dij,djk->dik", v, v), v))
+
+    floor_s = _per_iteration_s(tiny_gemms, per_device(8, 8, value=1 / 8), iterations=(100, 1100))
+    link_bytes_per_s, latency_s = _link(per_device, mesh, n_devices) if n_devices > 1 else (stream_bytes_per_s, 0.0)
+    return CpuMeasurement(n_devices=n_devices, matmul_flops_per_s=tuple(curve), stream_bytes_per_s=stream_bytes_per_s,
+                          kernel_floor_s=floor_s, link_bytes_per_s=link_bytes_per_s, link_latency_s=latency_s,
+                          load_average=os.getloadavg()[0], other_cpu_share=other_cpu_share(start, cpu_clock()),
+                          host=host_name(), jax_version=version("jax"))
 
 
-def cached_measurement(*, recalibrate: bool = False, cache: Path = CACHE) -> CpuMeasurement:
-    """The cached measurement, or a fresh one (then cached) when absent or asked for."""
-    if cache.is_file() and not recalibrate:
-        return CpuMeasurement.model_validate_json(cache.read_text())
-    measured = measure()
+def cpu_cluster(measured: CpuMeasurement) -> ClusterSpec:
+    """The ``cpu`` profile: one of ``measured.n_devices`` emulated devices, all on one node."""
+    peak = measured.peak_flops_per_s
+    curve = tuple((flops, rate / peak) for flops, rate in measured.matmul_flops_per_s)
+    device = DeviceSpec(
+        name="cpu", kind=DeviceKind.CPU, peak_flops_per_s={"float32": peak},
+        hbm_bytes=16 * _GIB, hbm_bytes_per_s=measured.stream_bytes_per_s,
+        # Attention runs as its matmuls here: no fused kernel, so flash_attention is unused.
+        efficiency=Efficiency(matmul_curve=curve, flash_attention=1.0, hbm=1.0, kernel_floor_s=measured.kernel_floor_s),
+        source=f"validate.cpu_profile micro-benchmarks on {measured.host}, {measured.n_devices} emulated devices at once",
+    )
+    link = LinkSpec(name="shared-memory", bytes_per_s=measured.link_bytes_per_s, latency_s=measured.link_latency_s, efficiency=1.0,
+                    source="psum over the emulated devices in a compiled loop, measured by validate.cpu_profile")
+    return ClusterSpec(name="cpu", device=device, devices_per_node=measured.n_devices, intra_node=link, inter_node=link)
+
+
+def measure_in_subprocess(n_devices: int, *, timeout_s: float = 300) -> CpuMeasurement:
+    """`measure` in a fresh Python with ``n_devices`` emulated CPU devices."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}", JAX_PLATFORMS="cpu")
+    code = f"from validate.cpu_profile import measure; print(measure({n_devices}).model_dump_json())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        raise PlannerError(f"the CPU micro-benchmarks failed: {lines[-1][:300] if lines else proc.returncode}",
+                           fix="run python -c 'from validate.cpu_profile import measure; measure(1)' to see why")
+    return CpuMeasurement.model_validate_json(proc.stdout.strip().splitlines()[-1])
+
+
+def _cached_entries(cache: Path) -> dict[str, Any]:
+    """Device count → measurement, as stored; an unreadable or older-format file holds none."""
+    try:
+        entries = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in entries.items() if k.isdigit()} if isinstance(entries, dict) else {}
+
+
+def cached_measurement(n_devices: int, *, recalibrate: bool = False, cache: Path = CACHE) -> CpuMeasurement:
+    """The cached measurement for ``n_devices``, or a fresh one (then cached) when absent, from
+    another host or JAX version, or asked for."""
+    cached = _cached_entries(cache).get(str(n_devices))
+    if cached is not None and not recalibrate:
+        measured = CpuMeasurement.model_validate(cached)
+        if (measured.host, measured.jax_version) == (host_name(), version("jax")):
+            return measured
+    measured = measure_in_subprocess(n_devices)
+    entries = {**_cached_entries(cache), str(n_devices): measured.model_dump()}  # re-read: another process may have added one
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(measured.model_dump_json())
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
     tmp.replace(cache)
     return measured
-
-
-def cpu_cluster(measured: CpuMeasurement, *, n_devices: int) -> ClusterSpec:
-    """The ``cpu`` profile for ``n_devices`` emulated devices sharing the host measured."""
-    peak = max(rate for _, rate in measured.matmul_flops_per_s)
-    curve = tuple((flops, min(1.0, rate / peak)) for flops, rate in measured.matmul_flops_per_s)
-    per_device_memory = measured.memory_bytes_per_s / n_devices
-    device = DeviceSpec(
-        name="cpu", kind=DeviceKind.CPU, peak_flops_per_s={"float32": peak / n_devices},
-        hbm_bytes=16 * _GIB, hbm_bytes_per_s=per_device_memory,
-        # Nothing is fused into a flash kernel here: attention runs as its matmuls.
-        efficiency=Efficiency(matmul_curve=curve, flash_attention=1.0, hbm=1.0, kernel_floor_s=measured.kernel_floor_s),
-        source=f"validate.cpu_profile micro-benchmarks on this host, shared by {n_devices} emulated devices",
-    )
-    link = LinkSpec(name="shared-memory", bytes_per_s=per_device_memory, latency_s=measured.kernel_floor_s, efficiency=1.0,
-                    source="emulated devices copy through the host's memory")
-    return ClusterSpec(name="cpu", device=device, devices_per_node=n_devices, intra_node=link, inter_node=link)

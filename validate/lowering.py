@@ -178,6 +178,19 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
                    donate_argnums=(0, 1))
 
 
+def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
+    """``(params, batch) -> (mean loss, fp32 gradients)`` as the plan computes them: its
+    recompute policy, micro-batches, activation constraints and vocab-parallel embedding,
+    and for ``pp > 1`` the pipeline schedule of `validate.pipeline`."""
+    lay = plan.layout
+    if lay.pp > 1:
+        from validate.pipeline import pipeline_loss_and_grads
+
+        return pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
+    return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
+                               hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh)})
+
+
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """The plan's training step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
 
@@ -190,19 +203,12 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     ()
     """
     lay, train = plan.layout, plan.train
-    if lay.pp > 1:
-        from validate.pipeline import pipeline_loss_and_grads
-
-        loss_and_grads = pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
-    else:
-        loss_and_grads = make_loss_and_grads(plan.model, train, remat=REMAT_POLICY[lay.recompute],
-                                             micro_batches=lay.micro_batches(train),
-                                             hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh)})
+    grads_of = loss_and_grads(plan, mesh)
     _, opt_specs, _ = input_specs(plan)
     grad_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), opt_specs["m"])
 
     def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
-        loss, grads = loss_and_grads(params, batch)
+        loss, grads = grads_of(params, batch)
         if lay.zero_stage >= 1:
             grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
         with jax.named_scope("optimizer"):

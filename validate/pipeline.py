@@ -1,20 +1,41 @@
 """Pipeline parallelism as a real JAX program: GPipe over the plan's pipeline axis with ``shard_map``.
 
-The stacked layers are split over the pipeline axis (the plan's ``param_specs`` put it on
-their leading dim); inside a ``shard_map`` that is manual over that axis only (tensor and
-data axes stay with XLA), each stage runs its layers on one micro-batch per tick and
-``ppermute``s the result to the next stage: ``M + S − 1`` ticks for ``M`` micro-batches
-and ``S`` stages. The embedding runs before the pipeline and the head and loss after it,
-on the last stage's outputs, which a sum over the pipeline axis hands to every stage.
-Gradients come from differentiating the whole schedule, so the backward pass mirrors the
-forward one (GPipe): every stage keeps all its micro-batches' activations (or what its
-recompute policy saves), more than 1F1B's at most ``S`` in flight. Gradients of the
-micro-batches add up inside one backward pass, so data-parallel reduction happens once.
+Schedule. Inside a ``jax.shard_map`` that is manual over the pipeline axis only (data, tensor
+and context axes stay automatic, so XLA partitions each stage's layers as the plan's specs
+say), stage ``s`` holds its contiguous slice of the stacked layers (``param_specs`` put the
+pipeline axis on their leading dim). The batch is cut into the plan's ``M`` micro-batches per
+data replica; on tick ``t`` of ``M + S − 1`` (a ``lax.scan``, ``S`` stages) stage 0 takes
+micro-batch ``t``, every other stage what its predecessor ``ppermute``d on tick ``t − 1``, and
+the last stage keeps the output of micro-batch ``t − S + 1``. Every device runs the same
+program (SPMD), so stages also compute in the bubble ticks, on data nobody reads: each
+device does ``(M + S − 1) / M`` times its useful layer work, and the bubble shows up as
+compute rather than idle time.
 
-Even stages only; interleaving and MoE layers are not lowered. Compiling it on the CPU
-backend needs ``--xla_disable_hlo_passes=all-reduce-promotion`` (`compile_in_subprocess`
-sets it): promoting the bf16 gradient all-reduces inside the manual region hits an XLA
-check failure in jax 0.10.2.
+Embedding, head and loss run outside the manual region on the whole batch, with the plan's
+vocab-parallel embedding and activation constraints as in the non-pipelined step
+(`validate.lowering`). A ``psum`` over the pipeline axis hands the last stage's outputs to
+every pipeline group, which all compute the head: duplicated work, but the head's gradient
+then needs no all-reduce over the pipeline axis, which is often the one crossing nodes.
+
+Backward and memory. Gradients come from differentiating the whole schedule, so the backward
+ticks mirror the forward ones in reverse (GPipe): each stage keeps what its recompute policy
+saves (the plan's ``jax.checkpoint`` policy, as in the reference model) for all ``M + S − 1``
+ticks, where 1F1B keeps at most ``S`` micro-batches in flight. Plans with schedule "1f1b" run
+this program too, so their compiled activation memory is GPipe's. The micro-batches'
+gradients add up inside the one backward pass: the data-parallel reduction happens once.
+
+Uneven stages (``stage_layers``, or a layer count the stages do not divide) are padded: every
+stage runs ``max(stage layers)`` layer slots, and a slot past its stage's count holds zero
+weights, which makes a pre-norm residual layer exactly the identity (``x + 0 + 0``) and,
+multiplied by the 0/1 mask, gets no gradient. The padding adds compute but not time (each
+tick lasts as long as the longest stage anyway). Laying the stacked layers out per stage is
+a gather over their leading dim, so XLA moves layers between stages every step (and their
+gradients back), parameter traffic a pipeline storing each stage's layers would not have.
+
+Not lowered: interleaved stages (``interleave > 1``). Compiling on the CPU backend needs
+``--xla_disable_hlo_passes=all-reduce-promotion`` for bf16 compute (`compile_in_subprocess`
+sets it): promoting bf16 all-reduces inside the manual region hits an XLA check failure in
+jax 0.10.2.
 """
 
 from __future__ import annotations
@@ -23,69 +44,93 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from costmodel.errors import UnsupportedError
-from planner.models.train_step import cross_entropy
+from costmodel.layout import Layout
+from planner.models.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.models.transformer import embed, head, run_layers
 from planner.schema import Plan
+from validate.lowering import activation_constraint, embedding_lookup
 
 
-def check_pipeline(plan: Plan) -> str:
-    """The pipeline axis name; raises `UnsupportedError` for what is not lowered."""
-    lay, model = plan.layout, plan.model
-    axes = plan.axes_of("pp")
-    problems = {
-        "the pipeline spans several mesh axes": len(axes) != 1,
-        "uneven stages": bool(lay.stage_layers) and len(set(lay.stage_layers)) > 1 or model.num_layers % lay.pp != 0,
-        "interleaved stages": lay.interleave > 1,
-        "MoE layers": model.is_moe,
-    }
-    for what, bad in problems.items():
-        if bad:
-            raise UnsupportedError(f"pipeline plans with {what} are not lowered to JAX yet", fix="validate a plan with even stages, "
-                                   "one pipeline axis, no interleaving, dense layers (or pp=1)")
-    return axes[0]
+def check_pipeline(plan: Plan) -> tuple[str, ...]:
+    """The pipeline's mesh axes; raises `UnsupportedError` for what is not lowered."""
+    lay = plan.layout
+    if lay.pp == 1:
+        raise UnsupportedError("the plan has no pipeline (pp=1)", fix="use validate.lowering.train_step")
+    if lay.interleave > 1:
+        raise UnsupportedError(f"interleave={lay.interleave}: interleaved pipeline stages are not lowered to JAX yet",
+                               fix="validate the plan with interleave=1 (same stages, one model chunk per device)")
+    return plan.axes_of("pp")
+
+
+def stage_slots(num_layers: int, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """Which layer each stage's layer slot runs and whether it is live, stages major:
+    ``pp · max(stage layers)`` slots, a padded slot pointing at its stage's own last layer.
+
+    >>> stage_slots(6, Layout(pp=2, stage_layers=(2, 4)))
+    (array([0, 1, 1, 1, 2, 3, 4, 5]), array([ True,  True, False, False,  True,  True,  True,  True]))
+    >>> stage_slots(5, Layout(pp=2))[1]
+    array([ True,  True,  True,  True,  True, False])
+    """
+    s = layout.pp
+    counts = layout.stage_layers or tuple(num_layers // s + (i < num_layers % s) for i in range(s))
+    starts, width = np.cumsum((0, *counts[:-1])), max(counts)
+    slot_SxW = np.arange(width)[None, :]
+    layer_SxW = starts[:, None] + np.minimum(slot_SxW, np.array(counts)[:, None] - 1)
+    return layer_SxW.reshape(-1), (slot_SxW < np.array(counts)[:, None]).reshape(-1)
 
 
 def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[..., Any]:
-    """``(params, batch) -> (mean loss, gradients)`` of the plan's GPipe schedule."""
-    axis = check_pipeline(plan)
+    """``(params, batch) -> (mean loss, gradients)`` of the plan's GPipe schedule; ``remat`` is
+    the reference model's recompute policy ("none", "selective", "full")."""
+    axes = check_pipeline(plan)
     model, train, stages = plan.model, plan.train, plan.layout.pp
     micro = plan.layout.micro_batches(train)
     dt = jnp.dtype(train.compute_dtype.value)
+    layer_P, live_P = stage_slots(model.num_layers, plan.layout)  # P = stages · slots per stage
+    padded = len(layer_P) != model.num_layers or not live_P.all()
+    constrain, lookup = activation_constraint(plan, mesh), embedding_lookup(plan, mesh)
 
-    def schedule(layers: Any, x_MxBxSxD: jax.Array) -> jax.Array:
-        stage = jax.lax.axis_index(axis)
+    def schedule(layers: Any, live_W: jax.Array, x_MxBxSxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        stage = jax.lax.axis_index(axes)
         first, last = stage == 0, stage == stages - 1
 
-        def tick(carry: tuple[jax.Array, jax.Array], t: jax.Array) -> tuple[tuple[jax.Array, jax.Array], None]:
-            received_BxSxD, out_MxBxSxD = carry
+        def tick(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
+            received_BxSxD, out_MxBxSxD, aux = carry
             x_BxSxD = jnp.where(first, x_MxBxSxD[jnp.minimum(t, micro - 1)], received_BxSxD)
-            y_BxSxD, _ = run_layers(x_BxSxD, layers, model, remat=remat)
-            done = t - (stages - 1)
-            keep = last & (done >= 0)
-            out_MxBxSxD = jnp.where(keep, out_MxBxSxD.at[jnp.maximum(done, 0)].set(y_BxSxD), out_MxBxSxD)
-            sent_BxSxD = jax.lax.ppermute(y_BxSxD, axis, [(i, i + 1) for i in range(stages - 1)])
-            return (sent_BxSxD, out_MxBxSxD), None
+            y_BxSxD, aux_W = run_layers(x_BxSxD, layers, model, remat=remat)
+            done = t - (stages - 1)  # the micro-batch the last stage finishes on this tick
+            slot = jnp.clip(done, 0, micro - 1)
+            out_MxBxSxD = out_MxBxSxD.at[slot].set(jnp.where(last & (done >= 0), y_BxSxD, out_MxBxSxD[slot]))
+            mine = t - stage  # the micro-batch this stage works on; outside 0..M−1 it is a bubble tick
+            aux = aux + jnp.where((mine >= 0) & (mine < micro), (aux_W * live_W).sum(), 0.0)
+            sent_BxSxD = jax.lax.ppermute(y_BxSxD, axes, [(i, i + 1) for i in range(stages - 1)])
+            return (sent_BxSxD, out_MxBxSxD, aux), None
 
-        # The carry differs between stages: mark it varying over the pipeline axis for scan.
-        init = jax.lax.pcast((jnp.zeros_like(x_MxBxSxD[0]), jnp.zeros_like(x_MxBxSxD)), (axis,), to="varying")
-        (_, out_MxBxSxD), _ = jax.lax.scan(tick, init, jnp.arange(micro + stages - 1))
-        return jax.lax.psum(jnp.where(last, out_MxBxSxD, 0), axis)
+        # The carry differs between stages: mark it varying over the pipeline axes for scan.
+        init = jax.lax.pcast((jnp.zeros_like(x_MxBxSxD[0]), jnp.zeros_like(x_MxBxSxD), jnp.zeros((), jnp.float32)), axes,
+                             to="varying")
+        (_, out_MxBxSxD, aux), _ = jax.lax.scan(tick, init, jnp.arange(micro + stages - 1))
+        return jax.lax.psum(jnp.where(last, out_MxBxSxD, 0), axes), jax.lax.psum(aux, axes)
 
-    piped = jax.shard_map(schedule, mesh=mesh, in_specs=(PartitionSpec(axis), PartitionSpec()), out_specs=PartitionSpec(),
-                          axis_names={axis})
+    piped = jax.shard_map(schedule, mesh=mesh, in_specs=(PartitionSpec(axes), PartitionSpec(axes), PartitionSpec()),
+                          out_specs=(PartitionSpec(), PartitionSpec()), axis_names=set(axes))
 
     def loss(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
-        def micro_batches(v: jax.Array) -> jax.Array:
-            # Micro-batch index minor within each data shard, as in gradient accumulation.
-            return jnp.moveaxis(v.reshape(v.shape[0] // micro, micro, *v.shape[1:]), 1, 0)
-
-        tokens_MxBxS, targets_MxBxS = micro_batches(batch["tokens"]), micro_batches(batch["targets"])
-        x_MxBxSxD = jax.vmap(lambda t: embed(params, t, model, compute_dtype=dt))(tokens_MxBxS)
-        y_MxBxSxD = piped(params["layers"], x_MxBxSxD)
-        logits = jax.vmap(lambda y: head(y, params, model))(y_MxBxSxD)
-        return jax.vmap(cross_entropy)(logits, targets_MxBxS).mean()
+        layers = params["layers"]
+        if padded:
+            layers = jax.tree.map(lambda w: jnp.take(w, layer_P, axis=0) * live_P.reshape(-1, *(1,) * (w.ndim - 1)), layers)
+        x_GxSxD = embed(params, batch["tokens"], model, compute_dtype=dt, constrain=constrain, lookup=lookup)
+        g, s, d = x_GxSxD.shape
+        # Micro-batch index minor within each data shard, as in gradient accumulation: no data moves.
+        x_MxBxSxD = jnp.moveaxis(x_GxSxD.reshape(g // micro, micro, s, d), 1, 0)
+        y_MxBxSxD, aux = piped(layers, jnp.asarray(live_P, jnp.float32), x_MxBxSxD)
+        logits_GxSxV = head(jnp.moveaxis(y_MxBxSxD, 0, 1).reshape(g, s, d), params, model, constrain=constrain)
+        # The mean over all tokens is the mean of the micro-batch means (equal sizes).
+        return cross_entropy(logits_GxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux / (micro * model.num_layers)
 
     return jax.value_and_grad(loss)
+

@@ -1,12 +1,23 @@
-"""Timed validation: run the plan's step on real (or emulated) devices and compare with the simulator.
+"""Timed check: run the plan's step on real (or emulated) devices and compare with the simulator.
 
 `time_plan` builds concrete sharded inputs (random parameters, zero moments, random
-tokens), runs the jitted step (`validate.lowering.jitted_step`) ``warmup`` times, then times
-``repeats`` blocks of ``steps`` steps; the median block gives the step time, the spread of
-the blocks says how much to trust it (emulated devices sharing 2 cores swing by tens of
-percent). `predicted_cpu_step_s` is the simulator's answer for the same program on the
-measured ``cpu`` profile: float32 compute (bf16 matmuls are emulated and slow on CPUs),
-materialized attention, every kernel unfused as XLA's CPU backend mostly leaves them.
+tokens), jits the plan's step (`validate.lowering.jitted_step`: the plan's shardings on
+inputs and outputs, parameters and optimizer state donated), runs ``warmup`` steps, then
+``repeats`` repeats of ``steps`` steps, each step timed to ``block_until_ready``. A repeat's
+median step is its time; the median over repeats is the step time, and their range its
+spread: emulated devices sharing 2 cores swing by tens of percent, so one run says little.
+
+`predicted_step_s` is the simulator's answer for the same program on the measured ``cpu``
+profile (`validate.cpu_profile`) for the same device count: float32 compute (the timed
+plan's, see `cpu_plan`), materialized attention (the reference program builds the score
+matrix), elementwise chains fused (XLA's loop fusions), and no overlap of gradient
+reduction with compute (on a CPU the same cores compute and copy).
+
+>>> from costmodel.layout import Layout
+>>> from planner.api import layout_plan
+>>> p = layout_plan("gpt2", Layout(micro_batch=2), hardware="cpu", seq_len=64, global_batch=2)
+>>> cpu_plan(p).train.compute_dtype.value
+'float32'
 """
 
 from __future__ import annotations
@@ -17,15 +28,17 @@ import subprocess
 import sys
 import time
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, computed_field
 
-from costmodel.errors import PlannerError
+from costmodel.errors import InvalidPlanError, PlannerError
+from costmodel.estimate import StepEstimate
+from costmodel.hardware import ClusterSpec
 from costmodel.layout import Attention
 from costmodel.machine import machine_for
 from costmodel.simulator import simulate
 from costmodel.train_config import Dtype
 from planner.schema import Plan
-from validate.cpu_profile import CpuMeasurement, cpu_cluster
+from validate.cpu_profile import cpu_clock, other_cpu_share
 
 
 class TimedRun(BaseModel):
@@ -33,70 +46,93 @@ class TimedRun(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    n_devices: int = Field(description="Devices the step ran on.")
-    steps: int = Field(description="Steps per timed block.")
-    block_step_s: tuple[float, ...] = Field(description="Mean step seconds of each timed block.")
-    load_average: float = Field(description="1-minute load average of the host when the timing ended.")
+    n_devices: PositiveInt = Field(description="Devices the step ran on.")
+    steps: PositiveInt = Field(description="Steps timed in each repeat.")
+    warmup: int = Field(description="Steps run (compilation included) before timing.")
+    repeat_step_s: tuple[float, ...] = Field(min_length=1, description="Median step seconds of each repeat.")
+    load_average: tuple[NonNegativeFloat, NonNegativeFloat] = Field(
+        description="1-minute load average before warm-up and after the last repeat (this process's threads included).")
+    other_cpu_share: NonNegativeFloat | None = Field(
+        description="Share of the host's cores other processes kept busy during the repeats (/proc/stat; None where unreadable).")
 
+    @computed_field(description="Median over repeats of the repeats' median step seconds.")
     @property
     def median_step_s(self) -> float:
-        return statistics.median(self.block_step_s)
+        return statistics.median(self.repeat_step_s)
 
+    @computed_field(description="(slowest − fastest repeat) / median: how far one repeat can be off.")
     @property
     def spread(self) -> float:
-        """(slowest − fastest) / median block."""
-        return (max(self.block_step_s) - min(self.block_step_s)) / self.median_step_s
+        return (max(self.repeat_step_s) - min(self.repeat_step_s)) / self.median_step_s
 
 
 def cpu_plan(plan: Plan) -> Plan:
-    """The plan as the CPU runs it: float32 compute."""
+    """The plan as the timed check runs it: float32 compute, since this CPU's bf16 GEMMs are no
+    faster and XLA's CPU backend converts bf16 around most ops (`validate.cpu_profile`)."""
     return plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype.FP32})})
 
 
-def predicted_cpu_step_s(plan: Plan, measured: CpuMeasurement) -> float:
-    """Simulated step seconds of ``plan``'s program on the measured host shared by its devices."""
-    machine = machine_for(cpu_cluster(measured, n_devices=plan.layout.n_devices), compute_dtype="float32")
-    layout = plan.layout.model_copy(update={"attention": Attention.MATERIALIZED, "fused_elementwise": False})
-    return simulate(plan.model, cpu_plan(plan).train, layout, machine).step_time_s
+def cpu_estimate(plan: Plan, cluster: ClusterSpec) -> StepEstimate:
+    """The simulator's estimate of the timed program (`cpu_plan`) on ``cluster``, a ``cpu``
+    profile measured with the plan's device count."""
+    n = plan.layout.n_devices
+    if cluster.devices_per_node != n:
+        raise InvalidPlanError(f"the profile was measured with {cluster.devices_per_node} devices sharing the host, the plan runs {n}",
+                               fix=f"use cpu_cluster(cached_measurement({n}))")
+    layout = plan.layout.model_copy(update={"attention": Attention.MATERIALIZED, "fused_elementwise": True, "dp_overlap": False})
+    train = cpu_plan(plan).train
+    return simulate(plan.model, train, layout, machine_for(cluster, compute_dtype=train.compute_dtype.value))
+
+
+def predicted_step_s(plan: Plan, cluster: ClusterSpec) -> float:
+    """Predicted seconds of one step of the timed program (`cpu_estimate`)."""
+    return cpu_estimate(plan, cluster).step_time_s
 
 
 def time_plan(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, seed: int = 0) -> TimedRun:
-    """Time the plan's step in this process (it must see the plan's device count)."""
+    """Time `cpu_plan` (``plan`` in float32) in this process, which must see the plan's
+    device count (`time_in_subprocess` makes sure it does)."""
     import jax
 
     from planner.models.params import init_params
     from planner.models.train_step import init_opt_state
     from validate.lowering import device_mesh, input_specs, jitted_step
 
+    load_before = os.getloadavg()[0]
     plan = cpu_plan(plan)
     mesh = device_mesh(plan)
     params = init_params(plan.model, jax.random.key(seed))
     tokens = jax.random.randint(jax.random.key(seed + 1), (plan.train.global_batch, plan.train.seq_len), 0, plan.model.vocab_size)
     shardings = jax.tree.map(lambda s: jax.NamedSharding(mesh, s), input_specs(plan))
-    state = jax.device_put((params, init_opt_state(params)), shardings[:2])
+    params, opt_state = jax.device_put((params, init_opt_state(params)), shardings[:2])
     batch = jax.device_put({"tokens": tokens, "targets": tokens}, shardings[2])
     step = jitted_step(plan, mesh)
     for _ in range(warmup):
-        *state, metrics = step(*state, batch)
+        params, opt_state, metrics = step(params, opt_state, batch)
     jax.block_until_ready(metrics)
-    blocks = []
+    before = cpu_clock()
+    medians = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        times = []
         for _ in range(steps):
-            *state, metrics = step(*state, batch)
-        jax.block_until_ready((state, metrics))
-        blocks.append((time.perf_counter() - start) / steps)
-    return TimedRun(n_devices=plan.layout.n_devices, steps=steps, block_step_s=tuple(blocks), load_average=os.getloadavg()[0])
+            start = time.perf_counter()
+            params, opt_state, metrics = jax.block_until_ready(step(params, opt_state, batch))
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    return TimedRun(n_devices=plan.layout.n_devices, steps=steps, warmup=warmup, repeat_step_s=tuple(medians),
+                    load_average=(load_before, os.getloadavg()[0]), other_cpu_share=other_cpu_share(before, cpu_clock()))
 
 
-def time_in_subprocess(plan: Plan, *, steps: int = 3, repeats: int = 5, timeout_s: float = 600) -> TimedRun:
+def time_in_subprocess(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, timeout_s: float = 600) -> TimedRun:
     """`time_plan` in a fresh Python with the plan's device count emulated on the CPU."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={plan.layout.n_devices}", JAX_PLATFORMS="cpu")
     code = ("import sys; from planner.schema import Plan; from validate.timed import time_plan; "
-            f"print(time_plan(Plan.model_validate_json(sys.stdin.read()), steps={steps}, repeats={repeats}).model_dump_json())")
+            f"run = time_plan(Plan.model_validate_json(sys.stdin.read()), steps={steps}, repeats={repeats}, warmup={warmup}); "
+            "print(run.model_dump_json(exclude={'median_step_s', 'spread'}))")
     proc = subprocess.run([sys.executable, "-c", code], input=plan.model_dump_json(), capture_output=True, text=True, env=env,
                           timeout=timeout_s)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
-        raise PlannerError(f"timing the plan failed: {lines[-1][:300] if lines else proc.returncode}", fix="run with --debug")
+        raise PlannerError(f"timing the plan failed: {lines[-1][:300] if lines else proc.returncode}",
+                           fix="run validate.timed.time_plan in a process with the plan's device count to see why")
     return TimedRun.model_validate_json(proc.stdout.strip().splitlines()[-1])

@@ -24,6 +24,11 @@ from costmodel.errors import InvalidPlanError
 from planner.schema import Plan
 from validate.hlo import Collective, collectives, dot_flops
 
+# XLA may otherwise drop a bf16 round trip (f32 → bf16 → f32) where a backend computes in
+# f32: the CPU backend then loses the trace of which collectives the program runs in bf16
+# (`validate.hlo` reads it from those converts).
+COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
+
 
 class CompileReport(BaseModel):
     """What XLA made of the plan on its mesh, per device."""
@@ -60,7 +65,7 @@ def compile_plan(plan: Plan) -> CompileReport:
     args = abstract_inputs(plan, mesh)
     start = time.perf_counter()
     try:
-        compiled = jitted_step(plan, mesh).lower(*args).compile()
+        compiled = jitted_step(plan, mesh).lower(*args).compile(COMPILER_OPTIONS)
     except Exception as err:  # XLA reports sharding mistakes as assorted exception types
         raise InvalidPlanError(f"XLA could not compile the plan: {str(err).splitlines()[0][:300]}",
                                fix="check param_specs against the parameter shapes (plan --format specs)") from err
@@ -86,10 +91,6 @@ def compile_in_subprocess(plan: Plan, *, timeout_s: float = 600) -> CompileRepor
 
     check_param_specs(plan)  # here, so a broken spec is named in plain words rather than by the child's traceback
     flags = f"--xla_force_host_platform_device_count={plan.layout.n_devices}"
-    if plan.layout.pp > 1:
-        # The CPU backend's promotion of bf16 all-reduces to f32 hits a check failure inside the
-        # pipeline's shard_map region (jax 0.10.2); compiling needs no promotion.
-        flags += " --xla_disable_hlo_passes=all-reduce-promotion"
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     code = ("import sys; from planner.schema import Plan; from validate.compile_check import compile_plan; "
             "print(compile_plan(Plan.model_validate_json(sys.stdin.read())).model_dump_json())")

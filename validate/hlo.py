@@ -10,8 +10,11 @@ What ``compiled.as_text()`` says, and the three facts of XLA this module handles
   (``mesh['axis_0'=4,'axis_1'=8], device_ids=([8,4]T(1,0)) {'axis_0'}``). Each group is
   mapped to the plan's mesh axes by the device coordinates that vary within it.
 - The CPU backend promotes bf16 reductions to f32 (their reducer is named
-  ``*.clone_promoted``) and combines collectives into tuples: a promoted reduction's bytes
-  are halved back to the program's bf16 bytes; tuple elements are summed.
+  ``*.clone_promoted``), moves bf16 → f32 converts ahead of data movement, and combines
+  collectives into tuples, promoted bf16 ones with genuine f32 ones. An element of a
+  promoted reduction or of a ``collective-permute`` whose operand was just converted from
+  bf16 counts at bf16 bytes (half); a promoted reduction in which no such operand is
+  recognised is halved whole. Tuple elements are summed.
 
 Bytes are per device and count the full buffer of the collective: an all-reduce's array,
 an all-gather's gathered result, a reduce-scatter's input (its result × the group size),
@@ -51,6 +54,8 @@ _REPLICA_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\](?:, device_ids=\((
                              r"|\{\{[^=]*?\}\}|\{\}"  # explicit lists, or one group of all devices
                              r"|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")  # iota
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_OPERAND = re.compile(r"^%?([^,)\s]+)")
+_PASS_THROUGH = ("bitcast", "reshape", "copy")
 
 
 class Collective(BaseModel):
@@ -181,11 +186,12 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
     coords = np.array(np.unravel_index(np.arange(n_devices), sizes)).T
     comps = _computations(text)
     times = _multipliers(comps)
+    upcasts = _upcast_computations(comps)
     found = []
     for comp, lines in comps.items():
-        for line in lines:
-            m = _INSTRUCTION.match(line)
-            if not m or m.group(3).removesuffix("-start") not in KINDS:
+        defined = {m.group(1): m for m in map(_INSTRUCTION.match, lines) if m}
+        for m in defined.values():
+            if m.group(3).removesuffix("-start") not in KINDS:
                 continue
             name, result_type, op, attrs = m.groups()
             kind = op.removesuffix("-start")
@@ -194,15 +200,45 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
             if kind == "collective-permute":
                 groups = groups[groups[:, 0] != groups[:, 1]] if groups is not None else None
                 size = 2
-            promoted = "clone_promoted" in attrs
-            buffer = _shape_bytes(result_type.split("->")[0]) * (size if kind == "reduce-scatter" else 1)
+            elements = [_shape_bytes(f"{d}[{dims}]") for d, dims in _ARRAY.findall(result_type.split("->")[0])]
             if op.endswith("-start"):  # async pairs: (operands, results) tuples; keep the results
-                buffer /= 2
+                elements = elements[len(elements) // 2:]
+            operands = re.findall(r"%([^,\s)]+)", attrs.split(")")[0])
+            halved = [len(operands) == len(elements) and _from_bf16(o, defined, upcasts) for o in operands] or [False]
+            if "clone_promoted" in attrs and not any(halved):
+                halved = [True] * len(elements)
+            buffer = sum(b / 2 if h else b for b, h in zip(elements, halved)) * (size if kind == "reduce-scatter" else 1)
             found.append(Collective(
                 name=name, kind=kind, axes=_axes_of(groups, coords, names) if groups is None or len(groups) else (),
-                group_size=size, bytes_per_call=buffer / 2 if promoted else buffer, promoted=promoted, calls=times[comp],
+                group_size=size, bytes_per_call=buffer, promoted=any(halved), calls=times[comp],
             ))
     return found
+
+
+def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str]) -> bool:
+    """Whether instruction ``name`` is an f32 value just converted from bf16: a ``convert``,
+    or a fusion whose result is one (looking through bitcasts, reshapes and copies)."""
+    m = defined.get(name)
+    while m is not None and m.group(3) in _PASS_THROUGH:
+        m = defined.get(_OPERAND.match(m.group(4)).group(1))
+    if m is None or not m.group(2).startswith("f32["):
+        return False
+    if m.group(3) == "convert":
+        source = defined.get(_OPERAND.match(m.group(4)).group(1))
+        return source is not None and source.group(2).startswith("bf16[")
+    called = _CALLED.search(m.group(4))
+    return m.group(3) == "fusion" and called is not None and called.group(2) in upcasts
+
+
+def _upcast_computations(comps: dict[str, list[str]]) -> set[str]:
+    """Fused computations whose result is an f32 conversion of a bf16 value."""
+    out = set()
+    for comp, lines in comps.items():
+        defined = {m.group(1): m for m in map(_INSTRUCTION.match, lines) if m}
+        root = next((m for line in lines if line.lstrip().startswith("ROOT ") and (m := _INSTRUCTION.match(line))), None)
+        if root is not None and _from_bf16(root.group(1), defined, set()):
+            out.add(comp)
+    return out
 
 
 def dot_flops(text: str) -> float:

@@ -97,10 +97,14 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
     def schedule(layers: Any, live_W: jax.Array, x_MxBxSxD: jax.Array) -> tuple[jax.Array, jax.Array]:
         stage = jax.lax.axis_index(axes)
         first, last = stage == 0, stage == stages - 1
+        # Made varying once, so the backward sums the embedding's gradient over the stages once,
+        # not on every tick; in float32, as is the output's sum below: XLA's CPU all-reduce
+        # promotion aborts on a bf16 sum over a manual axis (jax 0.10.2).
+        x_MxBxSxD = jax.lax.pcast(x_MxBxSxD.astype(jnp.float32), axes, to="varying")
 
         def tick(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
             received_BxSxD, out_MxBxSxD, aux = carry
-            x_BxSxD = jnp.where(first, x_MxBxSxD[jnp.minimum(t, micro - 1)], received_BxSxD)
+            x_BxSxD = jnp.where(first, x_MxBxSxD[jnp.minimum(t, micro - 1)].astype(dt), received_BxSxD)
             y_BxSxD, aux_W = run_layers(x_BxSxD, layers, model, remat=remat)
             done = t - (stages - 1)  # the micro-batch the last stage finishes on this tick
             slot = jnp.clip(done, 0, micro - 1)
@@ -111,10 +115,10 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
             return (sent_BxSxD, out_MxBxSxD, aux), None
 
         # The carry differs between stages: mark it varying over the pipeline axes for scan.
-        init = jax.lax.pcast((jnp.zeros_like(x_MxBxSxD[0]), jnp.zeros_like(x_MxBxSxD), jnp.zeros((), jnp.float32)), axes,
-                             to="varying")
+        init = (jnp.zeros_like(x_MxBxSxD[0], dtype=dt), jnp.zeros_like(x_MxBxSxD, dtype=dt),
+                jax.lax.pcast(jnp.zeros((), jnp.float32), axes, to="varying"))
         (_, out_MxBxSxD, aux), _ = jax.lax.scan(tick, init, jnp.arange(micro + stages - 1))
-        return jax.lax.psum(jnp.where(last, out_MxBxSxD, 0), axes), jax.lax.psum(aux, axes)
+        return jax.lax.psum(jnp.where(last, out_MxBxSxD, 0).astype(jnp.float32), axes).astype(dt), jax.lax.psum(aux, axes)
 
     piped = jax.shard_map(schedule, mesh=mesh, in_specs=(PartitionSpec(axes), PartitionSpec(axes), PartitionSpec()),
                           out_specs=(PartitionSpec(), PartitionSpec()), axis_names=set(axes))

@@ -16,10 +16,21 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   dtype, fp32 for what is used in fp32 (norms, the embedding table, the fp32-output head).
   With ZeRO ≥ 1 the updated fp32 parameters are all-gathered over the data axes.
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
+- Pipeline (the GPipe lowering of `validate.pipeline`): every device runs its stage's
+  layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
+  collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``, and
+  the data-parallel reduction of layer gradients happens inside the backward tick loop.
+  The embedding and head run once on the whole batch (their collectives once, on ``M``
+  micro-batches' tokens). Over the pipeline axis: one ``collective-permute`` of a
+  micro-batch's activation per tick in forward and one in backward, the sum of the last
+  stage's outputs (bf16) and the sum of the embedding's gradient (fp32).
 
-Not predicted yet (reported as such): pipeline, context and expert parallelism, sequence
-parallelism and ZeRO 2/3 collectives, and the FLOPs of pipelined programs (the GPipe
-lowering computes in its bubble ticks too).
+Not predicted yet (reported as such): context and expert parallelism, sequence
+parallelism, ZeRO 2/3 collectives, pipelines with uneven stages (their layers are
+gathered per stage), and pipelines with ZeRO, tied embeddings or a table not split over
+the vocabulary: the stages all run the embedding and head, and XLA then splits some of
+that work over the pipeline axis (the lookup's scatter-add gradient, the head's weight
+gradient), which these rules do not follow.
 
 >>> from costmodel.layout import Layout
 >>> from planner.api import layout_plan
@@ -39,7 +50,10 @@ from typing import Any
 import jax
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.layout import Recompute
+from costmodel.hardware import load_hardware
+from costmodel.layout import Recompute, Schedule
+from costmodel.machine import machine_for
+from costmodel.simulator import simulate
 from planner.models.params import abstract_params
 from planner.schema import Plan
 
@@ -68,9 +82,23 @@ class PredictedCollective(BaseModel):
 def unpredicted_features(plan: Plan) -> list[str]:
     """Layout features whose collectives `predicted_collectives` does not model."""
     lay = plan.layout
-    features = {"pipeline parallelism": lay.pp > 1, "context parallelism": lay.cp > 1, "expert parallelism": plan.model.is_moe,
+    even = plan.model.num_layers % lay.pp == 0 and len(set(lay.stage_layers or (0,))) == 1
+    features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: _xla_splits_outer_work(plan),
+                "context parallelism": lay.cp > 1, "expert parallelism": plan.model.is_moe,
                 "sequence parallelism": lay.sequence_parallel and lay.tp > 1, f"ZeRO stage {lay.zero_stage}": lay.zero_stage >= 2}
     return [name for name, on in features.items() if on]
+
+
+_SPLIT_BY_XLA = "a pipeline with ZeRO, tied embeddings or a table not split over the vocabulary"
+
+
+def _xla_splits_outer_work(plan: Plan) -> bool:
+    """Whether XLA may split the embedding's and head's work over the pipeline axis, whose
+    devices all run it. Seen for the lookup's gradient (a scatter-add) of a table not split
+    over the vocabulary, and for the head's weight gradient when the table is tied or the
+    gradients are sharded over data (ZeRO), with a collective-permute to re-layout it."""
+    lay = plan.layout
+    return lay.pp > 1 and (lay.zero_stage >= 1 or plan.model.tie_embeddings or plan.param_specs["embed/tokens"][0] is None)
 
 
 def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]:
@@ -85,6 +113,17 @@ def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int
     return out
 
 
+def predicted_memory_bytes(plan: Plan) -> float:
+    """The simulator's per-device memory for the program as lowered: the plan's own estimate,
+    except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages hold every
+    micro-batch's activations where 1F1B's hold at most one per stage."""
+    lay = plan.layout
+    if lay.pp == 1 or lay.schedule is Schedule.GPIPE:
+        return plan.predicted.memory.total_bytes
+    gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
+    return simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory.total_bytes
+
+
 def parameters_per_device(plan: Plan) -> float:
     """Parameter elements one device holds under the plan's specs (a dimension its axes do
     not divide stays whole, so this can exceed parameters / model-parallel degree)."""
@@ -97,15 +136,32 @@ def _grad_bytes(name: str, elements: float, compute_bytes: int) -> float:
     return elements * (_F32 if fp32 else compute_bytes)
 
 
+class _Schedule(BaseModel):
+    """How often the program runs each part, per device per step."""
+
+    layer_runs: int = Field(description="Executions of one layer's forward (and backward) on one micro-batch.")
+    layers_held: int = Field(description="Layers whose parameters this device holds.")
+    outer_calls: int = Field(description="Executions of the embedding and head.")
+    outer_micro_batches: int = Field(description="Micro-batches the embedding and head take per execution.")
+
+
+def _schedule(plan: Plan) -> _Schedule:
+    lay, layers = plan.layout, plan.model.num_layers
+    micro = lay.micro_batches(plan.train)
+    if lay.pp == 1:
+        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1)
+    slots = lay.layers_on_stage(layers, 0)
+    return _Schedule(layer_runs=slots * (micro + lay.pp - 1), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro)
+
+
 def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
     """The collectives of one step of the plan's program (see the module docstring)."""
     model, lay, train = plan.model, plan.layout, plan.train
-    data, tensor = plan.axes_of("dp"), plan.axes_of("tp")
+    data, tensor, pipeline = plan.axes_of("dp"), plan.axes_of("tp"), plan.axes_of("pp")
     e = train.compute_dtype.bytes
-    micro = lay.micro_batches(train)
-    tokens = lay.micro_batch * train.seq_len
-    act = tokens * model.hidden_size
-    layers = model.num_layers
+    runs = _schedule(plan)
+    act = lay.micro_batch * train.seq_len * model.hidden_size
+    outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len
     params = _per_device(plan)
     out: list[PredictedCollective] = []
     if tensor:
@@ -119,50 +175,64 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
         for count, why in ((rows, "row-parallel matmul outputs, forward"), (cols, "column-parallel input gradients, backward"),
                            (recompute_rows, "row-parallel outputs re-run by full recompute")):
             if count:
-                out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * e,
-                                               calls=count * layers * micro, why=why))
-        vocab_split = params["embed/tokens"][1][0] is not None
-        if vocab_split:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * _F32, calls=micro,
+                out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * e, calls=count * runs.layer_runs, why=why))
+        outer_act = outer_tokens * model.hidden_size
+        if params["embed/tokens"][1][0] is not None:
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
                                            why="vocab-parallel embedding rows (fp32)"))
         head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
         if params[head][1][0 if model.tie_embeddings else 1] is not None:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * _F32, calls=micro,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
                                            why="vocab-parallel head input gradient (fp32)"))
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * tokens * _F32, calls=micro,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * outer_tokens * _F32, calls=runs.outer_calls,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data:
-        layer_bytes = sum(_grad_bytes(n, el, e) / layers for n, (el, _, _) in params.items() if n.startswith("layers/"))
+        layer_bytes = sum(_grad_bytes(n, el, e) / runs.layers_held for n, (el, _, _) in params.items() if n.startswith("layers/"))
         other_bytes = sum(_grad_bytes(n, el, e) for n, (el, _, _) in params.items() if not n.startswith("layers/"))
         if model.tie_embeddings:  # the lookup's and the head's gradients of the shared table are reduced apart
             other_bytes += params["embed/tokens"][0] * _F32
-        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=layers * micro,
-                                       why="layer gradients, every micro-batch"))
-        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes, calls=micro,
+        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
+                                       why="layer gradients, every micro-batch (every tick when pipelined)"))
+        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes, calls=runs.outer_calls,
                                        why="embedding, head and final-norm gradients, every micro-batch"))
         if lay.zero_stage >= 1:
             out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=sum(el for el, _, _ in params.values()) * _F32,
                                            calls=1, why="ZeRO: updated fp32 parameters gathered from their data shards"))
+    if pipeline:
+        ticks = runs.layer_runs // lay.layers_on_stage(model.num_layers, 0)
+        out += [
+            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * ticks,
+                                why="activation to the next stage every forward tick, its gradient back every backward tick"),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
+                                why="last stage's outputs handed to every stage for the head"),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * _F32, calls=1,
+                                why="embedding output's gradient summed over the stages (fp32)"),
+        ]
     return out
 
 
-def predicted_matmul_flops(plan: Plan) -> float:
+def predicted_matmul_flops(plan: Plan) -> float | None:
     """Matmul FLOPs per device per step of the plan's program: forward (weights, attention
     scores and values over the full ``S×S``, the head), backward twice that, and the
     recompute: full repeats the layer's forward but its last matmul, selective the
-    attention core (the batched matmuls its policy does not save)."""
+    attention core (the batched matmuls its policy does not save). Pipelined, each device
+    runs its stage's layers on every tick (`_Schedule`). None where XLA may split the head
+    over the stages (`_xla_splits_outer_work`)."""
+    if _xla_splits_outer_work(plan):
+        return None
     model, lay, train = plan.model, plan.layout, plan.train
-    tokens = train.global_batch * train.seq_len / lay.dp
+    runs = _schedule(plan)
+    micro_tokens = lay.micro_batch * train.seq_len / lay.cp
     attention = 4 * train.seq_len * model.num_heads * model.head_dim
     layer_weights = 2 * model.active_params_per_layer
     # A vocabulary the tensor axes do not divide is not split: every tensor device computes the whole head.
     head_w = plan.param_specs["embed/tokens"][0] if model.tie_embeddings else plan.param_specs["lm_head/w"][1]
     head = 2 * model.hidden_size * model.vocab_size / (1 if head_w is None else lay.tp)
-    forward = model.num_layers * (layer_weights + attention) / lay.tp + head
     recompute = 0.0
     if lay.recompute is Recompute.FULL:
         last = 2 * model.ffn_size * model.hidden_size if not model.is_moe else 0
-        recompute = model.num_layers * (layer_weights + attention - last)
+        recompute = layer_weights + attention - last
     elif lay.recompute is not Recompute.NONE:
-        recompute = model.num_layers * attention
-    return tokens * (3 * forward + recompute / lay.tp) / lay.cp
+        recompute = attention
+    layer = 3 * (layer_weights + attention) + recompute
+    return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.outer_calls * runs.outer_micro_batches * 3 * head)

@@ -6,7 +6,8 @@ run's) value, their ratio and whether it is within tolerance. Items:
 - ``memory arguments``: what the step takes as input on one device (parameters, Adam
   moments, the batch) against ``argument_size_in_bytes``.
 - ``memory per device``: the simulator's total against the compiled peak (arguments +
-  outputs − donated + temporaries). The CPU backend's temporaries are not a GPU's: its
+  outputs − donated + temporaries), for a GPipe schedule where the plan is pipelined
+  (that is what the program runs). The CPU backend's temporaries are not a GPU's: its
   tolerance is wider (25 %).
 - ``flops``: matmul FLOPs of the program (`validate.predict`) against the module's dots
   times their loop trip counts, within 2 %.
@@ -23,7 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from planner.schema import Plan
 from validate.compile_check import CompileReport
-from validate.predict import parameters_per_device, predicted_collectives, predicted_matmul_flops, unpredicted_features
+from validate.predict import (
+    parameters_per_device,
+    predicted_collectives,
+    predicted_matmul_flops,
+    predicted_memory_bytes,
+    unpredicted_features,
+)
 
 MEMORY_TOLERANCE = 0.25
 FLOPS_TOLERANCE = 0.02
@@ -84,10 +91,8 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
     """Every comparison a compile-only validation makes (see the module docstring)."""
     return [
         Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
-        Check(item="memory per device", predicted=plan.predicted.memory.total_bytes, actual=report.peak_bytes,
+        Check(item="memory per device", predicted=predicted_memory_bytes(plan), actual=report.peak_bytes,
               tolerance=max(tolerance, MEMORY_TOLERANCE)),
-        # The GPipe program computes in its bubble ticks too (validate.pipeline): not predicted yet.
-        Check(item="flops", predicted=predicted_matmul_flops(plan) if plan.layout.pp == 1 else None, actual=report.matmul_flops,
-              tolerance=FLOPS_TOLERANCE, unit="flops"),
+        Check(item="flops", predicted=predicted_matmul_flops(plan), actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
         *_collective_checks(plan, report, tolerance),
     ]

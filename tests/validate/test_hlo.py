@@ -38,6 +38,28 @@ def test_buffer_bytes_per_kind_and_promotion():
     assert cp.kind == "collective-permute" and cp.axes == ("data",) and cp.bytes_per_call == 20
 
 
+def test_only_elements_converted_from_bf16_count_at_bf16_bytes():
+    text = """
+%up (p: bf16[8]) -> f32[8] {
+  %p = bf16[8]{0} parameter(0)
+  %c = f32[8]{0} convert(%p)
+  ROOT %b = f32[8]{0} bitcast(%c)
+}
+ENTRY %main (a: bf16[8], g: f32[4]) -> f32[8] {
+  %a = bf16[8]{0} parameter(0)
+  %g = f32[4]{0} parameter(1)
+  %u = f32[8]{0} fusion(%a), kind=kLoop, calls=%up
+  %v = f32[8]{0} convert(%a)
+  %ar = (f32[8]{0}, f32[4]{0}) all-reduce(%u, %g), replica_groups=[2,4]<=[8], to_apply=%add.clone_promoted
+  %cp = f32[8]{0} collective-permute(%v), source_target_pairs={{0,4},{4,0}}
+  %kept = f32[8]{0} collective-permute(%u.2), source_target_pairs={{0,4},{4,0}}
+}"""
+    ar, cp, kept = collectives(text, mesh_shape=MESH)
+    assert ar.promoted and ar.bytes_per_call == 8 * 2 + 4 * 4  # the genuine f32 element stays f32
+    assert cp.promoted and cp.bytes_per_call == 8 * 2
+    assert not kept.promoted and kept.bytes_per_call == 8 * 4
+
+
 def test_nested_loops_multiply_trip_counts():
     text = """
 %inner (p: f32[]) -> f32[] {

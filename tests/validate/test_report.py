@@ -18,13 +18,23 @@ GPT = ModelConfig(name="tiny-gpt", hidden_size=128, num_layers=2, num_heads=4, f
     (LLAMA, Layout(dp=2, tp=4, micro_batch=2, zero_stage=1, recompute="full")),
     (LLAMA, Layout(dp=4, tp=2, micro_batch=1, recompute="selective")),
     (GPT, Layout(dp=2, tp=4, micro_batch=4)),  # vocabulary 500 is not split 4 ways: the head runs whole
-], ids=["llama-zero1-full", "llama-selective", "gpt-tied-unsplit-vocab"])
+    (LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=2)),
+    (LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=1, recompute="full")),
+], ids=["llama-zero1-full", "llama-selective", "gpt-tied-unsplit-vocab", "llama-pipeline", "llama-pipeline-full"])
 def test_collectives_flops_and_arguments_match_the_compiled_module(model, layout):
     plan = layout_plan(model, layout, hardware="a100-80gb", seq_len=64, global_batch=16)
     results = {(c.item, c.axis): c for c in checks(plan, compile_in_subprocess(plan))}
     exact = {k: c for k, c in results.items() if k[0] != "memory per device"}
     assert all(c.ok for c in exact.values()), {k: (c.predicted, c.actual) for k, c in exact.items() if not c.ok}
-    assert ("all-reduce bytes", "tensor") in results and ("all-reduce bytes", "data") in results
+    assert ("all-reduce bytes", "data") in results and (layout.tp == 1 or ("all-reduce bytes", "tensor") in results)
+    assert layout.pp == 1 or results[("collective-permute bytes", "pipeline")].ok
+
+
+def test_a_tied_pipeline_reports_what_xla_made_without_predicting_it():
+    plan = layout_plan(GPT, Layout(pp=2, dp=4, micro_batch=1), hardware="a100-80gb", seq_len=64, global_batch=16)
+    results = {(c.item, c.axis): c for c in checks(plan, compile_in_subprocess(plan))}
+    assert results[("memory arguments", None)].ok and results[("flops", None)].ok is None
+    assert all(c.predicted is None and c.actual > 0 for (item, _), c in results.items() if item.endswith("bytes"))
 
 
 def test_a_check_without_prediction_is_not_a_failure():

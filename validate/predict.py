@@ -175,7 +175,8 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
         for count, why in ((rows, "row-parallel matmul outputs, forward"), (cols, "column-parallel input gradients, backward"),
                            (recompute_rows, "row-parallel outputs re-run by full recompute")):
             if count:
-                out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * e, calls=count * runs.layer_runs, why=why))
+                out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * e, calls=count * runs.layer_runs,
+                                               why=why))
         outer_act = outer_tokens * model.hidden_size
         if params["embed/tokens"][1][0] is not None:
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,

@@ -30,7 +30,7 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, computed_field
 
-from costmodel.errors import InvalidPlanError, PlannerError
+from costmodel.errors import InfeasibleError, InvalidPlanError, PlannerError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec
 from costmodel.layout import Attention
@@ -39,6 +39,7 @@ from costmodel.simulator import simulate
 from costmodel.train_config import Dtype
 from planner.schema import Plan
 from validate.cpu_profile import cpu_clock, other_cpu_share
+from validate.report import Check
 
 
 class TimedRun(BaseModel):
@@ -136,3 +137,25 @@ def time_in_subprocess(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: 
         raise PlannerError(f"timing the plan failed: {lines[-1][:300] if lines else proc.returncode}",
                            fix="run validate.timed.time_plan in a process with the plan's device count to see why")
     return TimedRun.model_validate_json(proc.stdout.strip().splitlines()[-1])
+
+
+def step_time_check(plan: Plan, *, compiled_peak_bytes: float, steps: int = 3, repeats: int = 5,
+                    tolerance: float = 0.25) -> tuple[Check, TimedRun]:
+    """Time the plan on this host's emulated CPU devices and compare with `predicted_step_s`
+    on the ``cpu`` profile measured for its device count (`validate.cpu_profile`, cached).
+
+    Refuses (`InfeasibleError`) a plan whose devices' compiled peak (``compiled_peak_bytes``
+    each; float32 compute needs more) would not fit in half of this host's memory: all
+    emulated devices share it."""
+    from validate.cpu_profile import cached_measurement, cpu_cluster
+
+    n = plan.layout.n_devices
+    need_bytes, host_bytes = compiled_peak_bytes * n, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need_bytes > host_bytes / 2:
+        raise InfeasibleError(f"running {plan.model.name}'s step on {n} emulated CPU devices needs about {need_bytes / 2**30:.1f} GiB "
+                              f"({n} x the compiled peak), more than half of this host's {host_bytes / 2**30:.1f} GiB",
+                              fix="use --compile-only, or time a smaller model (python -m benchmarks.validate_timed)")
+    predicted = predicted_step_s(plan, cpu_cluster(cached_measurement(n)))
+    run = time_in_subprocess(plan, steps=steps, repeats=repeats)
+    check = Check(item="step time", predicted=predicted, actual=run.median_step_s, source="measured", tolerance=tolerance, unit="s")
+    return check, run

@@ -1,4 +1,9 @@
-"""``plan validate plan.json --compile-only [--processes N]``: compile the plan on its mesh and compare, item by item.
+"""``plan validate plan.json [--compile-only] [--processes N]``: compile the plan on its mesh and compare, item by item.
+
+Without ``--compile-only`` the plan's step also runs on this host's emulated CPU devices
+and its measured step time (median of repeats) is compared with the simulator's on the
+``cpu`` profile measured for that device count (`validate.timed.step_time_check`): a
+check for models small enough to run here.
 
 Exit status: 0 when every predicted item is within tolerance, 1 when one is not (so it can
 sit in a user's CI), the error catalog's codes for bad input.
@@ -26,17 +31,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allowed |actual/predicted - 1| for bytes (default 0.05; FLOPs 0.02, total memory 0.25)")
     parser.add_argument("--processes", type=int, default=1,
                         help="JAX processes on this host (jax.distributed over 127.0.0.1) forming one mesh (default 1)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per repeat (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median counts (default 5)")
+    parser.add_argument("--time-tolerance", type=float, default=0.25,
+                        help="allowed |measured/predicted - 1| for the step time (default 0.25)")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
 
 
 def _format(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
-    if unit == "bytes":
-        return f"{value / _GIB:.3f} GiB"
-    if unit == "flops":
-        return f"{value / 1e12:.3f} TFLOP"
-    return f"{value:.4g} {unit}"
+    scales = {"bytes": ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B")),
+              "flops": ((1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP"), (1, "FLOP"))}.get(unit)
+    if scales is None:
+        return f"{value:.4g} {unit}"
+    size, name = next(((size, name) for size, name in scales if abs(value) >= size), scales[-1])
+    return f"{value / size:.3f} {name}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,9 +56,13 @@ def run(args: argparse.Namespace) -> int:
     from validate.multihost import run_processes, validate_processes
     from validate.predict import unpredicted_features
     from validate.report import checks
+    from validate.timed import step_time_check
 
-    if not args.compile_only:
-        raise UnsupportedError("timed validation runs from benchmarks/validate_timed.py, not from the CLI yet", fix="use --compile-only")
+    if not args.compile_only and args.processes > 1:
+        raise UnsupportedError("the timed check runs in one process", fix="add --compile-only, or drop --processes")
+    if min(args.steps, args.repeats) < 1:
+        raise InvalidConfigError(f"--steps={args.steps} --repeats={args.repeats}: both must be at least 1",
+                                 fix="use e.g. --steps 3 --repeats 5")
     try:
         plan = Plan.model_validate_json(read_user_file(Path(args.plan), "plan file"))
     except ValidationError as err:
@@ -61,24 +75,33 @@ def run(args: argparse.Namespace) -> int:
         report = CompileReport.model_validate_json(run_processes("validate.multihost:compile_plan_json", plan.model_dump_json(),
                                                                  n_processes=args.processes, devices_per_process=per_process))
     results = checks(plan, report, tolerance=args.tolerance)
+    timed = None
+    if not args.compile_only:
+        step, timed = step_time_check(plan, compiled_peak_bytes=report.peak_bytes, steps=args.steps, repeats=args.repeats,
+                                      tolerance=args.time_tolerance)
+        results.insert(0, step)
     unpredicted = unpredicted_features(plan)
     if args.json:
         print(json.dumps({"checks": [c.model_dump() for c in results], "unpredicted": unpredicted,
-                          "compile": report.model_dump(exclude={"collectives"}) | {"peak_bytes": report.peak_bytes}}, sort_keys=True))
+                          "compile": report.model_dump(exclude={"collectives"}) | {"peak_bytes": report.peak_bytes},
+                          "timed": timed.model_dump() if timed else None}, sort_keys=True))
     else:
         title = (f"{plan.model.name}: compiled on {report.n_devices} emulated devices ({report.n_processes} process"
                  f"{'es' if report.n_processes > 1 else ''}) in {report.compile_time_s:.1f} s, "
                  f"peak RSS {report.peak_rss_bytes / _GIB:.2f} GiB")
         table = Table(title=title)
-        for col in ("item", "axis", "predicted", "compiled", "ratio", "ok"):
+        for col in ("item", "axis", "predicted", "actual", "source", "ratio", "ok"):
             table.add_column(col)
         for c in results:
             ok = "-" if c.ok is None else "yes" if c.ok else "NO"
-            table.add_row(c.item, c.axis or "", _format(c.predicted, c.unit), _format(c.actual, c.unit),
+            table.add_row(c.item, c.axis or "", _format(c.predicted, c.unit), _format(c.actual, c.unit), c.source,
                           "-" if c.ratio is None else f"{c.ratio:.3f}", ok)
-        table.add_row("temporaries (CPU backend)", "", "-", _format(report.temp_bytes, "bytes"), "-", "-")
+        table.add_row("temporaries (CPU backend)", "", "-", _format(report.temp_bytes, "bytes"), "compiled", "-", "-")
         console = Console()
         console.print(table)
+        if timed:
+            console.print(f"step time: median of {args.repeats} repeats of {args.steps} steps on {timed.n_devices} emulated CPU "
+                          f"device(s), spread {timed.spread:.0%}; predicted on the measured cpu profile (float32)")
         if unpredicted:
             console.print(f"collectives not predicted for: {', '.join(unpredicted)}")
     return 0 if all(c.ok is not False for c in results) else 1

@@ -60,7 +60,7 @@ def test_simulate_table_and_timeline(capsys, tmp_path):
     (["simulate", "--model", "llama3-8b", "--devices", "64", "--pp", "64", "--global-batch", "64"], 3, "num_layers=32 < pp"),
     (["simulate", "--model", "llama3-8b", "--hardware", "v100", "--devices", "8", "--global-batch", "8"], 5, "v100 has no bfloat16"),
     (["validate", "/nonexistent/plan.json", "--compile-only"], 2, "does not exist"),
-    (["validate", "/nonexistent/plan.json"], 5, "use --compile-only"),
+    (["validate", "/nonexistent/plan.json", "--processes", "2"], 5, "add --compile-only"),
 ])
 def test_bad_input_gets_one_line_and_an_exit_code(capsys, argv, code, message):
     got, out, err = _run(capsys, *argv)

@@ -1,0 +1,39 @@
+"""Tests `planner/commands/validate_cmd.py`: ``plan validate`` end to end, compile-only and timed."""
+
+import json
+
+from costmodel.layout import Layout
+from costmodel.model_config import ModelConfig
+from planner.api import layout_plan
+from planner.cli import main
+from validate import cpu_profile
+from validate.cpu_profile import CpuMeasurement, host_name
+
+TINY = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=256)
+
+
+def _plan_file(tmp_path, layout):
+    path = tmp_path / "plan.json"
+    path.write_text(layout_plan(TINY, layout, hardware="a100-80gb", seq_len=16, global_batch=4).model_dump_json())
+    return str(path)
+
+
+def test_compile_only_prints_a_table_of_checks(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rows unwrapped
+    code = main(["validate", _plan_file(tmp_path, Layout(dp=2, tp=2, micro_batch=1)), "--compile-only"])
+    out = capsys.readouterr().out
+    # Exit 1: at this size the simulator's fixed workspace outweighs the whole compiled step (memory per device).
+    assert code == 1 and "memory arguments" in out and "KiB" in out and "all-reduce" in out and "step time" not in out
+
+
+def test_without_compile_only_the_step_is_timed_against_the_cpu_profile(capsys, tmp_path, monkeypatch):
+    profile = CpuMeasurement(n_devices=1, matmul_flops_per_s=((1e6, 1e10), (1e9, 4e10)), stream_bytes_per_s=4e9, kernel_floor_s=1e-6,
+                             link_bytes_per_s=4e9, link_latency_s=0.0, load_average=0.0, other_cpu_share=None, host=host_name(),
+                             jax_version="0")
+    monkeypatch.setattr(cpu_profile, "cached_measurement", lambda n: profile)  # the micro-benchmarks are tested on their own
+    code = main(["validate", _plan_file(tmp_path, Layout(micro_batch=2)), "--json", "--steps", "1", "--repeats", "2",
+                 "--time-tolerance", "1000", "--tolerance", "1000"])
+    out = json.loads(capsys.readouterr().out)
+    step = next(c for c in out["checks"] if c["item"] == "step time")
+    assert code == 0 and step["source"] == "measured" and step["predicted"] > 0 and step["actual"] > 0
+    assert len(out["timed"]["repeat_step_s"]) == 2 and out["compile"]["n_devices"] == 1

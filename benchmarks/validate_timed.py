@@ -33,7 +33,7 @@ from validate.timed import cpu_estimate, time_in_subprocess
 
 CHECKED = ModelConfig(name="gpt-relu", hidden_size=256, num_layers=4, num_heads=8, ffn_size=1024, vocab_size=2048, norm="layernorm",
                       mlp="relu", positions="learned", max_position_embeddings=128, tie_embeddings=True)
-GELU = CHECKED.model_copy(update={"name": "gpt-gelu", "mlp": "gelu"})
+GELU = ModelConfig(**{**CHECKED.model_dump(), "name": "gpt-gelu", "mlp": "gelu"})
 SEQ_LEN, GLOBAL_BATCH = 128, 8
 LAYOUTS = {
     "1 device": Layout(micro_batch=8),

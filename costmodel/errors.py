@@ -74,8 +74,11 @@ def read_user_file(path: Path, what: str) -> str:
     Traceback (most recent call last):
     costmodel.errors.InvalidConfigError: cannot read model file '/nonexistent.json': it does not exist; fix: check the path
     """
-    if not path.is_file():
+    if not path.exists():
         raise InvalidConfigError(f"cannot read {what} {str(path)!r}: it does not exist", fix="check the path")
+    if not path.is_file():  # a directory, or a pipe that reading could block on
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise InvalidConfigError(f"cannot read {what} {str(path)!r}: it is {kind}", fix="give the path of a JSON file")
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as err:

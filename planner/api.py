@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import time
+from typing import Callable
 
 from costmodel.errors import InvalidConfigError
 from costmodel.estimate import StepEstimate
@@ -19,18 +19,21 @@ from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
-from planner.schema import Alternative, MeshAxis, Plan, SolverInfo
+from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
 from planner.shardings import logical_rules, param_specs
 from search.layouts import SearchSpace, grid_search
 
 _GIB = 2**30
 PLANNERS = ("grid", "ilp", "anneal", "beam", "random")
+MAX_DEVICES = 2**24  # keeps enumerating degree splits well under a second
+Report = Callable[[str, int, int | None], None]  # (phase, done, total or None when unknown)
 
 
 def plan(
     model: str | ModelConfig, *, mesh: str | None = None, devices: int | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
     planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0, attention: Attention | None = None,
+    progress: Report | None = None,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -41,15 +44,17 @@ def plan(
       planner: "grid" (layout search, rule-based Megatron shardings) or "ilp" (the same layout
         search, then the CP-SAT intra-op ILP shards each stage's training step on its sub-mesh),
         or "anneal" / "beam" / "random", search planners on the ILP's strategy space.
-      time_limit_s: the intra-op planner's time limit; the ILP returns the best plan found with its gap.
+      time_limit_s: the layout search and the intra-op planner each stop after this many
+        seconds and keep the best found; ``solver.status`` is then FEASIBLE, not OPTIMAL.
       seed: the intra-op planner's random seed.
       attention: the attention kernel the layout is chosen for; default flash for grid and
         materialized for the intra-op planners, which shard the reference program (it
         materializes the score matrix).
+      progress: called as ``progress(phase, done, total)`` while the search runs.
+
+    The plan holds no wall times, so the same inputs give the same plan bytes.
     """
-    if planner not in PLANNERS:
-        raise InvalidConfigError(f"unknown planner {planner!r}", fix=f"use one of {', '.join(PLANNERS)}")
-    start = time.perf_counter()
+    _check_arguments(planner=planner, devices=devices, time_limit_s=time_limit_s)
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch)
     check_sequence(cfg, train)
@@ -57,14 +62,19 @@ def plan(
     machine = machine_for(cluster)
     if (mesh is None) == (devices is None):
         raise InvalidConfigError("give exactly one of --mesh and --devices", fix="e.g. --mesh 8x4 or --devices 32")
-    mesh_spec = parse_mesh(mesh) if mesh else None
+    mesh_spec = parse_mesh(mesh) if mesh is not None else None  # "" is a malformed mesh, not a missing one
     kinds_options = assignments(mesh_spec) if mesh_spec else []
     splits = tuple(sorted({degrees(mesh_spec, k) for k in kinds_options})) if mesh_spec else None
     n_devices = mesh_spec.n_devices if mesh_spec else devices
+    if n_devices > MAX_DEVICES:
+        raise InvalidConfigError(f"{n_devices:,} devices exceed the {MAX_DEVICES:,} this planner supports",
+                                 fix="plan one replica group and scale data parallelism by hand")
     # An intra-op planner shards the reference program, which materializes attention
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
     attention = attention or (Attention.FLASH if planner == "grid" else Attention.MATERIALIZED)
-    result = grid_search(cfg, train, machine, n_devices=n_devices, space=SearchSpace(splits=splits, attention=attention))
+    on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
+    result = grid_search(cfg, train, machine, n_devices=n_devices, space=SearchSpace(splits=splits, attention=attention),
+                         time_limit_s=time_limit_s, on_progress=on_progress)
     best = result.best
     lay = best.layout
     if mesh_spec is None:
@@ -80,15 +90,16 @@ def plan(
 
         ilp_axes = intra_op_axes(axes)
         if ilp_axes:
+            if progress:
+                progress(f"intra-op {planner}: trace, build, solve (limit {time_limit_s:g} s)", 0, None)
             specs, intra_op = intra_op_specs(cfg, train, lay, ilp_axes, machine, planner=planner,
                                              time_limit_s=time_limit_s, seed=seed)
     return Plan(
         model=cfg, train=train, hardware=cluster.name, mesh=axes, layout=lay,
         param_specs=specs, activation_specs=_activation_specs(lay, by_kind), predicted=best,
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
-        solver=SolverInfo(planner=planner, status=intra_op.status if intra_op else "OPTIMAL", evaluated=result.evaluated,
+        solver=SolverInfo(planner=planner, status=_status(result.complete, intra_op), evaluated=result.evaluated,
                           pruned=result.pruned, intra_op=intra_op),
-        plan_time_s=time.perf_counter() - start,
     )
 
 
@@ -105,7 +116,6 @@ def layout_plan(
     >>> [(a.name, a.size, a.parallelism) for a in p.mesh], p.param_specs["layers/mlp/w_in"]
     ([('data', 2, 'dp'), ('tensor', 4, 'tp')], (None, None, 'tensor'))
     """
-    start = time.perf_counter()
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch)
     check_sequence(cfg, train)
@@ -128,8 +138,21 @@ def layout_plan(
         param_specs=param_specs(cfg, logical_rules(layout, by_kind, cfg), mesh_spec.shape),
         activation_specs=_activation_specs(layout, by_kind), predicted=estimate, alternatives=(),
         solver=SolverInfo(planner="fixed", status="GIVEN", evaluated=1, pruned={}),
-        plan_time_s=time.perf_counter() - start,
     )
+
+
+def _check_arguments(*, planner: str, devices: int | None, time_limit_s: float) -> None:
+    if planner not in PLANNERS:
+        raise InvalidConfigError(f"unknown planner {planner!r}", fix=f"use one of {', '.join(PLANNERS)}")
+    if devices is not None and devices < 1:
+        raise InvalidConfigError(f"--devices={devices} is not a positive device count", fix="give at least 1 device")
+    if not time_limit_s > 0:  # also catches NaN
+        raise InvalidConfigError(f"--time-limit-s={time_limit_s} is not a positive number of seconds", fix="e.g. --time-limit-s 20")
+
+
+def _status(layouts_complete: bool, intra_op: IntraOpInfo | None) -> str:
+    """OPTIMAL only when every layout was costed and the intra-op planner (if any) proved its choice."""
+    return "OPTIMAL" if layouts_complete and (intra_op is None or intra_op.status == "OPTIMAL") else "FEASIBLE"
 
 
 def _mesh_axes(mesh_spec: MeshSpec, kinds: tuple[str, ...], cluster: ClusterSpec) -> tuple[MeshAxis, ...]:

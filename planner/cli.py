@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
 from planner.commands import compare_cmd, inspect_cmd, plan_cmd, simulate_cmd, validate_cmd
@@ -25,9 +25,16 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in the catalog's one-line form (exit 2); subcommand parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"plan: error: {message}; fix: see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for ``plan <command> ...``."""
-    parser = argparse.ArgumentParser(prog="plan", description="Plan, simulate and validate parallel layouts for JAX training.")
+    parser = _Parser(prog="plan", description="Plan, simulate and validate parallel layouts for JAX training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, add_arguments, _) in _COMMANDS.items():

@@ -160,6 +160,9 @@ def _validated(fields: dict[str, Any], *, source: str) -> ModelConfig:
         return ModelConfig(**fields)
     except ValidationError as err:
         where, msg, value = first_problem(err)
+        if err.errors()[0]["type"] == "extra_forbidden":
+            raise InvalidConfigError(f"{source}: unknown field {where!r}",
+                                     fix=f"remove it; the known fields are {', '.join(ModelConfig.model_fields)}") from None
         got = "" if value is None or isinstance(value, dict) else f" (got {value!r})"
         raise InvalidConfigError(f"{source}: {where}: {msg}{got}", fix=f"correct {where!r} in the model config") from None
 

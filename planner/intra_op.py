@@ -29,7 +29,7 @@ from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.opgraph import OP_ATTR, OpNode
-from costmodel.strategy_space import StrategySpace, build_space, prune_dominated
+from costmodel.strategy_space import StrategySpace, build_space, format_bytes, prune_dominated
 from costmodel.train_config import TrainConfig
 from planner.extract import extract_graph
 from planner.ilp import solve_intra_op
@@ -74,14 +74,14 @@ def solve_space(space: StrategySpace, *, planner: str, memory_budget_bytes: floa
     if planner == "ilp":
         solution = solve_intra_op(space, memory_budget_bytes=memory_budget_bytes, time_limit_s=time_limit_s, seed=seed)
         return solution.choice, {"status": solution.status, "objective_s": solution.objective_s, "gap": solution.gap,
-                                 "memory_bytes": solution.memory_bytes, "variables": solution.variables,
-                                 "solve_time_s": solution.solve_time_s}
+                                 "memory_bytes": solution.memory_bytes, "variables": solution.variables}
     run = SEARCH_PLANNERS[planner](space, memory_budget_bytes=memory_budget_bytes, time_limit_s=time_limit_s, seed=seed)
     if not run.feasible:
-        raise InfeasibleError(f"the {planner} search found no sharding within the memory budget in {run.wall_s:.1f} s",
+        raise InfeasibleError(f"the {planner} search found no sharding within {format_bytes(memory_budget_bytes)} per device "
+                              f"before its time limit of {time_limit_s:g} s or its evaluation budget ran out",
                               fix="use --planner ilp, or raise --time-limit-s")
     return run.choice, {"status": "FEASIBLE", "objective_s": run.objective_s, "gap": None, "memory_bytes": run.memory_bytes,
-                        "evaluations": run.evaluations, "solve_time_s": run.wall_s}
+                        "evaluations": run.evaluations}
 
 
 def intra_op_specs(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]], machine: Machine,

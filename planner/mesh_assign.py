@@ -25,18 +25,28 @@ PINNED_NAMES = {
     "pipeline": "pp", "pp": "pp", "stage": "pp", "context": "cp", "cp": "cp", "sequence": "cp",
 }
 AXIS_NAMES = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context"}
+MAX_MESH_AXES = 16
 
 
 def assignments(mesh: MeshSpec, *, max_cp: int = 1) -> list[tuple[str, ...]]:
-    """Every kind-per-axis assignment consistent with pinned names and the device order."""
+    """Every kind-per-axis assignment consistent with pinned names and the device order.
+
+    Raises:
+      InvalidConfigError: more than `MAX_MESH_AXES` axes, or pinned names out of device order.
+    """
+    if len(mesh.axis_sizes) > MAX_MESH_AXES:
+        raise InvalidConfigError(f"mesh has {len(mesh.axis_sizes)} axes, more than the {MAX_MESH_AXES} this planner supports",
+                                 fix="merge axes (an axis of size 1 carries nothing)")
     options = []
     for name, size in zip(mesh.axis_names, mesh.axis_sizes):
         pinned = PINNED_NAMES.get(name.lower())
         options.append((pinned,) if pinned else tuple(k for k in KINDS if k != "cp" or size <= max_cp))
+    # Device order makes the kinds, fastest axis first, non-decreasing in KINDS: enumerate only
+    # those (C(axes + 3, 3) of them) instead of every product of options.
     valid = []
-    for kinds in itertools.product(*options):
-        order = [KINDS.index(k) for k in reversed(kinds)]  # fastest axis first
-        if order == sorted(order):
+    for order in itertools.combinations_with_replacement(range(len(KINDS)), len(options)):
+        kinds = tuple(KINDS[i] for i in reversed(order))
+        if all(k in opts for k, opts in zip(kinds, options)):
             valid.append(kinds)
     if not valid:
         raise InvalidConfigError(

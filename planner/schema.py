@@ -3,7 +3,7 @@
 A plan names the parallelism and links of every mesh axis, gives each parameter a
 sharding (mesh axis per dimension, by path), predicts step time and memory with the
 simulator's breakdown, and lists the runner-up layouts with why they lost. It
-round-trips through JSON.
+round-trips through JSON and holds no wall times: the same inputs give the same bytes.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ class IntraOpInfo(BaseModel):
     free_nodes: int = Field(description="Decisions left after merging followers.")
     variables: int = Field(0, description="Boolean variables of the ILP.")
     evaluations: int = Field(0, description="Candidates a search planner evaluated.")
-    solve_time_s: float = Field(description="Seconds in the solver or search.")
 
 
 class SolverInfo(BaseModel):
@@ -65,7 +64,8 @@ class SolverInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     planner: str = Field(description="Which planner chose the layout.")
-    status: str = Field(description="OPTIMAL when every candidate of the search space was costed.")
+    status: str = Field(description="OPTIMAL when every layout was costed and the intra-op planner (if any) proved its "
+                                    "choice; FEASIBLE when a time limit (or a search planner) left that unproven.")
     evaluated: int = Field(description="Candidates costed by the simulator.")
     pruned: dict[str, int] = Field(description="Candidates dropped before simulation, by rule.")
     intra_op: IntraOpInfo | None = Field(None, description="The intra-op ILP's report, when it chose the parameter shardings.")
@@ -86,7 +86,6 @@ class Plan(BaseModel):
     predicted: StepEstimate = Field(description="Simulated step time, throughput and memory.")
     alternatives: tuple[Alternative, ...] = Field(description="Runner-up layouts, fastest first.")
     solver: SolverInfo = Field(description="How the layout was found.")
-    plan_time_s: float = Field(description="Seconds the planner took.")
 
     def axes_of(self, parallelism: str) -> tuple[str, ...]:
         """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp or cp)."""

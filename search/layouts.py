@@ -4,7 +4,8 @@ Candidates are generated in a sorted, deterministic order over the knobs Megatro
 tune by hand — data, tensor, pipeline and context parallel degrees, micro-batch size,
 activation recompute, sequence parallelism and ZeRO stage — and pruned by named
 predicates (divisibility, tensor parallelism inside a node, memory). Every survivor is
-costed by the one step simulator.
+costed by the one step simulator. A time limit stops the search in that order; the
+result then says so (``complete``) and keeps the best layout costed so far.
 
 >>> from costmodel.machine import load_machine
 >>> from costmodel.model_config import ModelConfig
@@ -19,8 +20,9 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import time
 from collections import Counter
-from typing import Iterator
+from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +35,7 @@ from costmodel.simulator import balanced_layout, simulate
 from costmodel.train_config import TrainConfig
 
 _GIB = 2**30
+TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -63,9 +66,24 @@ class SearchResult(BaseModel):
 
     best: StepEstimate = Field(description="Fastest layout that fits.")
     runners_up: tuple[StepEstimate, ...] = Field(description="Next fastest fitting layouts, fastest first.")
-    closest_misses: tuple[StepEstimate, ...] = Field(description="Layouts that did not fit, least over first.")
+    closest_misses: tuple[StepEstimate, ...] = Field(description="Layouts that did not fit, least over first, one per degree split.")
     evaluated: int = Field(description="Candidates costed by the simulator.")
     pruned: dict[str, int] = Field(description="Candidates dropped before simulation, by rule.")
+
+    @property
+    def complete(self) -> bool:
+        """Whether every candidate was costed or pruned (the time limit did not stop the search)."""
+        return TIME_LIMIT_RULE not in self.pruned
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order, in O(sqrt(n)) steps.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def degree_splits(n_devices: int, *, max_cp: int = 1) -> Iterator[tuple[int, int, int, int]]:
@@ -74,9 +92,9 @@ def degree_splits(n_devices: int, *, max_cp: int = 1) -> Iterator[tuple[int, int
     >>> list(degree_splits(4))
     [(1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1), (2, 1, 2, 1), (2, 2, 1, 1), (4, 1, 1, 1)]
     """
-    divisors = [d for d in range(1, n_devices + 1) if n_devices % d == 0]
+    ds = divisors(n_devices)
     splits = [(dp, tp, n_devices // (dp * tp * cp), cp)
-              for dp, tp, cp in itertools.product(divisors, divisors, [d for d in divisors if d <= max_cp])
+              for dp, tp, cp in itertools.product(ds, ds, [d for d in ds if d <= max_cp])
               if n_devices % (dp * tp * cp) == 0]
     yield from sorted(splits)
 
@@ -86,13 +104,25 @@ def tensor_parallel_in_node(layout: Layout, devices_per_node: int) -> bool:
     return layout.tp <= devices_per_node
 
 
-def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, space: SearchSpace,
-                      pruned: Counter[str], *, devices_per_node: int) -> Iterator[Layout]:
-    """Consistent layouts in a deterministic order; counts what it drops in ``pruned``."""
+def _knobs(n_devices: int, space: SearchSpace) -> tuple[tuple, ...]:
+    """The value lists whose product is the raw candidate set, splits first."""
     splits = space.splits if space.splits is not None else tuple(degree_splits(n_devices, max_cp=space.max_cp))
-    for (dp, tp, pp, cp), mb, recompute, zero, v in itertools.product(
-        splits, space.micro_batches, space.recompute, space.zero_stages, space.interleaves
-    ):
+    return splits, space.micro_batches, space.recompute, space.zero_stages, space.interleaves
+
+
+def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, space: SearchSpace, pruned: Counter[str], *,
+                      devices_per_node: int, deadline_s: float = math.inf) -> Iterator[Layout]:
+    """Consistent layouts in a deterministic order; counts what it drops in ``pruned``.
+
+    Once ``time.perf_counter()`` passes ``deadline_s`` it stops, counting the candidates
+    left under `TIME_LIMIT_RULE`.
+    """
+    knobs = _knobs(n_devices, space)
+    total = math.prod(len(k) for k in knobs)
+    for i, ((dp, tp, pp, cp), mb, recompute, zero, v) in enumerate(itertools.product(*knobs)):
+        if time.perf_counter() > deadline_s:
+            pruned[TIME_LIMIT_RULE] += total - i
+            return
         if zero > 0 and dp == 1:
             pruned["ZeRO without data parallelism"] += 1
             continue
@@ -115,18 +145,30 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         yield layout
 
 
-def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int,
-                space: SearchSpace | None = None, keep: int = 5) -> SearchResult:
+def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace | None = None,
+                keep: int = 5, time_limit_s: float = math.inf, on_progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Cost every candidate layout; the fastest that fits wins.
+
+    Args:
+      time_limit_s: wall seconds; when they run out the search stops and keeps the best
+        layout costed so far (``result.complete`` is then False).
+      on_progress: called as ``on_progress(done, total)`` after each costed candidate,
+        counting raw candidates (pruned ones included).
 
     Raises:
       InfeasibleError: no candidate fits in memory (the message names the closest ones),
-        or no candidate is consistent with the model at all.
+        no candidate is consistent with the model at all, or the time limit ran out first.
     """
     space = space or SearchSpace()
+    deadline_s = time.perf_counter() + time_limit_s
+    total = math.prod(len(k) for k in _knobs(n_devices, space))
     pruned: Counter[str] = Counter()
-    fitting, missing, evaluated = [], [], 0
-    for layout in candidate_layouts(model, train, n_devices, space, pruned, devices_per_node=machine.devices_per_node):
+    fitting, missing, evaluated, costed = [], [], 0, 0
+    for layout in candidate_layouts(model, train, n_devices, space, pruned, devices_per_node=machine.devices_per_node,
+                                    deadline_s=deadline_s):
+        costed += 1
+        if on_progress:
+            on_progress(costed + sum(pruned.values()), total)
         variants = [layout]
         if space.uneven_stages:
             balanced = balanced_layout(model, train, layout, machine)
@@ -138,22 +180,48 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
     fitting.sort(key=lambda e: (e.step_time_s, e.memory.total_bytes))
     missing.sort(key=lambda e: e.memory.total_bytes)
     if not fitting:
-        raise _infeasible(model, n_devices, machine, missing, pruned)
-    return SearchResult(best=fitting[0], runners_up=tuple(fitting[1:keep]), closest_misses=tuple(missing[:3]),
+        if TIME_LIMIT_RULE in pruned:
+            raise InfeasibleError(f"the time limit of {time_limit_s:g} s ran out before a layout of {model.name} on {n_devices} "
+                                  "devices that fits was found", fix="raise --time-limit-s, or give a --mesh (fewer layouts to cost)")
+        raise _infeasible(model, train, n_devices, machine, missing, pruned)
+    return SearchResult(best=fitting[0], runners_up=tuple(fitting[1:keep]), closest_misses=tuple(_closest_distinct(missing)),
                         evaluated=evaluated, pruned=dict(sorted(pruned.items())))
 
 
-def _infeasible(model: ModelConfig, n_devices: int, machine: Machine, missing: list[StepEstimate], pruned: Counter[str]) -> InfeasibleError:
+def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine: Machine, missing: list[StepEstimate],
+                pruned: Counter[str]) -> InfeasibleError:
     if not missing:
         rules = ", ".join(f"{rule} ({count})" for rule, count in sorted(pruned.items()))
-        return InfeasibleError(f"no layout of {model.name} on {n_devices} devices is consistent: {rules}",
-                               fix="use a device count whose factors divide the heads, layers and batch")
-    closest = missing[0]
-    lay = closest.layout
-    need, have = closest.memory.total_bytes / _GIB, machine.hbm_bytes / _GIB
-    more = 2 ** math.ceil(math.log2(max(2.0, need / have))) * n_devices
+        return InfeasibleError(
+            f"no layout of {model.name} on {n_devices} devices is consistent: {rules}",
+            fix=f"use a mesh or device count whose factors divide num_heads={model.num_heads}, num_layers={model.num_layers} "
+                f"and global_batch={train.global_batch}",
+        )
+    have = machine.hbm_bytes / _GIB
+    more = 2 ** math.ceil(math.log2(max(2.0, missing[0].memory.total_bytes / machine.hbm_bytes))) * n_devices
     return InfeasibleError(
-        f"{model.name} does not fit on {n_devices}× {machine.name}: the closest layout (dp{lay.dp} tp{lay.tp} pp{lay.pp} "
-        f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}) needs {need:.1f} GiB per device, has {have:.0f} GiB",
+        f"{model.name} does not fit on {n_devices}× {machine.name}: every layout needs more than the {have:.0f} GiB per device; "
+        f"closest: {'; '.join(_over_budget(e) for e in _closest_distinct(missing))}",
         fix=f"use about {more} devices or hardware with more memory",
     )
+
+
+def _closest_distinct(missing: list[StepEstimate], n: int = 3) -> list[StepEstimate]:
+    """The ``n`` least-memory estimates with distinct (dp, tp, pp, cp) degrees; ``missing`` is sorted by memory."""
+    seen, out = set(), []
+    for e in missing:
+        split = (e.layout.dp, e.layout.tp, e.layout.pp, e.layout.cp)
+        if split not in seen:
+            seen.add(split)
+            out.append(e)
+        if len(out) == n:
+            break
+    return out
+
+
+def _over_budget(e: StepEstimate) -> str:
+    lay, mem = e.layout, e.memory
+    state = (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / _GIB
+    return (f"dp{lay.dp} tp{lay.tp} pp{lay.pp} mb{lay.micro_batch} {lay.recompute} recompute ZeRO {lay.zero_stage} needs "
+            f"{mem.total_bytes / _GIB:.1f} GiB (params+grads+optimizer {state:.1f}, "
+            f"activations+temporaries {(mem.activations_bytes + mem.temporary_bytes) / _GIB:.1f})")

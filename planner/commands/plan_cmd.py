@@ -6,12 +6,14 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
+from planner.progress import progress_display, wanted
 from planner.schema import Plan
 
 _GIB = 2**30
@@ -26,17 +28,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
-    parser.add_argument("--planner", choices=["grid", "ilp", "anneal", "beam", "random"], default="grid",
+    # Checked by planner.api, so an unknown name gets the error catalog's one line.
+    parser.add_argument("--planner", default="grid",
                         help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
                              "CP-SAT intra-op ILP shards every parameter and op of a stage; anneal/beam/random: search "
                              "planners on the ILP's strategy space")
     parser.add_argument("--seed", type=int, default=0, help="random seed of a search planner (default 0)")
     parser.add_argument("--time-limit-s", type=float, default=20.0,
-                        help="ILP time limit; when it runs out the best plan found is kept with its gap (default 20)")
+                        help="limit of the layout search and, separately, of the intra-op planner; when it runs out the best "
+                             "plan found is kept and solver.status says FEASIBLE (default 20)")
     parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "markdown"], default="summary",
                         help="what to print: rich summary, Plan JSON, parameter specs, MaxText overrides, Markdown report")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (same as --format json)")
-    parser.add_argument("--out", help="also write the plan JSON to this file")
+    parser.add_argument("--out", help="also write the plan JSON to this file (atomically; the same inputs give the same bytes)")
     parser.add_argument("--force", action="store_true", help="let --out replace an existing file")
 
 
@@ -44,14 +48,21 @@ def run(args: argparse.Namespace) -> int:
     from planner.api import plan
     from planner.exports import markdown_report, to_maxtext
 
-    if args.out and Path(args.out).exists() and not args.force:
-        raise InvalidConfigError(f"{args.out} already exists", fix="choose another --out or add --force")
-    result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
-                  global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
-                  time_limit_s=args.time_limit_s, seed=args.seed)
     if args.out:
-        write_atomic(Path(args.out), result.model_dump_json(indent=1) + "\n")
+        check_out(Path(args.out), force=args.force)  # before planning, which may take a while
     fmt = "json" if args.json else args.format
+    start = time.perf_counter()
+    with progress_display(enabled=wanted(fmt)) as report:
+        result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
+                      global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
+                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report)
+    plan_time_s = time.perf_counter() - start
+    if args.out:
+        try:
+            write_atomic(Path(args.out), result.model_dump_json(indent=1) + "\n")
+        except OSError as err:
+            raise InvalidConfigError(f"cannot write {args.out}: {err.strerror or err}",
+                                     fix="check the directory's permissions and free space") from err
     if fmt == "json":
         print(result.model_dump_json())
     elif fmt == "specs":
@@ -61,8 +72,19 @@ def run(args: argparse.Namespace) -> int:
     elif fmt == "markdown":
         print(markdown_report(result), end="")
     else:
-        Console().print(*summary(result))
+        Console().print(*summary(result, plan_time_s=plan_time_s))
     return 0
+
+
+def check_out(path: Path, *, force: bool) -> None:
+    """Refuse an ``--out`` that would replace a file without ``--force``, or that cannot be written at all."""
+    if path.is_dir():
+        raise InvalidConfigError(f"{path} is a directory", fix="give --out a file name, e.g. plan.json")
+    if path.exists() and not force:
+        raise InvalidConfigError(f"{path} already exists", fix="choose another --out or add --force")
+    if not path.absolute().parent.is_dir():
+        raise InvalidConfigError(f"cannot write {path}: directory {path.absolute().parent} does not exist",
+                                 fix="create it or choose another --out")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -71,16 +93,19 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the plan from others, unlike a plain open()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def summary(p: Plan) -> list[Table]:
-    """Rich tables: mesh axes, prediction and memory, alternatives."""
+def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
+    """Rich tables: mesh axes, prediction and memory, alternatives; the run's wall time in the title."""
     est, lay, mem, b = p.predicted, p.layout, p.predicted.memory, p.predicted.breakdown
-    axes = Table(title=f"{p.model.name} on {lay.n_devices}× {p.hardware}: plan found in {p.plan_time_s:.2f} s "
+    axes = Table(title=f"{p.model.name} on {lay.n_devices}× {p.hardware}: plan found in {plan_time_s:.2f} s "
                        f"({p.solver.planner}, {p.solver.status}, {p.solver.evaluated} layouts costed)")
     for col in ("mesh axis", "size", "carries", "links"):
         axes.add_column(col)
@@ -95,7 +120,8 @@ def summary(p: Plan) -> list[Table]:
         ("  compute / memory-bound / recompute", f"{b.compute_s:.3f} / {b.memory_bound_s:.3f} / {b.recompute_s:.3f} s"),
         ("  bubble / exposed comm / optimizer", f"{b.bubble_s:.3f} / {b.exposed_comm_s:.3f} / {b.optimizer_s:.3f} s"),
         ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
-        ("  params / grads / optimizer", f"{mem.params_bytes / _GIB:.1f} / {mem.grads_bytes / _GIB:.1f} / {mem.optimizer_bytes / _GIB:.1f} GiB"),
+        ("  params / grads / optimizer",
+         f"{mem.params_bytes / _GIB:.1f} / {mem.grads_bytes / _GIB:.1f} / {mem.optimizer_bytes / _GIB:.1f} GiB"),
         ("  activations / temporary", f"{mem.activations_bytes / _GIB:.1f} / {mem.temporary_bytes / _GIB:.1f} GiB"),
     ):
         pred.add_row(name, value)
@@ -103,8 +129,7 @@ def summary(p: Plan) -> list[Table]:
         ilp = p.solver.intra_op
         effort = (f"{ilp.variables:,} variables, gap {ilp.gap:.1%}" if ilp.gap is not None
                   else f"{ilp.evaluations:,} evaluations, no bound")
-        pred.add_row(f"intra-op {ilp.planner}", f"{ilp.status} over {', '.join(ilp.axes)} in {ilp.solve_time_s:.1f} s "
-                                                f"({ilp.free_nodes} decisions, {effort})")
+        pred.add_row(f"intra-op {ilp.planner}", f"{ilp.status} over {', '.join(ilp.axes)} ({ilp.free_nodes} decisions, {effort})")
     alts = Table(title="alternatives")
     for col in ("layout", "step time", "why not"):
         alts.add_column(col)

@@ -1,4 +1,4 @@
-"""Fuzzing user input: configs, meshes and layouts either work or fail with a `PlannerError`.
+"""Fuzzing user input: configs, meshes, device counts and layouts either work or fail with a `PlannerError`.
 
 The default run keeps a fast subset; ``python -m pytest -m slow`` runs 10 000 cases each.
 """
@@ -13,8 +13,10 @@ from costmodel.errors import PlannerError
 from costmodel.layout import Layout
 from costmodel.machine import load_machine
 from costmodel.mesh import parse_mesh
+from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
+from planner.api import plan
 from planner.config import from_hf_config
 
 ADVERSARIAL = st.one_of(
@@ -68,6 +70,23 @@ LLAMA_LIKE = st.fixed_dictionaries({
     "num_key_value_heads": st.sampled_from([1, 2, 4]), "vocab_size": st.integers(1, 1000),
 })
 LAYOUT_CASES = st.tuples(LLAMA_LIKE, st.tuples(*[st.integers(1, 8)] * 4), st.integers(1, 4096), st.integers(1, 64))
+TINY = ModelConfig(name="tiny", hidden_size=64, num_layers=4, num_heads=8, num_kv_heads=2, ffn_size=128, vocab_size=256)
+PLAN_CASES = st.tuples(
+    st.one_of(MESHES, st.integers(-2, 70000), st.sampled_from([1, 65536, 2**24, 2**24 + 1, 10**12])), st.integers(1, 4096),
+)
+
+
+def _plan_case(case):
+    where, batch = case
+    mesh, devices = (where, None) if isinstance(where, str) else (None, where)
+    try:
+        p = plan(TINY, mesh=mesh, devices=devices, seq_len=128, global_batch=batch, time_limit_s=2.0)
+    except PlannerError as err:
+        assert str(err) and "\n" not in str(err)
+        return
+    assert p.layout.n_devices == (parse_mesh(mesh).n_devices if mesh else devices) == math.prod(a.size for a in p.mesh)
+
+
 FAST = settings(derandomize=True, database=None, deadline=None, max_examples=300, suppress_health_check=list(HealthCheck))
 SLOW = settings(derandomize=True, database=None, deadline=None, max_examples=10_000, suppress_health_check=list(HealthCheck))
 
@@ -90,6 +109,12 @@ def test_layouts_fast(data):
     _layout_case(data)
 
 
+@settings(FAST, max_examples=100)  # a whole layout search per case
+@given(PLAN_CASES)
+def test_plans_fast(case):
+    _plan_case(case)
+
+
 @pytest.mark.slow
 @SLOW
 @given(CONFIGS)
@@ -109,3 +134,10 @@ def test_meshes_10k(text):
 @given(LAYOUT_CASES)
 def test_layouts_10k(data):
     _layout_case(data)
+
+
+@pytest.mark.slow
+@SLOW
+@given(PLAN_CASES)
+def test_plans_10k(case):
+    _plan_case(case)

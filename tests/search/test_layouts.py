@@ -1,6 +1,7 @@
 """Tests `search/layouts.py`: candidate generation, pruning, the exhaustive optimum."""
 
 import math
+import re
 
 import pytest
 
@@ -10,7 +11,7 @@ from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
-from search.layouts import SearchSpace, degree_splits, grid_search
+from search.layouts import TIME_LIMIT_RULE, SearchSpace, degree_splits, divisors, grid_search
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=2048, global_batch=64)
@@ -39,10 +40,30 @@ def test_fixed_splits_restrict_the_degrees():
     assert (result.best.layout.dp, result.best.layout.tp) == (2, 4)
 
 
-def test_infeasible_reports_the_closest_layout_with_numbers():
+def test_infeasible_reports_the_closest_layouts_with_numbers():
     huge = MODEL.model_copy(update={"num_layers": 400, "hidden_size": 8192, "num_heads": 64, "ffn_size": 28672})
-    with pytest.raises(InfeasibleError, match=r"needs [\d.]+ GiB per device, has 80 GiB; fix: use about \d+ devices"):
+    with pytest.raises(InfeasibleError, match=r"needs more than the 80 GiB per device; closest: .*; fix: use about \d+ devices") as err:
         grid_search(huge, TRAIN, HW, n_devices=2)
+    needs = [float(x) for x in re.findall(r"needs ([\d.]+) GiB \(params\+grads\+optimizer [\d.]+, activations", str(err.value))]
+    splits = re.findall(r"(dp\d+ tp\d+ pp\d+) mb", str(err.value))
+    assert len(needs) == 3 and needs == sorted(needs) and min(needs) > 80 and len(set(splits)) == 3
+
+
+def test_divisors_in_order():
+    assert divisors(1) == [1] and divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36] and divisors(97) == [1, 97]
+    assert divisors(2**24)[-2:] == [2**23, 2**24]
+
+
+def test_time_limit_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
+    full = grid_search(MODEL, TRAIN, HW, n_devices=8)
+    ticks = iter(range(10**9))  # a clock that advances one second per reading
+    monkeypatch.setattr("search.layouts.time.perf_counter", lambda: float(next(ticks)))
+    seen = []
+    cut = grid_search(MODEL, TRAIN, HW, n_devices=8, time_limit_s=30, on_progress=lambda done, total: seen.append((done, total)))
+    assert full.complete and not cut.complete and cut.evaluated < full.evaluated
+    assert cut.best.fits and cut.best.step_time_s >= full.best.step_time_s
+    total = seen[0][1]
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1][0] <= total - cut.pruned[TIME_LIMIT_RULE]
 
 
 def test_no_consistent_layout_names_the_rules():

@@ -1,0 +1,77 @@
+"""Tests `planner/commands/plan_cmd.py`: plans at the device-count extremes, time limits, atomic writes."""
+
+import json
+import os
+import stat
+import time
+
+import pytest
+
+from planner.cli import main
+from planner.commands.plan_cmd import write_atomic
+
+
+def _plan(capsys, *argv):
+    start = time.perf_counter()
+    code = main(["--json", *argv])
+    wall_s = time.perf_counter() - start
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if code == 0 else None, err, wall_s
+
+
+def test_one_device_plans_within_the_time_limit(capsys):
+    code, plan, err, wall_s = _plan(capsys, "--model", "gpt2", "--devices", "1", "--time-limit-s", "20")
+    assert code == 0 and err == "" and wall_s < 20
+    assert plan["layout"]["dp"] == plan["layout"]["tp"] == plan["layout"]["pp"] == 1 and plan["solver"]["status"] == "OPTIMAL"
+
+
+def test_65536_devices_plan_within_the_time_limit(capsys):
+    code, plan, _, wall_s = _plan(capsys, "--model", "llama3-70b", "--devices", "65536", "--time-limit-s", "20")
+    lay = plan["layout"]
+    assert code == 0 and wall_s < 20 and plan["solver"]["status"] == "OPTIMAL"
+    assert lay["dp"] * lay["tp"] * lay["pp"] * lay["cp"] == 65536 and sum(a["size"] > 1 for a in plan["mesh"]) >= 2
+
+
+def test_time_limit_keeps_the_best_layout_found_and_says_feasible(capsys, monkeypatch):
+    # A clock that advances one second per reading: the layout search stops after a few candidates.
+    ticks = iter(range(10**9))
+    monkeypatch.setattr("search.layouts.time.perf_counter", lambda: float(next(ticks)))
+    code, plan, _, _ = _plan(capsys, "--model", "gpt2", "--devices", "8", "--global-batch", "64", "--time-limit-s", "40")
+    assert code == 0 and plan["solver"]["status"] == "FEASIBLE"
+    assert plan["solver"]["pruned"]["not costed: time limit reached"] > 0
+
+
+def test_no_progress_display_when_output_is_not_a_terminal(capsys):
+    # capsys streams are not terminals: stdout holds only the plan, stderr nothing.
+    assert main(["--model", "gpt2", "--mesh", "2x4", "--global-batch", "64"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "plan found in" in out and "\x1b[?25l" not in out  # no cursor hiding from a live display
+
+
+@pytest.mark.parametrize("text", ["first", ""])
+def test_write_atomic_replaces_in_one_step_and_leaves_no_temporary(tmp_path, text):
+    path = tmp_path / "plan.json"
+    path.write_text("old")
+    write_atomic(path, text)
+    assert path.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_written_plan_gets_the_usual_file_mode(tmp_path):
+    path = tmp_path / "plan.json"
+    write_atomic(path, "{}")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+
+
+def test_write_atomic_failure_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "plan.json"
+    path.write_text("old")
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("planner.commands.plan_cmd.os.replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, "new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]

@@ -10,8 +10,18 @@ writes a CSV.
 Rules for cells the source leaves blank: micro-batch 1, no interleaving (1F1B), cp 1.
 torchtitan's "selective" is its own activation checkpointing: per layer where the row's
 notes say "layer-level SAC", otherwise per op (its default in the configs these runs used).
-Elementwise kernels are fused for Megatron-LM (its fused kernels) and for torchtitan runs
-whose notes say torch.compile; other torchtitan runs are eager (its default then).
+Facts of each source's software stack, from its code at the time of the runs:
+
+- Elementwise kernels are fused for Megatron-LM (its fused kernels) and for torchtitan runs
+  whose notes say torch.compile; other torchtitan runs are eager (its default then).
+- Megatron-LM recomputes a layer's whole forward (its reentrant checkpointing); torchtitan's
+  non-reentrant checkpointing stops at the last tensor backward needs.
+- Megatron-LM keeps activations [seq, batch, hidden]; torchtitan [batch, seq, hidden], so its
+  sequence-parallel collectives copy their buffers.
+- Korthikanti et al. (2022) ran Megatron-LM's asynchronous tensor-parallel communication
+  (backward collectives behind the gradient GEMMs); Narayanan et al.'s runs (early 2021)
+  predate it, and torchtitan's runs here are its "vanilla" (not async) tensor parallelism.
+
 Nothing here is tuned per row: the only constants are the hardware profiles'.
 """
 
@@ -57,13 +67,15 @@ def recompute_from_row(row: dict[str, str]) -> Recompute:
 def layout_from_row(row: dict[str, str]) -> Layout:
     """The layout a row ran, with the documented defaults for blank cells."""
     interleave = int(row["interleave"] or 1)
+    torchtitan = "torchtitan" in row["source"]
     return Layout(
         dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"] or 1),
         micro_batch=int(row["micro_batch"] or 1), interleave=interleave,
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
         recompute=recompute_from_row(row), sequence_parallel=row["sequence_parallel"] == "yes",
         zero_stage=int(row["zero_stage"]), attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes",
-        fused_elementwise="torchtitan" not in row["source"] or "torch.compile" in row["notes"],
+        fused_elementwise=not torchtitan or "torch.compile" in row["notes"],
+        tp_overlap="Korthikanti" in row["source"], batch_major=torchtitan, reentrant_recompute=not torchtitan,
     )
 
 

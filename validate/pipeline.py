@@ -22,7 +22,8 @@ ticks mirror the forward ones in reverse (GPipe): each stage keeps what its reco
 saves (the plan's ``jax.checkpoint`` policy, as in the reference model) for all ``M + S − 1``
 ticks, where 1F1B keeps at most ``S`` micro-batches in flight. Plans with schedule "1f1b" run
 this program too, so their compiled activation memory is GPipe's. The micro-batches'
-gradients add up inside the one backward pass: the data-parallel reduction happens once.
+gradients add up inside the one backward pass; XLA reduces each tick's layer gradients over
+the data axes inside the backward tick loop (`validate.predict` counts them per tick).
 
 Uneven stages (``stage_layers``, or a layer count the stages do not divide) are padded: every
 stage runs ``max(stage layers)`` layer slots, and a slot past its stage's count holds zero
@@ -32,10 +33,9 @@ tick lasts as long as the longest stage anyway). Laying the stacked layers out p
 a gather over their leading dim, so XLA moves layers between stages every step (and their
 gradients back), parameter traffic a pipeline storing each stage's layers would not have.
 
-Not lowered: interleaved stages (``interleave > 1``). Compiling on the CPU backend needs
-``--xla_disable_hlo_passes=all-reduce-promotion`` for bf16 compute (`compile_in_subprocess`
-sets it): promoting bf16 all-reduces inside the manual region hits an XLA check failure in
-jax 0.10.2.
+Not lowered: interleaved stages (``interleave > 1``). The two sums over the pipeline axis
+run in float32: XLA's CPU all-reduce promotion aborts (``Invalid binary instruction opcode
+copy``, jax 0.10.2) on a bf16 sum over a manual axis, whose reducer ends in a copy.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Every row of ``../shared/data/published_training_runs.csv`` is simulated from its own
 configuration (model shape, devices, hardware, layout, attention kernel, overlap) and the
 predicted step time is compared with the one the source measured. Prints a table and
-writes a CSV.
+writes a CSV. It also times ``plan simulate`` end to end (a fresh process, imports
+included) on the largest layout, GPT-1T on 3072 devices, against a 1 s budget, and exits 1
+past it.
 
     python -m benchmarks.simulator_accuracy [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +45,10 @@ from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_training_runs.csv"
+# Narayanan et al.'s largest run: a 1T-parameter GPT on 3072 A100s, tp8 pp64 dp6.
+PLAN_SIMULATE_1T = ("simulate", "--model", "megatron-gpt-1008b", "--hardware", "a100-80gb", "--devices", "3072", "--tp", "8",
+                    "--pp", "64", "--global-batch", "3072", "--recompute", "full", "--attention", "materialized", "--json")
+PLAN_SIMULATE_BUDGET_S = 1.0
 
 
 def model_from_row(row: dict[str, str]) -> ModelConfig:
@@ -100,6 +107,13 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     return results
 
 
+def plan_simulate_s(args: tuple[str, ...] = PLAN_SIMULATE_1T) -> float:
+    """Wall seconds of one ``plan simulate`` in a fresh interpreter, as a user runs it."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "planner.cli", *args], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="published runs CSV")
@@ -115,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
           f"slowest simulate() {max(float(r['simulate_s']) for r in results) * 1e3:.0f} ms")
     write_csv(args.out, results)
     print(f"wrote {args.out}")
-    return 0
+    cli_s = plan_simulate_s()
+    print(f"plan simulate, GPT-1T on 3072 devices: {cli_s:.2f} s (budget {PLAN_SIMULATE_BUDGET_S:.0f} s)")
+    return 0 if cli_s < PLAN_SIMULATE_BUDGET_S else 1
 
 
 if __name__ == "__main__":

@@ -11,17 +11,14 @@ fresh process with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
 
 from __future__ import annotations
 
-import json
-import os
 import resource
-import subprocess
-import sys
 import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidPlanError
 from planner.schema import Plan
+from validate.emulated import run_emulated
 from validate.hlo import Collective, collectives, dot_flops
 
 # XLA may otherwise drop a bf16 round trip (f32 → bf16 → f32) where a backend computes in
@@ -90,13 +87,8 @@ def compile_in_subprocess(plan: Plan, *, timeout_s: float = 600) -> CompileRepor
     from validate.lowering import check_param_specs
 
     check_param_specs(plan)  # here, so a broken spec is named in plain words rather than by the child's traceback
-    flags = f"--xla_force_host_platform_device_count={plan.layout.n_devices}"
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     code = ("import sys; from planner.schema import Plan; from validate.compile_check import compile_plan; "
             "print(compile_plan(Plan.model_validate_json(sys.stdin.read())).model_dump_json())")
-    proc = subprocess.run([sys.executable, "-c", code], input=plan.model_dump_json(), capture_output=True, text=True,
-                          env=env, timeout=timeout_s)
-    if proc.returncode != 0:
-        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
-        raise InvalidPlanError(f"compiling the plan failed: {last[:300]}", fix="run with --debug to see the compiler's output")
-    return CompileReport.model_validate(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return CompileReport.model_validate_json(run_emulated(code, plan.layout.n_devices, stdin=plan.model_dump_json(), timeout_s=timeout_s,
+                                                          failure="compiling the plan failed", error=InvalidPlanError,
+                                                          fix="run with --debug to see the compiler's output"))

@@ -47,8 +47,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -56,9 +54,9 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
-from costmodel.errors import PlannerError
 from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, LinkSpec
 from costmodel.roofline import Efficiency
+from validate.emulated import run_emulated
 
 CACHE = Path.home() / ".cache" / "jax-parallel-planner" / "cpu_profile.json"
 GEMM_SIZES = (128, 256, 512, 1024)
@@ -219,14 +217,10 @@ def cpu_cluster(measured: CpuMeasurement) -> ClusterSpec:
 
 def measure_in_subprocess(n_devices: int, *, timeout_s: float = 300) -> CpuMeasurement:
     """`measure` in a fresh Python with ``n_devices`` emulated CPU devices."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}", JAX_PLATFORMS="cpu")
     code = f"from validate.cpu_profile import measure; print(measure({n_devices}).model_dump_json())"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        raise PlannerError(f"the CPU micro-benchmarks failed: {lines[-1][:300] if lines else proc.returncode}",
-                           fix="run python -c 'from validate.cpu_profile import measure; measure(1)' to see why")
-    return CpuMeasurement.model_validate_json(proc.stdout.strip().splitlines()[-1])
+    return CpuMeasurement.model_validate_json(run_emulated(code, n_devices, timeout_s=timeout_s, failure="the CPU micro-benchmarks failed",
+                                                           fix="run python -c 'from validate.cpu_profile import measure; measure(1)' "
+                                                               "to see why"))
 
 
 def _cached_entries(cache: Path) -> dict[str, Any]:

@@ -186,10 +186,10 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
     coords = np.array(np.unravel_index(np.arange(n_devices), sizes)).T
     comps = _computations(text)
     times = _multipliers(comps)
-    upcasts = _upcast_computations(comps)
+    instructions = {comp: {m.group(1): m for m in map(_INSTRUCTION.match, lines) if m} for comp, lines in comps.items()}
+    upcasts = _upcast_computations(comps, instructions)
     found = []
-    for comp, lines in comps.items():
-        defined = {m.group(1): m for m in map(_INSTRUCTION.match, lines) if m}
+    for comp, defined in instructions.items():
         for m in defined.values():
             if m.group(3).removesuffix("-start") not in KINDS:
                 continue
@@ -230,13 +230,14 @@ def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str]) 
     return m.group(3) == "fusion" and called is not None and called.group(2) in upcasts
 
 
-def _upcast_computations(comps: dict[str, list[str]]) -> set[str]:
-    """Fused computations whose result is an f32 conversion of a bf16 value."""
+def _upcast_computations(comps: dict[str, list[str]], instructions: dict[str, dict[str, re.Match[str]]]) -> set[str]:
+    """Fused computations whose result is an f32 conversion of a bf16 value (``instructions``:
+    each computation's parsed instructions by name)."""
     out = set()
     for comp, lines in comps.items():
-        defined = {m.group(1): m for m in map(_INSTRUCTION.match, lines) if m}
-        root = next((m for line in lines if line.lstrip().startswith("ROOT ") and (m := _INSTRUCTION.match(line))), None)
-        if root is not None and _from_bf16(root.group(1), defined, set()):
+        root = next((line.split("=")[0].strip().removeprefix("ROOT ").lstrip("%") for line in lines
+                     if line.lstrip().startswith("ROOT ")), None)
+        if root is not None and _from_bf16(root, instructions[comp], set()):
             out.add(comp)
     return out
 

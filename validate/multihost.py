@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from costmodel.errors import InvalidPlanError, PlannerError
 from planner.schema import Plan
+from validate.emulated import emulated_cpu_env
 
 _RESULT = "MULTIHOST-RESULT "
 _POLL_S = 0.05
@@ -91,8 +92,7 @@ def run_processes(target: str, payload: str, *, n_processes: int = 2, devices_pe
     `DistributedRunError` naming the first process to fail, or when ``timeout_s`` passes."""
     coordinator = f"127.0.0.1:{_free_port()}"
     # The coordinator binds every interface unless told otherwise; a local run stays on loopback.
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}", JAX_PLATFORMS="cpu",
-               JAX_COORDINATOR_BIND_ADDRESS=coordinator)
+    env = emulated_cpu_env(devices_per_process, JAX_COORDINATOR_BIND_ADDRESS=coordinator)
     with tempfile.TemporaryDirectory(prefix="multihost-") as tmp:
         payload_path = Path(tmp, "payload")
         payload_path.write_text(payload)

@@ -200,7 +200,7 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
             out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=sum(el for el, _, _ in params.values()) * _F32,
                                            calls=1, why="ZeRO: updated fp32 parameters gathered from their data shards"))
     if pipeline:
-        ticks = runs.layer_runs // lay.layers_on_stage(model.num_layers, 0)
+        ticks = lay.micro_batches(train) + lay.pp - 1
         out += [
             PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * ticks,
                                 why="activation to the next stage every forward tick, its gradient back every backward tick"),

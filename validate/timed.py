@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, computed_field
 
-from costmodel.errors import InfeasibleError, InvalidPlanError, PlannerError
+from costmodel.errors import InfeasibleError, InvalidPlanError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec
 from costmodel.layout import Attention
@@ -39,6 +37,7 @@ from costmodel.simulator import simulate
 from costmodel.train_config import Dtype
 from planner.schema import Plan
 from validate.cpu_profile import cpu_clock, other_cpu_share
+from validate.emulated import run_emulated
 from validate.report import Check
 
 
@@ -126,17 +125,13 @@ def time_plan(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, 
 
 def time_in_subprocess(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, timeout_s: float = 600) -> TimedRun:
     """`time_plan` in a fresh Python with the plan's device count emulated on the CPU."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={plan.layout.n_devices}", JAX_PLATFORMS="cpu")
     code = ("import sys; from planner.schema import Plan; from validate.timed import time_plan; "
             f"run = time_plan(Plan.model_validate_json(sys.stdin.read()), steps={steps}, repeats={repeats}, warmup={warmup}); "
             "print(run.model_dump_json(exclude={'median_step_s', 'spread'}))")
-    proc = subprocess.run([sys.executable, "-c", code], input=plan.model_dump_json(), capture_output=True, text=True, env=env,
-                          timeout=timeout_s)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        raise PlannerError(f"timing the plan failed: {lines[-1][:300] if lines else proc.returncode}",
-                           fix="run validate.timed.time_plan in a process with the plan's device count to see why")
-    return TimedRun.model_validate_json(proc.stdout.strip().splitlines()[-1])
+    return TimedRun.model_validate_json(run_emulated(code, plan.layout.n_devices, stdin=plan.model_dump_json(), timeout_s=timeout_s,
+                                                     failure="timing the plan failed",
+                                                     fix="run validate.timed.time_plan in a process with the plan's device count "
+                                                         "to see why"))
 
 
 def step_time_check(plan: Plan, *, compiled_peak_bytes: float, steps: int = 3, repeats: int = 5,

@@ -8,7 +8,9 @@ round-trips through JSON and holds no wall times: the same inputs give the same 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from costmodel.estimate import StepEstimate
 from costmodel.layout import Layout
@@ -16,6 +18,11 @@ from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
 
 AxisSpec = tuple[str | tuple[str, ...] | None, ...]
+
+
+def _without(data: Any, field: str) -> Any:
+    """``data`` less ``field``: plans written before wall times left the JSON still load."""
+    return {k: v for k, v in data.items() if k != field} if isinstance(data, dict) else data
 
 
 class MeshAxis(BaseModel):
@@ -57,6 +64,11 @@ class IntraOpInfo(BaseModel):
     variables: int = Field(0, description="Boolean variables of the ILP.")
     evaluations: int = Field(0, description="Candidates a search planner evaluated.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_solve_time(cls, data: Any) -> Any:
+        return _without(data, "solve_time_s")
+
 
 class SolverInfo(BaseModel):
     """How the layout was found."""
@@ -86,6 +98,11 @@ class Plan(BaseModel):
     predicted: StepEstimate = Field(description="Simulated step time, throughput and memory.")
     alternatives: tuple[Alternative, ...] = Field(description="Runner-up layouts, fastest first.")
     solver: SolverInfo = Field(description="How the layout was found.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_plan_time(cls, data: Any) -> Any:
+        return _without(data, "plan_time_s")
 
     def axes_of(self, parallelism: str) -> tuple[str, ...]:
         """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp or cp)."""

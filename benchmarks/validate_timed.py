@@ -3,9 +3,9 @@
     python -m benchmarks.validate_timed [--recalibrate] [--steps 3] [--repeats 5]
 
 The ``cpu`` profile of each device count comes only from `validate.cpu_profile`'s
-micro-benchmarks (GEMM FLOP/s, streaming bandwidth, kernel floor, psum ring); nothing is
-fitted to these rows. Each row runs in its own process (``--xla_force_host_platform_device_count``):
-2 warm-up steps, then ``repeats`` repeats of ``steps`` steps; the table gives the median
+micro-benchmarks (GEMM FLOP/s, streaming bandwidth, first touch of fresh memory, kernel
+floor, psum ring); nothing is fitted to these rows. Each row runs in its own process
+(``--xla_force_host_platform_device_count``): 2 warm-up steps, then ``repeats`` repeats of ``steps`` steps; the table gives the median
 over repeats, their spread, the load average after the row and the share of the host's
 cores other processes used meanwhile (a row with a large share is not worth reading).
 
@@ -52,7 +52,9 @@ SINGLE_DEVICE_TOLERANCE = 0.25
 def profile_row(m: CpuMeasurement) -> dict[str, object]:
     """One device count's micro-benchmark numbers, per device."""
     return {"devices": m.n_devices, "gemm_gflops_by_size": " ".join(f"{rate / 1e9:.0f}" for _, rate in m.matmul_flops_per_s),
-            "stream_gb_per_s": m.stream_bytes_per_s / 1e9, "kernel_floor_us": m.kernel_floor_s * 1e6,
+            "memory_kernel_gb_per_s": m.memory_kernel_bytes_per_s / 1e9,
+            "first_touch_gb_per_s": 1e-9 / m.first_touch_s_per_byte if m.first_touch_s_per_byte else float("inf"),
+            "kernel_floor_us": m.kernel_floor_s * 1e6,
             "link_gb_per_s": m.link_bytes_per_s / 1e9, "link_latency_us": m.link_latency_s * 1e6,
             "load_avg": m.load_average, "other_cpu_share": m.other_cpu_share}
 
@@ -66,7 +68,8 @@ def timed_row(model: ModelConfig, name: str, measured: CpuMeasurement, *, steps:
     return {"model": model.name, "layout": name, "devices": run.n_devices, "predicted_s": estimate.step_time_s,
             "measured_s": run.median_step_s, "ratio": run.median_step_s / estimate.step_time_s, "spread": run.spread,
             "pred_compute_s": b.compute_s + b.recompute_s, "pred_memory_s": b.memory_bound_s, "pred_comm_s": b.exposed_comm_s,
-            "pred_optimizer_s": b.optimizer_s, "load_avg": run.load_average[1], "other_cpu_share": run.other_cpu_share}
+            "pred_optimizer_s": b.optimizer_s, "pred_first_touch_s": b.first_touch_s, "load_avg": run.load_average[1],
+            "other_cpu_share": run.other_cpu_share}
 
 
 def order_checks(rows: list[dict[str, object]]) -> list[str]:

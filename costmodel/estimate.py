@@ -30,6 +30,7 @@ class TimeBreakdown(Record):
     bubble_s: NonNegativeFloat = Field(description="Pipeline idle time of the busiest stage.")
     exposed_comm_s: NonNegativeFloat = Field(description="Communication not hidden behind compute.")
     optimizer_s: NonNegativeFloat = Field(description="Optimizer update (HBM-bound).")
+    first_touch_s: NonNegativeFloat = Field(0.0, description="Faulting in temporaries the runtime maps afresh each step (CPU only).")
     comm_s_by_axis: dict[str, NonNegativeFloat] = Field(
         default_factory=dict, description="Total collective time per parallel dimension (tp, cp, ep, pp, dp), overlapped or not."
     )
@@ -37,7 +38,8 @@ class TimeBreakdown(Record):
     @computed_field(description="Sum of the additive parts: the step time.")
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.memory_bound_s + self.recompute_s + self.bubble_s + self.exposed_comm_s + self.optimizer_s
+        return (self.compute_s + self.memory_bound_s + self.recompute_s + self.bubble_s + self.exposed_comm_s + self.optimizer_s
+                + self.first_touch_s)
 
 
 class StepEstimate(BaseModel):

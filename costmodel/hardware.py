@@ -34,6 +34,20 @@ class DeviceKind(StrEnum):
     CPU = "cpu"
 
 
+class StepAllocator(BaseModel):
+    """How the runtime allocates a step's temporaries, where that costs time.
+
+    XLA's GPU and TPU runtimes draw a step's temporaries from a pool kept across steps
+    (no profile sets this). Its CPU runtime maps a temporary allocation above glibc's mmap
+    threshold afresh every step, so the kernel faults in and zeroes each of its pages again.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fresh_above_bytes: NonNegativeFloat = Field(description="Temporaries per device above this are mapped afresh every step.")
+    first_touch_s_per_byte: NonNegativeFloat = Field(description="Seconds to fault in and zero one byte of freshly mapped memory.")
+
+
 class DeviceSpec(BaseModel):
     """One accelerator: peaks per dtype, memory, and what its kernels reach of them."""
 
@@ -48,6 +62,7 @@ class DeviceSpec(BaseModel):
     hbm_bytes_per_s: PositiveFloat = Field(description="Device memory bandwidth.")
     power_limit_w: PositiveFloat | None = Field(None, description="Board power limit the peaks and efficiencies assume.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
+    step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
     source: str = Field(description="Where the numbers come from.")
 
     def peak_for(self, dtype: str) -> float:

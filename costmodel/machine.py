@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from costmodel.collectives import Group, Tier
-from costmodel.hardware import ClusterSpec, load_hardware
+from costmodel.hardware import ClusterSpec, StepAllocator, load_hardware
 from costmodel.layout import Layout
 from costmodel.roofline import Efficiency
 from costmodel.topology import layout_groups, mesh_groups
@@ -26,6 +26,7 @@ class Machine(BaseModel):
     hbm_bytes_per_s: PositiveFloat = Field(description="HBM bandwidth.")
     hbm_bytes: PositiveFloat = Field(description="HBM capacity.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
+    step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
     devices_per_node: PositiveInt = Field(description="Devices sharing the intra-node link.")
     intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, ICI).")
     inter: Tier = Field(description="Inter-node link as one device sees it (its NIC, DCN).")
@@ -46,6 +47,7 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Mac
         hbm_bytes_per_s=cluster.device.hbm_bytes_per_s,
         hbm_bytes=cluster.device.hbm_bytes,
         efficiency=cluster.device.efficiency,
+        step_allocator=cluster.device.step_allocator,
         devices_per_node=cluster.devices_per_node,
         intra=cluster.intra_node.tier(wraparound=cluster.wraparound),
         inter=cluster.inter_node.tier(),

@@ -110,7 +110,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         if zero >= 2:
             # One layer's full gradient exists until it is reduce-scattered.
             temporary += layer_params * train.grad_dtype.bytes
-        else:
+        elif layout.dp_overlap:  # buckets let the reduction start before the backward ends
             temporary += _REDUCTION_BUCKETS_BYTES
         if zero >= 3:
             # FSDP gathers the layer being computed and prefetches the next.

@@ -6,6 +6,7 @@
 3. The pipeline schedule, simulated (`costmodel.pipeline`), with stage-to-stage sends.
 4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed
    (`costmodel.data_parallel`), then the optimizer update (HBM-bound).
+5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
 
 >>> from costmodel.collectives import Tier
 >>> from costmodel.machine import Machine
@@ -35,7 +36,7 @@ from costmodel.kernels import (
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
 from costmodel.layout import Layout, check_layout
 from costmodel.machine import Machine
-from costmodel.memory import memory_breakdown
+from costmodel.memory import MemoryBreakdown, memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
 from costmodel.stage_split import balanced_stage_layers
@@ -119,6 +120,14 @@ def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     return per_device_mb * layout.micro_batches(train) * layout.dp * layout.tp * layout.cp
 
 
+def _first_touch_s(memory: MemoryBreakdown, hw: Machine) -> float:
+    """Faulting in the step's temporaries (gradients, activations, buffers) where the
+    runtime maps them afresh every step (`costmodel.hardware.StepAllocator`)."""
+    fresh_bytes = memory.grads_bytes + memory.activations_bytes + memory.temporary_bytes
+    alloc = hw.step_allocator
+    return fresh_bytes * alloc.first_touch_s_per_byte if alloc and fresh_bytes > alloc.fresh_above_bytes else 0.0
+
+
 def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
     """Predict one training step of ``model`` under ``layout`` on ``hw``."""
     check_layout(layout, model, train, n_devices=layout.n_devices)
@@ -138,7 +147,9 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     dp = data_parallel_costs(model, train, layout, hw, layer)
     optimizer_params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
-    step_s = pipe.step_time_s + dp.exposed_s + optimizer_s
+    memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes))
+    first_touch_s = _first_touch_s(memory, hw)
+    step_s = pipe.step_time_s + dp.exposed_s + optimizer_s + first_touch_s
 
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
@@ -150,6 +161,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
         bubble_s=max(0.0, pipe.step_time_s - n_micro * (busiest.forward_s + busiest.backward_s)),
         exposed_comm_s=n_micro * busiest.comm_s + dp.exposed_s,
         optimizer_s=optimizer_s,
+        first_touch_s=first_touch_s,
         comm_s_by_axis={
             "tp": n_micro * n_layers * (layer.tp_forward_s + layer.tp_backward_s),
             "cp": n_micro * n_layers * layer.cp_total_s,
@@ -160,7 +172,6 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     )
     flops = model_flops_per_step(model, train)
     peak = step_s * layout.n_devices * hw.peak_flops_per_s
-    memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes))
     return StepEstimate(
         layout=layout, hardware=hw.name, n_devices=layout.n_devices, step_time_s=step_s,
         tokens_per_s=train.tokens_per_step / step_s, mfu=flops / peak,

@@ -10,12 +10,21 @@ median of repeats:
   a training step runs per weight (forward ``A·B``, input gradient ``G·Bᵀ``, weight
   gradient ``Aᵀ·G``; the simulator costs a backward as two GEMMs of the forward's size).
   The largest gives the peak, the others the efficiency curve for small GEMMs.
-- Streaming bandwidth of a jitted elementwise op reading 64 MB and writing a new 64 MB
-  buffer per device (bytes read + written per second), far beyond the 32 MB last-level
-  cache. A new buffer that large is freshly mapped memory, so its first touch (page faults,
-  zeroing) counts, as it does in a training step: XLA's CPU runtime maps a step's
-  temporaries anew each step and faults all of them in (~160 MB per step for the 1-device
-  benchmark GPT). The same op in place, in a compiled loop, ran ~7× faster (~30 GB/s).
+- The bandwidth of a memory-bound kernel: a fused layer norm (two reductions over rows of
+  1024 plus elementwise work) over 64 MB per device, in place in a compiled loop, far
+  beyond the 32 MB last-level cache (bytes read + written per second). A step's
+  memory-bound kernels are norms, softmax, activations and the optimizer; on this CPU
+  they are limited by their arithmetic (vector reductions, rsqrt, exp) more than by the
+  memory: a plain ``a·x + b`` streamed at ~40 GB/s on one device, the layer norm at
+  ~10 GB/s and a softmax alike; with eight devices at once ~6 and ~1.5 GB/s each.
+- The first touch of freshly mapped memory: ``a·x + b`` writing a new 64 MB buffer per
+  call, less the same in place, per byte written. XLA's CPU runtime allocates a device's
+  step temporaries anew each step, and a large allocation is freshly mapped memory whose
+  every page the kernel faults in and zeroes. Counted with ``getrusage`` minor faults, the
+  1-device benchmark GPT faulted exactly its 149 MiB of temporaries per step; 8 devices
+  with 35 MiB each faulted 8 × 35 MiB; 8 devices with 22 MiB or 16 MiB each faulted
+  nothing, as glibc's malloc reuses freed memory below its mmap threshold (at most 32 MiB).
+  `costmodel.hardware.StepAllocator` carries both numbers to the simulator.
 - The per-kernel floor: one iteration of a compiled loop around a tiny (8×8) GEMM.
 - The link tier: a ``psum`` over the ``n_devices`` inside a compiled loop, of a few floats
   (latency) and of 4 MB per device (bandwidth, by the simulator's own ring formula).
@@ -34,8 +43,9 @@ so the timed check computes in float32 and the profile has no bf16 peak
 Measurements are cached per device count in ``~/.cache/jax-parallel-planner/cpu_profile.json``
 (another host or JAX version re-measures; ``recalibrate=True`` forces it).
 
->>> m = CpuMeasurement(n_devices=4, matmul_flops_per_s=((1e6, 2e9), (1e9, 4e10)), stream_bytes_per_s=2e9, kernel_floor_s=2e-6,
-...                    link_bytes_per_s=1e9, link_latency_s=1e-5, load_average=0.5, other_cpu_share=0.0, host="x", jax_version="0")
+>>> m = CpuMeasurement(n_devices=4, matmul_flops_per_s=((1e6, 2e9), (1e9, 4e10)), memory_kernel_bytes_per_s=2e9,
+...                    first_touch_s_per_byte=1e-9, kernel_floor_s=2e-6, link_bytes_per_s=1e9, link_latency_s=1e-5,
+...                    load_average=0.5, other_cpu_share=0.0, host="x", jax_version="0")
 >>> c = cpu_cluster(m)
 >>> c.device.peak_flops_per_s["float32"], c.device.hbm_bytes_per_s, c.devices_per_node, c.intra_node.bytes_per_s
 (40000000000.0, 2000000000.0, 4, 1000000000.0)
@@ -52,9 +62,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
-from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, LinkSpec
+from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, LinkSpec, StepAllocator
 from costmodel.roofline import Efficiency
 from validate.emulated import run_emulated
 
@@ -62,7 +72,8 @@ CACHE = Path.home() / ".cache" / "jax-parallel-planner" / "cpu_profile.json"
 GEMM_SIZES = (128, 256, 512, 1024)
 _GIB = 2**30
 _GEMM_HOST_FLOPS = 8e9  # the host's work per timed GEMM call: tens of ms, so dispatch (~0.1 ms on 8 devices) is noise
-_STREAM_BYTES = 64 * 2**20  # per device, read, and as much written: above glibc's largest mmap threshold (32 MB)
+_STREAM_BYTES = 64 * 2**20  # per device, read, and as much written: above the last-level cache and glibc's mmap threshold
+_MMAP_THRESHOLD_MAX_BYTES = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 _LINK_BYTES = 4 * 2**20  # per device
 _REPEATS = 7
 
@@ -75,7 +86,8 @@ class CpuMeasurement(BaseModel):
     n_devices: PositiveInt = Field(description="Emulated devices running the benchmarks concurrently.")
     matmul_flops_per_s: tuple[tuple[PositiveFloat, PositiveFloat], ...] = Field(
         description="(FLOPs of one device's GEMM, FLOP/s one device reached over forward + both gradient GEMMs), ascending.")
-    stream_bytes_per_s: PositiveFloat = Field(description="One device's streaming bandwidth into a new buffer, read + write, all at once.")
+    memory_kernel_bytes_per_s: PositiveFloat = Field(description="One device's bandwidth in a fused layer norm, read + write, all at once.")
+    first_touch_s_per_byte: NonNegativeFloat = Field(description="One device's seconds per byte to fault in fresh memory, all at once.")
     kernel_floor_s: NonNegativeFloat = Field(description="Seconds per iteration of a compiled loop around a tiny GEMM.")
     link_bytes_per_s: PositiveFloat = Field(description="psum ring bandwidth per device (the stream bandwidth for 1 device).")
     link_latency_s: NonNegativeFloat = Field(description="Per-step latency (alpha) of the psum ring (0 for 1 device).")
@@ -170,6 +182,13 @@ def _link(per_device: Callable[..., Any], mesh: Any, n_devices: int) -> tuple[fl
     return steps / n_devices * _LINK_BYTES / max(large_s - small_s, 1e-9), small_s / steps
 
 
+def _layer_norm(x: Any) -> Any:
+    import jax
+
+    centred = x - x.mean(-1, keepdims=True)
+    return centred * jax.lax.rsqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * 1.0001
+
+
 def measure(n_devices: int) -> CpuMeasurement:
     """Run the micro-benchmarks on this process's first ``n_devices`` devices, all at once
     (about 5 s for one device, 10 s for eight)."""
@@ -185,15 +204,23 @@ def measure(n_devices: int) -> CpuMeasurement:
         return jax.device_put(jnp.full((n_devices, *shape), value, jnp.float32), split)
 
     curve = _gemm_curve(per_device, n_devices)
-    stream = jax.jit(lambda v: v * 1.0001 + 1.0, out_shardings=split)
-    stream_bytes_per_s = 2 * _STREAM_BYTES / _median_s(stream, per_device(_STREAM_BYTES // 4))
+    streamed = per_device(_STREAM_BYTES // 4 // 1024, 1024)
+    axpy = lambda v: v * 1.0001 + 1.0  # noqa: E731
+    fresh_s = _median_s(jax.jit(axpy, out_shardings=split), streamed)
+
+    def in_place(kernel: Callable[[jax.Array], jax.Array]) -> Callable[[int], Callable[..., Any]]:
+        return lambda k: jax.jit(lambda v: jax.lax.fori_loop(0, k, lambda _, v: kernel(v), v))
+
+    in_place_s = _per_iteration_s(in_place(axpy), streamed, iterations=(2, 12))
+    memory_kernel_bytes_per_s = 2 * _STREAM_BYTES / _per_iteration_s(in_place(_layer_norm), streamed, iterations=(2, 12))
 
     def tiny_gemms(k: int) -> Callable[..., Any]:  # a GEMM, unlike an elementwise op, is not fused into the loop around it
         return jax.jit(lambda v: jax.lax.fori_loop(0, k, lambda _, v: jnp.einsum("dij,djk->dik", v, v), v))
 
     floor_s = _per_iteration_s(tiny_gemms, per_device(8, 8, value=1 / 8), iterations=(100, 1100))
-    link_bytes_per_s, latency_s = _link(per_device, mesh, n_devices) if n_devices > 1 else (stream_bytes_per_s, 0.0)
-    return CpuMeasurement(n_devices=n_devices, matmul_flops_per_s=tuple(curve), stream_bytes_per_s=stream_bytes_per_s,
+    link_bytes_per_s, latency_s = _link(per_device, mesh, n_devices) if n_devices > 1 else (memory_kernel_bytes_per_s, 0.0)
+    return CpuMeasurement(n_devices=n_devices, matmul_flops_per_s=tuple(curve), memory_kernel_bytes_per_s=memory_kernel_bytes_per_s,
+                          first_touch_s_per_byte=max(0.0, fresh_s - in_place_s) / _STREAM_BYTES,
                           kernel_floor_s=floor_s, link_bytes_per_s=link_bytes_per_s, link_latency_s=latency_s,
                           load_average=os.getloadavg()[0], other_cpu_share=other_cpu_share(start, cpu_clock()),
                           host=host_name(), jax_version=version("jax"))
@@ -205,9 +232,10 @@ def cpu_cluster(measured: CpuMeasurement) -> ClusterSpec:
     curve = tuple((flops, rate / peak) for flops, rate in measured.matmul_flops_per_s)
     device = DeviceSpec(
         name="cpu", kind=DeviceKind.CPU, peak_flops_per_s={"float32": peak},
-        hbm_bytes=16 * _GIB, hbm_bytes_per_s=measured.stream_bytes_per_s,
+        hbm_bytes=16 * _GIB, hbm_bytes_per_s=measured.memory_kernel_bytes_per_s,
         # Attention runs as its matmuls here: no fused kernel, so flash_attention is unused.
         efficiency=Efficiency(matmul_curve=curve, flash_attention=1.0, hbm=1.0, kernel_floor_s=measured.kernel_floor_s),
+        step_allocator=StepAllocator(fresh_above_bytes=_MMAP_THRESHOLD_MAX_BYTES, first_touch_s_per_byte=measured.first_touch_s_per_byte),
         source=f"validate.cpu_profile micro-benchmarks on {measured.host}, {measured.n_devices} emulated devices at once",
     )
     link = LinkSpec(name="shared-memory", bytes_per_s=measured.link_bytes_per_s, latency_s=measured.link_latency_s, efficiency=1.0,
@@ -237,8 +265,11 @@ def cached_measurement(n_devices: int, *, recalibrate: bool = False, cache: Path
     another host or JAX version, or asked for."""
     cached = _cached_entries(cache).get(str(n_devices))
     if cached is not None and not recalibrate:
-        measured = CpuMeasurement.model_validate(cached)
-        if (measured.host, measured.jax_version) == (host_name(), version("jax")):
+        try:
+            measured = CpuMeasurement.model_validate(cached)
+        except ValidationError:  # measured by an older version of these benchmarks
+            measured = None
+        if measured and (measured.host, measured.jax_version) == (host_name(), version("jax")):
             return measured
     measured = measure_in_subprocess(n_devices)
     entries = {**_cached_entries(cache), str(n_devices): measured.model_dump()}  # re-read: another process may have added one

@@ -118,6 +118,24 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, Any, Any]:
     return sharded(params, specs[0]), sharded(opt_state, specs[1]), sharded(batch, specs[2])
 
 
+def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, Any]:
+    """``(params, opt_state, batch)`` with the plan's shardings: random weights and tokens
+    from ``seed``, in the plan's dtypes. Each process builds the whole state on its host and
+    hands its own devices their slices, so the state is the same whatever the process count
+    (also under ``jax.distributed``)."""
+    import numpy as np
+
+    from planner.models.params import init_params
+    from planner.models.train_step import init_opt_state
+
+    params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
+    sequence_BxS = np.random.default_rng(seed).integers(0, plan.model.vocab_size, (plan.train.global_batch, plan.train.seq_len + 1),
+                                                        dtype=np.int32)
+    host = jax.device_get((params, init_opt_state(params), {"tokens": sequence_BxS[:, :-1], "targets": sequence_BxS[:, 1:]}))
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), input_specs(plan))
+    return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), host, shardings)
+
+
 def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], jax.Array]:
     """``constrain(name, x)`` for the reference model: pins the activations the plan names to
     its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather

@@ -164,26 +164,15 @@ def compile_plan_json(payload: str) -> str:
 def step_plan(plan: Plan, *, steps: int = 3, seed: int = 0) -> StepRun:
     """Run the plan's jitted step (`validate.lowering.jitted_step`) ``steps`` times in this
     process, on ``jax.devices()``: the global devices under ``jax.distributed``, where every
-    process must call it alike. Each process builds the whole initial state on its host
-    from ``seed`` and hands its devices their slices (``jax.make_array_from_callback``), so
-    the state is the same whatever the process count. The model runs as the plan says
-    (its dtypes included)."""
+    process must call it alike, from the same state whatever the process count
+    (`validate.lowering.initial_inputs`). The model runs as the plan says (its dtypes included)."""
     import jax
-    import numpy as np
 
-    from planner.models.params import init_params
-    from planner.models.train_step import init_opt_state
-    from validate.lowering import check_param_specs, device_mesh, input_specs, jitted_step
+    from validate.lowering import check_param_specs, device_mesh, initial_inputs, jitted_step
 
     check_param_specs(plan)
     mesh = device_mesh(plan)
-    params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
-    sequence_BxS = np.random.default_rng(seed).integers(0, plan.model.vocab_size, (plan.train.global_batch, plan.train.seq_len + 1),
-                                                        dtype=np.int32)
-    host = jax.device_get((params, init_opt_state(params), {"tokens": sequence_BxS[:, :-1], "targets": sequence_BxS[:, 1:]}))
-    shardings = jax.tree.map(lambda spec: jax.NamedSharding(mesh, spec), input_specs(plan))
-    params, opt_state, batch = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]),
-                                            host, shardings)
+    params, opt_state, batch = initial_inputs(plan, mesh, seed=seed)
     start = time.perf_counter()
     compiled = jitted_step(plan, mesh).lower(params, opt_state, batch).compile()
     compile_s = time.perf_counter() - start

@@ -94,18 +94,12 @@ def time_plan(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, 
     device count (`time_in_subprocess` makes sure it does)."""
     import jax
 
-    from planner.models.params import init_params
-    from planner.models.train_step import init_opt_state
-    from validate.lowering import device_mesh, input_specs, jitted_step
+    from validate.lowering import device_mesh, initial_inputs, jitted_step
 
     load_before = os.getloadavg()[0]
     plan = cpu_plan(plan)
     mesh = device_mesh(plan)
-    params = init_params(plan.model, jax.random.key(seed))
-    tokens = jax.random.randint(jax.random.key(seed + 1), (plan.train.global_batch, plan.train.seq_len), 0, plan.model.vocab_size)
-    shardings = jax.tree.map(lambda s: jax.NamedSharding(mesh, s), input_specs(plan))
-    params, opt_state = jax.device_put((params, init_opt_state(params)), shardings[:2])
-    batch = jax.device_put({"tokens": tokens, "targets": tokens}, shardings[2])
+    params, opt_state, batch = initial_inputs(plan, mesh, seed=seed)
     step = jitted_step(plan, mesh)
     for _ in range(warmup):
         params, opt_state, metrics = step(params, opt_state, batch)

@@ -86,3 +86,9 @@ def test_gpipe_last_stage_keeps_every_micro_batch_logits():
     last = {s: memory_breakdown(MODEL, TRAIN, Layout(pp=2, micro_batch=1, schedule=s)) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B)}
     assert last[Schedule.GPIPE].stage == last[Schedule.ONE_F_ONE_B].stage == "last"
     assert last[Schedule.GPIPE].temporary_bytes - last[Schedule.ONE_F_ONE_B].temporary_bytes == pytest.approx((32 - 1) * logits)
+
+
+def test_reduction_buckets_exist_only_to_overlap_the_backward():
+    overlapped = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8))
+    after_backward = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8, dp_overlap=False))
+    assert overlapped.temporary_bytes - after_backward.temporary_bytes == pytest.approx(2 * 25e6)

@@ -114,3 +114,18 @@ def test_memory_of_uneven_stages_costs_the_busiest_middle_stage():
     train = TrainConfig(seq_len=2048, global_batch=64)
     heavy_middle = simulate(m, train, Layout(pp=4, stage_layers=(1, 13, 1, 1)), load_machine("a100-80gb"))
     assert heavy_middle.memory.stage == "stage 1"
+
+
+def test_temporaries_mapped_afresh_each_step_cost_their_first_touch():
+    from costmodel.hardware import StepAllocator
+
+    layout = Layout(dp=2, tp=4, micro_batch=2)
+    pooled = simulate(GPT, TRAIN, layout, HW)
+    mem = pooled.memory
+    fresh_bytes = mem.grads_bytes + mem.activations_bytes + mem.temporary_bytes
+    mapped = HW.model_copy(update={"step_allocator": StepAllocator(fresh_above_bytes=fresh_bytes / 2, first_touch_s_per_byte=1e-10)})
+    est = simulate(GPT, TRAIN, layout, mapped)
+    assert pooled.breakdown.first_touch_s == 0 and est.breakdown.first_touch_s == pytest.approx(fresh_bytes * 1e-10)
+    assert est.step_time_s == pytest.approx(pooled.step_time_s + est.breakdown.first_touch_s)
+    below = HW.model_copy(update={"step_allocator": StepAllocator(fresh_above_bytes=2 * fresh_bytes, first_touch_s_per_byte=1e-10)})
+    assert simulate(GPT, TRAIN, layout, below).step_time_s == pooled.step_time_s  # reused from the heap: no faults

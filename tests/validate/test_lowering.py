@@ -69,3 +69,19 @@ def test_sharded_step_matches_the_single_device_loss(layout, model=LLAMA):
 ], ids=["pp2-dp2-tp2", "pp2-dp4-full", "pp2-uneven-1-3", "pp2-moe"])
 def test_pipelined_step_matches_the_single_device_loss_and_gradients(layout, model):
     test_sharded_step_matches_the_single_device_loss(layout, model)
+
+
+def test_initial_inputs_carry_the_plan_shardings_and_dtypes():
+    import jax
+
+    from validate.lowering import device_mesh, initial_inputs, input_specs
+
+    plan = layout_plan(LLAMA, Layout(micro_batch=2), hardware="a100-80gb", seq_len=16, global_batch=4)
+    mesh = device_mesh(plan, devices=jax.devices()[:1])
+    params, opt_state, batch = initial_inputs(plan, mesh, seed=3)
+    specs = jax.tree.leaves(input_specs(plan), is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+    assert [x.sharding.spec for x in jax.tree.leaves((params, opt_state, batch))] == specs
+    assert {x.dtype.name for x in jax.tree.leaves(params)} == {plan.train.param_dtype.value}
+    assert batch["tokens"].shape == (4, 16) and (batch["tokens"][:, 1:] == batch["targets"][:, :-1]).all()
+    again = initial_inputs(plan, mesh, seed=3)[2]["tokens"]
+    assert (again == batch["tokens"]).all()

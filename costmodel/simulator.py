@@ -25,26 +25,23 @@ from dataclasses import dataclass
 from costmodel.collectives import p2p_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
-from costmodel.kernels import (
-    KernelKind,
-    embedding_forward_kernels,
-    head_forward_kernels,
-    layer_forward_kernels,
-    recomputed_kernels,
-)
+from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
 from costmodel.layout import Layout, check_layout
 from costmodel.machine import Machine
 from costmodel.memory import memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
+from costmodel.recompute import recomputed_kernels
 from costmodel.stage_split import balanced_stage_layers
 from costmodel.topology import link_between_stages
 from costmodel.train_config import TrainConfig
 
-# Adam update traffic per parameter: read fp32 param, grad, m, v; write param, m, v and
-# the bf16 compute copy.
-OPTIMIZER_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
+# Optimizer-step HBM traffic per parameter, Megatron-LM's and torchtitan's alike: Adam reads
+# the fp32 param, grad, m and v and writes param, m and v (28 B); the gradient norm for
+# clipping reads the grads (4 B); the grads are then scaled or zeroed (4 B); the updated
+# param is read again and written in the compute dtype (4 + 2 B).
+OPTIMIZER_BYTES_PER_PARAM = 7 * 4 + 4 + 4 + 4 + 2
 
 
 @dataclass(frozen=True)
@@ -114,7 +111,7 @@ def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
 
 
 def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
-    kernels = recomputed_kernels(layer_forward_kernels(model, train, layout), layout.recompute)
+    kernels = recomputed_kernels(layer_forward_kernels(model, train, layout), model, layout)
     per_device_mb = sum(k.total_flops for k in kernels if k.kind is not KernelKind.MEMORY) * model.num_layers
     return per_device_mb * layout.micro_batches(train) * layout.dp * layout.tp * layout.cp
 

@@ -23,6 +23,8 @@ Facts of each source's software stack, from its code at the time of the runs:
 - Korthikanti et al. (2022) ran Megatron-LM's asynchronous tensor-parallel communication
   (backward collectives behind the gradient GEMMs); Narayanan et al.'s runs (early 2021)
   predate it, and torchtitan's runs here are its "vanilla" (not async) tensor parallelism.
+- torchtitan shards with FSDP2, which copies every gathered parameter out of the
+  all-gather buffer on the compute stream (``FSDPParamGroup.wait_for_unshard``).
 
 Nothing here is tuned per row: the only constants are the hardware profiles'.
 """
@@ -47,7 +49,8 @@ from costmodel.train_config import TrainConfig
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_training_runs.csv"
 # Narayanan et al.'s largest run: a 1T-parameter GPT on 3072 A100s, tp8 pp64 dp6.
 PLAN_SIMULATE_1T = ("simulate", "--model", "megatron-gpt-1008b", "--hardware", "a100-80gb", "--devices", "3072", "--tp", "8",
-                    "--pp", "64", "--global-batch", "3072", "--recompute", "full", "--attention", "materialized", "--json")
+                    "--pp", "64", "--global-batch", "3072", "--recompute", "full", "--reentrant-recompute", "--attention", "materialized",
+                    "--dp-overlap", "no", "--json")
 PLAN_SIMULATE_BUDGET_S = 1.0
 
 
@@ -83,6 +86,7 @@ def layout_from_row(row: dict[str, str]) -> Layout:
         zero_stage=int(row["zero_stage"]), attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes",
         fused_elementwise=not torchtitan or "torch.compile" in row["notes"],
         tp_overlap="Korthikanti" in row["source"], batch_major=torchtitan, reentrant_recompute=not torchtitan,
+        fsdp_copy_out=torchtitan,
     )
 
 

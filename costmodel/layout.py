@@ -5,7 +5,8 @@ context and expert parallel degrees), how the batch is cut into micro-batches, a
 memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), plus the
 facts of the software stack that move step time most: the attention kernel, whether
 data- and tensor-parallel communication overlaps compute, fused or eager elementwise
-kernels, the activation layout, and how far recompute re-runs a layer.
+kernels, the activation layout, how far recompute re-runs a layer, and whether FSDP
+copies the parameters it gathers.
 
 >>> lay = Layout(dp=4, tp=8, pp=2, micro_batch=1)
 >>> lay.n_devices
@@ -95,6 +96,11 @@ class Layout(BaseModel):
         False,
         description="Recompute re-runs a layer's whole forward, output GEMM and collective included (Megatron-LM's checkpointing); "
         "False: it stops at the last tensor backward needs (JAX remat, PyTorch non-reentrant checkpointing, torch.compile).",
+    )
+    fsdp_copy_out: bool = Field(
+        False,
+        description="With zero_stage=3, every all-gather is followed by a copy of the gathered parameters out of its buffer on "
+        "the compute stream (PyTorch FSDP2's per-parameter sharding); False: compute reads the gathered buffer (XLA, FSDP1).",
     )
 
     @property

@@ -4,8 +4,9 @@
 2. Per-stage forward/backward times: layers per stage, plus the embedding on the first
    stage and the head and loss on the last.
 3. The pipeline schedule, simulated (`costmodel.pipeline`), with stage-to-stage sends.
-4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed
-   (`costmodel.data_parallel`), then the optimizer update (HBM-bound).
+4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed, plus FSDP2's
+   copies of gathered parameters (`costmodel.data_parallel`), then the optimizer update
+   (HBM-bound).
 
 >>> from costmodel.collectives import Tier
 >>> from costmodel.machine import Machine
@@ -135,14 +136,14 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     dp = data_parallel_costs(model, train, layout, hw, layer)
     optimizer_params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
-    step_s = pipe.step_time_s + dp.exposed_s + optimizer_s
+    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + optimizer_s
 
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
     n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
     breakdown = TimeBreakdown(
         compute_s=n_micro * busiest.compute_s,
-        memory_bound_s=n_micro * busiest.memory_s,
+        memory_bound_s=n_micro * busiest.memory_s + dp.copy_s,
         recompute_s=n_micro * busiest.recompute_s,
         bubble_s=max(0.0, pipe.step_time_s - n_micro * (busiest.forward_s + busiest.backward_s)),
         exposed_comm_s=n_micro * busiest.comm_s + dp.exposed_s,

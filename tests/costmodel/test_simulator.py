@@ -22,7 +22,7 @@ LAYOUTS = st.builds(
     Layout, dp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
     micro_batch=st.sampled_from([1, 2]), recompute=st.sampled_from(list(Recompute)), sequence_parallel=st.booleans(),
     zero_stage=st.integers(0, 3), attention=st.sampled_from(list(Attention)), dp_overlap=st.booleans(),
-    tp_overlap=st.booleans(), batch_major=st.booleans(), reentrant_recompute=st.booleans(),
+    tp_overlap=st.booleans(), batch_major=st.booleans(), reentrant_recompute=st.booleans(), fsdp_copy_out=st.booleans(),
 )
 
 
@@ -77,6 +77,8 @@ def test_software_facts_move_step_time_the_right_way():
     assert _step_s(MODEL, tp, tp_overlap=True) < _step_s(MODEL, tp)
     assert _step_s(MODEL, tp, batch_major=True) > _step_s(MODEL, tp)
     assert _step_s(MODEL, tp, reentrant_recompute=True) > _step_s(MODEL, tp)
+    fsdp = Layout(dp=8, zero_stage=3)
+    assert _step_s(MODEL, fsdp, fsdp_copy_out=True) > _step_s(MODEL, fsdp)
 
 
 def test_memory_comes_with_the_estimate():

@@ -8,7 +8,14 @@ the parameters. With ``param_dtype == compute_dtype`` there is no separate maste
 
 Activations are `costmodel.activations` per layer times the layers a stage holds times
 the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);
-interleaved p·(1 + (p−1)/(p·v)), Korthikanti et al. 2022 section 4.2.3).
+interleaved p·(1 + (p−1)/(p·v)), Korthikanti et al. 2022 section 4.2.3). The last stage
+also keeps the fp32 logits of each micro-batch in flight there (all m under GPipe, whose
+backward starts after every forward) and one logits gradient.
+
+Gradient accumulation over micro-batches, as a JAX step runs it (a loop adding each
+micro-batch's gradient into the fp32 accumulator), holds one micro-batch's gradient in
+the compute dtype besides the accumulator; with ZeRO ≥ 2 it is reduce-scattered layer by
+layer, so only its dp shard stays.
 
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
@@ -96,6 +103,8 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
 
     temporary = 0.0
+    if n_micro > 1:
+        temporary += n * train.compute_dtype.bytes / (dp if zero >= 2 else 1)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
         if zero >= 2:
@@ -108,7 +117,8 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
             temporary += min(2, layers) * layer_params * train.compute_dtype.bytes
     temporary += recompute_temporary
     if last:
-        temporary += 2 * sb * model.vocab_size / layout.tp * 4  # fp32 logits and their gradient
+        logits = sb * model.vocab_size / layout.tp * 4  # fp32
+        temporary += (in_flight + 1) * logits
     return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary}
 

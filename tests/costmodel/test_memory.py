@@ -90,3 +90,21 @@ def test_full_recompute_keeps_the_same_activations_for_either_kernel():
     assert mat.activations_bytes == flash.activations_bytes
     # Recomputing a layer materializes its scores once more: a transient, not a kept activation.
     assert mat.temporary_bytes > flash.temporary_bytes
+
+
+def test_gradient_accumulation_holds_one_micro_batch_gradient_in_compute_dtype():
+    def extra_temporary_bytes(micro_batch, **layout):
+        """Temporaries beyond one micro-batch's logits and their gradient."""
+        mem = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=micro_batch, **layout))
+        return mem.temporary_bytes - 2 * micro_batch * TRAIN.seq_len * MODEL.vocab_size * 4
+
+    assert extra_temporary_bytes(8) - extra_temporary_bytes(32) == pytest.approx(2 * MODEL.total_params)
+    zero2 = {mb: extra_temporary_bytes(mb, dp=4, zero_stage=2) for mb in (2, 8)}
+    assert zero2[2] - zero2[8] == pytest.approx(2 * MODEL.total_params / 4)
+
+
+def test_gpipe_last_stage_keeps_every_micro_batch_logits():
+    logits = TRAIN.seq_len * MODEL.vocab_size * 4  # micro-batch 1, fp32
+    last = {s: memory_breakdown(MODEL, TRAIN, Layout(pp=2, micro_batch=1, schedule=s)) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B)}
+    assert last[Schedule.GPIPE].stage == last[Schedule.ONE_F_ONE_B].stage == "last"
+    assert last[Schedule.GPIPE].temporary_bytes - last[Schedule.ONE_F_ONE_B].temporary_bytes == pytest.approx((32 - 1) * logits)

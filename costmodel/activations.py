@@ -10,9 +10,15 @@ dropout keeps
     s·b·h·34/t                              (+ selective recompute)
     2·s·b·h (/t with SP)                    (full recompute: the layer input only)
 
+The 5·a·s/(h·t) term is the materialized S×S matrices: softmax output and dropout
+output (16-bit) and dropout mask (one byte). Flash attention never stores them; it keeps
+its output (already among the 34) and an fp32 log-sum-exp per query and head, so without
+recompute it holds s·b·h·(10 + 24/t) + 4·a·s·b/t bytes (s·b·h·34/t + 4·a·s·b/t with SP).
+Selective recompute drops the s² terms, leaving both kernels alike; full recompute keeps
+the layer input only, whatever the kernel.
+
 Each stored tensor is a row of a table (`activation_table`), so the same rules extend to
-GQA (smaller K/V), gated MLPs of any width, flash attention (no s² terms: the output
-and the log-sum-exp are kept instead), models without dropout and mixture-of-experts.
+GQA (smaller K/V), gated MLPs of any width, models without dropout and mixture-of-experts.
 
 >>> from costmodel.model_config import ModelConfig
 >>> gpt = ModelConfig(name="g", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288,
@@ -20,6 +26,9 @@ and the log-sum-exp are kept instead), models without dropout and mixture-of-exp
 >>> lay = Layout(tp=8, attention="materialized")
 >>> s, b, h, a, t = 2048, 1, 12288, 96, 8
 >>> activation_bytes_per_layer(gpt, TrainConfig(seq_len=s), lay) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+True
+>>> flash = Layout(tp=8, attention="flash")
+>>> activation_bytes_per_layer(gpt, TrainConfig(seq_len=s), flash) == s * b * h * (10 + 24 / t) + 4 * a * s * b / t
 True
 """
 

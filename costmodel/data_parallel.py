@@ -8,7 +8,9 @@
 
 With overlap (``Layout.dp_overlap``), the reduction hides behind the backward of the last
 micro-batch and FSDP traffic behind the neighbouring layer's compute, leaving only what
-exceeds it; without overlap all of it is on the critical path.
+exceeds it; without overlap all of it is on the critical path. PyTorch's FSDP2
+(``Layout.fsdp_copy_out``) also copies each gathered parameter out of the all-gather
+buffer on the compute stream: HBM time that no overlap hides.
 
 >>> from costmodel.collectives import Tier
 >>> from costmodel.layer_costs import layer_costs
@@ -42,6 +44,8 @@ class DataParallelCost(BaseModel):
 
     total_s: NonNegativeFloat = Field(description="All data-parallel collectives, overlapped or not.")
     exposed_s: NonNegativeFloat = Field(description="The part on the critical path.")
+    copy_s: NonNegativeFloat = Field(0.0, description="Copies of gathered parameters out of the all-gather buffer, on the "
+                                     "compute stream (Layout.fsdp_copy_out); HBM-bound, on the critical path.")
 
 
 def layer_params_per_device(model: ModelConfig, layout: Layout) -> float:
@@ -75,25 +79,11 @@ def data_parallel_costs(
     """Data-parallel seconds of one step for ``layout`` (0 when dp = 1)."""
     if layout.dp == 1:
         return DataParallelCost(total_s=0.0, exposed_s=0.0)
+    if layout.zero_stage == 3:
+        return _fsdp_costs(model, train, layout, hw, layer)
     group = hw.groups(layout)["dp"]
     grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
-    if layout.zero_stage == 3:
-        n_micro = layout.micro_batches(train)
-        per_layer = layer_params_per_device(model, layout)
-        gather_s = all_gather_s(per_layer * param_bytes, group)
-        scatter_s = reduce_scatter_s(per_layer * grad_bytes, group)
-        other = stage_params_per_device(model, layout) - layers * per_layer
-        ends_s = 2 * all_gather_s(other * param_bytes, group) + reduce_scatter_s(other * grad_bytes, group)
-        total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
-        if not layout.dp_overlap:
-            return DataParallelCost(total_s=total_s, exposed_s=total_s)
-        # Prefetching hides a layer's gather behind its neighbour; the first gather and the
-        # embedding/head traffic stay exposed.
-        hidden_fwd = max(0.0, gather_s - layer.forward_s)
-        hidden_bwd = max(0.0, gather_s + scatter_s - layer.backward_s)
-        exposed_s = n_micro * (layers * (hidden_fwd + hidden_bwd) + gather_s + ends_s)
-        return DataParallelCost(total_s=total_s, exposed_s=min(total_s, exposed_s))
     params = stage_params_per_device(model, layout)
     if layout.zero_stage == 0:
         reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
@@ -106,3 +96,29 @@ def data_parallel_costs(
     # parameter all-gather overlaps the next step's first forward.
     exposed_s = max(0.0, reduce_s - layers * layer.backward_s) + max(0.0, regather_s - layers * layer.forward_s)
     return DataParallelCost(total_s=total_s, exposed_s=exposed_s)
+
+
+def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> DataParallelCost:
+    """ZeRO 3: each micro-batch gathers every layer's parameters in forward and again in
+    backward, and reduce-scatters its gradients."""
+    group = hw.groups(layout)["dp"]
+    grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
+    layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
+    n_micro = layout.micro_batches(train)
+    per_layer = layer_params_per_device(model, layout)
+    gather_s = all_gather_s(per_layer * param_bytes, group)
+    scatter_s = reduce_scatter_s(per_layer * grad_bytes, group)
+    other = stage_params_per_device(model, layout) - layers * per_layer
+    ends_s = 2 * all_gather_s(other * param_bytes, group) + reduce_scatter_s(other * grad_bytes, group)
+    total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
+    # Two gathers of the stage per micro-batch; a copy-out reads and writes each gathered byte once.
+    gathered_bytes = n_micro * 2 * stage_params_per_device(model, layout) * param_bytes
+    copy_s = 2 * gathered_bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm) if layout.fsdp_copy_out else 0.0
+    if not layout.dp_overlap:
+        return DataParallelCost(total_s=total_s, exposed_s=total_s, copy_s=copy_s)
+    # Prefetching hides a layer's gather behind its neighbour; the first gather and the
+    # embedding/head traffic stay exposed.
+    hidden_fwd = max(0.0, gather_s - layer.forward_s)
+    hidden_bwd = max(0.0, gather_s + scatter_s - layer.backward_s)
+    exposed_s = n_micro * (layers * (hidden_fwd + hidden_bwd) + gather_s + ends_s)
+    return DataParallelCost(total_s=total_s, exposed_s=min(total_s, exposed_s), copy_s=copy_s)

@@ -25,7 +25,8 @@ class TimeBreakdown(Record):
     """
 
     compute_s: NonNegativeFloat = Field(description="Matmul and attention kernels (forward + backward), first pass.")
-    memory_bound_s: NonNegativeFloat = Field(description="HBM-bound kernels (norms, activations, softmax, residuals, loss).")
+    memory_bound_s: NonNegativeFloat = Field(
+        description="HBM-bound kernels (norms, activations, softmax, residuals, loss, FSDP2 parameter copy-outs).")
     recompute_s: NonNegativeFloat = Field(description="Forward work repeated in backward by activation recompute.")
     bubble_s: NonNegativeFloat = Field(description="Pipeline idle time of the busiest stage.")
     exposed_comm_s: NonNegativeFloat = Field(description="Communication not hidden behind compute.")

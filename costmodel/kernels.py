@@ -21,32 +21,44 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.layout import Attention, Layout, Recompute
+from costmodel.layout import Attention, Layout
 from costmodel.model_config import ModelConfig, Norm, Positions
 from costmodel.train_config import TrainConfig
 
-# Passes over the S×S score matrix in materialized attention (Megatron's fused
-# scale-mask-softmax reads scores and writes probabilities; dropout reads them, writes
-# the dropped probabilities and a mask).
-_MATERIALIZED_SCORE_PASSES = 5
-# HBM passes (reads + writes of one compute-dtype tensor) of the residual-stream and MLP
-# elementwise work, fused into one kernel or run op by op as eager PyTorch does. Eager
-# RMSNorm upcasts to fp32 and runs pow, mean, rsqrt, mul, cast and the weight multiply as
-# separate kernels; eager RoPE goes through complex fp32 views; LayerNorm and GELU are
-# single native kernels either way.
-_PASSES = {
-    # kernel: (fused, eager)
-    "layernorm": (2, 2),
-    "rmsnorm": (2, 14),
-    "rope": (2, 10),
-    "gelu": (2, 2),
-    "relu": (2, 2),
-    "swiglu": (3, 5),
-    "geglu": (3, 5),
+# HBM passes (reads plus writes of one compute-dtype tensor; a one-byte dropout mask is half
+# a pass) of each memory-bound kernel, forward and backward, fused into one kernel
+# (Megatron-LM's fused kernels, XLA, torch.compile) or run op by op as eager PyTorch does.
+# Backward reads what forward saved and the incoming gradient and writes the outgoing one,
+# so a norm or activation reads x and dy and writes dx (3 passes to forward's 2). A residual
+# add has no backward kernel, but the gradient is summed where the stream forked (3).
+# Eager RMSNorm upcasts to fp32 and runs pow, mean, rsqrt, mul, cast and the weight multiply
+# as separate kernels; eager RoPE goes through complex fp32 views and back, in both passes.
+_PASSES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    # kernel: ((fused forward, fused backward), (eager forward, eager backward))
+    "layernorm": ((2, 3), (2, 3)),
+    "rmsnorm": ((2, 3), (14, 28)),
+    "rope": ((2, 2), (10, 10)),
+    "gelu": ((2, 3), (2, 3)),
+    "relu": ((2, 3), (2, 3)),
+    "swiglu": ((3, 5), (5, 8)),
+    "geglu": ((3, 5), (5, 8)),
+    "residual": ((3, 3), (3, 3)),
+    # Megatron's fused bias-dropout-add writes the sum and a mask; backward reads the
+    # gradient and the mask, writes the branch's gradient, and the fork sums (2.5 + 3).
+    "dropout_residual": ((3.5, 5.5), (5.5, 5.5)),
+    # Materialized attention over the S×S scores: softmax reads scores, writes
+    # probabilities; backward reads probabilities and their gradient, writes the scores'.
+    "softmax": ((2, 3), (2, 3)),
+    # Megatron's fused scale-mask-softmax, then dropout (reads the probabilities, writes the
+    # dropped ones and a mask); backward undoes dropout (2.5 passes), then softmax (3).
+    "softmax_dropout": ((4.5, 5.5), (4.5, 5.5)),
+    "embedding": ((3, 3), (3, 3)),
+    "cross_entropy": ((3, 3), (3, 3)),
+    "dispatch": ((2, 2), (2, 2)),
 }
 
 
-def _passes(kernel: str, layout: Layout) -> int:
+def _passes(kernel: str, layout: Layout) -> tuple[float, float]:
     fused, eager = _PASSES[kernel]
     return fused if layout.fused_elementwise else eager
 
@@ -74,6 +86,8 @@ class Kernel(BaseModel):
     flops: NonNegativeFloat = Field(description="Floating-point operations of one launch on this device.")
     bytes: NonNegativeFloat = Field(description="HBM bytes read plus written by one launch on this device.")
     in_attention_core: bool = Field(False, description="Recomputed by selective recompute (scores, softmax, dropout, attention·V).")
+    backward_scale: NonNegativeFloat = Field(
+        2.0, description="Backward work as a multiple of this forward's (a GEMM's: input and weight gradients, 2).")
     count: NonNegativeFloat = Field(1.0, description="Launches of this kernel (may be fractional: an average over layers).")
 
     def scaled(self, factor: float) -> Kernel:
@@ -93,9 +107,11 @@ def _matmul(name: str, m: float, n: float, k: float, *, elem_bytes: int, batch: 
     )
 
 
-def _memory(name: str, elements: float, passes: float, *, elem_bytes: int, core: bool = False) -> Kernel:
-    """An elementwise/normalisation kernel moving ``passes`` tensors of ``elements``."""
-    return Kernel(name=name, kind=KernelKind.MEMORY, flops=elements * passes, bytes=elements * passes * elem_bytes, in_attention_core=core)
+def _memory(name: str, elements: float, passes: tuple[float, float], *, elem_bytes: int, core: bool = False) -> Kernel:
+    """An elementwise/normalisation kernel moving (forward, backward) ``passes`` tensors of ``elements``."""
+    forward, backward = passes
+    return Kernel(name=name, kind=KernelKind.MEMORY, flops=elements * forward, bytes=elements * forward * elem_bytes,
+                  in_attention_core=core, backward_scale=backward / forward)
 
 
 def uses_dropout(model: ModelConfig) -> bool:
@@ -117,7 +133,7 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     tokens, q_width, kv_width = local_widths(model, train, layout)
     # Without sequence parallelism every tp rank runs the residual-stream kernels in full.
     residual_tokens = tokens / t if layout.sequence_parallel else tokens
-    dropout_passes = 3 if uses_dropout(model) else 0
+    residual_passes = _passes("dropout_residual" if uses_dropout(model) else "residual", layout)
     norm_passes = _passes(model.norm, layout)
     kernels = [
         _memory("attn_norm", residual_tokens * h, norm_passes, elem_bytes=e),
@@ -128,10 +144,10 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     return kernels + [
         *_attention_core(model, train, layout),
         _matmul("attn_out", tokens, h, q_width, elem_bytes=e),
-        _memory("attn_residual", residual_tokens * h, 3 + dropout_passes, elem_bytes=e),
+        _memory("attn_residual", residual_tokens * h, residual_passes, elem_bytes=e),
         _memory("mlp_norm", residual_tokens * h, norm_passes, elem_bytes=e),
         *_mlp(model, tokens, layout, elem_bytes=e),
-        _memory("mlp_residual", residual_tokens * h, 3 + dropout_passes, elem_bytes=e),
+        _memory("mlp_residual", residual_tokens * h, residual_passes, elem_bytes=e),
     ]
 
 
@@ -146,9 +162,10 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
         flops = 0.5 * 4 * b * heads * s_q * s_kv * d
         kv_heads = model.num_kv_heads / layout.tp
         io_bytes = e * b * s_q * d * (2 * heads) + e * b * s_kv * d * 2 * kv_heads
-        return [Kernel(name="flash_attention", kind=KernelKind.FLASH_ATTENTION, flops=flops, bytes=io_bytes, in_attention_core=True)]
+        return [Kernel(name="flash_attention", kind=KernelKind.FLASH_ATTENTION, flops=flops, bytes=io_bytes, in_attention_core=True,
+                       backward_scale=FLASH_BACKWARD_FLOPS_RATIO)]
     scores = b * heads * s_q * s_kv
-    passes = _MATERIALIZED_SCORE_PASSES if uses_dropout(model) else 2
+    passes = _passes("softmax_dropout" if uses_dropout(model) else "softmax", layout)
     return [
         _matmul("scores", s_q, s_kv, d, elem_bytes=e, batch=b * heads, core=True),
         _memory("softmax_dropout", scores, passes, elem_bytes=e, core=True),
@@ -172,11 +189,11 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, elem_bytes: int) 
     f = model.moe_ffn_size / t
     kernels = [
         _matmul("router", tokens, model.num_experts, h, elem_bytes=elem_bytes),
-        _memory("dispatch", routed * h, 2, elem_bytes=elem_bytes),
+        _memory("dispatch", routed * h, _passes("dispatch", layout), elem_bytes=elem_bytes),
         _matmul("expert_in", routed, n_in * f, h, elem_bytes=elem_bytes),
         _memory("expert_activation", routed * f, act_passes, elem_bytes=elem_bytes),
         _matmul("expert_out", routed, h, f, elem_bytes=elem_bytes),
-        _memory("combine", routed * h, 2, elem_bytes=elem_bytes),
+        _memory("combine", routed * h, _passes("dispatch", layout), elem_bytes=elem_bytes),
     ]
     if model.shared_expert_ffn_size:
         fs = model.shared_expert_ffn_size / t
@@ -196,7 +213,7 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     return [
         _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
         _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e),
-        _memory("cross_entropy", tokens * v, 3, elem_bytes=4),
+        _memory("cross_entropy", tokens * v, _passes("cross_entropy", layout), elem_bytes=4),
     ]
 
 
@@ -204,35 +221,4 @@ def embedding_forward_kernels(model: ModelConfig, train: TrainConfig, layout: La
     """Token (and position) embedding lookup: a gather writing the residual stream."""
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
-    return [_memory("embedding", tokens * model.hidden_size, 3, elem_bytes=e)]
-
-
-def recomputed_kernels(kernels: list[Kernel], recompute: Recompute) -> list[Kernel]:
-    """The share of a layer's forward ``kernels`` that ``recompute`` re-runs in backward.
-
-    >>> k = Kernel(name="qkv", kind=KernelKind.MATMUL, flops=10.0, bytes=1.0)
-    >>> [r.total_flops for r in recomputed_kernels([k], Recompute.SELECTIVE_OP)]
-    [5.0]
-    """
-    if recompute is Recompute.FULL:
-        return list(kernels)
-    if recompute is Recompute.SELECTIVE_LAYER:
-        return [k.scaled(0.5) for k in kernels]  # every second layer recomputed in full
-    if recompute is Recompute.SELECTIVE:
-        return [k for k in kernels if k.in_attention_core]
-    if recompute is Recompute.SELECTIVE_OP:
-        # Matmul and attention outputs are kept, except every second matmul's.
-        return [k.scaled(0.5) if k.kind is KernelKind.MATMUL else k for k in kernels if k.kind is not KernelKind.FLASH_ATTENTION]
-    return []
-
-
-def recomputed_forward_comm_fraction(layout: Layout) -> float:
-    """Share of a layer's forward tensor/expert-parallel collectives re-issued by recompute.
-
-    Per-op checkpointing keeps reduce-scatter outputs but not all-gathers: with sequence
-    parallelism, recomputing every second matmul re-gathers the inputs of two of the
-    layer's four collectives.
-    """
-    if layout.recompute is Recompute.SELECTIVE_OP:
-        return 0.5 if layout.sequence_parallel else 0.0
-    return {Recompute.FULL: 1.0, Recompute.SELECTIVE_LAYER: 0.5}.get(layout.recompute, 0.0)
+    return [_memory("embedding", tokens * model.hidden_size, _passes("embedding", layout), elem_bytes=e)]

@@ -2,9 +2,9 @@
 
 Kernels come from `costmodel.kernels`, their times from the roofline; the collectives a
 layer issues (tensor, context and expert parallel) from `costmodel.collectives` on the
-layout's groups. Tensor-parallel collectives sit between dependent GEMMs and are not
-hidden (Megatron-LM 2021–22 did not overlap them); the context-parallel ring overlaps
-the attention it feeds.
+layout's groups. Tensor-parallel collectives sit between dependent GEMMs; only
+backward's can hide, behind gradient GEMMs, where the software overlaps them
+(`costmodel.tensor_parallel`). The context-parallel ring overlaps the attention it feeds.
 
 >>> from costmodel.collectives import Tier
 >>> from costmodel.machine import Machine
@@ -21,25 +21,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.collectives import all_reduce_s, all_to_all_s, p2p_s
-from costmodel.kernels import (
-    FLASH_BACKWARD_FLOPS_RATIO,
-    Kernel,
-    KernelKind,
-    layer_forward_kernels,
-    local_widths,
-    recomputed_forward_comm_fraction,
-    recomputed_kernels,
-)
+from costmodel.collectives import all_to_all_s, p2p_s
+from costmodel.kernels import Kernel, KernelKind, layer_forward_kernels, local_widths
 from costmodel.layout import Layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
+from costmodel.recompute import recomputed_forward_comm_fraction, recomputed_kernels
 from costmodel.roofline import kernel_time_s
+from costmodel.tensor_parallel import tensor_parallel_costs
 from costmodel.train_config import TrainConfig
-
-# A GEMM's backward is two GEMMs of its size (input and weight gradients); an
-# elementwise kernel's backward moves about twice its forward traffic.
-BACKWARD_RATIO = {KernelKind.MATMUL: 2.0, KernelKind.FLASH_ATTENTION: FLASH_BACKWARD_FLOPS_RATIO, KernelKind.MEMORY: 2.0}
 
 
 class Phase(BaseModel):
@@ -56,11 +46,12 @@ class Phase(BaseModel):
 
 
 def phase_time(kernels: list[Kernel], hw: Machine, *, backward: bool = False) -> Phase:
-    """Roofline time of ``kernels`` run once (forward) or differentiated (backward)."""
+    """Roofline time of ``kernels`` run once (forward) or differentiated (backward, each kernel
+    ``backward_scale`` times its forward work)."""
     compute_s = memory_s = 0.0
     for k in kernels:
         if backward:
-            k = k.scaled(BACKWARD_RATIO[k.kind])
+            k = k.scaled(k.backward_scale)
         t = kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
         if k.kind is KernelKind.MEMORY:
             memory_s += t
@@ -78,7 +69,8 @@ class LayerCosts(BaseModel):
     backward: Phase = Field(description="Backward kernels.")
     recompute: Phase = Field(description="Forward kernels re-run in backward by the recompute policy.")
     tp_forward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in forward.")
-    tp_backward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in backward (and recompute).")
+    tp_backward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in backward (and recompute), hidden or not.")
+    tp_backward_exposed_s: NonNegativeFloat = Field(description="The part of tp_backward_s not hidden behind gradient GEMMs.")
     cp_total_s: NonNegativeFloat = Field(description="Context-parallel ring transfers, forward and backward.")
     cp_exposed_s: NonNegativeFloat = Field(description="Part of cp_total_s not hidden behind attention.")
     ep_forward_s: NonNegativeFloat = Field(description="Expert all-to-alls in forward.")
@@ -90,12 +82,12 @@ class LayerCosts(BaseModel):
 
     @property
     def backward_s(self) -> float:
-        return (self.backward.total_s + self.recompute.total_s + self.tp_backward_s
+        return (self.backward.total_s + self.recompute.total_s + self.tp_backward_exposed_s
                 + 2 * self.cp_exposed_s / 3 + self.ep_backward_s)
 
     @property
     def exposed_comm_s(self) -> float:
-        return self.tp_forward_s + self.tp_backward_s + self.cp_exposed_s + self.ep_forward_s + self.ep_backward_s
+        return self.tp_forward_s + self.tp_backward_exposed_s + self.cp_exposed_s + self.ep_forward_s + self.ep_backward_s
 
 
 def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> LayerCosts:
@@ -106,12 +98,9 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     kernels = layer_forward_kernels(model, train, layout)
     core = [k for k in kernels if k.in_attention_core]
     forward = phase_time(kernels, hw)
-    recompute = phase_time(recomputed_kernels(kernels, layout.recompute), hw)
+    recompute = phase_time(recomputed_kernels(kernels, model, layout), hw)
     comm_repeat = recomputed_forward_comm_fraction(layout)
-    # Two all-reduces per layer and pass (with SP: all-gather + reduce-scatter, same bytes);
-    # recomputing a layer re-runs its forward ones.
-    tp_pass_s = 2 * all_reduce_s(tokens * model.hidden_size * e, groups["tp"])
-    tp_backward_s = tp_pass_s * (1 + comm_repeat)
+    tp = tensor_parallel_costs(model, train, layout, hw, kernels)
     # Context parallel: each device passes its K/V chunk round the ring, cp-1 hops, in
     # forward and twice in backward (K/V and their gradients).
     kv_bytes = 2 * tokens * kv_width * e
@@ -127,8 +116,9 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         forward=forward,
         backward=phase_time(kernels, hw, backward=True),
         recompute=recompute,
-        tp_forward_s=tp_pass_s,
-        tp_backward_s=tp_backward_s,
+        tp_forward_s=tp.forward_s,
+        tp_backward_s=tp.backward_s,
+        tp_backward_exposed_s=tp.backward_exposed_s,
         cp_total_s=3 * ring_s,
         cp_exposed_s=3 * max(0.0, ring_s - attention_s),
         ep_forward_s=ep_pass_s,

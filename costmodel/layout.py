@@ -2,9 +2,11 @@
 
 A layout says how a training step is spread over devices (data, tensor, pipeline,
 context and expert parallel degrees), how the batch is cut into micro-batches, and the
-memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), plus two
-facts of the software stack that move step time most: the attention kernel and whether
-data-parallel communication overlaps compute.
+memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), plus the
+facts of the software stack that move step time most: the attention kernel, whether
+data- and tensor-parallel communication overlaps compute, fused or eager elementwise
+kernels, the activation layout, how far recompute re-runs a layer, and whether FSDP
+copies the parameters it gathers.
 
 >>> lay = Layout(dp=4, tp=8, pp=2, micro_batch=1)
 >>> lay.n_devices
@@ -80,6 +82,26 @@ class Layout(BaseModel):
         description="Norms, activations and RoPE run as fused kernels (Megatron-LM, XLA, torch.compile); "
         "False: one kernel per op, as eager PyTorch runs them.",
     )
+    tp_overlap: bool = Field(
+        False,
+        description="Backward tensor-parallel collectives run behind the layer's gradient GEMMs (Megatron-LM's asynchronous "
+        "tensor-parallel communication, 2022 on); False: every collective waits on the GEMMs around it.",
+    )
+    batch_major: bool = Field(
+        False,
+        description="Activations laid out [batch, seq, hidden] (PyTorch/torchtitan): a sequence-parallel gather or "
+        "reduce-scatter over the inner sequence axis copies its buffer when micro_batch > 1. False: [seq, batch, hidden] (Megatron-LM).",
+    )
+    reentrant_recompute: bool = Field(
+        False,
+        description="Recompute re-runs a layer's whole forward, output GEMM and collective included (Megatron-LM's checkpointing); "
+        "False: it stops at the last tensor backward needs (JAX remat, PyTorch non-reentrant checkpointing, torch.compile).",
+    )
+    fsdp_copy_out: bool = Field(
+        False,
+        description="With zero_stage=3, every all-gather is followed by a copy of the gathered parameters out of its buffer on "
+        "the compute stream (PyTorch FSDP2's per-parameter sharding); False: compute reads the gathered buffer (XLA, FSDP1).",
+    )
 
     @property
     def n_devices(self) -> int:
@@ -131,7 +153,8 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
             fix="choose degrees whose product is the device count",
         )
     if model.num_heads % layout.tp:
-        raise InvalidPlanError(f"num_heads={model.num_heads} is not divisible by tp={layout.tp}", fix=f"use a tp that divides {model.num_heads}")
+        raise InvalidPlanError(f"num_heads={model.num_heads} is not divisible by tp={layout.tp}",
+                               fix=f"use a tp that divides {model.num_heads}")
     if model.num_kv_heads % layout.tp and layout.tp % model.num_kv_heads:
         raise InvalidPlanError(
             f"num_kv_heads={model.num_kv_heads} and tp={layout.tp}: neither divides the other",

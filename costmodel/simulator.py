@@ -4,8 +4,9 @@
 2. Per-stage forward/backward times: layers per stage, plus the embedding on the first
    stage and the head and loss on the last.
 3. The pipeline schedule, simulated (`costmodel.pipeline`), with stage-to-stage sends.
-4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed
-   (`costmodel.data_parallel`), then the optimizer update (HBM-bound).
+4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed, plus FSDP2's
+   copies of gathered parameters (`costmodel.data_parallel`), then the optimizer update
+   (HBM-bound).
 5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
 
 >>> from costmodel.collectives import Tier
@@ -26,26 +27,23 @@ from dataclasses import dataclass
 from costmodel.collectives import p2p_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
-from costmodel.kernels import (
-    KernelKind,
-    embedding_forward_kernels,
-    head_forward_kernels,
-    layer_forward_kernels,
-    recomputed_kernels,
-)
+from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
 from costmodel.layout import Layout, check_layout
 from costmodel.machine import Machine
 from costmodel.memory import MemoryBreakdown, memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
+from costmodel.recompute import recomputed_kernels
 from costmodel.stage_split import balanced_stage_layers
 from costmodel.topology import link_between_stages
 from costmodel.train_config import TrainConfig
 
-# Adam update traffic per parameter: read fp32 param, grad, m, v; write param, m, v and
-# the bf16 compute copy.
-OPTIMIZER_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
+# Optimizer-step HBM traffic per parameter, Megatron-LM's and torchtitan's alike: Adam reads
+# the fp32 param, grad, m and v and writes param, m and v (28 B); the gradient norm for
+# clipping reads the grads (4 B); the grads are then scaled or zeroed (4 B); the updated
+# param is read again and written in the compute dtype (4 + 2 B).
+OPTIMIZER_BYTES_PER_PARAM = 7 * 4 + 4 + 4 + 4 + 2
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
 
 
 def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
-    kernels = recomputed_kernels(layer_forward_kernels(model, train, layout), layout.recompute)
+    kernels = recomputed_kernels(layer_forward_kernels(model, train, layout), model, layout)
     per_device_mb = sum(k.total_flops for k in kernels if k.kind is not KernelKind.MEMORY) * model.num_layers
     return per_device_mb * layout.micro_batches(train) * layout.dp * layout.tp * layout.cp
 
@@ -149,14 +147,14 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
     memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes))
     first_touch_s = _first_touch_s(memory, hw)
-    step_s = pipe.step_time_s + dp.exposed_s + optimizer_s + first_touch_s
+    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + optimizer_s + first_touch_s
 
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
     n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
     breakdown = TimeBreakdown(
         compute_s=n_micro * busiest.compute_s,
-        memory_bound_s=n_micro * busiest.memory_s,
+        memory_bound_s=n_micro * busiest.memory_s + dp.copy_s,
         recompute_s=n_micro * busiest.recompute_s,
         bubble_s=max(0.0, pipe.step_time_s - n_micro * (busiest.forward_s + busiest.backward_s)),
         exposed_comm_s=n_micro * busiest.comm_s + dp.exposed_s,

@@ -33,13 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--interleave", type=int, default=1, help="model chunks per pipeline device (default 1)")
-    parser.add_argument("--schedule", choices=[s.value for s in Schedule], help="pipeline schedule (default 1f1b, interleaved when --interleave > 1)")
+    parser.add_argument("--schedule", choices=[s.value for s in Schedule],
+                        help="pipeline schedule (default 1f1b, interleaved when --interleave > 1)")
     parser.add_argument("--recompute", choices=[r.value for r in Recompute], default="none", help="activation recompute")
     parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     parser.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
     parser.add_argument("--attention", choices=[a.value for a in Attention], default="flash", help="attention kernel")
     parser.add_argument("--dp-overlap", choices=["yes", "no"], default="yes", help="overlap data-parallel communication")
     parser.add_argument("--eager", action="store_true", help="elementwise ops unfused (eager PyTorch)")
+    parser.add_argument("--tp-overlap", action="store_true",
+                        help="backward tensor-parallel collectives overlap the gradient GEMMs (Megatron-LM async TP)")
+    parser.add_argument("--batch-major", action="store_true",
+                        help="activations [batch, seq, hidden] (PyTorch): sequence-parallel collectives copy their buffers")
+    parser.add_argument("--reentrant-recompute", action="store_true",
+                        help="recompute re-runs the layer's whole forward (Megatron-LM checkpointing)")
+    parser.add_argument("--fsdp-copy-out", action="store_true",
+                        help="ZeRO-3 copies gathered parameters out of the all-gather buffer (PyTorch FSDP2)")
     parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -55,6 +64,8 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
             dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
             interleave=args.interleave, schedule=schedule, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
             zero_stage=args.zero, attention=args.attention, dp_overlap=args.dp_overlap == "yes", fused_elementwise=not args.eager,
+            tp_overlap=args.tp_overlap, batch_major=args.batch_major, reentrant_recompute=args.reentrant_recompute,
+            fsdp_copy_out=args.fsdp_copy_out,
         )
     except ValidationError as err:
         raise flag_error(err, InvalidPlanError) from None
@@ -89,6 +100,7 @@ def _table(est: StepEstimate, model: str) -> Table:
     lay, b, m = est.layout, est.breakdown, est.memory
     table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} "
                         f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}", show_header=False)
+    hbm = f" of {m.hbm_bytes / _GIB:.0f} GiB" if m.hbm_bytes else ""
     rows = [
         ("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),
         ("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}"),
@@ -96,8 +108,9 @@ def _table(est: StepEstimate, model: str) -> Table:
         ("  recompute", f"{b.recompute_s:.3f} s"), ("  pipeline bubble", f"{b.bubble_s:.3f} s"),
         ("  exposed communication", f"{b.exposed_comm_s:.3f} s"), ("  optimizer", f"{b.optimizer_s:.3f} s"),
         *((f"  {axis} collectives (total)", f"{t:.3f} s") for axis, t in b.comm_s_by_axis.items() if t > 0),
-        ("memory per device", f"{m.total_bytes / _GIB:.2f} GiB of {m.hbm_bytes / _GIB:.0f} GiB" if m.hbm_bytes else f"{m.total_bytes / _GIB:.2f} GiB"),
-        ("  parameters / gradients / optimizer", f"{m.params_bytes / _GIB:.2f} / {m.grads_bytes / _GIB:.2f} / {m.optimizer_bytes / _GIB:.2f} GiB"),
+        ("memory per device", f"{m.total_bytes / _GIB:.2f} GiB{hbm}"),
+        ("  parameters / gradients / optimizer",
+         f"{m.params_bytes / _GIB:.2f} / {m.grads_bytes / _GIB:.2f} / {m.optimizer_bytes / _GIB:.2f} GiB"),
         ("  activations / temporary", f"{m.activations_bytes / _GIB:.2f} / {m.temporary_bytes / _GIB:.2f} GiB"),
         ("fits", "yes" if est.fits else "NO" if est.fits is False else "unknown"),
     ]

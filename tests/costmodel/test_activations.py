@@ -1,4 +1,10 @@
-"""Tests `costmodel/activations.py` against Korthikanti et al. 2022's closed forms."""
+"""Tests `costmodel/activations.py` against Korthikanti et al. 2022's closed forms.
+
+The paper's forms assume materialized attention: its 5·a·s/h term is the stored softmax
+output and dropout output (16-bit) and dropout mask (one byte), each a·s² per sequence.
+Flash attention stores none of them, only the output (already in the 34) and an fp32
+log-sum-exp per query and head.
+"""
 
 import pytest
 
@@ -14,8 +20,12 @@ S, B, H, A, T = 2048, 1, 12288, 96, 8
 TRAIN = TrainConfig(seq_len=S, global_batch=64)
 
 
-def _bytes(**layout):
-    return activation_bytes_per_layer(GPT3, TRAIN, Layout(attention=Attention.MATERIALIZED, micro_batch=B, **layout))
+def _bytes(attention=Attention.MATERIALIZED, **layout):
+    return activation_bytes_per_layer(GPT3, TRAIN, Layout(attention=attention, micro_batch=B, **layout))
+
+
+def _logsumexp_bytes(t=1):
+    return 4 * A * S * B / t  # fp32, one per query and head
 
 
 def test_no_parallelism():
@@ -37,6 +47,28 @@ def test_selective_recompute_with_sequence_parallel():
 def test_full_recompute_keeps_the_layer_input():
     assert _bytes(tp=T, recompute=Recompute.FULL) == pytest.approx(2 * S * B * H, rel=1e-12)
     assert _bytes(tp=T, sequence_parallel=True, recompute=Recompute.FULL) == pytest.approx(2 * S * B * H / T, rel=1e-12)
+
+
+def test_flash_attention_keeps_34_sbh_and_the_logsumexp():
+    assert _bytes(Attention.FLASH) == pytest.approx(S * B * H * 34 + _logsumexp_bytes(), rel=1e-12)
+    assert _bytes(Attention.FLASH, tp=T, sequence_parallel=True) == pytest.approx(S * B * H * 34 / T + _logsumexp_bytes(T), rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", [{}, {"tp": T}, {"tp": T, "sequence_parallel": True}])
+def test_materialized_attention_adds_the_s_squared_terms_over_flash(layout):
+    t = layout.get("tp", 1)
+    difference = S * B * H * 5 * A * S / (H * t) - _logsumexp_bytes(t)
+    assert _bytes(**layout) - _bytes(Attention.FLASH, **layout) == pytest.approx(difference, rel=1e-12)
+
+
+def test_recompute_erases_the_kernel_difference():
+    # Full recompute keeps only the layer input; selective recompute drops the s² terms, so
+    # materialized keeps what flash does bar the log-sum-exp.
+    for sp in (False, True):
+        assert _bytes(tp=T, sequence_parallel=sp, recompute=Recompute.FULL) == _bytes(
+            Attention.FLASH, tp=T, sequence_parallel=sp, recompute=Recompute.FULL)
+    selective = {"tp": T, "sequence_parallel": True, "recompute": Recompute.SELECTIVE}
+    assert _bytes(**selective) == pytest.approx(_bytes(Attention.FLASH, **selective) - _logsumexp_bytes(T), rel=1e-12)
 
 
 def test_selective_recompute_saves_seventy_percent_for_gpt3():

@@ -42,3 +42,17 @@ def test_no_data_parallelism_costs_nothing():
 
 def test_pipeline_and_tensor_parallel_shrink_the_stage():
     assert stage_params_per_device(MODEL, Layout(pp=2, tp=2)) < stage_params_per_device(MODEL, Layout()) / 3
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_fsdp2_copies_out_each_gathered_byte_once_overlapped_or_not(overlap):
+    lay = Layout(dp=32, zero_stage=3, dp_overlap=overlap, micro_batch=2)
+    copied = _costs(lay.model_copy(update={"fsdp_copy_out": True}))
+    # Forward and backward gather the stage for each micro-batch; a copy reads and writes every bf16 byte.
+    gathered_bytes = lay.micro_batches(TRAIN) * 2 * stage_params_per_device(MODEL, lay) * 2
+    assert copied.copy_s == pytest.approx(2 * gathered_bytes / (HW.hbm_bytes_per_s * HW.efficiency.hbm))
+    assert _costs(lay).copy_s == 0 and copied.exposed_s == _costs(lay).exposed_s
+
+
+def test_copy_out_needs_gathers():
+    assert _costs(Layout(dp=32, fsdp_copy_out=True)).copy_s == 0  # ZeRO 0: nothing gathered

@@ -59,4 +59,15 @@ def test_moe_layer_costs_top_k_experts():
 
 
 def test_head_projects_onto_the_vocabulary_split_by_tp():
-    assert _named(head_forward_kernels(GPT, TRAIN, Layout(tp=2)), "lm_head").flops == pytest.approx(2 * TRAIN.seq_len * GPT.hidden_size * GPT.vocab_size / 2)
+    lm_head = _named(head_forward_kernels(GPT, TRAIN, Layout(tp=2)), "lm_head")
+    assert lm_head.flops == pytest.approx(2 * TRAIN.seq_len * GPT.hidden_size * GPT.vocab_size / 2)
+
+
+def test_backward_traffic_follows_each_kernels_passes():
+    # Megatron's fused bias-dropout-add: 3.5 passes forward (sum + one-byte mask), 5.5 backward.
+    gpt = {k.name: k for k in layer_forward_kernels(GPT, TRAIN, Layout())}
+    assert gpt["attn_residual"].bytes == pytest.approx(3.5 * TRAIN.seq_len * GPT.hidden_size * 2)
+    assert gpt["attn_residual"].backward_scale == pytest.approx(5.5 / 3.5)
+    assert gpt["qkv"].backward_scale == 2 and gpt["flash_attention"].backward_scale == 2.5
+    eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(fused_elementwise=False))}
+    assert eager["attn_norm"].bytes == pytest.approx(7 * gpt["attn_norm"].bytes)  # 14 passes to 2

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.layout import Layout, Recompute, Schedule
+from costmodel.layout import Attention, Layout, Recompute, Schedule
 from costmodel.memory import in_flight_microbatches, memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import Dtype, TrainConfig
@@ -68,6 +68,28 @@ def test_pipeline_reports_the_fuller_end_stage():
     mem = memory_breakdown(MODEL, TRAIN, Layout(pp=4))
     assert mem.stage in ("first", "last")
     assert mem.total_bytes < memory_breakdown(MODEL, TRAIN, Layout()).total_bytes
+
+
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (4, False), (4, True)])
+def test_materialized_attention_holds_the_score_matrices_flash_does_not(tp, sp):
+    # Per layer and micro-batch: the softmax output (2 B), dropout mask (1 B) and dropout output
+    # (2 B) of the a·s² scores, split over tp; flash keeps an fp32 log-sum-exp per query and head.
+    gpt = ModelConfig(name="gpt", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000,
+                      norm="layernorm", mlp="gelu", positions="learned")
+    lay = Layout(tp=tp, sequence_parallel=sp, micro_batch=2)
+    flash, mat = (memory_breakdown(gpt, TRAIN, lay.model_copy(update={"attention": a})) for a in Attention)
+    b, s, a = 2, TRAIN.seq_len, gpt.num_heads
+    per_layer = (5 * a * s * s * b - 4 * a * s * b) / tp
+    assert mat.activations_bytes - flash.activations_bytes == pytest.approx(gpt.num_layers * per_layer, rel=1e-12)
+
+
+def test_full_recompute_keeps_the_same_activations_for_either_kernel():
+    lay = Layout(tp=4, recompute=Recompute.FULL, attention=Attention.FLASH)
+    flash = memory_breakdown(MODEL, TRAIN, lay)
+    mat = memory_breakdown(MODEL, TRAIN, lay.model_copy(update={"attention": Attention.MATERIALIZED}))
+    assert mat.activations_bytes == flash.activations_bytes
+    # Recomputing a layer materializes its scores once more: a transient, not a kept activation.
+    assert mat.temporary_bytes > flash.temporary_bytes
 
 
 def test_gradient_accumulation_holds_one_micro_batch_gradient_in_compute_dtype():

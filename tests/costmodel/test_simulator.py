@@ -22,6 +22,7 @@ LAYOUTS = st.builds(
     Layout, dp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
     micro_batch=st.sampled_from([1, 2]), recompute=st.sampled_from(list(Recompute)), sequence_parallel=st.booleans(),
     zero_stage=st.integers(0, 3), attention=st.sampled_from(list(Attention)), dp_overlap=st.booleans(),
+    tp_overlap=st.booleans(), batch_major=st.booleans(), reentrant_recompute=st.booleans(), fsdp_copy_out=st.booleans(),
 )
 
 
@@ -34,8 +35,8 @@ def test_breakdown_sums_to_the_step_time_and_utilisation_is_sane():
 
 
 def test_model_flops_follow_megatron():
-    l, h, s, v = GPT.num_layers, GPT.hidden_size, TRAIN.seq_len, GPT.vocab_size
-    expected = 72 * TRAIN.global_batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    n_layers, h, s, v = GPT.num_layers, GPT.hidden_size, TRAIN.seq_len, GPT.vocab_size
+    expected = 72 * TRAIN.global_batch * s * n_layers * h * h * (1 + s / (6 * h) + v / (12 * n_layers * h))
     assert model_flops_per_step(GPT, TRAIN) == pytest.approx(expected, rel=1e-3)
 
 
@@ -63,11 +64,21 @@ def test_step_time_is_monotone_in_global_batch(layout, factor):
     assert large >= small
 
 
+def _step_s(model: ModelConfig, layout: Layout, **update: object) -> float:
+    return simulate(model, TRAIN, layout.model_copy(update=update), HW).step_time_s
+
+
 def test_software_facts_move_step_time_the_right_way():
     base = Layout(dp=8, micro_batch=2, attention=Attention.FLASH)
-    assert simulate(GPT, TRAIN, base.model_copy(update={"attention": Attention.MATERIALIZED}), HW).step_time_s > simulate(GPT, TRAIN, base, HW).step_time_s
-    assert simulate(GPT, TRAIN, base.model_copy(update={"dp_overlap": False}), HW).step_time_s >= simulate(GPT, TRAIN, base, HW).step_time_s
-    assert simulate(MODEL, TRAIN, base.model_copy(update={"fused_elementwise": False}), HW).step_time_s > simulate(MODEL, TRAIN, base, HW).step_time_s
+    assert _step_s(GPT, base, attention=Attention.MATERIALIZED) > _step_s(GPT, base)
+    assert _step_s(GPT, base, dp_overlap=False) >= _step_s(GPT, base)
+    assert _step_s(MODEL, base, fused_elementwise=False) > _step_s(MODEL, base)
+    tp = Layout(dp=2, tp=4, micro_batch=2, sequence_parallel=True, recompute=Recompute.FULL)
+    assert _step_s(MODEL, tp, tp_overlap=True) < _step_s(MODEL, tp)
+    assert _step_s(MODEL, tp, batch_major=True) > _step_s(MODEL, tp)
+    assert _step_s(MODEL, tp, reentrant_recompute=True) > _step_s(MODEL, tp)
+    fsdp = Layout(dp=8, zero_stage=3)
+    assert _step_s(MODEL, fsdp, fsdp_copy_out=True) > _step_s(MODEL, fsdp)
 
 
 def test_memory_comes_with_the_estimate():

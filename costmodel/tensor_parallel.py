@@ -1,0 +1,87 @@
+"""Tensor-parallel collectives of one layer for one micro-batch on one device.
+
+Each of a layer's two blocks (attention, MLP) opens with a column-parallel GEMM and closes
+with a row-parallel one (Megatron-LM). Forward all-reduces the block's output; with
+sequence parallelism an all-gather of the block's input and a reduce-scatter of its
+output move the same bytes. Backward runs the conjugates: the column-parallel input
+gradient is all-reduced (reduce-scattered with sequence parallelism) and, with sequence
+parallelism, the row-parallel output gradient all-gathered. Recompute re-issues part of
+the forward ones (`costmodel.recompute.recomputed_forward_comm_fraction`).
+
+Two facts of the software stack change what this costs:
+
+- ``Layout.tp_overlap`` (Megatron-LM's asynchronous tensor-parallel communication): the
+  column-parallel input gradient is reduced behind that GEMM's weight-gradient GEMM. With
+  sequence parallelism Megatron keeps only its shard of the block input and re-gathers it
+  in backward behind the input-gradient GEMM; the row-parallel gathers stay exposed.
+- ``Layout.batch_major`` ([batch, seq, hidden] activations, as torchtitan's DTensor
+  sequence parallelism has them): gathering or scattering the inner sequence axis copies
+  the buffer into or out of NCCL's contiguous layout when micro_batch > 1.
+
+>>> from costmodel.collectives import Tier
+>>> from costmodel.kernels import layer_forward_kernels
+>>> from costmodel.machine import Machine
+>>> from costmodel.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=4096, num_layers=2, num_heads=32, ffn_size=16384, vocab_size=1000, mlp="gelu")
+>>> hw = Machine(name="x", peak_flops_per_s=3e14, hbm_bytes_per_s=2e12, hbm_bytes=8e10,
+...              devices_per_node=8, intra=Tier(bytes_per_s=2e11, latency_s=0), inter=Tier(bytes_per_s=2e10, latency_s=0))
+>>> train, lay = TrainConfig(seq_len=2048), Layout(tp=8)
+>>> plain = tensor_parallel_costs(m, train, lay, hw, layer_forward_kernels(m, train, lay))
+>>> overlapped = tensor_parallel_costs(m, train, lay.model_copy(update={"tp_overlap": True}), hw, layer_forward_kernels(m, train, lay))
+>>> plain.backward_exposed_s == plain.forward_s > 0, overlapped.backward_exposed_s < plain.backward_exposed_s / 2
+(True, True)
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
+
+from costmodel.collectives import all_gather_s, all_reduce_s
+from costmodel.kernels import Kernel
+from costmodel.layout import Layout
+from costmodel.machine import Machine
+from costmodel.model_config import ModelConfig
+from costmodel.recompute import recomputed_forward_comm_fraction
+from costmodel.roofline import kernel_time_s
+from costmodel.train_config import TrainConfig
+
+# The GEMM that opens each block, whose gradient GEMMs the asynchronous collectives hide behind.
+_COLUMN_PARALLEL = frozenset({"qkv", "mlp_in", "expert_in"})
+
+
+class TensorParallelCost(BaseModel):
+    """Seconds of one layer's tensor-parallel collectives (and their buffer copies)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    forward_s: NonNegativeFloat = Field(description="Forward collectives; all on the critical path.")
+    backward_s: NonNegativeFloat = Field(description="Backward and recompute collectives, overlapped or not.")
+    backward_exposed_s: NonNegativeFloat = Field(description="The part of backward_s not hidden behind GEMMs.")
+
+
+def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine,
+                          kernels: list[Kernel]) -> TensorParallelCost:
+    """Tensor-parallel seconds of one layer whose forward ``kernels`` are given (0 when tp = 1)."""
+    if layout.tp == 1:
+        return TensorParallelCost(forward_s=0.0, backward_s=0.0, backward_exposed_s=0.0)
+    group = hw.groups(layout)["tp"]
+    act_bytes = layout.micro_batch * train.seq_len / layout.cp * model.hidden_size * train.compute_dtype.bytes
+    if layout.sequence_parallel:
+        copy_s = 2 * act_bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm) if layout.batch_major and layout.micro_batch > 1 else 0.0
+        half_s = all_gather_s(act_bytes, group) + copy_s  # one all-gather or reduce-scatter
+        forward_s = 4 * half_s
+    else:
+        half_s, forward_s = 0.0, 2 * all_reduce_s(act_bytes, group)
+    recompute_s = forward_s * recomputed_forward_comm_fraction(layout)
+    if not layout.tp_overlap:
+        return TensorParallelCost(forward_s=forward_s, backward_s=forward_s + recompute_s, backward_exposed_s=forward_s + recompute_s)
+    gemm_s = [kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
+              for k in kernels if k.name in _COLUMN_PARALLEL]
+    if layout.sequence_parallel:
+        # Row-parallel gathers (exposed), then per block a re-gather and a reduce-scatter behind its GEMMs.
+        backward_s = 6 * half_s
+        exposed_s = 2 * half_s + sum(2 * max(0.0, half_s - g) for g in gemm_s)
+    else:
+        backward_s = forward_s
+        exposed_s = sum(max(0.0, forward_s / 2 - g) for g in gemm_s)
+    return TensorParallelCost(forward_s=forward_s, backward_s=backward_s + recompute_s, backward_exposed_s=exposed_s + recompute_s)

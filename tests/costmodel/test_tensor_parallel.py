@@ -1,0 +1,68 @@
+"""Tests `costmodel/tensor_parallel.py`: a layer's tensor-parallel collectives, copies and overlap."""
+
+import pytest
+
+from costmodel.collectives import Tier, all_gather_s, all_reduce_s
+from costmodel.kernels import layer_forward_kernels
+from costmodel.layout import Layout, Recompute
+from costmodel.machine import Machine
+from costmodel.model_config import ModelConfig
+from costmodel.roofline import Efficiency
+from costmodel.tensor_parallel import tensor_parallel_costs
+from costmodel.train_config import TrainConfig
+
+MODEL = ModelConfig(name="m", hidden_size=4096, num_layers=4, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=32000)
+TRAIN = TrainConfig(seq_len=4096, global_batch=16)
+HW = Machine(name="test", peak_flops_per_s=1e14, hbm_bytes_per_s=2e12, hbm_bytes=8e10, devices_per_node=8,
+             efficiency=Efficiency(kernel_floor_s=0.0, hbm=1.0),
+             intra=Tier(bytes_per_s=2e11, latency_s=0.0), inter=Tier(bytes_per_s=2e10, latency_s=0.0))
+ACT_BYTES = 2 * TRAIN.seq_len * MODEL.hidden_size * 2  # micro-batch 2, bf16
+
+
+def _costs(hw=HW, **layout):
+    lay = Layout(tp=8, micro_batch=2, **layout)
+    return tensor_parallel_costs(MODEL, TRAIN, lay, hw, layer_forward_kernels(MODEL, TRAIN, lay))
+
+
+def test_no_tensor_parallelism_no_collectives():
+    lay = Layout(micro_batch=2)
+    assert tensor_parallel_costs(MODEL, TRAIN, lay, HW, layer_forward_kernels(MODEL, TRAIN, lay)).forward_s == 0
+
+
+def test_two_all_reduces_per_pass_or_the_same_bytes_gathered_and_scattered():
+    group = HW.groups(Layout(tp=8))["tp"]
+    plain, sp = _costs(), _costs(sequence_parallel=True)
+    assert plain.forward_s == pytest.approx(2 * all_reduce_s(ACT_BYTES, group))
+    assert sp.forward_s == pytest.approx(4 * all_gather_s(ACT_BYTES, group)) == pytest.approx(plain.forward_s)
+    assert plain.backward_s == plain.backward_exposed_s == pytest.approx(plain.forward_s)
+
+
+def test_batch_major_sequence_parallel_copies_every_buffer():
+    copy_s = 2 * ACT_BYTES / HW.hbm_bytes_per_s  # read and write the full buffer
+    sp = _costs(sequence_parallel=True).forward_s
+    assert _costs(sequence_parallel=True, batch_major=True).forward_s == pytest.approx(sp + 4 * copy_s)
+    assert _costs(batch_major=True).forward_s == _costs().forward_s  # all-reduces need no reorder
+    one = Layout(tp=8, micro_batch=1, sequence_parallel=True)
+    kernels = layer_forward_kernels(MODEL, TRAIN, one)
+    assert (tensor_parallel_costs(MODEL, TRAIN, one.model_copy(update={"batch_major": True}), HW, kernels).forward_s
+            == tensor_parallel_costs(MODEL, TRAIN, one, HW, kernels).forward_s)
+
+
+def test_overlap_hides_backward_collectives_behind_long_gradient_gemms():
+    plain = _costs(tp_overlap=True)
+    assert plain.backward_s == pytest.approx(plain.forward_s) and plain.backward_exposed_s == 0
+    # Megatron's sequence parallelism re-gathers its input in backward: 1.5× the forward bytes,
+    # of which the row-parallel output-gradient gathers stay exposed.
+    sp = _costs(tp_overlap=True, sequence_parallel=True)
+    assert sp.backward_s == pytest.approx(1.5 * sp.forward_s) and sp.backward_exposed_s == pytest.approx(sp.forward_s / 2)
+
+
+def test_overlap_leaves_what_the_gemms_cannot_cover():
+    slow_link = HW.model_copy(update={"intra": Tier(bytes_per_s=2e9, latency_s=0.0)})
+    exposed = _costs(slow_link, tp_overlap=True)
+    assert 0 < exposed.backward_exposed_s < exposed.backward_s
+
+
+def test_recompute_collectives_are_never_hidden():
+    full = _costs(tp_overlap=True, recompute=Recompute.FULL, reentrant_recompute=True)
+    assert full.backward_exposed_s == pytest.approx(full.forward_s)

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
               f"flash_attention={params['flash_attention']:.2f}, hbm={params['hbm']:.2f})")
         results.append({"hardware": hardware, "runs": len(rows), **{k: round(v, 3) for k, v in params.items()},
                         "mean_abs_err_uncalibrated_pct": round(_mean_abs(before), 2), "mean_abs_err_pct": round(_mean_abs(after), 2),
-                        "max_abs_err_pct": round(max(map(abs, after)), 2), "heldout_mean_abs_err_pct": round(_mean_abs(held_out), 2) if held_out else ""})
+                        "max_abs_err_pct": round(max(map(abs, after)), 2),
+                        "heldout_mean_abs_err_pct": round(_mean_abs(held_out), 2) if held_out else ""})
     write_csv(args.out, results)
     print(f"wrote {args.out}")
     return 0

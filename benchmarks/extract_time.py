@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"model": f"llama3-70b ({layers} layers)", "ops": report.ops, "cold_s": round(cold_s, 3),
                      "warm_median_s": round(statistics.median(warm), 3), "warm_max_s": round(max(warm), 3)})
     print_table("OpGraph extraction of a full training step (trace + graph build)", rows)
-    print(f"80-layer / 8-layer: cold {rows[0]['cold_s'] / rows[1]['cold_s']:.2f}, warm {rows[0]['warm_median_s'] / rows[1]['warm_median_s']:.2f}")
+    cold, warm = rows[0]["cold_s"] / rows[1]["cold_s"], rows[0]["warm_median_s"] / rows[1]["warm_median_s"]
+    print(f"80-layer / 8-layer: cold {cold:.2f}, warm {warm:.2f}")
     write_csv(args.out, rows)
     return 0
 

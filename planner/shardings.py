@@ -6,7 +6,8 @@ pipeline parallelism splits the stacked layers over the pipeline axes. A dimensi
 size its mesh axes do not divide stays replicated.
 
 >>> from planner.config import load_model
->>> rules = logical_rules(Layout(dp=8, tp=4, zero_stage=3), {"dp": ("data",), "tp": ("tensor",), "pp": (), "cp": ()}, load_model("llama3-8b"))
+>>> axes = {"dp": ("data",), "tp": ("tensor",), "pp": (), "cp": ()}
+>>> rules = logical_rules(Layout(dp=8, tp=4, zero_stage=3), axes, load_model("llama3-8b"))
 >>> rules[LogicalAxis.HEADS], rules[LogicalAxis.EMBED]
 (('tensor',), ('data',))
 """

@@ -34,7 +34,8 @@ def test_simulate_json_has_the_documented_keys(capsys):
     data = json.loads(out)
     assert code == 0
     assert {"step_time_s", "mfu", "hfu", "tokens_per_s", "fits", "memory", "breakdown"} <= set(data)
-    assert {"per_device_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporary_bytes"} <= set(data["memory"])
+    items = {"per_device_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temporary_bytes"}
+    assert items <= set(data["memory"])
     assert data["layout"]["dp"] == 8 and data["step_time_s"] > 0
 
 
@@ -55,7 +56,8 @@ def test_simulate_table_and_timeline(capsys, tmp_path):
     (["inspect", "--model", "gpt2", "--global-batch", "0"], 2, "--global-batch=0"),
     (["simulate", "--model", "llama3-8b", "--devices", "8", "--tp", "3", "--global-batch", "8"], 3, "not divisible by tp·pp·cp"),
     (["simulate", "--model", "llama3-8b", "--devices", "8", "--dp", "2", "--global-batch", "8"], 3, "but --devices=8"),
-    (["simulate", "--model", "llama3-8b", "--devices", "6", "--tp", "6", "--global-batch", "8"], 3, "num_heads=32 is not divisible by tp=6"),
+    (["simulate", "--model", "llama3-8b", "--devices", "6", "--tp", "6", "--global-batch", "8"], 3,
+     "num_heads=32 is not divisible by tp=6"),
     (["simulate", "--model", "llama3-8b", "--devices", "8", "--global-batch", "12"], 3, "global_batch=12 is not divisible"),
     (["simulate", "--model", "llama3-8b", "--devices", "64", "--pp", "64", "--global-batch", "64"], 3, "num_layers=32 < pp"),
     (["simulate", "--model", "llama3-8b", "--hardware", "v100", "--devices", "8", "--global-batch", "8"], 5, "v100 has no bfloat16"),

@@ -11,8 +11,8 @@ def _megatron_no_recompute_flops(m, b, s):
     # Narayanan et al.'s count without the recompute pass: 3 passes of 24·B·s·l·h²(1 + s/6h)
     # plus the head's 3 × 2·B·s·h·V. (Their 96·B·s·l·h²(1 + s/6h + V/16lh) keeps the head at
     # 6·B·s·h·V because the head is not recomputed; scaling it to 72 must keep V/12lh.)
-    l, h, v = m.num_layers, m.hidden_size, m.vocab_size
-    return 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    n_layers, h, v = m.num_layers, m.hidden_size, m.vocab_size
+    return 72 * b * s * n_layers * h * h * (1 + s / (6 * h) + v / (12 * n_layers * h))
 
 
 @pytest.mark.parametrize(("name", "b", "s"), [("gpt2", 4, 1024), ("megatron-gpt-1.7b", 4, 2048), ("megatron-gpt-175b", 1, 2048)])

@@ -38,8 +38,10 @@ class StepAllocator(BaseModel):
     """How the runtime allocates a step's temporaries, where that costs time.
 
     XLA's GPU and TPU runtimes draw a step's temporaries from a pool kept across steps
-    (no profile sets this). Its CPU runtime maps a temporary allocation above glibc's mmap
-    threshold afresh every step, so the kernel faults in and zeroes each of its pages again.
+    (no catalog profile sets this). Its CPU runtime allocates a device's temporaries anew
+    every step, and on Linux an allocation above ~32 MiB (glibc's largest mmap threshold)
+    comes back as freshly mapped memory whose every page the kernel faults in and zeroes
+    again (`validate.cpu_profile` measures both numbers).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

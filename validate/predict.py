@@ -50,6 +50,7 @@ from typing import Any
 import jax
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
 from costmodel.machine import machine_for
@@ -116,12 +117,18 @@ def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int
 def predicted_memory_bytes(plan: Plan) -> float:
     """The simulator's per-device memory for the program as lowered: the plan's own estimate,
     except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages hold every
-    micro-batch's activations where 1F1B's hold at most one per stage."""
+    micro-batch's activations where 1F1B's hold at most one per stage, and accumulates its
+    gradients over ticks even with one micro-batch."""
     lay = plan.layout
-    if lay.pp == 1 or lay.schedule is Schedule.GPIPE:
+    if lay.pp == 1:
         return plan.predicted.memory.total_bytes
     gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
-    return simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory.total_bytes
+    total = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory.total_bytes
+    if lay.micro_batches(plan.train) == 1:
+        # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
+        # a single micro-batch holds a tick's gradient beside it as accumulation does.
+        total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
+    return total
 
 
 def parameters_per_device(plan: Plan) -> float:

@@ -48,3 +48,17 @@ def test_zero_one_shards_the_moments_over_data():
     zero0 = layout_plan(LLAMA, Layout(dp=2, tp=4, micro_batch=2), hardware="a100-80gb", seq_len=64, global_batch=16)
     zero1 = zero0.model_copy(update={"layout": zero0.layout.model_copy(update={"zero_stage": 1})})
     assert predicted_argument_bytes(zero1) < predicted_argument_bytes(zero0)
+
+
+def test_a_pipeline_of_one_micro_batch_still_holds_a_ticks_gradient():
+    from costmodel.data_parallel import stage_params_per_device
+    from costmodel.layout import Schedule
+    from costmodel.machine import load_machine
+    from costmodel.simulator import simulate
+    from validate.predict import predicted_memory_bytes
+
+    plan = layout_plan(LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=8, schedule=Schedule.GPIPE), hardware="a100-80gb",
+                       seq_len=64, global_batch=16)
+    simulated = simulate(plan.model, plan.train, plan.layout, load_machine("a100-80gb")).memory.total_bytes
+    tick_gradient = stage_params_per_device(LLAMA, plan.layout) * plan.train.compute_dtype.bytes
+    assert predicted_memory_bytes(plan) == pytest.approx(simulated + tick_gradient)

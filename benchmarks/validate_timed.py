@@ -3,10 +3,11 @@
     python -m benchmarks.validate_timed [--recalibrate] [--steps 3] [--repeats 5]
 
 The ``cpu`` profile of each device count comes only from `validate.cpu_profile`'s
-micro-benchmarks (GEMM FLOP/s, streaming bandwidth, first touch of fresh memory, kernel
-floor, psum ring); nothing is fitted to these rows. Each row runs in its own process
-(``--xla_force_host_platform_device_count``): 2 warm-up steps, then ``repeats`` repeats of ``steps`` steps; the table gives the median
-over repeats, their spread, the load average after the row and the share of the host's
+micro-benchmarks (GEMM FLOP/s, a fused layer norm's bandwidth, first touch of fresh
+memory, kernel floor, psum ring); nothing is fitted to these rows. Each row runs in its
+own process (``--xla_force_host_platform_device_count``): 2 warm-up steps, then
+``repeats`` repeats of ``steps`` steps; the table gives the median over repeats, their
+spread, the load average after the row and the share of the host's
 cores other processes used meanwhile (a row with a large share is not worth reading).
 
 The checked model is a GPT with a ReLU MLP (as OPT's): with GELU, as GPT-2's, XLA's CPU

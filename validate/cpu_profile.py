@@ -89,7 +89,7 @@ class CpuMeasurement(BaseModel):
     memory_kernel_bytes_per_s: PositiveFloat = Field(description="One device's bandwidth in a fused layer norm, read + write, all at once.")
     first_touch_s_per_byte: NonNegativeFloat = Field(description="One device's seconds per byte to fault in fresh memory, all at once.")
     kernel_floor_s: NonNegativeFloat = Field(description="Seconds per iteration of a compiled loop around a tiny GEMM.")
-    link_bytes_per_s: PositiveFloat = Field(description="psum ring bandwidth per device (the stream bandwidth for 1 device).")
+    link_bytes_per_s: PositiveFloat = Field(description="psum ring bandwidth per device (the memory-kernel bandwidth for 1 device).")
     link_latency_s: NonNegativeFloat = Field(description="Per-step latency (alpha) of the psum ring (0 for 1 device).")
     load_average: NonNegativeFloat = Field(description="1-minute load average when the benchmarks ended (this process included).")
     other_cpu_share: NonNegativeFloat | None = Field(

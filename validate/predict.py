@@ -122,8 +122,11 @@ def predicted_memory_bytes(plan: Plan) -> float:
     lay = plan.layout
     if lay.pp == 1:
         return plan.predicted.memory.total_bytes
-    gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
-    total = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory.total_bytes
+    if lay.schedule is Schedule.GPIPE:
+        total = plan.predicted.memory.total_bytes
+    else:
+        gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
+        total = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory.total_bytes
     if lay.micro_batches(plan.train) == 1:
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.

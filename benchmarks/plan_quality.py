@@ -17,12 +17,10 @@ import time
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
-from benchmarks.simulator_accuracy import DEFAULT_DATA, layout_from_row, model_from_row
+from benchmarks.simulator_accuracy import DEFAULT_DATA, layout_from_row, machine_from_row, model_from_row, train_from_row
 from costmodel.errors import PlannerError
 from costmodel.layout import Layout
-from costmodel.machine import load_machine
 from costmodel.simulator import simulate
-from costmodel.train_config import TrainConfig
 from search.layouts import SearchSpace, grid_search
 
 
@@ -40,11 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = list(csv.DictReader(f))
     results = []
     for row in rows:
-        model, published = model_from_row(row), layout_from_row(row)
-        train = TrainConfig(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch_seqs"]))
-        machine = load_machine(row["hardware"], devices_per_node=int(row["devices_per_node"]))
+        model, published, train, machine = model_from_row(row), layout_from_row(row), train_from_row(row), machine_from_row(row)
         reference = simulate(model, train, published, machine)
-        space = SearchSpace(attention=published.attention, dp_overlap=published.dp_overlap, fused_elementwise=published.fused_elementwise)
+        space = SearchSpace(attention=published.attention, dp_overlap=published.dp_overlap, fused_elementwise=published.fused_elementwise,
+                            fused_norm=published.fused_norm)
         start = time.perf_counter()
         try:
             found = grid_search(model, train, machine, n_devices=published.n_devices, space=space).best

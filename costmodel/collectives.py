@@ -113,6 +113,16 @@ def p2p_s(size_bytes: float, tier: Tier) -> float:
     return size_bytes / tier.bytes_per_s + tier.latency_s if size_bytes > 0 else 0.0
 
 
+def exposed_s(comm_s: float, compute_s: float, slowdown: float) -> float:
+    """Seconds a collective of ``comm_s`` adds to ``compute_s`` of work it overlaps: what
+    outlasts the work, plus the work slowed by ``slowdown`` while both run.
+
+    >>> exposed_s(3.0, 2.0, 0.1), exposed_s(1.0, 2.0, 0.1)
+    (1.2, 0.1)
+    """
+    return max(0.0, comm_s - compute_s) + slowdown * min(comm_s, compute_s)
+
+
 def collective_s(kind: Collective, size_bytes: float, group: Group) -> float:
     """Time of ``kind`` on ``group`` (a P2P is a transfer over the slowest tier crossed)."""
     if kind is Collective.P2P:

@@ -7,8 +7,9 @@
   backward, and reduce-scatters its gradients.
 
 With overlap (``Layout.dp_overlap``), the reduction hides behind the backward of the last
-micro-batch and FSDP traffic behind the neighbouring layer's compute, leaving only what
-exceeds it; without overlap all of it is on the critical path. PyTorch's FSDP2
+micro-batch and FSDP traffic behind the neighbouring layer's compute, leaving what exceeds
+it, plus that compute's slowdown while both run (``Efficiency.overlap_slowdown``); without
+overlap all of it is on the critical path. PyTorch's FSDP2
 (``Layout.fsdp_copy_out``) also copies each gathered parameter out of the all-gather
 buffer on the compute stream: HBM time that no overlap hides.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
+from costmodel.collectives import all_gather_s, all_reduce_s, exposed_s, reduce_scatter_s
 from costmodel.layer_costs import LayerCosts
 from costmodel.layout import Layout
 from costmodel.machine import Machine
@@ -94,8 +95,9 @@ def data_parallel_costs(
         return DataParallelCost(total_s=total_s, exposed_s=total_s)
     # Bucketed reduction runs while the last micro-batch's backward is still going; the
     # parameter all-gather overlaps the next step's first forward.
-    exposed_s = max(0.0, reduce_s - layers * layer.backward_s) + max(0.0, regather_s - layers * layer.forward_s)
-    return DataParallelCost(total_s=total_s, exposed_s=exposed_s)
+    slowdown = hw.efficiency.overlap_slowdown
+    exposed = exposed_s(reduce_s, layers * layer.backward_s, slowdown) + exposed_s(regather_s, layers * layer.forward_s, slowdown)
+    return DataParallelCost(total_s=total_s, exposed_s=exposed)
 
 
 def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> DataParallelCost:
@@ -118,7 +120,7 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         return DataParallelCost(total_s=total_s, exposed_s=total_s, copy_s=copy_s)
     # Prefetching hides a layer's gather behind its neighbour; the first gather and the
     # embedding/head traffic stay exposed.
-    hidden_fwd = max(0.0, gather_s - layer.forward_s)
-    hidden_bwd = max(0.0, gather_s + scatter_s - layer.backward_s)
-    exposed_s = n_micro * (layers * (hidden_fwd + hidden_bwd) + gather_s + ends_s)
-    return DataParallelCost(total_s=total_s, exposed_s=min(total_s, exposed_s), copy_s=copy_s)
+    slowdown = hw.efficiency.overlap_slowdown
+    per_layer_s = exposed_s(gather_s, layer.forward_s, slowdown) + exposed_s(gather_s + scatter_s, layer.backward_s, slowdown)
+    exposed = n_micro * (layers * per_layer_s + gather_s + ends_s)
+    return DataParallelCost(total_s=total_s, exposed_s=min(total_s, exposed), copy_s=copy_s)

@@ -26,7 +26,8 @@ class TimeBreakdown(Record):
 
     compute_s: NonNegativeFloat = Field(description="Matmul and attention kernels (forward + backward), first pass.")
     memory_bound_s: NonNegativeFloat = Field(
-        description="HBM-bound kernels (norms, activations, softmax, residuals, loss, FSDP2 parameter copy-outs).")
+        description="HBM-bound kernels (norms, activations, softmax, residuals, loss, FSDP2 parameter copy-outs, "
+        "gradient accumulation).")
     recompute_s: NonNegativeFloat = Field(description="Forward work repeated in backward by activation recompute.")
     bubble_s: NonNegativeFloat = Field(description="Pipeline idle time of the busiest stage.")
     exposed_comm_s: NonNegativeFloat = Field(description="Communication not hidden behind compute.")

@@ -58,9 +58,12 @@ _PASSES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
 }
 
 
+_NORMS = frozenset({"layernorm", "rmsnorm"})
+
+
 def _passes(kernel: str, layout: Layout) -> tuple[float, float]:
     fused, eager = _PASSES[kernel]
-    return fused if layout.fused_elementwise else eager
+    return fused if (layout.fused_norm if kernel in _NORMS else layout.fused_elementwise) else eager
 
 
 # Flash attention backward recomputes the scores: 2.5× the forward matmul work

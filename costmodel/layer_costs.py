@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.collectives import all_to_all_s, p2p_s
+from costmodel.collectives import all_to_all_s, exposed_s, p2p_s
 from costmodel.kernels import Kernel, KernelKind, layer_forward_kernels, local_widths
 from costmodel.layout import Layout
 from costmodel.machine import Machine
@@ -120,7 +120,7 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         tp_backward_s=tp.backward_s,
         tp_backward_exposed_s=tp.backward_exposed_s,
         cp_total_s=3 * ring_s,
-        cp_exposed_s=3 * max(0.0, ring_s - attention_s),
+        cp_exposed_s=3 * exposed_s(ring_s, attention_s, hw.efficiency.overlap_slowdown),
         ep_forward_s=ep_pass_s,
         ep_backward_s=ep_pass_s * (1 + comm_repeat),
     )

@@ -5,8 +5,9 @@ context and expert parallel degrees), how the batch is cut into micro-batches, a
 memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), plus the
 facts of the software stack that move step time most: the attention kernel, whether
 data- and tensor-parallel communication overlaps compute, fused or eager elementwise
-kernels, the activation layout, how far recompute re-runs a layer, and whether FSDP
-copies the parameters it gathers.
+kernels, the activation layout, how far recompute re-runs a layer, whether FSDP
+copies the parameters it gathers, and whether gradient accumulation is fused into the
+weight-gradient GEMMs.
 
 >>> lay = Layout(dp=4, tp=8, pp=2, micro_batch=1)
 >>> lay.n_devices
@@ -79,8 +80,13 @@ class Layout(BaseModel):
     dp_overlap: bool = Field(True, description="Gradient reduction / FSDP gathers overlap compute.")
     fused_elementwise: bool = Field(
         True,
-        description="Norms, activations and RoPE run as fused kernels (Megatron-LM, XLA, torch.compile); "
+        description="Activations, RoPE and residual adds run as fused kernels (Megatron-LM, XLA, torch.compile); "
         "False: one kernel per op, as eager PyTorch runs them.",
+    )
+    fused_norm: bool = Field(
+        True,
+        description="Normalisation layers run as one fused kernel each (Megatron-LM, XLA, torch.compile, torchtitan's "
+        "Triton fused_rmsnorm); False: op by op, as eager PyTorch's RMSNorm (fp32 upcast, pow, mean, rsqrt, two multiplies).",
     )
     tp_overlap: bool = Field(
         False,
@@ -101,6 +107,12 @@ class Layout(BaseModel):
         False,
         description="With zero_stage=3, every all-gather is followed by a copy of the gathered parameters out of its buffer on "
         "the compute stream (PyTorch FSDP2's per-parameter sharding); False: compute reads the gathered buffer (XLA, FSDP1).",
+    )
+    fused_grad_accumulation: bool = Field(
+        False,
+        description="Micro-batch gradients are added into the accumulator by the weight-gradient GEMMs themselves (Megatron-LM's "
+        "gradient accumulation fusion, 2022 on); False: each micro-batch's gradient is written, then added by an HBM-bound "
+        "kernel (PyTorch autograd, Megatron-LM 2021, a JAX loop over micro-batches).",
     )
 
     @property

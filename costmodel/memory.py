@@ -15,7 +15,8 @@ backward starts after every forward) and one logits gradient.
 Gradient accumulation over micro-batches, as a JAX step runs it (a loop adding each
 micro-batch's gradient into the fp32 accumulator), holds one micro-batch's gradient in
 the compute dtype besides the accumulator; with ZeRO ≥ 2 it is reduce-scattered layer by
-layer, so only its dp shard stays.
+layer, so only its dp shard stays. Where the weight-gradient GEMMs add into the
+accumulator themselves (`Layout.fused_grad_accumulation`) there is no such buffer.
 
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
@@ -103,7 +104,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
 
     temporary = 0.0
-    if n_micro > 1:
+    if n_micro > 1 and not layout.fused_grad_accumulation:
         temporary += n * train.compute_dtype.bytes / (dp if zero >= 2 else 1)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)

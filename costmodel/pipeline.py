@@ -1,9 +1,12 @@
 """Pipeline schedules (GPipe, 1F1B, interleaved 1F1B) simulated as a timeline.
 
 Each stage runs its schedule's ordered list of forward/backward micro-steps; a step starts
-when its device is free and its input has arrived (the previous stage's step plus the
-point-to-point transfer). The result is exact for the given per-stage times, including
-uneven stages (embedding on the first, head on the last) and the bubble.
+when its device is free and its input is ready (the neighbouring stage's step has ended).
+Transfers between stages block: every micro-step of a chunk also sends or receives one
+activation on its own device's timeline (Megatron-LM's synchronous send/recv pairs; a
+``ppermute`` between the ticks of a loop), so they lengthen the steady state, not only
+the fill and drain. The result is exact for the given per-stage times, including uneven
+stages (embedding on the first, head on the last) and the bubble.
 
 >>> t = simulate_pipeline(PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0),
 ...                       n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
@@ -28,7 +31,8 @@ class PipelineTimes(BaseModel):
 
     forward_s: tuple[NonNegativeFloat, ...] = Field(description="Forward time per micro-batch, per stage.")
     backward_s: tuple[NonNegativeFloat, ...] = Field(description="Backward (incl. recompute) time per micro-batch, per stage.")
-    p2p_s: NonNegativeFloat = Field(description="Transfer time of one activation between neighbouring stages.")
+    p2p_s: NonNegativeFloat = Field(description="Transfer time of one activation between neighbouring stages, "
+                                    "spent by each micro-step of a chunk when there is more than one stage.")
     interleave: PositiveInt = Field(1, description="Model chunks per device.")
 
 
@@ -67,6 +71,7 @@ def simulate_pipeline(
             fix="choose a micro-batch count that is a multiple of pp",
         )
     orders = [_stage_order(s, p, m, v, schedule) for s in range(p)]
+    transfer_s = times.p2p_s if p > 1 else 0.0
     ends: dict[tuple[bool, int, int, int], float] = {}
     free_at, cursor, events = [0.0] * p, [0] * p, []
     remaining = sum(len(o) for o in orders)
@@ -75,11 +80,11 @@ def simulate_pipeline(
         for s in range(p):
             while cursor[s] < len(orders[s]):
                 fwd, mb, chunk = orders[s][cursor[s]]
-                ready = _ready_time(ends, fwd, mb, chunk, s, p, v, times.p2p_s)
+                ready = _ready_time(ends, fwd, mb, chunk, s, p, v)
                 if ready is None:
                     break
                 start = max(free_at[s], ready)
-                end = start + (times.forward_s[s] if fwd else times.backward_s[s]) / v
+                end = start + (times.forward_s[s] if fwd else times.backward_s[s]) / v + transfer_s
                 ends[(fwd, mb, chunk, s)] = free_at[s] = end
                 if keep_events:
                     events.append(TimelineEvent(stage=s, forward=fwd, microbatch=mb, chunk=chunk, start_s=start, end_s=end))
@@ -89,7 +94,7 @@ def simulate_pipeline(
         if not progressed:
             raise InvalidPlanError(f"pipeline schedule {schedule} deadlocks for {p=} {m=} {v=}", fix="use schedule 1f1b")
     step = max(free_at)
-    busy = [m * (f + b) for f, b in zip(times.forward_s, times.backward_s)]
+    busy = [m * (f + b + 2 * v * transfer_s) for f, b in zip(times.forward_s, times.backward_s)]
     busiest = max(range(p), key=lambda s: busy[s])
     return PipelineResult(step_time_s=step, busy_s=busy[busiest], bubble_s=step - busy[busiest], events=tuple(events))
 
@@ -97,10 +102,10 @@ def simulate_pipeline(
 def pipeline_step_estimate(times: PipelineTimes, *, n_microbatches: int, schedule: Schedule) -> PipelineResult:
     """Closed-form step time of ``schedule``, O(p) instead of the O(p·m·v) simulation.
 
-    The slowest stage sets the pace of the steady state; filling and draining the pipeline
-    costs every stage's time once, divided by the chunks per device, plus one transfer per
-    hop each way. Exact for uniform stages without transfers (tested against
-    `simulate_pipeline`); used by the planners, which cost thousands of layouts.
+    The slowest stage, transfers included, sets the pace of the steady state; filling and
+    draining the pipeline costs every stage's time once, divided by the chunks per device.
+    Exact for uniform stages (tested against `simulate_pipeline`); used by the planners,
+    which cost thousands of layouts.
 
     >>> t = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0)
     >>> pipeline_step_estimate(t, n_microbatches=8, schedule=Schedule.ONE_F_ONE_B).step_time_s
@@ -108,16 +113,15 @@ def pipeline_step_estimate(times: PipelineTimes, *, n_microbatches: int, schedul
     """
     p, m = len(times.forward_s), n_microbatches
     v = times.interleave if schedule is Schedule.INTERLEAVED else 1
-    per_stage = [f + b for f, b in zip(times.forward_s, times.backward_s)]
+    transfers_s = 2 * times.interleave * times.p2p_s if p > 1 else 0.0
+    per_stage = [f + b + transfers_s for f, b in zip(times.forward_s, times.backward_s)]
     slowest = max(per_stage)
-    step = (m - 1 / v) * slowest + sum(per_stage) / v + 2 * (p - 1) * times.p2p_s
+    step = (m - 1 / v) * slowest + sum(per_stage) / v
     return PipelineResult(step_time_s=step, busy_s=m * slowest, bubble_s=step - m * slowest)
 
 
-def _ready_time(
-    ends: dict[tuple[bool, int, int, int], float], fwd: bool, mb: int, chunk: int, s: int, p: int, v: int, p2p_s: float
-) -> float | None:
-    """When the input of a micro-step has arrived, or None if its producer has not run."""
+def _ready_time(ends: dict[tuple[bool, int, int, int], float], fwd: bool, mb: int, chunk: int, s: int, p: int, v: int) -> float | None:
+    """When the input of a micro-step is ready, or None if its producer has not run."""
     if fwd:
         if s > 0:
             dep = (True, mb, chunk, s - 1)
@@ -132,10 +136,7 @@ def _ready_time(
     else:
         own = ends.get((True, mb, chunk, s))
         return own
-    end = ends.get(dep)
-    if end is None:
-        return None
-    return end + (p2p_s if p > 1 else 0.0)
+    return ends.get(dep)
 
 
 def _stage_order(s: int, p: int, m: int, v: int, schedule: Schedule) -> list[_Step]:

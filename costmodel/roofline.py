@@ -35,6 +35,11 @@ class Efficiency(BaseModel):
     flash_attention: float = Field(0.6, gt=0, le=1, description="Fraction of peak a fused attention kernel reaches.")
     hbm: float = Field(0.85, gt=0, le=1, description="Fraction of HBM bandwidth a streaming kernel reaches.")
     kernel_floor_s: NonNegativeFloat = Field(5e-6, description="Launch and tail latency added to every kernel.")
+    overlap_slowdown: float = Field(
+        0.0, ge=0, lt=1,
+        description="Fraction of compute speed lost while a collective runs beside it (the SMs and HBM bandwidth NCCL's "
+        "kernels take); 0 where copy engines move the data.",
+    )
 
     @field_validator("matmul_curve")
     @classmethod
@@ -45,15 +50,19 @@ class Efficiency(BaseModel):
             raise ValueError("matmul_curve efficiencies must be in (0, 1]")
         return curve
 
-    def calibrated(self, *, matmul_scale: float, flash_attention: float, hbm: float, matmul_knee: float = 1.0) -> Efficiency:
+    def calibrated(self, *, matmul_scale: float, flash_attention: float, hbm: float, matmul_knee: float = 1.0,
+                   overlap_slowdown: float | None = None) -> Efficiency:
         """These efficiencies with the GEMM curve scaled (and shifted along FLOPs by
-        ``matmul_knee``) and the attention/HBM ones replaced.
+        ``matmul_knee``) and the attention/HBM (and, if given, overlap) ones replaced.
 
         >>> Efficiency(matmul_curve=((1e9, 0.5),)).calibrated(matmul_scale=0.8, flash_attention=0.4, hbm=0.9).matmul(1e9)
         0.4
         """
         curve = tuple((f * matmul_knee, min(1.0, e * matmul_scale)) for f, e in self.matmul_curve)
-        return self.model_copy(update={"matmul_curve": curve, "flash_attention": flash_attention, "hbm": hbm})
+        update = {"matmul_curve": curve, "flash_attention": flash_attention, "hbm": hbm}
+        if overlap_slowdown is not None:
+            update["overlap_slowdown"] = overlap_slowdown
+        return self.model_copy(update=update)
 
     def matmul(self, flops: float) -> float:
         """GEMM efficiency at ``flops``, log-linear between points, flat outside."""

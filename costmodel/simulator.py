@@ -3,10 +3,12 @@
 1. One layer's kernels and collectives for one micro-batch (`costmodel.layer_costs`).
 2. Per-stage forward/backward times: layers per stage, plus the embedding on the first
    stage and the head and loss on the last.
-3. The pipeline schedule, simulated (`costmodel.pipeline`), with stage-to-stage sends.
+3. The pipeline schedule, simulated (`costmodel.pipeline`), with blocking stage-to-stage
+   transfers (`stage_transfer_s`).
 4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed, plus FSDP2's
-   copies of gathered parameters (`costmodel.data_parallel`), then the optimizer update
-   (HBM-bound).
+   copies of gathered parameters (`costmodel.data_parallel`), the gradient accumulation
+   over micro-batches where it is a kernel of its own, then the optimizer update (both
+   HBM-bound).
 5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
 
 >>> from costmodel.collectives import Tier
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.collectives import p2p_s
+from costmodel.collectives import all_gather_s, p2p_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
 from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
@@ -118,6 +120,26 @@ def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     return per_device_mb * layout.micro_batches(train) * layout.dp * layout.tp * layout.cp
 
 
+def grad_accumulation_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> float:
+    """Adding each micro-batch's gradient into the accumulator, after the first, where a
+    separate kernel does it (not `Layout.fused_grad_accumulation`): it reads the gradient
+    in the compute dtype and reads and writes the accumulator (in the gradient dtype, the
+    data-parallel shard of it from ZeRO 2 on).
+
+    >>> from costmodel.machine import load_machine
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> hw, train = load_machine("a100-80gb"), TrainConfig(seq_len=1024, global_batch=16)
+    >>> grad_accumulation_s(m, train, Layout(micro_batch=4), hw) > 0 == grad_accumulation_s(m, train, Layout(micro_batch=16), hw)
+    True
+    """
+    n_micro = layout.micro_batches(train)
+    if layout.fused_grad_accumulation or n_micro <= 1:
+        return 0.0
+    params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 2 else 1)
+    bytes_per_param = train.compute_dtype.bytes + 2 * train.grad_dtype.bytes
+    return (n_micro - 1) * params * bytes_per_param / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
+
+
 def _first_touch_s(memory: MemoryBreakdown, hw: Machine) -> float:
     """Faulting in the step's temporaries (gradients, activations, buffers) where the
     runtime maps them afresh every step (`costmodel.hardware.StepAllocator`)."""
@@ -126,15 +148,27 @@ def _first_touch_s(memory: MemoryBreakdown, hw: Machine) -> float:
     return fresh_bytes * alloc.first_touch_s_per_byte if alloc and fresh_bytes > alloc.fresh_above_bytes else 0.0
 
 
+def stage_transfer_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> float:
+    """Seconds to pass one micro-batch's activation to the next pipeline stage (0 without pipelining).
+
+    Each tensor-parallel rank sends its 1/tp of it (Megatron-LM's scatter-gather
+    optimisation); where the next stage needs it whole (no sequence parallelism) the tp
+    ranks there all-gather it over their own link.
+    """
+    if layout.pp == 1:
+        return 0.0
+    act_bytes = layout.micro_batch * train.seq_len / layout.cp * model.hidden_size * train.compute_dtype.bytes
+    stage_tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter)
+    regather_s = 0.0 if layout.sequence_parallel else all_gather_s(act_bytes, hw.groups(layout)["tp"])
+    return p2p_s(act_bytes / layout.tp, stage_tier) + regather_s
+
+
 def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
     """Predict one training step of ``model`` under ``layout`` on ``hw``."""
     check_layout(layout, model, train, n_devices=layout.n_devices)
     layer = layer_costs(model, train, layout, hw)
     stages = _stages(model, train, layout, hw, layer)
-    tokens_mb = layout.micro_batch * train.seq_len / layout.cp
-    # Megatron's scatter-gather optimisation sends 1/tp of the activation between stages.
-    stage_tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter)
-    send_s = p2p_s(tokens_mb * model.hidden_size * train.compute_dtype.bytes / layout.tp, stage_tier) if layout.pp > 1 else 0.0
+    send_s = stage_transfer_s(model, train, layout, hw)
     n_micro = layout.micro_batches(train)
     times = PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
                           p2p_s=send_s, interleave=layout.interleave)
@@ -145,26 +179,28 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     dp = data_parallel_costs(model, train, layout, hw, layer)
     optimizer_params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
+    accumulate_s = grad_accumulation_s(model, train, layout, hw)
     memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes))
     first_touch_s = _first_touch_s(memory, hw)
-    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + optimizer_s + first_touch_s
+    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + accumulate_s + optimizer_s + first_touch_s
 
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
     n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
+    transfers_s = 2 * n_micro * layout.interleave * send_s
     breakdown = TimeBreakdown(
         compute_s=n_micro * busiest.compute_s,
-        memory_bound_s=n_micro * busiest.memory_s + dp.copy_s,
+        memory_bound_s=n_micro * busiest.memory_s + dp.copy_s + accumulate_s,
         recompute_s=n_micro * busiest.recompute_s,
-        bubble_s=max(0.0, pipe.step_time_s - n_micro * (busiest.forward_s + busiest.backward_s)),
-        exposed_comm_s=n_micro * busiest.comm_s + dp.exposed_s,
+        bubble_s=max(0.0, pipe.step_time_s - n_micro * (busiest.forward_s + busiest.backward_s) - transfers_s),
+        exposed_comm_s=n_micro * busiest.comm_s + transfers_s + dp.exposed_s,
         optimizer_s=optimizer_s,
         first_touch_s=first_touch_s,
         comm_s_by_axis={
             "tp": n_micro * n_layers * (layer.tp_forward_s + layer.tp_backward_s),
             "cp": n_micro * n_layers * layer.cp_total_s,
             "ep": n_micro * n_layers * (layer.ep_forward_s + layer.ep_backward_s),
-            "pp": 2 * n_micro * layout.interleave * send_s,
+            "pp": transfers_s,
             "dp": dp.total_s,
         },
     )

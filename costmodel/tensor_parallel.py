@@ -13,7 +13,8 @@ Two facts of the software stack change what this costs:
 - ``Layout.tp_overlap`` (Megatron-LM's asynchronous tensor-parallel communication): the
   column-parallel input gradient is reduced behind that GEMM's weight-gradient GEMM. With
   sequence parallelism Megatron keeps only its shard of the block input and re-gathers it
-  in backward behind the input-gradient GEMM; the row-parallel gathers stay exposed.
+  in backward behind the input-gradient GEMM; the row-parallel gathers stay exposed. A
+  hidden collective still slows the GEMM beside it (``Efficiency.overlap_slowdown``).
 - ``Layout.batch_major`` ([batch, seq, hidden] activations, as torchtitan's DTensor
   sequence parallelism has them): gathering or scattering the inner sequence axis copies
   the buffer into or out of NCCL's contiguous layout when micro_batch > 1.
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.collectives import all_gather_s, all_reduce_s
+from costmodel.collectives import all_gather_s, all_reduce_s, exposed_s
 from costmodel.kernels import Kernel
 from costmodel.layout import Layout
 from costmodel.machine import Machine
@@ -75,13 +76,14 @@ def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout
     recompute_s = forward_s * recomputed_forward_comm_fraction(layout)
     if not layout.tp_overlap:
         return TensorParallelCost(forward_s=forward_s, backward_s=forward_s + recompute_s, backward_exposed_s=forward_s + recompute_s)
+    slowdown = hw.efficiency.overlap_slowdown
     gemm_s = [kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
               for k in kernels if k.name in _COLUMN_PARALLEL]
     if layout.sequence_parallel:
         # Row-parallel gathers (exposed), then per block a re-gather and a reduce-scatter behind its GEMMs.
         backward_s = 6 * half_s
-        exposed_s = 2 * half_s + sum(2 * max(0.0, half_s - g) for g in gemm_s)
+        exposed = 2 * half_s + sum(2 * exposed_s(half_s, g, slowdown) for g in gemm_s)
     else:
         backward_s = forward_s
-        exposed_s = sum(max(0.0, forward_s / 2 - g) for g in gemm_s)
-    return TensorParallelCost(forward_s=forward_s, backward_s=backward_s + recompute_s, backward_exposed_s=exposed_s + recompute_s)
+        exposed = sum(exposed_s(forward_s / 2, g, slowdown) for g in gemm_s)
+    return TensorParallelCost(forward_s=forward_s, backward_s=backward_s + recompute_s, backward_exposed_s=exposed + recompute_s)

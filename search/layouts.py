@@ -56,6 +56,7 @@ class SearchSpace(BaseModel):
     attention: Attention = Field(Attention.FLASH, description="Attention kernel of the software stack.")
     dp_overlap: bool = Field(True, description="Whether the stack overlaps data-parallel communication.")
     fused_elementwise: bool = Field(True, description="Whether the stack fuses elementwise kernels.")
+    fused_norm: bool = Field(True, description="Whether the stack fuses normalisation layers.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
 
 
@@ -131,7 +132,8 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         layout = Layout(
             dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, recompute=recompute, sequence_parallel=tp > 1, zero_stage=zero,
-            attention=space.attention, dp_overlap=space.dp_overlap, fused_elementwise=space.fused_elementwise, interleave=v,
+            attention=space.attention, dp_overlap=space.dp_overlap, fused_elementwise=space.fused_elementwise,
+            fused_norm=space.fused_norm, interleave=v,
             schedule=Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
         )
         if not tensor_parallel_in_node(layout, devices_per_node):

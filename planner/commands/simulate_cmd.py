@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
     parser.add_argument("--attention", choices=[a.value for a in Attention], default="flash", help="attention kernel")
     parser.add_argument("--dp-overlap", choices=["yes", "no"], default="yes", help="overlap data-parallel communication")
-    parser.add_argument("--eager", action="store_true", help="elementwise ops unfused (eager PyTorch)")
+    parser.add_argument("--eager", action="store_true", help="elementwise ops and norms unfused (eager PyTorch)")
+    parser.add_argument("--fused-norm", action="store_true", help="with --eager: norms still run as one fused kernel each")
     parser.add_argument("--tp-overlap", action="store_true",
                         help="backward tensor-parallel collectives overlap the gradient GEMMs (Megatron-LM async TP)")
     parser.add_argument("--batch-major", action="store_true",
@@ -49,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="recompute re-runs the layer's whole forward (Megatron-LM checkpointing)")
     parser.add_argument("--fsdp-copy-out", action="store_true",
                         help="ZeRO-3 copies gathered parameters out of the all-gather buffer (PyTorch FSDP2)")
+    parser.add_argument("--fused-grad-accumulation", action="store_true",
+                        help="weight-gradient GEMMs add into the accumulator (Megatron-LM gradient accumulation fusion)")
     parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -64,8 +67,9 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
             dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
             interleave=args.interleave, schedule=schedule, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
             zero_stage=args.zero, attention=args.attention, dp_overlap=args.dp_overlap == "yes", fused_elementwise=not args.eager,
+            fused_norm=args.fused_norm or not args.eager,
             tp_overlap=args.tp_overlap, batch_major=args.batch_major, reentrant_recompute=args.reentrant_recompute,
-            fsdp_copy_out=args.fsdp_copy_out,
+            fsdp_copy_out=args.fsdp_copy_out, fused_grad_accumulation=args.fused_grad_accumulation,
         )
     except ValidationError as err:
         raise flag_error(err, InvalidPlanError) from None

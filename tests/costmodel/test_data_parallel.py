@@ -56,3 +56,21 @@ def test_fsdp2_copies_out_each_gathered_byte_once_overlapped_or_not(overlap):
 
 def test_copy_out_needs_gathers():
     assert _costs(Layout(dp=32, fsdp_copy_out=True)).copy_s == 0  # ZeRO 0: nothing gathered
+
+
+def _quiet_and_slowed(layout, slowdown=0.2):
+    layer = layer_costs(MODEL, TRAIN, layout, HW)
+    slowed_hw = HW.model_copy(update={"efficiency": HW.efficiency.model_copy(update={"overlap_slowdown": slowdown})})
+    return data_parallel_costs(MODEL, TRAIN, layout, HW, layer), data_parallel_costs(MODEL, TRAIN, layout, slowed_hw, layer)
+
+
+def test_hidden_reduction_slows_the_backward_it_overlaps():
+    quiet, slowed = _quiet_and_slowed(Layout(dp=32, micro_batch=2))
+    hidden_s = quiet.total_s - quiet.exposed_s
+    assert hidden_s > 0 and slowed.exposed_s == pytest.approx(quiet.exposed_s + 0.2 * hidden_s)
+
+
+def test_hidden_fsdp_traffic_slows_the_layers_it_overlaps():
+    quiet, slowed = _quiet_and_slowed(Layout(dp=32, zero_stage=3, micro_batch=2))
+    # Every layer's gathers and scatter overlap its neighbour; only the first gather and the ends wait alone.
+    assert quiet.exposed_s < slowed.exposed_s <= quiet.exposed_s + 0.2 * quiet.total_s

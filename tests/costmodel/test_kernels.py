@@ -69,5 +69,8 @@ def test_backward_traffic_follows_each_kernels_passes():
     assert gpt["attn_residual"].bytes == pytest.approx(3.5 * TRAIN.seq_len * GPT.hidden_size * 2)
     assert gpt["attn_residual"].backward_scale == pytest.approx(5.5 / 3.5)
     assert gpt["qkv"].backward_scale == 2 and gpt["flash_attention"].backward_scale == 2.5
-    eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(fused_elementwise=False))}
+    eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(fused_elementwise=False, fused_norm=False))}
     assert eager["attn_norm"].bytes == pytest.approx(7 * gpt["attn_norm"].bytes)  # 14 passes to 2
+    fused = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout())}
+    fused_norm = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(fused_elementwise=False))}
+    assert fused_norm["attn_norm"].bytes == fused["attn_norm"].bytes and fused_norm["rope"].bytes == eager["rope"].bytes

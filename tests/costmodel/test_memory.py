@@ -101,6 +101,8 @@ def test_gradient_accumulation_holds_one_micro_batch_gradient_in_compute_dtype()
     assert extra_temporary_bytes(8) - extra_temporary_bytes(32) == pytest.approx(2 * MODEL.total_params)
     zero2 = {mb: extra_temporary_bytes(mb, dp=4, zero_stage=2) for mb in (2, 8)}
     assert zero2[2] - zero2[8] == pytest.approx(2 * MODEL.total_params / 4)
+    # GEMMs that add into the accumulator themselves leave no micro-batch gradient behind.
+    assert extra_temporary_bytes(8, fused_grad_accumulation=True) == pytest.approx(extra_temporary_bytes(32))
 
 
 def test_gpipe_last_stage_keeps_every_micro_batch_logits():

@@ -26,10 +26,16 @@ def test_interleaving_divides_the_bubble_by_chunks(p, v, m):
     assert r.busy_s == pytest.approx(m * 3.0)
 
 
-def test_p2p_latency_lengthens_the_critical_path_only():
-    base = simulate_pipeline(_times(4), n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
-    slow = simulate_pipeline(_times(4, p2p=0.1), n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
-    assert base.step_time_s < slow.step_time_s < base.step_time_s + 2 * 8 * 4 * 0.1
+@pytest.mark.parametrize(("schedule", "v"), [(Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED, 2)])
+def test_blocking_transfers_lengthen_every_microstep(schedule, v):
+    slow = simulate_pipeline(_times(4, p2p=0.1, v=v), n_microbatches=8, schedule=schedule)
+    assert slow.step_time_s == pytest.approx((8 + 3 / v) * (3.0 + 2 * v * 0.1))
+    assert slow.busy_s == pytest.approx(8 * (3.0 + 2 * v * 0.1))
+
+
+def test_one_stage_sends_nothing():
+    r = simulate_pipeline(_times(1, p2p=0.1), n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
+    assert r.step_time_s == pytest.approx(8 * 3.0)
 
 
 def test_slowest_stage_sets_the_pace():

@@ -4,13 +4,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.collectives import Tier
+from costmodel.collectives import Tier, all_gather_s, p2p_s
+from costmodel.data_parallel import stage_params_per_device
 from costmodel.errors import InvalidConfigError, InvalidPlanError
 from costmodel.layout import Attention, Layout, Recompute
 from costmodel.machine import Machine, load_machine
 from costmodel.model_config import ModelConfig
-from costmodel.simulator import model_flops_per_step, simulate
-from costmodel.train_config import TrainConfig
+from costmodel.simulator import grad_accumulation_s, model_flops_per_step, simulate, stage_transfer_s
+from costmodel.train_config import Dtype, TrainConfig
 
 DETERMINISTIC = settings(derandomize=True, database=None, deadline=None, max_examples=40)
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
@@ -23,6 +24,7 @@ LAYOUTS = st.builds(
     micro_batch=st.sampled_from([1, 2]), recompute=st.sampled_from(list(Recompute)), sequence_parallel=st.booleans(),
     zero_stage=st.integers(0, 3), attention=st.sampled_from(list(Attention)), dp_overlap=st.booleans(),
     tp_overlap=st.booleans(), batch_major=st.booleans(), reentrant_recompute=st.booleans(), fsdp_copy_out=st.booleans(),
+    fused_grad_accumulation=st.booleans(),
 )
 
 
@@ -79,6 +81,37 @@ def test_software_facts_move_step_time_the_right_way():
     assert _step_s(MODEL, tp, reentrant_recompute=True) > _step_s(MODEL, tp)
     fsdp = Layout(dp=8, zero_stage=3)
     assert _step_s(MODEL, fsdp, fsdp_copy_out=True) > _step_s(MODEL, fsdp)
+    accumulating = Layout(dp=2, micro_batch=2)
+    assert _step_s(MODEL, accumulating, fused_grad_accumulation=True) < _step_s(MODEL, accumulating)
+
+
+def test_unfused_gradient_accumulation_streams_the_gradient_and_the_accumulator_per_extra_micro_batch():
+    fp16 = TRAIN.model_copy(update={"compute_dtype": Dtype.FP16, "grad_dtype": Dtype.FP16})
+    layout = Layout(dp=2, micro_batch=4)  # 8 micro-batches
+    bandwidth = HW.hbm_bytes_per_s * HW.efficiency.hbm
+    params = stage_params_per_device(MODEL, layout)
+    expected = 7 * params * (2 + 2 * 2) / bandwidth  # read the gradient, read and write the accumulator
+    assert grad_accumulation_s(MODEL, fp16, layout, HW) == pytest.approx(expected)
+    assert grad_accumulation_s(MODEL, fp16, layout.model_copy(update={"zero_stage": 2}), HW) == pytest.approx(expected / 2)
+    assert grad_accumulation_s(MODEL, fp16, layout.model_copy(update={"micro_batch": 32}), HW) == 0  # one micro-batch
+    assert grad_accumulation_s(MODEL, fp16, layout.model_copy(update={"fused_grad_accumulation": True}), HW) == 0
+
+
+def test_stage_transfer_sends_a_tensor_parallel_slice_and_regathers_it_without_sequence_parallelism():
+    activation = 2 * TRAIN.seq_len * MODEL.hidden_size * TRAIN.compute_dtype.bytes  # micro-batch 2
+    layout = Layout(tp=4, pp=2, dp=8, micro_batch=2)  # stages 32 devices apart: across nodes
+    tp_group = HW.groups(layout)["tp"]
+    assert stage_transfer_s(MODEL, TRAIN, layout, HW) == pytest.approx(p2p_s(activation / 4, HW.inter) + all_gather_s(activation, tp_group))
+    sp = layout.model_copy(update={"sequence_parallel": True})
+    assert stage_transfer_s(MODEL, TRAIN, sp, HW) == pytest.approx(p2p_s(activation / 4, HW.inter))
+    assert stage_transfer_s(MODEL, TRAIN, Layout(tp=4, dp=8), HW) == 0
+
+
+def test_pipeline_transfers_are_exposed_communication():
+    est = simulate(MODEL, TRAIN, Layout(dp=2, pp=4, micro_batch=2), HW)
+    transfers_s = 2 * 16 * stage_transfer_s(MODEL, TRAIN, est.layout, HW)  # 16 micro-batches, one chunk each
+    assert est.breakdown.comm_s_by_axis["pp"] == pytest.approx(transfers_s)
+    assert est.breakdown.exposed_comm_s >= transfers_s
 
 
 def test_memory_comes_with_the_estimate():

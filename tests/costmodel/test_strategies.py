@@ -42,7 +42,8 @@ def test_contracting_split_pays_an_all_reduce_or_a_cheaper_reduce_scatter():
 def test_splitting_divides_the_compute():
     s = by_name(op_strategies(matmul(), {"data": group(4)}, MACHINE))
     whole, split = s["[-,-]×[-,-] → [-,-]"].compute_s, s["[data,-]×[-,-] → [data,-]"].compute_s
-    assert split == pytest.approx(whole / 4, rel=0.1)
+    # A quarter of the work, run no more efficiently than the whole GEMM (smaller GEMMs reach less of peak).
+    assert whole / 4 <= split < whole / 4 * 1.2
 
 
 def test_two_axes_may_split_one_loop_and_indivisible_splits_are_dropped():

@@ -20,7 +20,7 @@ def _simulate(capsys, *flags):
 
 def test_stack_flags_default_to_off(capsys):
     layout = _simulate(capsys)["layout"]
-    assert not any(layout[k] for k in ("tp_overlap", "batch_major", "reentrant_recompute", "fsdp_copy_out"))
+    assert not any(layout[k] for k in ("tp_overlap", "batch_major", "reentrant_recompute", "fsdp_copy_out", "fused_grad_accumulation"))
 
 
 @pytest.mark.parametrize(("flag", "field", "slower"), [
@@ -28,6 +28,7 @@ def test_stack_flags_default_to_off(capsys):
     ("--batch-major", "batch_major", True),
     ("--reentrant-recompute", "reentrant_recompute", True),
     ("--fsdp-copy-out", "fsdp_copy_out", True),
+    ("--fused-grad-accumulation", "fused_grad_accumulation", False),
 ])
 def test_each_stack_flag_sets_its_layout_field_and_moves_step_time(capsys, flag, field, slower):
     base_s = _simulate(capsys)["step_time_s"]

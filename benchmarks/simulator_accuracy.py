@@ -80,6 +80,7 @@ SC21_TABLE1_SCRIPT: dict[str, tuple[int, int | None, str]] = {
 # torchtitan's docs/performance.md A100 runs (April 2024) used the presets of the time
 # (train_configs at 395a526 and 1ea476e): the 8B and 13B ones normalise with its Triton
 # fused_rmsnorm, the 70B ones (2D presets: fused_rmsnorm did not support TP then) with eager rmsnorm.
+TORCHTITAN_A100_SOURCE = "pytorch/torchtitan docs/performance.md"
 TORCHTITAN_A100_FUSED_RMSNORM = frozenset({"Llama 3 8B", "Llama 2 13B"})
 
 
@@ -120,14 +121,14 @@ def layout_from_row(row: dict[str, str]) -> Layout:
     torchtitan = "torchtitan" in row["source"]
     korthikanti = "Korthikanti" in row["source"]
     fused = not torchtitan or "torch.compile" in row["notes"]
-    fused_norm = fused or (row["source"].startswith("pytorch/torchtitan docs/performance.md") and row["model"] in TORCHTITAN_A100_FUSED_RMSNORM)
+    preset_fused_rmsnorm = row["source"].startswith(TORCHTITAN_A100_SOURCE) and row["model"] in TORCHTITAN_A100_FUSED_RMSNORM
     return Layout(
         dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"] or 1),
         micro_batch=micro_batch, interleave=interleave,
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
         recompute=recompute_from_row(row), sequence_parallel=row["sequence_parallel"] == "yes",
         zero_stage=int(row["zero_stage"]), attention=row["attention"], dp_overlap=dp_overlap,
-        fused_elementwise=fused, fused_norm=fused_norm,
+        fused_elementwise=fused, fused_norm=fused or preset_fused_rmsnorm,
         tp_overlap=korthikanti, batch_major=torchtitan, reentrant_recompute=not torchtitan,
         fsdp_copy_out=torchtitan, fused_grad_accumulation=korthikanti,
     )

@@ -1,7 +1,7 @@
 """Planner quality: for every published run, plan it blind and compare with the published layout.
 
 Given only a row's model, device count, hardware, sequence length and global batch (and
-the facts of its software stack: attention kernel, overlap, fused kernels), the planner
+the facts of its software stack: attention kernel, overlap, fused kernels, ...), the planner
 chooses a layout; both layouts are costed by the same simulator. The planner should be
 predicted at least as fast as the published layout, and fit.
 
@@ -40,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         model, published, train, machine = model_from_row(row), layout_from_row(row), train_from_row(row), machine_from_row(row)
         reference = simulate(model, train, published, machine)
-        space = SearchSpace(attention=published.attention, dp_overlap=published.dp_overlap, fused_elementwise=published.fused_elementwise,
-                            fused_norm=published.fused_norm)
+        space = SearchSpace(stack=published)
         start = time.perf_counter()
         try:
             found = grid_search(model, train, machine, n_devices=published.n_devices, space=space).best

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, PlannerError
 from costmodel.estimate import StepEstimate
-from costmodel.layout import Attention, Layout, Recompute, Schedule, check_layout
+from costmodel.layout import Layout, Recompute, Schedule, check_layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import balanced_layout, simulate
@@ -53,10 +53,8 @@ class SearchSpace(BaseModel):
     splits: tuple[tuple[int, int, int, int], ...] | None = Field(
         None, description="Allowed (dp, tp, pp, cp) degrees, e.g. those a fixed mesh can carry; None = every split."
     )
-    attention: Attention = Field(Attention.FLASH, description="Attention kernel of the software stack.")
-    dp_overlap: bool = Field(True, description="Whether the stack overlaps data-parallel communication.")
-    fused_elementwise: bool = Field(True, description="Whether the stack fuses elementwise kernels.")
-    fused_norm: bool = Field(True, description="Whether the stack fuses normalisation layers.")
+    stack: Layout = Field(default_factory=Layout, description="The software stack every candidate runs: each Layout field "
+                          "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
 
 
@@ -130,12 +128,11 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if v > 1 and (pp == 1 or (train.global_batch // (dp * mb)) % pp):
             pruned["interleaving needs pp > 1 and micro-batches divisible by pp"] += 1
             continue
-        layout = Layout(
-            dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, recompute=recompute, sequence_parallel=tp > 1, zero_stage=zero,
-            attention=space.attention, dp_overlap=space.dp_overlap, fused_elementwise=space.fused_elementwise,
-            fused_norm=space.fused_norm, interleave=v,
-            schedule=Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
-        )
+        layout = Layout(**{
+            **space.stack.model_dump(), "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,
+            "sequence_parallel": tp > 1, "zero_stage": zero, "interleave": v,
+            "schedule": Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
+        })
         if not tensor_parallel_in_node(layout, devices_per_node):
             pruned["tensor parallel across nodes"] += 1
             continue

@@ -118,6 +118,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
     """
     knobs = _knobs(n_devices, space)
     total = math.prod(len(k) for k in knobs)
+    stack = space.stack.model_dump()
     for i, ((dp, tp, pp, cp), mb, recompute, zero, v) in enumerate(itertools.product(*knobs)):
         if time.perf_counter() > deadline_s:
             pruned[TIME_LIMIT_RULE] += total - i
@@ -129,7 +130,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             pruned["interleaving needs pp > 1 and micro-batches divisible by pp"] += 1
             continue
         layout = Layout(**{
-            **space.stack.model_dump(), "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,
+            **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,
             "sequence_parallel": tp > 1, "zero_stage": zero, "interleave": v,
             "schedule": Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
         })

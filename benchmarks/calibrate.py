@@ -4,8 +4,8 @@ For each hardware type in ``../shared/data/published_training_runs.csv`` this fi
 few efficiencies of its profile that micro-benchmarks leave uncertain — a scale on the
 GEMM efficiency curve and where it bends (a shift along FLOPs), the fused-attention
 efficiency, the HBM efficiency and how much a collective slows the compute beside it — to
-minimise the mean absolute step-time error over
-*all* runs on that hardware, never one run alone. The fit is an exhaustive search of
+minimise the mean absolute step-time error over *all* runs on that hardware, never one run
+alone. The fit is an exhaustive search of
 `GRID`: every run is simulated once at every grid point, so the fit and its 5-fold
 cross-validation (each fold fitted without its runs: the honest estimate for runs not in
 the data) read one table of errors. Hardware types with fewer than three runs per free

@@ -5,10 +5,9 @@ few efficiencies of its profile that micro-benchmarks leave uncertain — a scal
 GEMM efficiency curve and where it bends (a shift along FLOPs), the fused-attention
 efficiency, the HBM efficiency and how much a collective slows the compute beside it — to
 minimise the mean absolute step-time error over *all* runs on that hardware, never one run
-alone. The fit is an exhaustive search of
-`GRID`: every run is simulated once at every grid point, so the fit and its 5-fold
-cross-validation (each fold fitted without its runs: the honest estimate for runs not in
-the data) read one table of errors. Hardware types with fewer than three runs per free
+alone. The fit is an exhaustive search of `GRID`: every run is simulated once at every
+grid point, so the fit and its 5-fold cross-validation (each fold fitted without its runs:
+the honest estimate for runs not in the data) read one table of errors. Hardware types with fewer than three runs per free
 parameter fit only the GEMM scale. It prints the values to put in ``costmodel/catalog.py``.
 
     python -m benchmarks.calibrate [--data PATH] [--out benchmarks/out/calibration.csv]

@@ -35,6 +35,16 @@ class PipelineTimes(BaseModel):
                                     "spent by each micro-step of a chunk when there is more than one stage.")
     interleave: PositiveInt = Field(1, description="Model chunks per device.")
 
+    @property
+    def transfer_s(self) -> float:
+        """What one micro-step spends sending or receiving (nothing with a single stage)."""
+        return self.p2p_s if len(self.forward_s) > 1 else 0.0
+
+    @property
+    def transfers_per_microbatch_s(self) -> float:
+        """A device's transfers for one micro-batch: one per forward and one per backward of each chunk."""
+        return 2 * self.interleave * self.transfer_s
+
 
 class TimelineEvent(BaseModel):
     """One micro-step on one stage, for plots."""
@@ -71,7 +81,6 @@ def simulate_pipeline(
             fix="choose a micro-batch count that is a multiple of pp",
         )
     orders = [_stage_order(s, p, m, v, schedule) for s in range(p)]
-    transfer_s = times.p2p_s if p > 1 else 0.0
     ends: dict[tuple[bool, int, int, int], float] = {}
     free_at, cursor, events = [0.0] * p, [0] * p, []
     remaining = sum(len(o) for o in orders)
@@ -84,7 +93,7 @@ def simulate_pipeline(
                 if ready is None:
                     break
                 start = max(free_at[s], ready)
-                end = start + (times.forward_s[s] if fwd else times.backward_s[s]) / v + transfer_s
+                end = start + (times.forward_s[s] if fwd else times.backward_s[s]) / v + times.transfer_s
                 ends[(fwd, mb, chunk, s)] = free_at[s] = end
                 if keep_events:
                     events.append(TimelineEvent(stage=s, forward=fwd, microbatch=mb, chunk=chunk, start_s=start, end_s=end))
@@ -94,7 +103,7 @@ def simulate_pipeline(
         if not progressed:
             raise InvalidPlanError(f"pipeline schedule {schedule} deadlocks for {p=} {m=} {v=}", fix="use schedule 1f1b")
     step = max(free_at)
-    busy = [m * (f + b + 2 * v * transfer_s) for f, b in zip(times.forward_s, times.backward_s)]
+    busy = [m * (f + b + times.transfers_per_microbatch_s) for f, b in zip(times.forward_s, times.backward_s)]
     busiest = max(range(p), key=lambda s: busy[s])
     return PipelineResult(step_time_s=step, busy_s=busy[busiest], bubble_s=step - busy[busiest], events=tuple(events))
 
@@ -111,10 +120,9 @@ def pipeline_step_estimate(times: PipelineTimes, *, n_microbatches: int, schedul
     >>> pipeline_step_estimate(t, n_microbatches=8, schedule=Schedule.ONE_F_ONE_B).step_time_s
     33.0
     """
-    p, m = len(times.forward_s), n_microbatches
+    m = n_microbatches
     v = times.interleave if schedule is Schedule.INTERLEAVED else 1
-    transfers_s = 2 * times.interleave * times.p2p_s if p > 1 else 0.0
-    per_stage = [f + b + transfers_s for f, b in zip(times.forward_s, times.backward_s)]
+    per_stage = [f + b + times.transfers_per_microbatch_s for f, b in zip(times.forward_s, times.backward_s)]
     slowest = max(per_stage)
     step = (m - 1 / v) * slowest + sum(per_stage) / v
     return PipelineResult(step_time_s=step, busy_s=m * slowest, bubble_s=step - m * slowest)

@@ -187,7 +187,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
     n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
-    transfers_s = 2 * n_micro * layout.interleave * send_s
+    transfers_s = n_micro * times.transfers_per_microbatch_s
     breakdown = TimeBreakdown(
         compute_s=n_micro * busiest.compute_s,
         memory_bound_s=n_micro * busiest.memory_s + dp.copy_s + accumulate_s,

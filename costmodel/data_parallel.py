@@ -115,7 +115,7 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
     # Two gathers of the stage per micro-batch; a copy-out reads and writes each gathered byte once.
     gathered_bytes = n_micro * 2 * stage_params_per_device(model, layout) * param_bytes
-    copy_s = 2 * gathered_bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm) if layout.fsdp_copy_out else 0.0
+    copy_s = hw.stream_s(2 * gathered_bytes) if layout.fsdp_copy_out else 0.0
     if not layout.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s, copy_s=copy_s)
     # Prefetching hides a layer's gather behind its neighbour; the first gather and the

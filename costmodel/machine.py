@@ -31,6 +31,10 @@ class Machine(BaseModel):
     intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, ICI).")
     inter: Tier = Field(description="Inter-node link as one device sees it (its NIC, DCN).")
 
+    def stream_s(self, n_bytes: float) -> float:
+        """Seconds a memory-bound kernel takes to read and write ``n_bytes`` of HBM in all."""
+        return n_bytes / (self.hbm_bytes_per_s * self.efficiency.hbm)
+
     def groups(self, layout: Layout) -> dict[str, Group]:
         return layout_groups(layout, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
 

@@ -137,7 +137,7 @@ def grad_accumulation_s(model: ModelConfig, train: TrainConfig, layout: Layout, 
         return 0.0
     params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 2 else 1)
     bytes_per_param = train.compute_dtype.bytes + 2 * train.grad_dtype.bytes
-    return (n_micro - 1) * params * bytes_per_param / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
+    return hw.stream_s((n_micro - 1) * params * bytes_per_param)
 
 
 def _first_touch_s(memory: MemoryBreakdown, hw: Machine) -> float:
@@ -178,7 +178,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
         pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)
     dp = data_parallel_costs(model, train, layout, hw, layer)
     optimizer_params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
-    optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / (hw.hbm_bytes_per_s * hw.efficiency.hbm)
+    optimizer_s = hw.stream_s(optimizer_params * OPTIMIZER_BYTES_PER_PARAM)
     accumulate_s = grad_accumulation_s(model, train, layout, hw)
     memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes))
     first_touch_s = _first_touch_s(memory, hw)

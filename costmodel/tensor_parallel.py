@@ -68,7 +68,7 @@ def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout
     group = hw.groups(layout)["tp"]
     act_bytes = layout.micro_batch * train.seq_len / layout.cp * model.hidden_size * train.compute_dtype.bytes
     if layout.sequence_parallel:
-        copy_s = 2 * act_bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm) if layout.batch_major and layout.micro_batch > 1 else 0.0
+        copy_s = hw.stream_s(2 * act_bytes) if layout.batch_major and layout.micro_batch > 1 else 0.0
         half_s = all_gather_s(act_bytes, group) + copy_s  # one all-gather or reduce-scatter
         forward_s = 4 * half_s
     else:

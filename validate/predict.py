@@ -86,7 +86,7 @@ def unpredicted_features(plan: Plan) -> list[str]:
     even = plan.model.num_layers % lay.pp == 0 and len(set(lay.stage_layers or (0,))) == 1
     features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: _xla_splits_outer_work(plan),
                 "context parallelism": lay.cp > 1, "expert parallelism": plan.model.is_moe,
-                "sequence parallelism": lay.sequence_parallel and lay.tp > 1, f"ZeRO stage {lay.zero_stage}": lay.zero_stage >= 2}
+                "sequence parallelism": lay.sequence_parallel and lay.tp > 1}
     return [name for name, on in features.items() if on]
 
 
@@ -198,17 +198,7 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * outer_tokens * _F32, calls=runs.outer_calls,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data:
-        layer_bytes = sum(_grad_bytes(n, el, e) / runs.layers_held for n, (el, _, _) in params.items() if n.startswith("layers/"))
-        other_bytes = sum(_grad_bytes(n, el, e) for n, (el, _, _) in params.items() if not n.startswith("layers/"))
-        if model.tie_embeddings:  # the lookup's and the head's gradients of the shared table are reduced apart
-            other_bytes += params["embed/tokens"][0] * _F32
-        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
-                                       why="layer gradients, every micro-batch (every tick when pipelined)"))
-        out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes, calls=runs.outer_calls,
-                                       why="embedding, head and final-norm gradients, every micro-batch"))
-        if lay.zero_stage >= 1:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=sum(el for el, _, _ in params.values()) * _F32,
-                                           calls=1, why="ZeRO: updated fp32 parameters gathered from their data shards"))
+        out += _data_parallel(plan, runs, params)
     if pipeline:
         ticks = lay.micro_batches(train) + lay.pp - 1
         out += [
@@ -221,6 +211,81 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
         ]
     return out
 
+
+def _data_split(spec: tuple[Any, ...], axes: tuple[str, ...], sizes: dict[str, int]) -> int:
+    """How many ways ``spec`` splits an array over the mesh axes ``axes``."""
+    return math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d) if a in axes)
+
+
+def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]
+                   ) -> list[PredictedCollective]:
+    """Collectives over the data axes: gradient reductions, ZeRO's gathers, the embedding's gradient.
+
+    Gradients are all-reduced whole over the data axes once per micro-batch, also where ZeRO
+    shards them (XLA reduces, then slices; it did not emit reduce-scatters). With ZeRO-3 each
+    weight the data axes split is gathered in the compute dtype where it is used: a layer's
+    weights once in its forward and once in its backward on every run, the head's twice per
+    step (the gather does not depend on the micro-batch, so XLA hoists it out of the loop).
+
+    Once gradients are sharded (ZeRO ≥ 1), a table not split over the vocabulary gets its
+    lookup gradient from the rows of the embedding output's gradient, gathered with the
+    micro-batch's tokens, instead of a whole-table reduction: an all-gather of the (compute
+    dtype) rows for a separate table; fp32 rows exchanged by an all-to-all, the table's
+    reduction shared with the head's, for a tied one or one split over the data axes
+    (ZeRO-3, whose lookup also exchanges the looked-up fp32 row slices). Learned positions are
+    likewise reduced and gathered only for the rows a sequence uses, in the compute dtype.
+    """
+    model, lay, train = plan.model, plan.layout, plan.train
+    data = plan.axes_of("dp")
+    sizes = {a.name: a.size for a in plan.mesh}
+    e = train.compute_dtype.bytes
+    whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}  # elements before the data split
+    split = {n for n, (_, spec, _) in params.items() if _data_split(spec, data, sizes) > 1}
+    rows = lay.zero_stage >= 1 and params["embed/tokens"][1][0] is None
+    micro_tokens = lay.micro_batch * train.seq_len // lay.cp
+    layer_bytes = sum(_grad_bytes(n, whole[n], e) / runs.layers_held for n in whole if n.startswith("layers/"))
+    other_bytes = sum(_grad_bytes(n, whole[n], e) for n in whole if not n.startswith("layers/"))
+    positions = "embed/positions" in whole and rows
+    if positions:
+        other_bytes += train.seq_len * model.hidden_size * e - _grad_bytes("embed/positions", whole["embed/positions"], e)
+    if rows and not model.tie_embeddings:
+        other_bytes -= whole["embed/tokens"] * _F32
+    elif model.tie_embeddings and not rows:  # the lookup's and the head's gradients of the shared table are reduced apart
+        other_bytes += whole["embed/tokens"] * _F32
+    out = [
+        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
+                            why="layer gradients, every micro-batch (every tick when pipelined)"),
+        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes, calls=runs.outer_calls,
+                            why="embedding, head and final-norm gradients, every micro-batch"),
+    ]
+    if rows:
+        exchanged = model.tie_embeddings or "embed/tokens" in split
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=micro_tokens * lay.dp * 4, calls=runs.outer_calls,
+                                       why="ZeRO: the micro-batch's tokens, to find each table row's gradient"))
+        if exchanged:
+            out.append(PredictedCollective(
+                kind="all-to-all", axes=data, bytes_per_call=micro_tokens * model.hidden_size * _F32,
+                calls=(1 + ("embed/tokens" in split)) * runs.outer_calls,
+                why="ZeRO: the embedding output's gradient rows (fp32), and with ZeRO-3 the looked-up row slices"))
+        else:
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=micro_tokens * lay.dp * model.hidden_size * e,
+                                           calls=runs.outer_calls, why="ZeRO: the embedding output's gradient rows"))
+    if positions:
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=train.seq_len * model.hidden_size * e,
+                                       calls=runs.outer_calls, why="ZeRO: the used position rows' gradient"))
+    layer_gathers = sum(whole[n] / runs.layers_held for n in split if n.startswith("layers/")) * e
+    if layer_gathers:
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=layer_gathers, calls=2 * runs.layer_runs,
+                                       why="ZeRO-3: a layer's weights gathered for its forward and again for its backward"))
+    head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
+    if head in split:
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * e, calls=2,
+                                       why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
+    if lay.zero_stage >= 1:
+        gathered = sum(whole[n] for n in whole if n not in split) * _F32
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=1,
+                                       why="ZeRO: updated fp32 parameters (those not kept split) gathered from their data shards"))
+    return out
 
 def predicted_matmul_flops(plan: Plan) -> float | None:
     """Matmul FLOPs per device per step of the plan's program: forward (weights, attention

@@ -212,6 +212,11 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
     return out
 
 
+def _is_bias(name: str) -> bool:
+    """Bias vectors (``bo``, ``b_out``…), whose gradient needs no gathered copy of themselves."""
+    return name.rsplit("/", 1)[-1].startswith("b")
+
+
 def _data_split(spec: tuple[Any, ...], axes: tuple[str, ...], sizes: dict[str, int]) -> int:
     """How many ways ``spec`` splits an array over the mesh axes ``axes``."""
     return math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d) if a in axes)
@@ -241,7 +246,8 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
     e = train.compute_dtype.bytes
     whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}  # elements before the data split
     split = {n for n, (_, spec, _) in params.items() if _data_split(spec, data, sizes) > 1}
-    rows = lay.zero_stage >= 1 and params["embed/tokens"][1][0] is None
+    vocab, embed = params["embed/tokens"][1]
+    rows = lay.zero_stage >= 1 and not (vocab is not None and embed is None)  # not the vocab-parallel lookup (`embedding_lookup`)
     micro_tokens = lay.micro_batch * train.seq_len // lay.cp
     layer_bytes = sum(_grad_bytes(n, whole[n], e) / runs.layers_held for n in whole if n.startswith("layers/"))
     other_bytes = sum(_grad_bytes(n, whole[n], e) for n in whole if not n.startswith("layers/"))
@@ -271,16 +277,21 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
             out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=micro_tokens * lay.dp * model.hidden_size * e,
                                            calls=runs.outer_calls, why="ZeRO: the embedding output's gradient rows"))
     if positions:
+        split_positions = "embed/positions" in split
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=train.seq_len * model.hidden_size * e,
-                                       calls=runs.outer_calls, why="ZeRO: the used position rows' gradient"))
-    layer_gathers = sum(whole[n] / runs.layers_held for n in split if n.startswith("layers/")) * e
-    if layer_gathers:
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=layer_gathers, calls=2 * runs.layer_runs,
-                                       why="ZeRO-3: a layer's weights gathered for its forward and again for its backward"))
+                                       calls=1 if split_positions else runs.outer_calls,
+                                       why="ZeRO-3: the used position rows, once" if split_positions else
+                                       "ZeRO: the used position rows' gradient"))
+    for biases, calls, why in ((False, 2, "ZeRO-3: a layer's weights gathered for its forward and again for its backward"),
+                               (True, 1, "ZeRO-3: a layer's biases gathered for its forward")):
+        gathered = sum(whole[n] / runs.layers_held for n in split if n.startswith("layers/") and _is_bias(n) == biases) * e
+        if gathered:
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=calls * runs.layer_runs, why=why))
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     if head in split:
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * e, calls=2,
-                                       why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
+        # A tied table is gathered whole in fp32: the lookup reads it as stored, the head casts the gathered copy.
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * (_F32 if model.tie_embeddings else e),
+                                       calls=2, why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
     if lay.zero_stage >= 1:
         gathered = sum(whole[n] for n in whole if n not in split) * _F32
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=1,

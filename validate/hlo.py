@@ -101,13 +101,23 @@ def _mesh_form_groups(spec: str) -> np.ndarray:
         ids = _iota_groups(text if "<=" in text else re.sub(r"\[([\d,]+)\]", rf"[{n}]<=[\1]", text, count=1)).reshape(-1)
     else:
         ids = np.arange(n)
-    grid = ids.reshape([s for _, s in axes])
     grouped = re.search(r"\}?\s*\{([^}]*)\}\s*$", spec)
-    along = [a.strip(" '") for a in grouped.group(1).split(",") if a.strip()] if grouped else []
-    names = [a for a, _ in axes]
-    moved = [names.index(a) for a in along]
-    rest = [i for i in range(len(names)) if i not in moved]
-    return grid.transpose(rest + moved).reshape(-1, math.prod(grid.shape[i] for i in moved) if moved else 1)
+    # Each grouped entry names an axis, or a sub-axis 'a':(p)s: the s-sized factor after the first p of axis a.
+    along = {m.group(1): (int(m.group(2)), int(m.group(3))) if m.group(2) else None
+             for m in re.finditer(r"'([^']+)'(?::\((\d+)\)(\d+))?", grouped.group(1) if grouped else "")}
+    factors: list[int] = []
+    moved: list[int] = []
+    for name, size in axes:
+        sub = along.get(name)
+        if name in along and sub is None:
+            moved.append(len(factors))
+        parts = [size] if sub is None else [sub[0], sub[1], size // (sub[0] * sub[1])]
+        if sub is not None:
+            moved.append(len(factors) + 1)
+        factors += parts
+    grid = ids.reshape(factors)
+    rest = [i for i in range(len(factors)) if i not in moved]
+    return grid.transpose(rest + moved).reshape(-1, math.prod(factors[i] for i in moved) if moved else 1)
 
 
 def _groups(attrs: str) -> np.ndarray | None:

@@ -29,6 +29,13 @@ def test_replica_groups_map_to_mesh_axes(groups, axes):
     assert c.axes == axes and c.kind == "all-reduce" and c.bytes_per_call == 32 and not c.promoted
 
 
+@pytest.mark.parametrize("groups, size", [("mesh['x'=2,'y'=4] {'y':(2)2}", 2), ("mesh['x'=2,'y'=4] {'y':(1)2}", 2),
+                                          ("mesh['x'=2,'y'=4], device_ids=([2,2,2]T(1,0,2)) {'y':(2)2}", 2)])
+def test_sub_axis_groups_are_part_of_their_axis(groups, size):
+    c = _one(f"%ar = f32[16]{{0}} all-reduce(%x), replica_groups={groups}, to_apply=%add")
+    assert c.axes == ("tensor",) and c.group_size == size
+
+
 def test_buffer_bytes_per_kind_and_promotion():
     rs = _one("%rs = f32[4]{0} reduce-scatter(%x), replica_groups=[2,4]<=[8], dimensions={0}, to_apply=%add.clone_promoted")
     assert rs.kind == "reduce-scatter" and rs.promoted and rs.bytes_per_call == 4 * 4 * 4 / 2  # input = 4 × result, back to bf16

@@ -1,0 +1,134 @@
+"""Every plan the planner emits, compiled: plan, then `plan validate --compile-only`, on many cases.
+
+    python -m benchmarks.validate_suite [--only NAME ...]
+
+Each case is what a user types: a model, a mesh, a hardware profile (and a sequence length,
+batch or planner), planned by `planner.api.plan` exactly as `plan` plans it, then compiled
+on emulated CPU devices (`validate.compile_check.compile_in_subprocess`) and compared item by
+item (`validate.report.checks`). Nothing is chosen by hand. The table gives, per case, the
+layout the planner chose, the worst ratio of each kind of check (memory per device, memory
+arguments, FLOPs, collective bytes), compile time and the compiling process's peak RSS; a
+case validates when every check is predicted and within tolerance. Writes
+``benchmarks/out/validate_suite.csv``; the last line is "N/M plans validate".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from benchmarks.output import print_table, write_csv
+from costmodel.errors import PlannerError
+from planner.api import plan
+from validate.compile_check import compile_in_subprocess
+from validate.report import Check, checks
+
+
+class Case(BaseModel):
+    """One `plan` invocation."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Short label.")
+    model: str = Field(description="Preset name or config path.")
+    mesh: str = Field(description="Mesh, as --mesh takes it.")
+    hardware: str = Field(description="Hardware profile.")
+    seq_len: int | None = Field(None, description="Sequence length (the model's default when None).")
+    global_batch: int = Field(256, description="Sequences per step.")
+    planner: str = Field("grid", description="grid or ilp.")
+
+
+CASES = (
+    Case(name="readme", model="llama3-8b", mesh="8x4", hardware="h100-sxm"),
+    Case(name="gpt2-1dev", model="gpt2", mesh="1", hardware="a100-80gb", global_batch=16, seq_len=1024),
+    Case(name="gpt2-xl", model="gpt2-xl", mesh="2x4", hardware="a100-80gb", global_batch=64, seq_len=1024),
+    Case(name="gpt2-medium-ilp", model="gpt2-medium", mesh="data=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=1024,
+         planner="ilp"),
+    Case(name="llama3-8b-a100-40", model="llama3-8b", mesh="2x4", hardware="a100-40gb", global_batch=64, seq_len=2048),
+    Case(name="llama3-8b-long", model="llama3-8b", mesh="4x2", hardware="h100-sxm", global_batch=16, seq_len=8192),
+    Case(name="llama2-13b", model="llama2-13b", mesh="4x4", hardware="a100-80gb", global_batch=128, seq_len=4096),
+    Case(name="llama3-70b", model="llama3-70b", mesh="8x4", hardware="h100-sxm", global_batch=128, seq_len=4096),
+    Case(name="llama3-70b-tpu", model="llama3-70b", mesh="4x8", hardware="tpu-v5p", global_batch=128, seq_len=4096),
+    Case(name="mixtral", model="mixtral-8x7b", mesh="8x4", hardware="h100-sxm", global_batch=128, seq_len=4096),
+    Case(name="llama2-7b-v100", model="llama2-7b", mesh="2x8", hardware="v100", global_batch=64, seq_len=2048),
+    Case(name="llama3-8b-ilp", model="llama3-8b", mesh="data=4,tensor=2", hardware="h100-sxm", global_batch=32, seq_len=2048,
+         planner="ilp"),
+)
+
+
+def _worst(found: list[Check], prefix: str) -> tuple[float | None, bool | None]:
+    """The ratio furthest from 1 among checks whose item starts with ``prefix``, and whether all hold."""
+    rows = [c for c in found if c.item.startswith(prefix)]
+    if not rows:
+        return None, None
+    if any(c.ratio is None for c in rows):
+        return None, False
+    worst = max(rows, key=lambda c: abs(c.ratio - 1) if c.ratio != float("inf") else float("inf"))
+    return worst.ratio, all(c.ok for c in rows)
+
+
+def run_case(case: Case) -> dict[str, Any]:
+    """Plan ``case`` as `plan` does, compile the plan, and summarise the checks."""
+    row: dict[str, Any] = {"case": case.name, "model": case.model, "mesh": case.mesh, "hardware": case.hardware,
+                           "planner": case.planner}
+    start = time.perf_counter()
+    try:
+        chosen = plan(case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len, global_batch=case.global_batch,
+                      planner=case.planner)
+    except PlannerError as err:
+        return {**row, "layout": "-", "validates": False, "why": f"planning failed: {err}"}
+    plan_s = time.perf_counter() - start
+    lay = chosen.layout
+    row["layout"] = (f"dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} mb{lay.micro_batch} {lay.recompute.value} z{lay.zero_stage}"
+                     + (f" v{lay.interleave}" if lay.interleave > 1 else "") + (" sp" if lay.sequence_parallel else ""))
+    row["plan_s"] = plan_s
+    try:
+        report = compile_in_subprocess(chosen)
+    except PlannerError as err:
+        return {**row, "validates": False, "why": f"does not compile: {err}"}
+    found = checks(chosen, report)
+    for label, prefix in (("memory", "memory per device"), ("arguments", "memory arguments"), ("flops", "flops"),
+                          ("collectives", "all-"), ("permutes", "collective-permute")):
+        ratio, ok = _worst(found, prefix)
+        row[label] = "-" if ratio is None and ok is None else "not predicted" if ratio is None else f"{ratio:.3f}{'' if ok else ' !'}"
+    row["compile_s"] = report.compile_time_s
+    row["rss_gib"] = report.peak_rss_bytes / 2**30
+    hbm = chosen.predicted.memory.hbm_bytes
+    row["compiled_gib"] = report.peak_bytes / 2**30
+    row["hbm_gib"] = hbm / 2**30 if hbm else float("nan")
+    failed = [f"{c.item}{' ' + c.axis if c.axis else ''}" for c in found if c.ok is not True]
+    row["validates"] = not failed
+    row["why"] = "; ".join(failed)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="case names to run (default: all)")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if not args.only or c.name in args.only]
+    rows = []
+    for case in cases:
+        rows.append(run_case(case))
+        print(f"{case.name}: {'validates' if rows[-1]['validates'] else 'does not validate'}", file=sys.stderr, flush=True)
+    columns = ("case", "model", "mesh", "hardware", "planner", "layout", "memory", "arguments", "flops", "collectives", "permutes",
+               "compiled_gib", "hbm_gib", "plan_s", "compile_s", "rss_gib", "validates", "why")
+    table = [{k: r.get(k, "-") for k in columns} for r in rows]
+    print_table("planner-chosen plans, compiled on emulated devices (worst ratio per kind; ! = out of tolerance)",
+                [{k: v for k, v in r.items() if k != "why"} for r in table])
+    for r in table:
+        if not r["validates"]:
+            print(f"  {r['case']}: {r['why']}")
+    write_csv(Path("benchmarks/out/validate_suite.csv"), table)
+    passed = sum(r["validates"] for r in rows)
+    print(f"{passed}/{len(rows)} plans validate")
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

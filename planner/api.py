@@ -73,7 +73,8 @@ def plan(
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
     attention = attention or (Attention.FLASH if planner == "grid" else Attention.MATERIALIZED)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
-    result = grid_search(cfg, train, machine, n_devices=n_devices, space=SearchSpace(splits=splits, stack=Layout(attention=attention)),
+    space = SearchSpace(splits=splits, stack=Layout(attention=attention), lowered_only=True)
+    result = grid_search(cfg, train, machine, n_devices=n_devices, space=space,
                          time_limit_s=time_limit_s, on_progress=on_progress)
     best = result.best
     lay = best.layout

@@ -56,6 +56,8 @@ class SearchSpace(BaseModel):
     stack: Layout = Field(default_factory=Layout, description="The software stack every candidate runs: each Layout field "
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
+    lowered_only: bool = Field(False, description="Only layouts the validator can lower to a JAX program (no interleaved "
+                               "stages yet), so that every plan emitted can be compiled and checked.")
 
 
 class SearchResult(BaseModel):
@@ -128,6 +130,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         if v > 1 and (pp == 1 or (train.global_batch // (dp * mb)) % pp):
             pruned["interleaving needs pp > 1 and micro-batches divisible by pp"] += 1
+            continue
+        if v > 1 and space.lowered_only:
+            pruned["interleaved stages are not lowered to JAX yet"] += 1
             continue
         layout = Layout(**{
             **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,

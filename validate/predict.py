@@ -54,6 +54,7 @@ from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
 from costmodel.machine import machine_for
+from costmodel.model_config import Norm
 from costmodel.simulator import simulate
 from planner.models.params import abstract_params
 from planner.schema import Plan
@@ -85,8 +86,7 @@ def unpredicted_features(plan: Plan) -> list[str]:
     lay = plan.layout
     even = plan.model.num_layers % lay.pp == 0 and len(set(lay.stage_layers or (0,))) == 1
     features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: _xla_splits_outer_work(plan),
-                "context parallelism": lay.cp > 1, "expert parallelism": plan.model.is_moe,
-                "sequence parallelism": lay.sequence_parallel and lay.tp > 1}
+                "context parallelism": lay.cp > 1, "expert parallelism": plan.model.is_moe}
     return [name for name, on in features.items() if on]
 
 
@@ -187,6 +187,8 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
             if count:
                 out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * e, calls=count * runs.layer_runs,
                                                why=why))
+        if lay.sequence_parallel:
+            out += _sequence_parallel(plan, runs, act * e)
         outer_act = outer_tokens * model.hidden_size
         if params["embed/tokens"][1][0] is not None:
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
@@ -210,6 +212,32 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
                                 why="embedding output's gradient summed over the stages (fp32)"),
         ]
     return out
+
+
+def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float) -> list[PredictedCollective]:
+    """What sequence parallelism adds over the tensor axes (Megatron's, as XLA partitions it).
+
+    The norms' inputs and outputs are split over the sequence. XLA keeps the all-reduces of
+    the row-parallel outputs and column-parallel input gradients (then slices), and adds
+    all-gathers of the sequence-split activation: before the attention and MLP matmuls in the
+    forward, and in the backward the two gathers of the inputs the weight gradients need and
+    the two of the output gradients (the transposes of the slices). The head's input is
+    gathered likewise (forward, its weight gradient, the output gradient's transpose). Each
+    norm's weight gradient is a sum over the split sequence: an fp32 all-reduce.
+    """
+    model, tensor = plan.model, plan.axes_of("tp")
+    norm_bytes = model.hidden_size * _F32 * (2 if model.norm is Norm.LAYERNORM else 1)
+    outer_act_bytes = act_bytes * runs.outer_micro_batches
+    return [
+        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=act_bytes, calls=6 * runs.layer_runs,
+                            why="sequence parallel: the split activation gathered before the attention and MLP, forward and backward"),
+        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=2 * norm_bytes, calls=runs.layer_runs,
+                            why="sequence parallel: the layer norms' weight gradients summed over the split sequence (fp32)"),
+        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=outer_act_bytes, calls=3 * runs.outer_calls,
+                            why="sequence parallel: the head's input gathered (forward, weight gradient, output gradient)"),
+        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=norm_bytes, calls=runs.outer_calls,
+                            why="sequence parallel: the final norm's weight gradient (fp32)"),
+    ]
 
 
 def _is_bias(name: str) -> bool:

@@ -228,7 +228,12 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float) -> list[Pr
     model, tensor = plan.model, plan.axes_of("tp")
     norm_bytes = model.hidden_size * _F32 * (2 if model.norm is Norm.LAYERNORM else 1)
     outer_act_bytes = act_bytes * runs.outer_micro_batches
-    return [
+    head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
+    unsplit_head = [] if plan.param_specs[head][0 if model.tie_embeddings else 1] is not None else [
+        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.vocab_size * _F32,
+                            calls=runs.outer_calls, why="sequence parallel: a head not split over the vocabulary runs split over "
+                            "the sequence; its weight gradient is summed over the tensor axes (fp32)")]
+    return unsplit_head + [
         PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=act_bytes, calls=6 * runs.layer_runs,
                             why="sequence parallel: the split activation gathered before the attention and MLP, forward and backward"),
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=2 * norm_bytes, calls=runs.layer_runs,
@@ -341,8 +346,11 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     attention = 4 * train.seq_len * model.num_heads * model.head_dim
     layer_weights = 2 * model.active_params_per_layer
     # A vocabulary the tensor axes do not divide is not split: every tensor device computes the whole head.
+    # With sequence parallelism its weight gradient is computed on the sequence split (and then summed).
     head_w = plan.param_specs["embed/tokens"][0] if model.tie_embeddings else plan.param_specs["lm_head/w"][1]
-    head = 2 * model.hidden_size * model.vocab_size / (1 if head_w is None else lay.tp)
+    head = 2 * model.hidden_size * model.vocab_size / lay.tp
+    if head_w is None:
+        head *= lay.tp if not lay.sequence_parallel else (2 * lay.tp + 1) / 3
     recompute = 0.0
     if lay.recompute is Recompute.FULL:
         last = 2 * model.ffn_size * model.hidden_size if not model.is_moe else 0

@@ -54,9 +54,10 @@ from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
 from costmodel.machine import machine_for
-from costmodel.model_config import Norm
+from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
 from planner.models.params import abstract_params
+from planner.models.transformer import MOE_CAPACITY_FACTOR
 from planner.schema import Plan
 
 _F32 = 4
@@ -86,7 +87,7 @@ def unpredicted_features(plan: Plan) -> list[str]:
     lay = plan.layout
     even = plan.model.num_layers % lay.pp == 0 and len(set(lay.stage_layers or (0,))) == 1
     features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: _xla_splits_outer_work(plan),
-                "context parallelism": lay.cp > 1, "expert parallelism": plan.model.is_moe}
+                "context parallelism": lay.cp > 1, "expert parallelism": lay.ep > 1}
     return [name for name, on in features.items() if on]
 
 
@@ -245,6 +246,17 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float) -> list[Pr
     ]
 
 
+def _idle_capacity_params(model: ModelConfig, seq_len: int) -> float:
+    """Expert parameters a token's share of the capacity slack runs through: each expert
+    computes its full buffer of ``capacity`` slots per sequence (`planner.models.transformer`),
+    ``MOE_CAPACITY_FACTOR`` times the routed tokens' share, filled or not."""
+    if not model.is_moe:
+        return 0.0
+    e, k = model.num_experts, model.experts_per_token
+    slots = e * max(1, math.ceil(MOE_CAPACITY_FACTOR * seq_len * k / e))
+    return (slots / (seq_len * k) - 1) * model.routed_expert_params_per_layer * k / e
+
+
 def _is_bias(name: str) -> bool:
     """Bias vectors (``bo``, ``b_out``…), whose gradient needs no gathered copy of themselves."""
     return name.rsplit("/", 1)[-1].startswith("b")
@@ -344,7 +356,7 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     runs = _schedule(plan)
     micro_tokens = lay.micro_batch * train.seq_len / lay.cp
     attention = 4 * train.seq_len * model.num_heads * model.head_dim
-    layer_weights = 2 * model.active_params_per_layer
+    layer_weights = 2 * (model.active_params_per_layer + _idle_capacity_params(model, train.seq_len))
     # A vocabulary the tensor axes do not divide is not split: every tensor device computes the whole head.
     # With sequence parallelism its weight gradient is computed on the sequence split (and then summed).
     head_w = plan.param_specs["embed/tokens"][0] if model.tie_embeddings else plan.param_specs["lm_head/w"][1]

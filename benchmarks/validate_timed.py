@@ -14,7 +14,8 @@ The checked model is a GPT with a ReLU MLP (as OPT's): with GELU, as GPT-2's, XL
 backend runs the MLP's backward as a transposing loop fusion over the layer scan's stacked
 residuals at ~0.15 GB/s, a quarter of the 1-device step, which the simulator has no term
 for. Two GELU rows show it. Pairs of the checked model's rows whose predictions differ by
-more than 1.5× are checked for the same measured order. Writes
+more than 1.5× are checked for the same measured order. Two rows time the layouts `plan`
+itself chooses for the ``cpu`` profile on 1 and 8 devices. Writes
 ``benchmarks/out/validate_timed.csv``.
 """
 
@@ -28,7 +29,8 @@ from pathlib import Path
 from benchmarks.output import print_table, write_csv
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
-from planner.api import layout_plan
+from planner import api
+from planner.schema import Plan
 from validate.cpu_profile import CpuMeasurement, cached_measurement, cpu_cluster
 from validate.timed import cpu_estimate, time_in_subprocess
 
@@ -45,7 +47,9 @@ LAYOUTS = {
     "dp4 tp2 full recompute": Layout(dp=4, tp=2, micro_batch=2, recompute="full"),
     "tp8 mb1 full recompute": Layout(tp=8, micro_batch=1, recompute="full"),
 }
-RUNS = [(CHECKED, name) for name in LAYOUTS] + [(GELU, "1 device"), (GELU, "dp8")]
+# The planner's own choices (issue 16): `plan --model ... --mesh N --hardware cpu`.
+PLANNED = {"planned on 1 device": 1, "planned on 8 devices": 8}
+RUNS = [(CHECKED, name) for name in (*LAYOUTS, *PLANNED)] + [(GELU, "1 device"), (GELU, "dp8")]
 ORDER_RATIO = 1.5  # predictions this far apart must be measured in the same order
 SINGLE_DEVICE_TOLERANCE = 0.25
 
@@ -60,13 +64,23 @@ def profile_row(m: CpuMeasurement) -> dict[str, object]:
             "load_avg": m.load_average, "other_cpu_share": m.other_cpu_share}
 
 
+def chosen_plan(model: ModelConfig, name: str) -> Plan:
+    """A hand-picked layout of `LAYOUTS`, or for ``planned on N devices`` the layout `plan`
+    itself chooses for the ``cpu`` profile on a mesh of N devices, as a user would ask for it."""
+    if name in LAYOUTS:
+        return api.layout_plan(model, LAYOUTS[name], hardware="cpu", seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH)
+    return api.plan(model, mesh=str(PLANNED[name]), hardware="cpu", seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH)
+
+
 def timed_row(model: ModelConfig, name: str, measured: CpuMeasurement, *, steps: int, repeats: int) -> dict[str, object]:
     """Predict, then time, one layout of ``model``."""
-    plan = layout_plan(model, LAYOUTS[name], hardware="cpu", seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH)
+    plan = chosen_plan(model, name)
     estimate = cpu_estimate(plan, cpu_cluster(measured))
     b = estimate.breakdown
     run = time_in_subprocess(plan, steps=steps, repeats=repeats)
-    return {"model": model.name, "layout": name, "devices": run.n_devices, "predicted_s": estimate.step_time_s,
+    lay = plan.layout
+    chosen = f" (dp{lay.dp} tp{lay.tp} mb{lay.micro_batch} {lay.recompute.value} z{lay.zero_stage})" if name in PLANNED else ""
+    return {"model": model.name, "layout": name + chosen, "devices": run.n_devices, "predicted_s": estimate.step_time_s,
             "measured_s": run.median_step_s, "ratio": run.median_step_s / estimate.step_time_s, "spread": run.spread,
             "pred_compute_s": b.compute_s + b.recompute_s, "pred_memory_s": b.memory_bound_s, "pred_comm_s": b.exposed_comm_s,
             "pred_optimizer_s": b.optimizer_s, "pred_first_touch_s": b.first_touch_s, "load_avg": run.load_average[1],
@@ -92,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="repeats per layout")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/validate_timed.csv"), help="where to write the CSV")
     args = parser.parse_args(argv)
-    profiles = {n: cached_measurement(n, recalibrate=args.recalibrate) for n in sorted({lay.n_devices for lay in LAYOUTS.values()})}
+    counts = {lay.n_devices for lay in LAYOUTS.values()} | set(PLANNED.values())
+    profiles = {n: cached_measurement(n, recalibrate=args.recalibrate) for n in sorted(counts)}
     print_table("cpu profile per emulated device (micro-benchmarks; GEMM GFLOP/s at 128, 256, 512, 1024)",
                 [profile_row(m) for m in profiles.values()])
     rows = []
     for model, name in RUNS:
-        rows.append(timed_row(model, name, profiles[LAYOUTS[name].n_devices], steps=args.steps, repeats=args.repeats))
+        devices = LAYOUTS[name].n_devices if name in LAYOUTS else PLANNED[name]
+        rows.append(timed_row(model, name, profiles[devices], steps=args.steps, repeats=args.repeats))
         print(f"{model.name} {name}: predicted {rows[-1]['predicted_s']:.3f} s, measured {rows[-1]['measured_s']:.3f} s", flush=True)
     print_table(f"{CHECKED.name} (and {GELU.name}), seq {SEQ_LEN}, batch {GLOBAL_BATCH}: predicted vs measured step time", rows)
     single = next(r for r in rows if r["model"] == CHECKED.name and r["devices"] == 1)

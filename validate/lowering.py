@@ -146,6 +146,9 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
     if heads is not None:
         kv_split = plan.param_specs["layers/attn/wk"][2] is not None
         specs["kv_heads_BxSxKxH"] = PartitionSpec(*(heads if kv_split else (heads[0], None, None, None)))
+        # A materialized score matrix is split like the heads (over KV heads, or their query groups), whole over
+        # both sequences: left free, XLA split the backward's over the sequence and moved it with all-to-alls.
+        specs["scores_BxKxGxSxS"] = PartitionSpec(heads[0], heads[2] if kv_split else None, None if kv_split else heads[2], None, None)
 
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
 

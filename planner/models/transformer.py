@@ -80,12 +80,12 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
         q_BxSxNxH, k_BxSxKxH = _rope(q_BxSxNxH, cfg.rope_theta), _rope(k_BxSxKxH, cfg.rope_theta)
     # Grouped-query attention: query heads grouped by the kv head they share, no k/v copies.
     q_BxSxKxGxH = q_BxSxNxH.reshape(b, s, k_heads, group, cfg.head_dim)
-    scores_BxKxGxSxS = jnp.einsum("bskgh,btkh->bkgst", q_BxSxKxGxH, k_BxSxKxH).astype(jnp.float32)
+    scores_BxKxGxSxS = constrain("scores_BxKxGxSxS", jnp.einsum("bskgh,btkh->bkgst", q_BxSxKxGxH, k_BxSxKxH).astype(jnp.float32))
     causal_SxS = jnp.tril(jnp.ones((s, s), bool))
     scores_BxKxGxSxS = jnp.where(causal_SxS, scores_BxKxGxSxS / math.sqrt(cfg.head_dim), -1e30)
     probs_BxKxGxSxS = jax.nn.softmax(scores_BxKxGxSxS, axis=-1).astype(dt)
     out_BxSxKxGxH = jnp.einsum("bkgst,btkh->bskgh", probs_BxKxGxSxS, v_BxSxKxH)
-    out_BxSxNxH = out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim)
+    out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
     y_BxSxD = jnp.einsum("bsnh,nhd->bsd", out_BxSxNxH, p["wo"].astype(dt))
     return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
 
@@ -163,7 +163,8 @@ def forward(
 
     ``remat`` is the activation recompute policy: "none", "full" or "selective".
     ``constrain(name, x)`` may pin the sharding of the named activations (``residual_BxSxD``,
-    ``attention_heads_BxSxNxH``, ``kv_heads_BxSxKxH``, ``mlp_hidden_BxSxF``, ``logits_BxSxV``);
+    ``attention_heads_BxSxNxH``, ``kv_heads_BxSxKxH``, ``scores_BxKxGxSxS``, ``mlp_hidden_BxSxF``,
+    ``logits_BxSxV``);
     the validator passes ``jax.lax.with_sharding_constraint`` with the plan's specs.
     ``lookup(table_VxD, tokens_BxS)`` gathers embedding rows (the validator passes a
     vocab-parallel one for a vocabulary-sharded table).

@@ -35,6 +35,9 @@ from costmodel.simulator import balanced_layout, simulate
 from costmodel.train_config import TrainConfig
 
 _GIB = 2**30
+# The validator pads uneven stages and moves layers between them every step (`validate.pipeline`),
+# traffic a program storing each stage's own layers would not have.
+UNEVEN_RULE = "uneven stages are not lowered as planned yet"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -56,8 +59,8 @@ class SearchSpace(BaseModel):
     stack: Layout = Field(default_factory=Layout, description="The software stack every candidate runs: each Layout field "
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
-    lowered_only: bool = Field(False, description="Only layouts the validator can lower to a JAX program (no interleaved "
-                               "stages yet), so that every plan emitted can be compiled and checked.")
+    lowered_only: bool = Field(False, description="Only layouts the validator lowers to the program they describe (no "
+                               "interleaved stages, no uneven stages yet), so that every plan emitted can be compiled and checked.")
 
 
 class SearchResult(BaseModel):
@@ -134,6 +137,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if v > 1 and space.lowered_only:
             pruned["interleaved stages are not lowered to JAX yet"] += 1
             continue
+        if pp > 1 and model.num_layers % pp and space.lowered_only:
+            pruned[UNEVEN_RULE] += 1
+            continue
         layout = Layout(**{
             **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,
             "sequence_parallel": tp > 1, "zero_stage": zero, "interleave": v,
@@ -177,7 +183,10 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
         variants = [layout]
         if space.uneven_stages:
             balanced = balanced_layout(model, train, layout, machine)
-            variants += [balanced] if balanced.stage_layers else []
+            if balanced.stage_layers and space.lowered_only:
+                pruned[UNEVEN_RULE] += 1
+            elif balanced.stage_layers:
+                variants.append(balanced)
         for variant in variants:
             est = simulate(model, train, variant, machine)
             evaluated += 1

@@ -18,7 +18,8 @@ def test_maxtext_parallelism_multiplies_to_the_device_count(tp_plan):
     degrees = [v for k, v in mt.items() if k.endswith("_parallelism")]
     assert math.prod(degrees) == tp_plan.layout.n_devices
     assert mt["ici_tensor_parallelism"] == 8 and mt["dcn_data_parallelism"] * mt["dcn_fsdp_parallelism"] == 4
-    assert mt["per_device_batch_size"] == 64 / 32
+    # MaxText's global batch: per-device batch × devices × accumulation steps
+    assert mt["per_device_batch_size"] * 32 * mt.get("gradient_accumulation_steps", 1) == 64
 
 
 def test_logical_rules_put_heads_and_mlp_on_the_tensor_axis(tp_plan):

@@ -1,6 +1,9 @@
 """Tests `planner/exports.py`: MaxText overrides, logical rules, Markdown."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +50,11 @@ def test_maxtext_pipeline_sets_microbatches_and_layers_per_stage():
     assert mt["ici_pipeline_parallelism"] * mt["dcn_pipeline_parallelism"] == p.layout.pp > 1
     assert mt["num_layers_per_pipeline_stage"] * p.layout.pp * p.layout.interleave == p.model.num_layers
     assert mt["per_device_batch_size"] * p.layout.n_devices % mt["num_pipeline_microbatches"] == 0
+
+
+def test_flax_rules_shard_and_compile_a_flax_transformer_on_emulated_devices():
+    check = Path(__file__).with_name("flax_check.py")
+    run = subprocess.run([sys.executable, str(check)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    # wq (embed, heads, head_dim): ZeRO 3 puts embed on data, tensor parallelism the heads
+    assert run.stdout.split("\n")[-2] == "P('data', 'tensor', None) P('data', 'tensor') P('tensor', 'data')"

@@ -29,7 +29,8 @@ if __name__ == "__main__":
             q, k, v = (jnp.einsum("bsd,dnh->bsnh", x_BxSxD, param(self, w, (D, N, H), ("embed", "heads", "head_dim")))
                        for w in ("wq", "wk", "wv"))
             att_BxNxSxS = jax.nn.softmax(jnp.einsum("bsnh,btnh->bnst", q, k) / H**0.5)
-            x_BxSxD = x_BxSxD + jnp.einsum("bnst,btnh,nhd->bsd", att_BxNxSxS, v, param(self, "wo", (N, H, D), ("heads", "head_dim", "embed")))
+            x_BxSxD = x_BxSxD + jnp.einsum(
+                "bnst,btnh,nhd->bsd", att_BxNxSxS, v, param(self, "wo", (N, H, D), ("heads", "head_dim", "embed")))
             hidden_BxSxF = jax.nn.gelu(x_BxSxD @ param(self, "w_in", (D, F), ("embed", "mlp")))
             x_BxSxD = x_BxSxD + hidden_BxSxF @ param(self, "w_out", (F, D), ("mlp", "embed"))
             return x_BxSxD @ param(self, "lm_head", (D, V), ("embed", "vocab"))

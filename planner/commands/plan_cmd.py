@@ -37,16 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit-s", type=float, default=20.0,
                         help="limit of the layout search and, separately, of the intra-op planner; when it runs out the best "
                              "plan found is kept and solver.status says FEASIBLE (default 20)")
-    parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "markdown"], default="summary",
-                        help="what to print: rich summary, Plan JSON, parameter specs, MaxText overrides, Markdown report")
+    parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "flax", "markdown", "html"], default="summary",
+                        help="what to print: rich summary, Plan JSON, parameter specs, MaxText overrides, Flax logical axis "
+                             "rules, Markdown report, or a self-contained HTML report (with --out, written there instead of the JSON)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (same as --format json)")
-    parser.add_argument("--out", help="also write the plan JSON to this file (atomically; the same inputs give the same bytes)")
+    parser.add_argument("--out", help="also write the plan JSON (with --format html: the HTML report) to this file "
+                                      "(atomically; the same inputs give the same bytes)")
     parser.add_argument("--force", action="store_true", help="let --out replace an existing file")
 
 
 def run(args: argparse.Namespace) -> int:
     from planner.api import plan
-    from planner.exports import markdown_report, to_maxtext
+    from planner.exports import flax_logical_rules, markdown_report, to_maxtext
 
     if args.out:
         check_out(Path(args.out), force=args.force)  # before planning, which may take a while
@@ -57,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
                       global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
                       time_limit_s=args.time_limit_s, seed=args.seed, progress=report)
     plan_time_s = time.perf_counter() - start
+    page = _html(result, args) if fmt == "html" else None
     if args.out:
         try:
-            write_atomic(Path(args.out), result.model_dump_json(indent=1) + "\n")
+            write_atomic(Path(args.out), page or result.model_dump_json(indent=1) + "\n")
         except OSError as err:
             raise InvalidConfigError(f"cannot write {args.out}: {err.strerror or err}",
                                      fix="check the directory's permissions and free space") from err
@@ -69,11 +72,28 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.param_specs, indent=1))
     elif fmt == "maxtext":
         print(json.dumps(to_maxtext(result), indent=1))
+    elif fmt == "flax":
+        print(json.dumps(flax_logical_rules(result), indent=1))
     elif fmt == "markdown":
         print(markdown_report(result), end="")
+    elif fmt == "html":
+        if not args.out:
+            print(page, end="")
     else:
         Console().print(*summary(result, plan_time_s=plan_time_s))
     return 0
+
+
+def _html(result: Plan, args: argparse.Namespace) -> str:
+    """The HTML report, with the pipeline timeline simulated again for the chosen layout."""
+    from costmodel.hardware import load_hardware
+    from costmodel.machine import machine_for
+    from costmodel.simulator import simulate
+    from planner.html_report import html_report
+
+    cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
+    estimate = simulate(result.model, result.train, result.layout, machine_for(cluster), keep_timeline=True)
+    return html_report(result, devices_per_node=cluster.devices_per_node, timeline=estimate.timeline)
 
 
 def check_out(path: Path, *, force: bool) -> None:

@@ -201,7 +201,7 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
 
 def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """``(params, batch) -> (mean loss, fp32 gradients)`` as the plan computes them: its
-    recompute policy, micro-batches, activation constraints and vocab-parallel embedding,
+    attention kernel, recompute policy, micro-batches, activation constraints and vocab-parallel embedding,
     and for ``pp > 1`` the pipeline schedule of `validate.pipeline`."""
     lay = plan.layout
     if lay.pp > 1:
@@ -209,6 +209,7 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
 
         return pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
+                               attention=lay.attention.value,
                                hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh)})
 
 

@@ -52,10 +52,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
-from costmodel.layout import Recompute, Schedule
+from costmodel.layout import Attention, Recompute, Schedule
 from costmodel.machine import machine_for
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
+from planner.models.attention import block_pairs, block_size
 from planner.models.params import abstract_params
 from planner.models.transformer import MOE_CAPACITY_FACTOR
 from planner.schema import Plan
@@ -345,8 +346,8 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
 
 def predicted_matmul_flops(plan: Plan) -> float | None:
     """Matmul FLOPs per device per step of the plan's program: forward (weights, attention
-    scores and values over the full ``S×S``, the head), backward twice that, and the
-    recompute: full repeats the layer's forward but its last matmul, selective the
+    scores and values over the full ``S×S``, or the causal blocks of the flash kernel, the
+    head), backward twice that (the flash kernel's two and a half times), and the recompute: full repeats the layer's forward but its last matmul, selective the
     attention core (the batched matmuls its policy does not save). Pipelined, each device
     runs its stage's layers on every tick (`_Schedule`). None where XLA may split the head
     over the stages (`_xla_splits_outer_work`)."""
@@ -355,7 +356,13 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     model, lay, train = plan.model, plan.layout, plan.train
     runs = _schedule(plan)
     micro_tokens = lay.micro_batch * train.seq_len / lay.cp
-    attention = 4 * train.seq_len * model.num_heads * model.head_dim
+    attention = 4 * train.seq_len * model.num_heads * model.head_dim  # scores and values, per token, forward
+    attention_backward = 2 * attention
+    if lay.attention is Attention.FLASH:
+        # Only the causal triangle's blocks run; the backward recomputes the scores (five matmuls to the forward's two).
+        block = block_size(train.seq_len)
+        attention *= len(block_pairs(train.seq_len, block)[0]) * block**2 / train.seq_len**2
+        attention_backward = 2.5 * attention
     layer_weights = 2 * (model.active_params_per_layer + _idle_capacity_params(model, train.seq_len))
     # A vocabulary the tensor axes do not divide is not split: every tensor device computes the whole head.
     # With sequence parallelism its weight gradient is computed on the sequence split (and then summed).
@@ -369,5 +376,5 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
         recompute = layer_weights + attention - last
     elif lay.recompute is not Recompute.NONE:
         recompute = attention
-    layer = 3 * (layer_weights + attention) + recompute
+    layer = 3 * layer_weights + attention + attention_backward + recompute
     return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.outer_calls * runs.outer_micro_batches * 3 * head)

@@ -34,10 +34,11 @@ Batch = dict[str, jax.Array]
 
 
 def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
-            hooks: dict[str, Any] | None = None) -> jax.Array:
+            attention: str = "materialized", hooks: dict[str, Any] | None = None) -> jax.Array:
     """Mean next-token cross-entropy (plus the MoE balancing loss); ``hooks`` are `forward`'s
     ``constrain`` and ``lookup``."""
-    logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, **(hooks or {}))
+    logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, attention=attention,
+                                **(hooks or {}))
     return cross_entropy(logits_BxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux
 
 
@@ -78,16 +79,16 @@ def _decays(path: tuple[Any, ...]) -> bool:
 
 
 def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
-                        hooks: dict[str, Any] | None = None) -> Callable[..., Any]:
+                        attention: str = "materialized", hooks: dict[str, Any] | None = None) -> Callable[..., Any]:
     """A function ``(params, batch) -> (mean loss, fp32 gradients)``.
 
     With ``micro_batches`` > 1 the batch is cut into that many micro-batches whose
     gradients accumulate in fp32 under a ``lax.scan`` (gradient accumulation), so only one
-    micro-batch's activations are live at a time. ``hooks`` go to `forward` (sharding
-    constraints, the embedding lookup).
+    micro-batch's activations are live at a time. ``attention`` is `forward`'s kernel;
+    ``hooks`` go to `forward` (sharding constraints, the embedding lookup).
     """
     compute_dtype = jnp.dtype(train.compute_dtype.value)
-    grad_fn = jax.value_and_grad(partial(loss_fn, hooks=hooks))
+    grad_fn = jax.value_and_grad(partial(loss_fn, attention=attention, hooks=hooks))
 
     def loss_and_grads(params: Params, batch: Batch) -> tuple[jax.Array, Params]:
         if micro_batches == 1:
@@ -107,10 +108,11 @@ def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "n
     return loss_and_grads
 
 
-def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1) -> Callable[..., Any]:
+def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
+                    attention: str = "materialized") -> Callable[..., Any]:
     """A function ``(params, opt_state, batch) -> (params, opt_state, {"loss": ...})``: loss and
     gradients by `make_loss_and_grads`, then the AdamW update."""
-    loss_and_grads = make_loss_and_grads(cfg, train, remat=remat, micro_batches=micro_batches)
+    loss_and_grads = make_loss_and_grads(cfg, train, remat=remat, micro_batches=micro_batches, attention=attention)
 
     def train_step(params: Params, opt_state: dict[str, Any], batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
         loss, grads = loss_and_grads(params, batch)

@@ -26,10 +26,12 @@ import jax.numpy as jnp
 
 from costmodel.errors import UnsupportedError
 from costmodel.model_config import MlpKind, ModelConfig, Norm, Positions
+from planner.models.attention import flash_attention
 from planner.models.params import Params
 
 Constrain = Callable[[str, jax.Array], jax.Array]
 Lookup = Callable[[jax.Array, jax.Array], jax.Array]
+ATTENTION_KERNELS = ("materialized", "flash")
 # Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
 MOE_CAPACITY_FACTOR = 1.25
 _REMAT_POLICIES = {
@@ -68,7 +70,7 @@ def _take(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
     return jnp.take(table_VxD, tokens_BxS, axis=0)
 
 
-def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain) -> jax.Array:
+def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, kernel: str = "materialized") -> jax.Array:
     b, s, _ = x_BxSxD.shape
     k_heads, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
     q_BxSxNxH = constrain("attention_heads_BxSxNxH", jnp.einsum("bsd,dnh->bsnh", x_BxSxD, p["wq"].astype(dt)))
@@ -80,14 +82,24 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
         q_BxSxNxH, k_BxSxKxH = _rope(q_BxSxNxH, cfg.rope_theta), _rope(k_BxSxKxH, cfg.rope_theta)
     # Grouped-query attention: query heads grouped by the kv head they share, no k/v copies.
     q_BxSxKxGxH = q_BxSxNxH.reshape(b, s, k_heads, group, cfg.head_dim)
+    if kernel == "flash":
+        out_BxSxKxGxH = flash_attention(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH)
+    else:
+        out_BxSxKxGxH = _materialized(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, cfg, dt, constrain)
+    out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
+    y_BxSxD = jnp.einsum("bsnh,nhd->bsd", out_BxSxNxH, p["wo"].astype(dt))
+    return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
+
+
+def _materialized(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, cfg: ModelConfig, dt: Any,
+                  constrain: Constrain) -> jax.Array:
+    """Causal attention through the whole ``S×S`` score matrix (fp32 softmax)."""
+    s = q_BxSxKxGxH.shape[1]
     scores_BxKxGxSxS = constrain("scores_BxKxGxSxS", jnp.einsum("bskgh,btkh->bkgst", q_BxSxKxGxH, k_BxSxKxH).astype(jnp.float32))
     causal_SxS = jnp.tril(jnp.ones((s, s), bool))
     scores_BxKxGxSxS = jnp.where(causal_SxS, scores_BxKxGxSxS / math.sqrt(cfg.head_dim), -1e30)
     probs_BxKxGxSxS = jax.nn.softmax(scores_BxKxGxSxS, axis=-1).astype(dt)
-    out_BxSxKxGxH = jnp.einsum("bkgst,btkh->bskgh", probs_BxKxGxSxS, v_BxSxKxH)
-    out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
-    y_BxSxD = jnp.einsum("bsnh,nhd->bsd", out_BxSxNxH, p["wo"].astype(dt))
-    return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
+    return jnp.einsum("bkgst,btkh->bskgh", probs_BxKxGxSxS, v_BxSxKxH)
 
 
 def _activation(h: jax.Array, gate: jax.Array | None, kind: MlpKind) -> jax.Array:
@@ -142,9 +154,11 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
     return out_BxSxD, aux
 
 
-def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain = _keep) -> tuple[jax.Array, jax.Array]:
+def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain = _keep,
+           attention: str = "materialized") -> tuple[jax.Array, jax.Array]:
     with jax.named_scope("attention"):
-        x_BxSxD = constrain("residual_BxSxD", x_BxSxD + _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain))
+        attended_BxSxD = _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain, attention)
+        x_BxSxD = constrain("residual_BxSxD", x_BxSxD + attended_BxSxD)
     h_BxSxD = _norm(x_BxSxD, p["mlp_norm"], cfg)
     if cfg.is_moe:
         with jax.named_scope("moe"):
@@ -157,11 +171,13 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
 
 def forward(
     params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
-    constrain: Constrain = _keep, lookup: Lookup = _take,
+    constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized",
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
     ``remat`` is the activation recompute policy: "none", "full" or "selective".
+    ``attention`` is the kernel: "materialized" (the ``S×S`` scores) or "flash"
+    (`planner.models.attention`).
     ``constrain(name, x)`` may pin the sharding of the named activations (``residual_BxSxD``,
     ``attention_heads_BxSxNxH``, ``kv_heads_BxSxKxH``, ``scores_BxKxGxSxS``, ``mlp_hidden_BxSxF``,
     ``logits_BxSxV``);
@@ -170,7 +186,7 @@ def forward(
     vocab-parallel one for a vocabulary-sharded table).
     """
     x_BxSxD = embed(params, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
-    x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain)
+    x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention)
     return head(x_BxSxD, params, cfg, constrain=constrain), aux_L.mean()
 
 
@@ -185,15 +201,17 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
 
 
 def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
-               constrain: Constrain = _keep) -> tuple[jax.Array, jax.Array]:
+               constrain: Constrain = _keep, attention: str = "materialized") -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
     output and each layer's MoE balancing loss."""
     if remat not in _REMAT_POLICIES:
         raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(_REMAT_POLICIES)}")
+    if attention not in ATTENTION_KERNELS:
+        raise UnsupportedError(f"attention={attention!r} is not an attention kernel", fix=f"use one of {list(ATTENTION_KERNELS)}")
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, layer_params, cfg, x.dtype, constrain)
+            return _layer(x, layer_params, cfg, x.dtype, constrain, attention)
 
     if _REMAT_POLICIES[remat] is not None:
         body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])

@@ -1,0 +1,164 @@
+"""Causal attention without the score matrix: the FlashAttention algorithm in plain JAX.
+
+The sequence is cut into blocks; the loop visits only the (query block, key block) pairs on
+or below the diagonal, so fully masked blocks cost nothing, and keeps a running maximum and
+sum per query row (the log-sum-exp), so no ``S×S`` tensor exists. The backward
+(FlashAttention-2) keeps only what the kernel keeps — q, k, v, the output and the
+log-sum-exp — and recomputes each block's scores. Grouped-query attention reads each KV head
+once for its ``G`` query heads, without copies. Every loop is a ``lax.scan`` over a static
+list of block pairs, so the compiled module's loops have known trip counts (the validator
+multiplies the FLOPs and collectives of a loop body by them).
+
+Per block pair, FLOPs are ``2·B·K·G·bq·bk·H`` for each matmul: two in the forward (scores,
+probabilities × values) and five in the backward (the scores again, dV, dP, dQ, dK).
+
+>>> import jax, jax.numpy as jnp
+>>> q = jax.random.normal(jax.random.key(0), (1, 10, 2, 3, 4))
+>>> k, v = jax.random.normal(jax.random.key(1), (2, 1, 10, 2, 4))
+>>> out = flash_attention(q, k, v, 4)
+>>> bool(jnp.allclose(out, reference_attention(q, k, v), atol=1e-5))
+True
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Query and key rows per block: large enough that each block's matmuls are efficient, small
+# enough that a block pair's fp32 scores (B·N·512² elements) stay a small temporary.
+DEFAULT_BLOCK = 512
+_MASKED = -1e30
+
+
+def block_size(seq_len: int) -> int:
+    """The block the kernel uses for ``seq_len`` tokens: `DEFAULT_BLOCK`, or the whole sequence when shorter."""
+    return min(seq_len, DEFAULT_BLOCK)
+
+
+def block_pairs(seq_len: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(query block, key block) indices of the causal lower triangle, query-major.
+
+    >>> block_pairs(10, 4)
+    (array([0, 1, 1, 2, 2, 2]), array([0, 0, 1, 0, 1, 2]))
+    """
+    n = math.ceil(seq_len / block)
+    q_P, k_P = np.tril_indices(n)
+    return q_P, k_P
+
+
+def reference_attention(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array) -> jax.Array:
+    """Causal attention with the whole score matrix, in fp32: what `flash_attention` must equal."""
+    s = q_BxSxKxGxH.shape[1]
+    scores_BxKxGxSxS = jnp.einsum("bskgh,btkh->bkgst", q_BxSxKxGxH, k_BxSxKxH).astype(jnp.float32) / math.sqrt(q_BxSxKxGxH.shape[-1])
+    scores_BxKxGxSxS = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores_BxKxGxSxS, _MASKED)
+    probs_BxKxGxSxS = jax.nn.softmax(scores_BxKxGxSxS, axis=-1).astype(v_BxSxKxH.dtype)
+    return jnp.einsum("bkgst,btkh->bskgh", probs_BxKxGxSxS, v_BxSxKxH)
+
+
+def _pad(x: jax.Array, seq_pad: int) -> jax.Array:
+    """Zero rows appended to the sequence axis (1). Padded keys sit after every real query,
+    so the causal mask hides them; padded queries are dropped."""
+    return jnp.pad(x, [(0, 0), (0, seq_pad)] + [(0, 0)] * (x.ndim - 2)) if seq_pad else x
+
+
+def _block(x: jax.Array, index: jax.Array, block: int) -> jax.Array:
+    return jax.lax.dynamic_slice_in_dim(x, index * block, block, axis=1)
+
+
+def _scores(q_BxQxKxGxH: jax.Array, k_BxTxKxH: jax.Array, diagonal: jax.Array) -> jax.Array:
+    """Scaled fp32 scores ``[B, K, G, Q, T]`` of one block pair, masked above the diagonal."""
+    scale = 1 / math.sqrt(q_BxQxKxGxH.shape[-1])
+    s_BxKxGxQxT = jnp.einsum("bqkgh,btkh->bkgqt", q_BxQxKxGxH, k_BxTxKxH, preferred_element_type=jnp.float32) * scale
+    n = s_BxKxGxQxT.shape[-1]
+    keep_QxT = jnp.tril(jnp.ones((n, n), bool)) | ~diagonal
+    return jnp.where(keep_QxT, s_BxKxGxQxT, _MASKED)
+
+
+def _forward(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
+    """Output ``[B, S, K, G, H]`` (q's dtype) and fp32 log-sum-exp ``[B, K, G, S]``, padded sequences."""
+    b, s, kh, g, h = q.shape
+    q_P, k_P = block_pairs(s, block)
+
+    def step(carry: tuple[jax.Array, ...], pair: tuple[jax.Array, jax.Array]) -> tuple[tuple[jax.Array, ...], None]:
+        o_BxSxKxGxH, m_BxKxGxS, l_BxKxGxS = carry
+        qi, ki = pair
+        s_BxKxGxQxT = _scores(_block(q, qi, block), _block(k, ki, block), qi == ki)
+        m_old = jax.lax.dynamic_slice_in_dim(m_BxKxGxS, qi * block, block, axis=3)
+        l_old = jax.lax.dynamic_slice_in_dim(l_BxKxGxS, qi * block, block, axis=3)
+        m_new = jnp.maximum(m_old, s_BxKxGxQxT.max(-1))
+        p_BxKxGxQxT = jnp.exp(s_BxKxGxQxT - m_new[..., None])
+        rescale_BxKxGxQ = jnp.exp(m_old - m_new)
+        l_new = l_old * rescale_BxKxGxQ + p_BxKxGxQxT.sum(-1)
+        pv_BxQxKxGxH = jnp.einsum("bkgqt,btkh->bqkgh", p_BxKxGxQxT.astype(v.dtype), _block(v, ki, block),
+                                  preferred_element_type=jnp.float32)
+        o_old = _block(o_BxSxKxGxH, qi, block)
+        o_new = o_old * jnp.moveaxis(rescale_BxKxGxQ, 3, 1)[..., None] + pv_BxQxKxGxH
+        return (jax.lax.dynamic_update_slice_in_dim(o_BxSxKxGxH, o_new, qi * block, axis=1),
+                jax.lax.dynamic_update_slice_in_dim(m_BxKxGxS, m_new, qi * block, axis=3),
+                jax.lax.dynamic_update_slice_in_dim(l_BxKxGxS, l_new, qi * block, axis=3)), None
+
+    init = (jnp.zeros(q.shape, jnp.float32), jnp.full((b, kh, g, s), _MASKED, jnp.float32), jnp.zeros((b, kh, g, s), jnp.float32))
+    (o, m, l), _ = jax.lax.scan(step, init, (jnp.asarray(q_P), jnp.asarray(k_P)))
+    l_BxSxKxG = jnp.moveaxis(l, 3, 1)
+    return (o / l_BxSxKxG[..., None]).astype(q.dtype), m + jnp.log(l)
+
+
+def _backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse_BxKxGxS: jax.Array, do: jax.Array,
+              block: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Gradients of q, k, v (their dtypes) by FlashAttention-2's recomputation, padded sequences."""
+    s = q.shape[1]
+    scale = 1 / math.sqrt(q.shape[-1])
+    q_P, k_P = block_pairs(s, block)
+    # D_i = rowsum(dO_i ∘ O_i): the softmax backward's correction per query row.
+    delta_BxKxGxS = jnp.einsum("bskgh,bskgh->bkgs", do.astype(jnp.float32), o.astype(jnp.float32))
+
+    def step(carry: tuple[jax.Array, ...], pair: tuple[jax.Array, jax.Array]) -> tuple[tuple[jax.Array, ...], None]:
+        dq, dk, dv = carry
+        qi, ki = pair
+        q_i, k_j, v_j, do_i = _block(q, qi, block), _block(k, ki, block), _block(v, ki, block), _block(do, qi, block)
+        lse_i = jax.lax.dynamic_slice_in_dim(lse_BxKxGxS, qi * block, block, axis=3)
+        delta_i = jax.lax.dynamic_slice_in_dim(delta_BxKxGxS, qi * block, block, axis=3)
+        p_BxKxGxQxT = jnp.exp(_scores(q_i, k_j, qi == ki) - lse_i[..., None])
+        dv_j = jnp.einsum("bkgqt,bqkgh->btkh", p_BxKxGxQxT.astype(do.dtype), do_i, preferred_element_type=jnp.float32)
+        dp_BxKxGxQxT = jnp.einsum("bqkgh,btkh->bkgqt", do_i, v_j, preferred_element_type=jnp.float32)
+        ds_BxKxGxQxT = (p_BxKxGxQxT * (dp_BxKxGxQxT - delta_i[..., None]) * scale).astype(q.dtype)
+        dq_i = jnp.einsum("bkgqt,btkh->bqkgh", ds_BxKxGxQxT, k_j, preferred_element_type=jnp.float32)
+        dk_j = jnp.einsum("bkgqt,bqkgh->btkh", ds_BxKxGxQxT, q_i, preferred_element_type=jnp.float32)
+        add = lambda acc, x, i: jax.lax.dynamic_update_slice_in_dim(acc, _block(acc, i, block) + x, i * block, axis=1)  # noqa: E731
+        return (add(dq, dq_i, qi), add(dk, dk_j, ki), add(dv, dv_j, ki)), None
+
+    init = tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
+    (dq, dk, dv), _ = jax.lax.scan(step, init, (jnp.asarray(q_P), jnp.asarray(k_P)))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _padded_flash(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> jax.Array:
+    return _forward(q, k, v, block)[0]
+
+
+def _padded_flash_fwd(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    o, lse = _forward(q, k, v, block)
+    return o, (q, k, v, o, lse)
+
+
+def _padded_flash_bwd(block: int, residuals: tuple[jax.Array, ...], do: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return _backward(*residuals, do, block)
+
+
+_padded_flash.defvjp(_padded_flash_fwd, _padded_flash_bwd)
+
+
+def flash_attention(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, block: int | None = None) -> jax.Array:
+    """Causal grouped-query attention ``[B, S, K, G, H]`` (q's dtype) in blocks of ``block``
+    rows (default `block_size`); a sequence the block does not divide is padded."""
+    s = q_BxSxKxGxH.shape[1]
+    block = block or block_size(s)
+    pad = -s % block
+    out = _padded_flash(_pad(q_BxSxKxGxH, pad), _pad(k_BxSxKxH, pad), _pad(v_BxSxKxH, pad), block)
+    return out[:, :s]

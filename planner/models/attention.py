@@ -28,6 +28,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 # Query and key rows per block: large enough that each block's matmuls are efficient, small
 # enough that a block pair's fp32 scores (B·N·512² elements) stay a small temporary.
@@ -144,7 +145,8 @@ def _padded_flash(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> jax.A
 
 def _padded_flash_fwd(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     o, lse = _forward(q, k, v, block)
-    return o, (q, k, v, o, lse)
+    o, lse = checkpoint_name(o, "attn_out_proj_input"), checkpoint_name(lse, "softmax_logsumexp")
+    return o, (checkpoint_name(q, "q"), checkpoint_name(k, "k"), checkpoint_name(v, "v"), o, lse)
 
 
 def _padded_flash_bwd(block: int, residuals: tuple[jax.Array, ...], do: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from costmodel.errors import UnsupportedError
 from costmodel.model_config import MlpKind, ModelConfig, Norm, Positions
@@ -34,12 +35,19 @@ Lookup = Callable[[jax.Array, jax.Array], jax.Array]
 ATTENTION_KERNELS = ("materialized", "flash")
 # Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
 MOE_CAPACITY_FACTOR = 1.25
+# What a layer keeps for its backward, by name (`jax.ad_checkpoint.checkpoint_name` below):
+# the tensors Megatron-LM's fused kernels keep (`costmodel.activations`), each once, in the
+# compute dtype. Norm internals, activation functions, rotary embeddings and weight casts
+# are recomputed in the backward, as fused kernels do, rather than kept in fp32.
+SAVED = ("attn_norm_input", "qkv_input", "q", "k", "v", "softmax_output", "softmax_logsumexp", "attn_out_proj_input",
+         "mlp_norm_input", "mlp_input", "mlp_up_output", "mlp_gate_output", "mlp_down_input", "expert_inputs", "router_probs",
+         "shared_expert")
 _REMAT_POLICIES = {
-    "none": None,
+    "none": jax.checkpoint_policies.save_only_these_names(*SAVED),
     "full": jax.checkpoint_policies.nothing_saveable,
-    # Keep weight-matmul outputs, recompute the rest (attention scores included), as
-    # Megatron's selective recompute does.
-    "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # Megatron's selective recompute: keep everything but the attention core (the score matrix;
+    # the flash kernel runs again, as its log-sum-exp is not kept).
+    "selective": jax.checkpoint_policies.save_only_these_names(*(n for n in SAVED if n not in ("softmax_output", "softmax_logsumexp"))),
 }
 
 
@@ -73,6 +81,7 @@ def _take(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
 def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, kernel: str = "materialized") -> jax.Array:
     b, s, _ = x_BxSxD.shape
     k_heads, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+    x_BxSxD = checkpoint_name(x_BxSxD, "qkv_input")
     q_BxSxNxH = constrain("attention_heads_BxSxNxH", jnp.einsum("bsd,dnh->bsnh", x_BxSxD, p["wq"].astype(dt)))
     k_BxSxKxH = constrain("kv_heads_BxSxKxH", jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wk"].astype(dt)))
     v_BxSxKxH = constrain("kv_heads_BxSxKxH", jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wv"].astype(dt)))
@@ -80,6 +89,8 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
         q_BxSxNxH, k_BxSxKxH, v_BxSxKxH = q_BxSxNxH + p["bq"].astype(dt), k_BxSxKxH + p["bk"].astype(dt), v_BxSxKxH + p["bv"].astype(dt)
     if cfg.positions is Positions.ROPE:
         q_BxSxNxH, k_BxSxKxH = _rope(q_BxSxNxH, cfg.rope_theta), _rope(k_BxSxKxH, cfg.rope_theta)
+    q_BxSxNxH, k_BxSxKxH, v_BxSxKxH = (checkpoint_name(q_BxSxNxH, "q"), checkpoint_name(k_BxSxKxH, "k"),
+                                       checkpoint_name(v_BxSxKxH, "v"))
     # Grouped-query attention: query heads grouped by the kv head they share, no k/v copies.
     q_BxSxKxGxH = q_BxSxNxH.reshape(b, s, k_heads, group, cfg.head_dim)
     if kernel == "flash":
@@ -87,6 +98,7 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
     else:
         out_BxSxKxGxH = _materialized(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, cfg, dt, constrain)
     out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
+    out_BxSxNxH = checkpoint_name(out_BxSxNxH, "attn_out_proj_input")
     y_BxSxD = jnp.einsum("bsnh,nhd->bsd", out_BxSxNxH, p["wo"].astype(dt))
     return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
 
@@ -98,20 +110,26 @@ def _materialized(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.A
     scores_BxKxGxSxS = constrain("scores_BxKxGxSxS", jnp.einsum("bskgh,btkh->bkgst", q_BxSxKxGxH, k_BxSxKxH).astype(jnp.float32))
     causal_SxS = jnp.tril(jnp.ones((s, s), bool))
     scores_BxKxGxSxS = jnp.where(causal_SxS, scores_BxKxGxSxS / math.sqrt(cfg.head_dim), -1e30)
-    probs_BxKxGxSxS = jax.nn.softmax(scores_BxKxGxSxS, axis=-1).astype(dt)
+    probs_BxKxGxSxS = checkpoint_name(jax.nn.softmax(scores_BxKxGxSxS, axis=-1).astype(dt), "softmax_output")
     return jnp.einsum("bkgst,btkh->bskgh", probs_BxKxGxSxS, v_BxSxKxH)
 
 
 def _activation(h: jax.Array, gate: jax.Array | None, kind: MlpKind) -> jax.Array:
+    """The MLP's nonlinearity on the up (and gate) projections; its inputs and output are kept by name."""
+    h = checkpoint_name(h, "mlp_up_output")
+    gate = None if gate is None else checkpoint_name(gate, "mlp_gate_output")
     if kind is MlpKind.SWIGLU:
-        return jax.nn.silu(gate) * h
-    if kind is MlpKind.GEGLU:
-        return jax.nn.gelu(gate) * h
-    return jax.nn.relu(h) if kind is MlpKind.RELU else jax.nn.gelu(h)
+        out = jax.nn.silu(gate) * h
+    elif kind is MlpKind.GEGLU:
+        out = jax.nn.gelu(gate) * h
+    else:
+        out = jax.nn.relu(h) if kind is MlpKind.RELU else jax.nn.gelu(h)
+    return checkpoint_name(out, "mlp_down_input")
 
 
 def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str = "", constrain: Constrain = _keep) -> jax.Array:
     """MLP on any leading shape ``[..., D]`` (also one expert's slice ``[..., C, D]``)."""
+    x = checkpoint_name(x, "mlp_input" if not prefix else "shared_expert")
     h = constrain("mlp_hidden_BxSxF", jnp.einsum("...d,df->...f", x, p[f"{prefix}w_in"].astype(dt)))
     gate = constrain("mlp_hidden_BxSxF", jnp.einsum("...d,df->...f", x, p[f"{prefix}w_gate"].astype(dt))) if cfg.mlp.gated else None
     if "b_in" in p and not prefix:
@@ -127,7 +145,7 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
     e, k = cfg.num_experts, cfg.experts_per_token
     capacity = max(1, math.ceil(MOE_CAPACITY_FACTOR * s * k / e))
     logits_BxSxE = jnp.einsum("bsd,de->bse", x_BxSxD, p["router"].astype(dt)).astype(jnp.float32)
-    probs_BxSxE = jax.nn.softmax(logits_BxSxE, axis=-1)
+    probs_BxSxE = checkpoint_name(jax.nn.softmax(logits_BxSxE, axis=-1), "router_probs")
     top_w_BxSxK, top_e_BxSxK = jax.lax.top_k(probs_BxSxE, k)
     top_w_BxSxK = top_w_BxSxK / top_w_BxSxK.sum(-1, keepdims=True)
     # Slot of each (token, choice) in its expert's buffer, in token order; past capacity it drops.
@@ -139,7 +157,7 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
     token_BxExC = jnp.zeros((b, e, capacity), jnp.int32).at[batch_B1, expert_BxT, slot_BxT].set(token_T[None, :], mode="drop")
     weight_BxExC = jnp.zeros((b, e, capacity), jnp.float32).at[batch_B1, expert_BxT, slot_BxT].set(
         top_w_BxSxK.reshape(b, s * k), mode="drop")
-    x_BxExCxD = jnp.take_along_axis(x_BxSxD[:, None], token_BxExC[..., None], axis=2)
+    x_BxExCxD = checkpoint_name(jnp.take_along_axis(x_BxSxD[:, None], token_BxExC[..., None], axis=2), "expert_inputs")
     h_BxExCxF = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_in"].astype(dt))
     gate = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_gate"].astype(dt)) if cfg.mlp.gated else None
     y_BxExCxD = jnp.einsum("becf,efd->becd", _activation(h_BxExCxF, gate, cfg.mlp), p["w_out"].astype(dt))
@@ -157,8 +175,9 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
 def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain = _keep,
            attention: str = "materialized") -> tuple[jax.Array, jax.Array]:
     with jax.named_scope("attention"):
+        x_BxSxD = checkpoint_name(x_BxSxD, "attn_norm_input")
         attended_BxSxD = _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain, attention)
-        x_BxSxD = constrain("residual_BxSxD", x_BxSxD + attended_BxSxD)
+        x_BxSxD = checkpoint_name(constrain("residual_BxSxD", x_BxSxD + attended_BxSxD), "mlp_norm_input")
     h_BxSxD = _norm(x_BxSxD, p["mlp_norm"], cfg)
     if cfg.is_moe:
         with jax.named_scope("moe"):
@@ -213,8 +232,7 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
         with jax.named_scope("layer"):
             return _layer(x, layer_params, cfg, x.dtype, constrain, attention)
 
-    if _REMAT_POLICIES[remat] is not None:
-        body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
+    body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
     return jax.lax.scan(body, x_BxSxD, layers)
 
 

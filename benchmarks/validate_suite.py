@@ -53,7 +53,7 @@ CASES = (
     Case(name="llama3-8b-long", model="llama3-8b", mesh="4x2", hardware="h100-sxm", global_batch=16, seq_len=8192),
     Case(name="llama2-13b", model="llama2-13b", mesh="4x4", hardware="a100-80gb", global_batch=128, seq_len=4096),
     Case(name="llama3-70b", model="llama3-70b", mesh="8x4", hardware="h100-sxm", global_batch=128, seq_len=4096),
-    Case(name="llama2-70b-pp", model="llama2-70b", mesh="8x4", hardware="a100-80gb", global_batch=64, seq_len=4096),
+    Case(name="llama2-13b-pp", model="llama2-13b", mesh="pipeline=4,tensor=2", hardware="a100-40gb", global_batch=32, seq_len=2048),
     Case(name="llama3-70b-tpu", model="llama3-70b", mesh="4x8", hardware="tpu-v5p", global_batch=128, seq_len=4096),
     Case(name="mixtral", model="mixtral-8x7b", mesh="8x4", hardware="h100-sxm", global_batch=128, seq_len=4096),
     Case(name="llama2-7b-tpu-v4", model="llama2-7b", mesh="2x8", hardware="tpu-v4", global_batch=64, seq_len=2048),

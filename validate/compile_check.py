@@ -34,6 +34,7 @@ class CompileReport(BaseModel):
 
     n_devices: int = Field(description="Devices in the mesh compiled for.")
     n_processes: int = Field(1, description="JAX processes the mesh spans.")
+    platform: str = Field("cpu", description="The backend compiled for (cpu, gpu, tpu).")
     compile_time_s: float = Field(description="Lowering plus compilation seconds.")
     peak_rss_bytes: float = Field(description="Peak resident memory of the compiling process.")
     argument_bytes: float = Field(description="memory_analysis().argument_size_in_bytes.")
@@ -73,7 +74,8 @@ def compile_plan(plan: Plan) -> CompileReport:
     text = compiled.as_text()
     mesh_shape = tuple((a.name, a.size) for a in plan.mesh)
     return CompileReport(
-        n_devices=plan.layout.n_devices, n_processes=jax.process_count(), compile_time_s=compile_time_s,
+        n_devices=plan.layout.n_devices, n_processes=jax.process_count(), platform=jax.devices()[0].platform,
+        compile_time_s=compile_time_s,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,
         argument_bytes=float(mem.argument_size_in_bytes), output_bytes=float(mem.output_size_in_bytes),
         alias_bytes=float(mem.alias_size_in_bytes), temp_bytes=float(mem.temp_size_in_bytes),

@@ -116,23 +116,28 @@ def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int
     return out
 
 
-def predicted_memory_bytes(plan: Plan) -> float:
-    """The simulator's per-device memory for the program as lowered: the plan's own estimate,
-    except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages hold every
-    micro-batch's activations where 1F1B's hold at most one per stage, and accumulates its
-    gradients over ticks even with one micro-batch."""
+def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
+    """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
+    own estimate, except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages
+    hold every micro-batch's activations where 1F1B's hold at most one per stage, and
+    accumulates its gradients over ticks even with one micro-batch.
+
+    On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization keeps the
+    layers' saved activations as fp32 (the compiled layer loop carries f32 stacks of them), so
+    16-bit activations count twice their bytes there. GPUs and TPUs keep them as they are.
+    """
     lay = plan.layout
-    if lay.pp == 1:
-        return plan.predicted.memory.total_bytes
-    if lay.schedule is Schedule.GPIPE:
-        total = plan.predicted.memory.total_bytes
-    else:
+    memory = plan.predicted.memory
+    if lay.pp > 1 and lay.schedule is not Schedule.GPIPE:
         gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
-        total = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory.total_bytes
-    if lay.micro_batches(plan.train) == 1:
+        memory = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory
+    total = memory.total_bytes
+    if lay.pp > 1 and lay.micro_batches(plan.train) == 1:
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
         total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
+    if platform == "cpu":
+        total += memory.activations_bytes * (_F32 / plan.train.compute_dtype.bytes - 1)
     return total
 
 

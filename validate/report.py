@@ -7,8 +7,9 @@ run's) value, their ratio and whether it is within tolerance. Items:
   moments, the batch) against ``argument_size_in_bytes``.
 - ``memory per device``: the simulator's total against the compiled peak (arguments +
   outputs − donated + temporaries), for a GPipe schedule where the plan is pipelined
-  (that is what the program runs). The CPU backend's temporaries are not a GPU's: its
-  tolerance is wider (25 %).
+  (that is what the program runs), with the CPU backend's fp32 copies of 16-bit
+  activations where it compiled on the CPU (`validate.predict.predicted_memory_bytes`);
+  within 15 %.
 - ``flops``: matmul FLOPs of the program (`validate.predict`) against the module's dots
   times their loop trip counts, within 2 %.
 - ``<collective> bytes`` per mesh axis set: `validate.predict` against `validate.hlo`.
@@ -33,7 +34,7 @@ from validate.predict import (
     unpredicted_features,
 )
 
-MEMORY_TOLERANCE = 0.25
+MEMORY_TOLERANCE = 0.15
 FLOPS_TOLERANCE = 0.02
 # Collective bytes this small a share of the module's traffic (token indices XLA moves
 # between devices to gather embedding rows, a few KiB) cost nothing worth predicting.
@@ -99,7 +100,7 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
     """Every comparison a compile-only validation makes (see the module docstring)."""
     return [
         Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
-        Check(item="memory per device", predicted=predicted_memory_bytes(plan), actual=report.peak_bytes,
+        Check(item="memory per device", predicted=predicted_memory_bytes(plan, platform=report.platform), actual=report.peak_bytes,
               tolerance=max(tolerance, MEMORY_TOLERANCE)),
         Check(item="flops", predicted=predicted_matmul_flops(plan), actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
         *_collective_checks(plan, report, tolerance),

@@ -93,12 +93,11 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
                                        checkpoint_name(v_BxSxKxH, "v"))
     # Grouped-query attention: query heads grouped by the kv head they share, no k/v copies.
     q_BxSxKxGxH = q_BxSxNxH.reshape(b, s, k_heads, group, cfg.head_dim)
-    if kernel == "flash":
+    if kernel == "flash":  # keeps its own output (`planner.models.attention`): one copy, not a second reshaped one
         out_BxSxKxGxH = flash_attention(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH)
     else:
-        out_BxSxKxGxH = _materialized(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, cfg, dt, constrain)
+        out_BxSxKxGxH = checkpoint_name(_materialized(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, cfg, dt, constrain), "attn_out_proj_input")
     out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
-    out_BxSxNxH = checkpoint_name(out_BxSxNxH, "attn_out_proj_input")
     y_BxSxD = jnp.einsum("bsnh,nhd->bsd", out_BxSxNxH, p["wo"].astype(dt))
     return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
 

@@ -353,8 +353,8 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     """Matmul FLOPs per device per step of the plan's program: forward (weights, attention
     scores and values over the full ``S×S``, or the causal blocks of the flash kernel, the
     head), backward twice that (the flash kernel's two and a half times), and the recompute:
-    full repeats the layer's forward but its last matmul; otherwise the scores' matmul runs
-    again for the softmax's backward, except with a flash kernel and no recompute. Pipelined, each device
+    full repeats the layer's forward but its last matmul, selective the scores' matmul (for
+    the softmax's backward). Pipelined, each device
     runs its stage's layers on every tick (`_Schedule`). None where XLA may split the head
     over the stages (`_xla_splits_outer_work`)."""
     if _xla_splits_outer_work(plan):
@@ -380,10 +380,10 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     if lay.recompute is Recompute.FULL:
         last = 2 * model.ffn_size * model.hidden_size if not model.is_moe else 0
         recompute = layer_weights + attention - last
-    elif lay.recompute is not Recompute.NONE or lay.attention is Attention.MATERIALIZED:
-        # The scores once more (half the attention's forward): the softmax's backward needs its fp32
-        # output, kept neither as the bf16 probabilities nor, under selective recompute, as the flash
-        # kernel's log-sum-exp; the attention output is kept, so the second matmul is not re-run.
+    elif lay.recompute is not Recompute.NONE:
+        # Selective: the scores once more (half the attention's forward) for the softmax's backward,
+        # which keeps neither the probabilities nor the flash kernel's log-sum-exp; the attention
+        # output is kept, so the second matmul is not re-run.
         recompute = attention / 2
     layer = 3 * layer_weights + attention + attention_backward + recompute
     return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.outer_calls * runs.outer_micro_batches * 3 * head)

@@ -19,6 +19,7 @@ dtype on use; softmaxes and logits are fp32.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -109,8 +110,29 @@ def _materialized(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.A
     scores_BxKxGxSxS = constrain("scores_BxKxGxSxS", jnp.einsum("bskgh,btkh->bkgst", q_BxSxKxGxH, k_BxSxKxH).astype(jnp.float32))
     causal_SxS = jnp.tril(jnp.ones((s, s), bool))
     scores_BxKxGxSxS = jnp.where(causal_SxS, scores_BxKxGxSxS / math.sqrt(cfg.head_dim), -1e30)
-    probs_BxKxGxSxS = checkpoint_name(jax.nn.softmax(scores_BxKxGxSxS, axis=-1).astype(dt), "softmax_output")
+    probs_BxKxGxSxS = checkpoint_name(_softmax_to(scores_BxKxGxSxS, jnp.dtype(dt)), "softmax_output")
     return jnp.einsum("bkgst,btkh->bskgh", probs_BxKxGxSxS, v_BxSxKxH)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _softmax_to(scores: jax.Array, dtype: Any) -> jax.Array:
+    """Softmax over the last axis in fp32, returned in ``dtype``. Its backward reads that
+    ``dtype`` output, as a fused softmax kernel keeps it, not an fp32 copy (which would make
+    a recompute policy re-run the scores' matmul to get one)."""
+    return jax.nn.softmax(scores, axis=-1).astype(dtype)
+
+
+def _softmax_to_fwd(scores: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    probs = checkpoint_name(_softmax_to(scores, dtype), "softmax_output")
+    return probs, probs
+
+
+def _softmax_to_bwd(dtype: Any, probs: jax.Array, d_probs: jax.Array) -> tuple[jax.Array]:
+    y, dy = probs.astype(jnp.float32), d_probs.astype(jnp.float32)
+    return (y * (dy - (dy * y).sum(-1, keepdims=True)),)
+
+
+_softmax_to.defvjp(_softmax_to_fwd, _softmax_to_bwd)
 
 
 def _activation(h: jax.Array, gate: jax.Array | None, kind: MlpKind) -> jax.Array:

@@ -23,7 +23,7 @@ _SECTIONS = ("Mesh", "Step time", "Memory per device", "Pipeline timeline", "Alt
 
 @pytest.fixture(scope="module")
 def pipelined():
-    p = plan("mixtral-8x7b", mesh="8x4", hardware="h100-sxm")
+    p = plan("mixtral-8x7b", mesh="pipeline=8,tensor=4", hardware="h100-sxm")  # a mesh whose axis names pin a pipeline
     assert p.layout.pp > 1  # the timeline has stages to draw
     events = simulate(p.model, p.train, p.layout, machine_for(load_hardware("h100-sxm")), keep_timeline=True).timeline
     return p, html_report(p, devices_per_node=8, timeline=events)

@@ -49,6 +49,12 @@ class InfeasibleError(PlannerError):
     exit_code = 4
 
 
+class TimeLimitError(InfeasibleError):
+    """The time limit ran out before any answer was found (``--time-limit-s``)."""
+
+    exit_code = 6
+
+
 class UnsupportedError(PlannerError):
     """The input is valid but asks for something this tool does not model."""
 

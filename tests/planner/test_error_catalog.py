@@ -153,9 +153,16 @@ CATALOG = [
                                                 "--global-batch", "8"], 3,
      "devices=8 is not divisible by tp·pp·cp = 3; fix: change --devices or the degrees"),
     # limits
-    ("time limit before any fitting layout", ["--model", "gpt2", "--devices", "8", "--time-limit-s", "1e-9"], 4,
+    ("time limit before any fitting layout", ["--model", "gpt2", "--devices", "8", "--time-limit-s", "1e-9"], 6,
      "the time limit of 1e-09 s ran out before a layout of gpt2 on 8 devices that fits was found; "
      "fix: raise --time-limit-s, or give a --mesh (fewer layouts to cost)"),
+    ("command past its time limit", ["simulate", "--model", "llama3-8b", "--devices", "8", "--global-batch", "8",
+                                     "--time-limit-s", "1e-6"], 6,
+     "plan simulate ran past its time limit of 1e-06 s with no answer; fix: raise --time-limit-s"),
+    ("inspect past its time limit", ["inspect", "--model", "llama3-8b", "--time-limit-s", "1e-6"], 6,
+     "plan inspect ran past its time limit of 1e-06 s with no answer; fix: raise --time-limit-s"),
+    ("time limit not a number", ["inspect", "--model", "gpt2", "--time-limit-s", "nan"], 2,
+     "--time-limit-s=nan is not a positive number of seconds; fix: e.g. --time-limit-s 20"),
 ]
 
 

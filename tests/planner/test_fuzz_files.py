@@ -28,9 +28,10 @@ from costmodel.model_config import ModelConfig
 from planner.api import layout_plan
 from planner.cli import main
 
-# model configs and hardware profiles: 0 answered, 2 invalid input, 4 infeasible, 6 time limit;
-# plan validate may also say 1 (a check out of tolerance) and 3 (a plan that cannot be lowered).
-CONFIG_CODES, PLAN_CODES = {0, 2, 4, 6}, {0, 1, 2, 3, 4, 6}
+# 0 answered, 2 invalid input, 4 infeasible, 6 time limit; a hardware profile may also be valid but
+# unsupported (5: no peak for the compute dtype); plan validate may also say 1 (a check out of
+# tolerance) and 3 (a plan that cannot be lowered).
+CONFIG_CODES, HARDWARE_CODES, PLAN_CODES = {0, 2, 4, 6}, {0, 2, 4, 5, 6}, {0, 1, 2, 3, 4, 5, 6}
 GRACE_S = 5.0
 SLOW_CASES = {"model config": 1000, "hardware profile": 1000, "plan file": 150}
 
@@ -43,7 +44,7 @@ HARDWARE = json.loads(CATALOG["a100-80gb"].model_dump_json())
 TINY = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256)
 
 SCALARS = st.one_of(
-    st.integers(-3, 3), st.integers(2**31, 2**63), st.sampled_from([10**30, -(10**30), 2**31 - 1, 10**9]),
+    st.integers(-3, 3), st.integers(1, 2**31), st.integers(2**31, 2**63), st.sampled_from([10**30, -(10**30), 2**31 - 1, 10**9]),
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1e-300, 1e300]),
     st.text(max_size=8), st.sampled_from(["4096", "true", "llama", "gpt2", "", "nan"]), st.none(), st.booleans(),
 )
@@ -132,7 +133,7 @@ def hardware_case(tmp, text, stats=None):
     path = tmp / "hw.json"
     check_run(path, text, ["simulate", "--model", "gpt2", "--hardware", str(path), "--devices", "4", "--tp", "2",
                            "--global-batch", "8", "--seq-len", "128", "--json", "--time-limit-s", "10"],
-              CONFIG_CODES, 10, stats)
+              HARDWARE_CODES, 10, stats)
 
 
 def plan_case(tmp, text, stats=None):

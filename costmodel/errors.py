@@ -62,8 +62,9 @@ class UnsupportedError(PlannerError):
 
 
 def first_problem(err: ValidationError) -> tuple[str, str, Any]:
-    """(dotted field location, message, offending input) of the first problem pydantic found."""
-    first = err.errors()[0]
+    """(dotted field location, message, offending input) of the first problem pydantic found; a field
+    reported missing comes after any other problem, which may be why it is missing (a derived default)."""
+    first = min(err.errors(), key=lambda e: e["type"] == "missing")
     return ".".join(str(p) for p in first["loc"]), first["msg"], first.get("input")
 
 

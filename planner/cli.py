@@ -2,21 +2,18 @@
 
 Every user-facing failure is a `PlannerError`; it is printed as one line on stderr and
 the process exits with the error's code (see README, "Exit codes"). ``--debug`` shows the
-traceback instead.
+traceback instead. Every command runs under its ``--time-limit-s`` (`planner.time_limit`).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import signal
 import sys
-import threading
-from contextlib import contextmanager
-from typing import Callable, Iterator, NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
-from costmodel.errors import InvalidConfigError, PlannerError, TimeLimitError
+from costmodel.errors import PlannerError
 from planner.commands import compare_cmd, inspect_cmd, plan_cmd, simulate_cmd, validate_cmd
+from planner.time_limit import add_time_limit, time_limit, wall_limit_s
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -27,16 +24,6 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
     "compare": ("the ILP and the search planners on one strategy space, side by side", compare_cmd.add_arguments,
                 compare_cmd.run),
 }
-
-# --time-limit-s of the commands that do not define their own: wall seconds for the whole command.
-# `plan layout` defines it for its searches (each stops there and keeps the best layout found);
-# the command as a whole then gets twice that, for the two searches, plus _TRACE_S for tracing.
-_TIME_LIMIT_S = {"inspect": 120.0, "simulate": 60.0, "validate": 1800.0, "compare": 1800.0}
-_TRACE_S = 60.0
-
-
-class _WallClock(BaseException):
-    """Raised by the time-limit alarm; a BaseException, so no library ``except Exception`` swallows it."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,44 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, add_arguments, _) in _COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(command)
-        if name in _TIME_LIMIT_S:
-            command.add_argument("--time-limit-s", type=float, default=_TIME_LIMIT_S[name],
-                                 help=f"stop after this many wall seconds with exit code 6 (default {_TIME_LIMIT_S[name]:g})")
+        add_time_limit(command, name)
     return parser
-
-
-def wall_limit_s(args: argparse.Namespace) -> float:
-    """Seconds the whole command may run: its --time-limit-s, or for `plan layout` (whose searches
-    stop at that limit and keep their best) twice it plus time to trace the model.
-
-    >>> wall_limit_s(argparse.Namespace(command="layout", time_limit_s=20.0)), wall_limit_s(argparse.Namespace(command="simulate", time_limit_s=5.0))
-    (100.0, 5.0)
-    """
-    limit_s = args.time_limit_s
-    if not (isinstance(limit_s, float) and 0 < limit_s < math.inf):
-        raise InvalidConfigError(f"--time-limit-s={limit_s} is not a positive number of seconds", fix="e.g. --time-limit-s 20")
-    return 2 * limit_s + _TRACE_S if args.command == "layout" else limit_s
-
-
-@contextmanager
-def _alarm(limit_s: float) -> Iterator[None]:
-    """Raise `_WallClock` in this (main) thread after ``limit_s`` wall seconds; a subprocess being
-    waited on is killed by `subprocess.run` as the exception passes."""
-    def expire(signum: int, frame: object) -> None:
-        raise _WallClock
-
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, expire)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, limit_s)
-        yield
-    finally:
-        try:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        finally:
-            signal.signal(signal.SIGALRM, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,14 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(argv.index(first), "layout")
     args = build_parser().parse_args(argv)
     try:
-        limit_s = wall_limit_s(args)
-        try:
-            with _alarm(limit_s):
-                return _COMMANDS[args.command][2](args)
-        except _WallClock:
-            name = "plan" if args.command == "layout" else f"plan {args.command}"
-            raise TimeLimitError(f"{name} ran past its time limit of {limit_s:g} s with no answer",
-                                 fix="raise --time-limit-s") from None
+        with time_limit(args.command, wall_limit_s(args.command, args.time_limit_s)):
+            return _COMMANDS[args.command][2](args)
     except PlannerError as err:
         if args.debug:
             raise

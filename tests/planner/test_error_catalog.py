@@ -90,6 +90,13 @@ CATALOG = [
     ("deeply nested brackets", ["--model", "{tmp}/nested.json", "--mesh", "2"], 2,
      "model file '{tmp}/nested.json' nests brackets 100000 deep, more than 64; fix: give the model file itself; no valid one nests "
      "that deep"),
+    ("plan file nested deep", ["validate", "{tmp}/nested.json"], 2,
+     "plan file '{tmp}/nested.json' nests brackets 100000 deep, more than 64; fix: give the plan file itself; no valid one nests "
+     "that deep"),
+    ("hardware profile nested deep", ["simulate", "--model", "gpt2", "--hardware", "{tmp}/nested.json", "--devices", "2",
+                                      "--global-batch", "8"], 2,
+     "hardware profile '{tmp}/nested.json' nests brackets 100000 deep, more than 64; fix: give the hardware profile itself; no "
+     "valid one nests that deep"),
     ("file too large", ["--model", "{tmp}/huge.json", "--mesh", "2"], 2,
      "model file '{tmp}/huge.json' is larger than 4 MiB; fix: give the model file itself (a few kilobytes of JSON)"),
     ("integer too long for Python", ["--model", "{tmp}/digits.json", "--mesh", "2"], 2,

@@ -4,6 +4,9 @@ Hugging Face configs are recognised by ``model_type`` (or, without one, by their
 Llama, Mistral, Qwen2, Qwen3 (dense), GPT-2, Mixtral, Qwen2-MoE and Qwen3-MoE. Keys a
 Hugging Face config carries that do not change the shape (``torch_dtype``, ...) are
 ignored; a file in our own format (the fields of `ModelConfig`) must have no unknown keys.
+Values are typed strictly: a quoted number or a boolean where a size belongs is an error that
+names the key as the file spells it. The coercions kept are the ones hub configs rely on: an
+integer where a float belongs ("rope_theta": 10000) and null for "the default" ("head_dim": null).
 
 >>> load_model("gpt2").total_params
 124439808

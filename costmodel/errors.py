@@ -65,7 +65,8 @@ def first_problem(err: ValidationError) -> tuple[str, str, Any]:
     """(dotted field location, message, offending input) of the first problem pydantic found; a field
     reported missing comes after any other problem, which may be why it is missing (a derived default)."""
     first = min(err.errors(), key=lambda e: e["type"] == "missing")
-    return ".".join(str(p) for p in first["loc"]), first["msg"], first.get("input")
+    where = ".".join(str(p) for p in first["loc"])
+    return where if where.isprintable() else repr(where), first["msg"], first.get("input")  # a key from a file may hold "\n"
 
 
 def flag_error(err: ValidationError, error_type: type[PlannerError] = InvalidConfigError) -> PlannerError:

@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlannerError as err:
         if args.debug:
             raise
-        print(f"plan: error: {err}", file=sys.stderr)
+        # One line whatever a message quotes from the user (a file name or key with a newline in it).
+        print(f"plan: error: {err}".replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("plan: interrupted", file=sys.stderr)

@@ -10,6 +10,7 @@ prints ``str(err)`` and exits with ``err.exit_code`` (no traceback unless ``--de
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,12 @@ class InfeasibleError(PlannerError):
     exit_code = 4
 
 
+class TimeLimitError(InfeasibleError):
+    """The time limit ran out before any answer was found (``--time-limit-s``)."""
+
+    exit_code = 6
+
+
 class UnsupportedError(PlannerError):
     """The input is valid but asks for something this tool does not model."""
 
@@ -55,9 +62,11 @@ class UnsupportedError(PlannerError):
 
 
 def first_problem(err: ValidationError) -> tuple[str, str, Any]:
-    """(dotted field location, message, offending input) of the first problem pydantic found."""
-    first = err.errors()[0]
-    return ".".join(str(p) for p in first["loc"]), first["msg"], first.get("input")
+    """(dotted field location, message, offending input) of the first problem pydantic found; a field
+    reported missing comes after any other problem, which may be why it is missing (a derived default)."""
+    first = min(err.errors(), key=lambda e: e["type"] == "missing")
+    where = ".".join(str(p) for p in first["loc"])
+    return where if where.isprintable() else repr(where), first["msg"], first.get("input")  # a key from a file may hold "\n"
 
 
 def flag_error(err: ValidationError, error_type: type[PlannerError] = InvalidConfigError) -> PlannerError:
@@ -67,8 +76,15 @@ def flag_error(err: ValidationError, error_type: type[PlannerError] = InvalidCon
     return error_type(f"{flag}={value!r}: {msg}", fix=f"give a valid {flag}")
 
 
+MAX_FILE_BYTES = 4 * 2**20  # a config.json is kilobytes, a plan file (every parameter's spec) about 10 kB
+MAX_JSON_DEPTH = 64  # Hugging Face configs nest 3 deep, plan files 6; Python's json recurses once per level
+
+
 def read_user_file(path: Path, what: str) -> str:
-    """The text of a file the user named, or `InvalidConfigError` in one line.
+    """The text of a JSON file the user named, or `InvalidConfigError` in one line.
+
+    Refused before parsing: a file over `MAX_FILE_BYTES`, or brackets nested deeper than
+    `MAX_JSON_DEPTH` (which would exhaust the parser's recursion).
 
     >>> read_user_file(Path("/nonexistent.json"), "model file")
     Traceback (most recent call last):
@@ -80,6 +96,35 @@ def read_user_file(path: Path, what: str) -> str:
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise InvalidConfigError(f"cannot read {what} {str(path)!r}: it is {kind}", fix="give the path of a JSON file")
     try:
-        return path.read_text()
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        text = data.decode()
     except (OSError, UnicodeDecodeError) as err:
         raise InvalidConfigError(f"cannot read {what} {str(path)!r}: {err}", fix="check the file and its permissions") from err
+    if len(data) > MAX_FILE_BYTES:
+        raise InvalidConfigError(f"{what} {str(path)!r} is larger than {MAX_FILE_BYTES // 2**20} MiB",
+                                 fix=f"give the {what} itself (a few kilobytes of JSON)")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidConfigError(f"{what} {str(path)!r} nests brackets {depth} deep, more than {MAX_JSON_DEPTH}",
+                                 fix=f"give the {what} itself; no valid one nests that deep")
+    return text
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` in JSON text, brackets inside strings not counted; linear time.
+
+    >>> json_depth('{"a": [1, {"b": "[[["}]}')
+    3
+    """
+    depth = max_depth = 0
+    for bracket in _STRING_OR_BRACKET.findall(text):
+        if bracket:
+            depth += 1 if bracket in "[{" else -1
+            max_depth = max(max_depth, depth)
+    return max_depth
+
+
+# One left-to-right pass: a string (its closing quote optional, so an unterminated one ends the
+# scan instead of being retried from every later quote) or a bracket, captured.
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"?|([\[\]{}])')

@@ -44,7 +44,7 @@ class StepAllocator(BaseModel):
     again (`validate.cpu_profile` measures both numbers).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
 
     fresh_above_bytes: NonNegativeFloat = Field(description="Temporaries per device above this are mapped afresh every step.")
     first_touch_s_per_byte: NonNegativeFloat = Field(description="Seconds to fault in and zero one byte of freshly mapped memory.")
@@ -53,7 +53,7 @@ class StepAllocator(BaseModel):
 class DeviceSpec(BaseModel):
     """One accelerator: peaks per dtype, memory, and what its kernels reach of them."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
 
     name: str = Field(description="Part name.")
     kind: DeviceKind = Field(description="GPU, TPU or CPU.")
@@ -80,7 +80,7 @@ class DeviceSpec(BaseModel):
 class LinkSpec(BaseModel):
     """A link tier as one device sees it: bandwidth per direction, latency, NCCL/XLA efficiency."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
 
     name: str = Field(description="e.g. 'nvlink3', 'ib-hdr200', 'ici-v5p', 'dcn'.")
     bytes_per_s: PositiveFloat = Field(description="Peak bandwidth per device, per direction.")
@@ -100,7 +100,7 @@ class ClusterSpec(BaseModel):
     with wrap-around) and ``inter_node`` the data-centre network between slices.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
 
     name: str = Field(description="Profile name.")
     device: DeviceSpec = Field(description="The accelerator.")

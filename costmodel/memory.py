@@ -72,6 +72,24 @@ class MemoryBreakdown(Record):
         return None if self.hbm_bytes is None else self.total_bytes <= self.hbm_bytes
 
 
+def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices: int) -> float:
+    """A lower bound on any layout's per-device memory: weights, gradients and optimizer state of
+    every parameter, spread evenly over all devices (ZeRO 3 across everything), nothing else.
+
+    Arithmetic on the config alone, so a model no cluster of ``n_devices`` could hold is refused
+    before any layout is costed.
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
+    >>> min_state_bytes_per_device(m, TrainConfig(seq_len=1024, global_batch=8), 2) / m.total_params
+    9.0
+    """
+    mixed = train.param_dtype != train.compute_dtype
+    per_param = ((train.compute_dtype.bytes + train.param_dtype.bytes) if mixed else train.param_dtype.bytes) \
+        + train.grad_dtype.bytes + 2 * train.optimizer_dtype.bytes
+    return model.total_params * per_param / n_devices
+
+
 def in_flight_microbatches(layout: Layout, n_microbatches: int, stage: int = 0) -> float:
     """Micro-batches whose activations pipeline stage ``stage`` holds at once, in units of its layers.
 

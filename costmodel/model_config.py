@@ -17,19 +17,20 @@ F MLP width, V vocabulary, E experts, L layers.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
 
 from costmodel.errors import InvalidConfigError
+
+# Strict types: a JSON boolean is not a size and "4096" is not a number (pydantic's lax mode
+# would read them as 1 and 4096). The one coercion kept is int -> float, as JSON has one number
+# type and hub configs write "rope_theta": 10000. No accelerator holds a dimension over 2**31,
+# and the bound keeps every product of sizes a finite float.
+MAX_DIM = 2**31
+Dim = Annotated[int, Strict(), Field(gt=0, le=MAX_DIM)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_DIM)]
+PositiveReal = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
 
 
 class Norm(StrEnum):
@@ -70,29 +71,29 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Preset name or the file the config came from.")
-    hidden_size: PositiveInt = Field(description="Model width D.")
-    num_layers: PositiveInt = Field(description="Number of transformer layers L.")
-    num_heads: PositiveInt = Field(description="Query heads N.")
-    num_kv_heads: PositiveInt = Field(description="Key/value heads K (GQA); defaults to N.")
-    head_dim: PositiveInt = Field(description="Head width H; defaults to D / N.")
-    ffn_size: PositiveInt = Field(description="Dense MLP width F.")
-    vocab_size: PositiveInt = Field(description="Vocabulary size V.")
-    max_position_embeddings: PositiveInt = Field(
+    hidden_size: Dim = Field(description="Model width D.")
+    num_layers: Dim = Field(description="Number of transformer layers L.")
+    num_heads: Dim = Field(description="Query heads N.")
+    num_kv_heads: Dim = Field(description="Key/value heads K (GQA); defaults to N.")
+    head_dim: Dim = Field(description="Head width H; defaults to D / N.")
+    ffn_size: Dim = Field(description="Dense MLP width F.")
+    vocab_size: Dim = Field(description="Vocabulary size V.")
+    max_position_embeddings: Dim = Field(
         2048, description="Longest sequence the positions support (learned tables have this size)."
     )
     norm: Norm = Field(Norm.RMSNORM, description="Normalisation kind.")
-    norm_eps: PositiveFloat = Field(1e-5, description="Epsilon inside the normalisation.")
+    norm_eps: PositiveReal = Field(1e-5, description="Epsilon inside the normalisation.")
     mlp: MlpKind = Field(MlpKind.SWIGLU, description="MLP activation kind.")
     positions: Positions = Field(Positions.ROPE, description="Position encoding.")
-    rope_theta: PositiveFloat = Field(10000.0, description="RoPE base frequency.")
-    tie_embeddings: bool = Field(False, description="Output head shares the token embedding.")
-    qkv_bias: bool = Field(False, description="Query/key/value projections have biases.")
-    out_bias: bool = Field(False, description="Attention output projection has a bias.")
-    mlp_bias: bool = Field(False, description="MLP projections have biases.")
-    num_experts: NonNegativeInt = Field(0, description="Routed experts E per layer; 0 = dense.")
-    experts_per_token: NonNegativeInt = Field(0, description="Experts each token is routed to (top-k).")
-    moe_ffn_size: PositiveInt = Field(description="Width of one routed expert; defaults to F.")
-    shared_expert_ffn_size: NonNegativeInt = Field(
+    rope_theta: PositiveReal = Field(10000.0, description="RoPE base frequency.")
+    tie_embeddings: StrictBool = Field(False, description="Output head shares the token embedding.")
+    qkv_bias: StrictBool = Field(False, description="Query/key/value projections have biases.")
+    out_bias: StrictBool = Field(False, description="Attention output projection has a bias.")
+    mlp_bias: StrictBool = Field(False, description="MLP projections have biases.")
+    num_experts: Count = Field(0, description="Routed experts E per layer; 0 = dense.")
+    experts_per_token: Count = Field(0, description="Experts each token is routed to (top-k).")
+    moe_ffn_size: Dim = Field(description="Width of one routed expert; defaults to F.")
+    shared_expert_ffn_size: Count = Field(
         0, description="Width of an always-on shared expert (Qwen-MoE); 0 = none."
     )
 

@@ -26,7 +26,7 @@ from costmodel.kernels import Kernel, KernelKind
 class Efficiency(BaseModel):
     """Achievable fractions of a device's peaks, measured by micro-benchmarks."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
 
     matmul_curve: tuple[tuple[float, float], ...] = Field(
         ((1e9, 0.45), (1e10, 0.7), (1e11, 0.8), (1e12, 0.85)),
@@ -46,6 +46,8 @@ class Efficiency(BaseModel):
     def _ascending(cls, curve: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
         if not curve or any(a[0] >= b[0] for a, b in zip(curve, curve[1:])):
             raise ValueError("matmul_curve needs at least one point, in ascending FLOPs")
+        if any(not 0 < flops < math.inf for flops, _ in curve):  # interpolated in log FLOPs
+            raise ValueError("matmul_curve FLOPs must be positive")
         if any(not 0 < eff <= 1 for _, eff in curve):
             raise ValueError("matmul_curve efficiencies must be in (0, 1]")
         return curve

@@ -37,7 +37,7 @@ from costmodel.memory import MemoryBreakdown, memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
 from costmodel.recompute import recomputed_kernels
-from costmodel.stage_split import balanced_stage_layers
+from costmodel.stage_split import identical_stage_layers
 from costmodel.topology import link_between_stages
 from costmodel.train_config import TrainConfig
 
@@ -100,8 +100,8 @@ def balanced_layout(model: ModelConfig, train: TrainConfig, layout: Layout, hw: 
     ends = _stages(model.model_copy(update={"num_layers": layout.pp}), train, even, hw, layer)
     first_extra = ends[0].forward_s + ends[0].backward_s - (layer.forward_s + layer.backward_s)
     last_extra = ends[-1].forward_s + ends[-1].backward_s - (layer.forward_s + layer.backward_s)
-    split = balanced_stage_layers([layer.forward_s + layer.backward_s] * model.num_layers, pp=layout.pp,
-                                  first_extra_s=first_extra, last_extra_s=last_extra)
+    split = identical_stage_layers(model.num_layers, pp=layout.pp, layer_s=layer.forward_s + layer.backward_s,
+                                   first_extra_s=first_extra, last_extra_s=last_extra)
     uneven = len(set(split)) > 1 or model.num_layers % layout.pp
     return layout.model_copy(update={"stage_layers": split if uneven else None})
 

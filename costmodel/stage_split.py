@@ -13,6 +13,7 @@ stages that carry the embedding and the head.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from typing import Sequence
 
@@ -30,8 +31,8 @@ def balanced_stage_layers(layer_s: Sequence[float], *, pp: int, first_extra_s: f
     n = len(layer_s)
     if pp < 1 or n < pp * min_layers:
         raise ValueError(f"{n} layers cannot fill {pp} stages of at least {min_layers}")
-    if min_layers == 1 and pp > 2 and len(set(layer_s)) == 1 and layer_s[0] > 0:
-        return _identical_layers(n, pp, layer_s[0], first_extra_s, last_extra_s)
+    if min_layers == 1 and len(set(layer_s)) == 1 and layer_s[0] > 0:
+        return identical_stage_layers(n, pp=pp, layer_s=layer_s[0], first_extra_s=first_extra_s, last_extra_s=last_extra_s)
     prefix = [0.0, *itertools.accumulate(layer_s)]
 
     def stage_s(stage: int, start: int, end: int) -> float:
@@ -55,31 +56,68 @@ def balanced_stage_layers(layer_s: Sequence[float], *, pp: int, first_extra_s: f
     return tuple(reversed(counts))
 
 
-def _identical_layers(n: int, pp: int, layer_s: float, first_extra_s: float, last_extra_s: float) -> tuple[int, ...]:
-    """The same answer for identical layers in O(n log n): bisect on the slowest stage's time.
+def identical_stage_layers(n_layers: int, *, pp: int, layer_s: float, first_extra_s: float = 0.0,
+                           last_extra_s: float = 0.0) -> tuple[int, ...]:
+    """`balanced_stage_layers` for ``n_layers`` layers of ``layer_s`` seconds each, in O(pp log pp + log n_layers).
 
-    With time T, the first stage takes at most ⌊(T − first)/c⌋ layers, the last ⌊(T − last)/c⌋,
-    each middle one ⌊T/c⌋; T is feasible when those add up to n. The least feasible T is one
-    of k·c, k·c + first, k·c + last.
+    Transformer layers are identical, so planning time must not grow with depth (DESIGN, "Plan a
+    layer"): no per-layer list is built. Two stages take the earliest best cut, as the DP does;
+    more stages bisect on the slowest stage's time T: the first stage holds at most
+    ⌊(T − first)/c⌋ layers, the last ⌊(T − last)/c⌋, each middle one ⌊T/c⌋, and T is feasible when
+    those add up to ``n_layers``. The least feasible T is one of k·c, k·c + first, k·c + last.
+
+    >>> identical_stage_layers(10**9, pp=4, layer_s=1.0, last_extra_s=2.0)
+    (250000000, 250000000, 250000001, 249999999)
     """
+    if pp < 1 or n_layers < pp or layer_s <= 0:
+        raise ValueError(f"{n_layers} layers of {layer_s} s cannot fill {pp} stages of at least 1")
+    if pp == 1:
+        return (n_layers,)
+    if pp == 2:
+        return _two_stages(n_layers, layer_s, first_extra_s, last_extra_s)
+    c, first_s, last_s = layer_s, first_extra_s, last_extra_s
+
     def capacity(t: float) -> tuple[int, int, int]:
-        return (int((t - first_extra_s) / layer_s + 1e-9), int((t - last_extra_s) / layer_s + 1e-9), int(t / layer_s + 1e-9))
+        return int((t - first_s) / c + 1e-9), int((t - last_s) / c + 1e-9), int(t / c + 1e-9)
 
     def feasible(t: float) -> bool:
         first, last, middle = capacity(t)
-        return min(first, last, middle) >= 1 and first + last + (pp - 2) * middle >= n
+        return min(first, last, middle) >= 1 and first + last + (pp - 2) * middle >= n_layers
 
-    times = sorted({k * layer_s + extra for k in range(1, n + 1) for extra in (0.0, first_extra_s, last_extra_s)})
-    low, high = 0, len(times) - 1
-    while low < high:
-        mid = (low + high) // 2
-        low, high = (low, mid) if feasible(times[mid]) else (mid + 1, high)
-    first, last, middle = capacity(times[low])
-    counts = [first, *([middle] * (pp - 2)), last]
-    extras = [first_extra_s, *([0.0] * (pp - 2)), last_extra_s]
-    # Fill every stage to its capacity, then take the surplus from the slowest stages: same
-    # slowest time, as even as it can be.
-    for _ in range(sum(counts) - n):
-        slowest = max((i for i in range(pp) if counts[i] > 1), key=lambda i: (counts[i] * layer_s + extras[i], -i))
-        counts[slowest] -= 1
+    def least_k(extra: float) -> int:  # feasibility is monotone in k; k = n_layers + 1 always fits
+        low, high = 0, n_layers + 1
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (low, mid) if feasible(mid * c + extra) else (mid + 1, high)
+        return low
+
+    extras = {0.0, first_s, last_s}
+    slowest_s = min(least_k(extra) * c + extra for extra in extras if feasible((n_layers + 1) * c + extra))
+    first, last, middle = capacity(slowest_s)
+    return _shed_surplus([first, *([middle] * (pp - 2)), last], n_layers, c, [first_s, *([0.0] * (pp - 2)), last_s])
+
+
+def _shed_surplus(counts: list[int], n_layers: int, layer_s: float, extras_s: list[float]) -> tuple[int, ...]:
+    """Every stage filled to capacity; take the surplus (fewer than pp + 2 layers) from the slowest
+    stages, earliest first: the same slowest time, as even as it can be."""
+    heap = [(-(k * layer_s + e), i) for i, (k, e) in enumerate(zip(counts, extras_s)) if k > 1]
+    heapq.heapify(heap)
+    for _ in range(sum(counts) - n_layers):
+        _, i = heapq.heappop(heap)
+        counts[i] -= 1
+        if counts[i] > 1:
+            heapq.heappush(heap, (-(counts[i] * layer_s + extras_s[i]), i))
     return tuple(counts)
+
+
+def _two_stages(n_layers: int, layer_s: float, first_s: float, last_s: float) -> tuple[int, int]:
+    """The first stage's layer count j minimizing max(j·c + first, (n − j)·c + last), earliest on ties
+    (within the DP's 1e-15); the two sides cross near j = (n·c + last − first) / 2c."""
+    def slowest(j: int) -> float:
+        return max(j * layer_s + first_s, (n_layers - j) * layer_s + last_s)
+
+    cross = int((n_layers * layer_s + last_s - first_s) / (2 * layer_s))
+    candidates = sorted({min(max(j, 1), n_layers - 1) for j in range(cross - 2, cross + 3)})
+    best = min(slowest(j) for j in candidates)
+    j = next(j for j in candidates if slowest(j) <= best + 1e-15)
+    return j, n_layers - j

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from costmodel.errors import InvalidConfigError
+from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import Attention, Layout, check_sequence
-from costmodel.machine import machine_for
+from costmodel.machine import Machine, machine_for
+from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
+from costmodel.train_config import TrainConfig
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
@@ -69,6 +71,7 @@ def plan(
     if n_devices > MAX_DEVICES:
         raise InvalidConfigError(f"{n_devices:,} devices exceed the {MAX_DEVICES:,} this planner supports",
                                  fix="plan one replica group and scale data parallelism by hand")
+    _check_any_cluster_holds(cfg, train, machine)
     # An intra-op planner shards the reference program, which materializes attention
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
     attention = attention or (Attention.FLASH if planner == "grid" else Attention.MATERIALIZED)
@@ -149,6 +152,19 @@ def _check_arguments(*, planner: str, devices: int | None, time_limit_s: float) 
         raise InvalidConfigError(f"--devices={devices} is not a positive device count", fix="give at least 1 device")
     if not time_limit_s > 0:  # also catches NaN
         raise InvalidConfigError(f"--time-limit-s={time_limit_s} is not a positive number of seconds", fix="e.g. --time-limit-s 20")
+
+
+def _check_any_cluster_holds(cfg: ModelConfig, train: TrainConfig, machine: Machine) -> None:
+    """Refuse, by arithmetic on the parameter count, a model whose training state would not fit even
+    spread over the largest cluster this planner takes; nearer misses get the search's closest layouts."""
+    need_bytes = min_state_bytes_per_device(cfg, train, MAX_DEVICES)
+    if need_bytes > machine.hbm_bytes:
+        raise InfeasibleError(
+            f"{cfg.name} cannot fit on any cluster: its {cfg.total_params:.3g} parameters' weights, gradients and optimizer "
+            f"state alone need {need_bytes / _GIB:,.0f} GiB per device even spread over {MAX_DEVICES:,} devices, "
+            f"more than the {machine.hbm_bytes / _GIB:.0f} GiB of one {machine.name}",
+            fix="check num_hidden_layers and the other sizes in the model config",
+        )
 
 
 def _status(layouts_complete: bool, intra_op: IntraOpInfo | None) -> str:

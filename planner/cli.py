@@ -2,7 +2,7 @@
 
 Every user-facing failure is a `PlannerError`; it is printed as one line on stderr and
 the process exits with the error's code (see README, "Exit codes"). ``--debug`` shows the
-traceback instead.
+traceback instead. Every command runs under its ``--time-limit-s`` (`planner.time_limit`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Callable, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
 from planner.commands import compare_cmd, inspect_cmd, plan_cmd, simulate_cmd, validate_cmd
+from planner.time_limit import add_time_limit, time_limit, wall_limit_s
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -38,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, add_arguments, _) in _COMMANDS.items():
-        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(command)
+        add_time_limit(command, name)
     return parser
 
 
@@ -51,11 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(argv.index(first), "layout")
     args = build_parser().parse_args(argv)
     try:
-        return _COMMANDS[args.command][2](args)
+        with time_limit(args.command, wall_limit_s(args.command, args.time_limit_s)):
+            return _COMMANDS[args.command][2](args)
     except PlannerError as err:
         if args.debug:
             raise
-        print(f"plan: error: {err}", file=sys.stderr)
+        # One line whatever a message quotes from the user (a file name or key with a newline in it).
+        print(f"plan: error: {err}".replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("plan: interrupted", file=sys.stderr)

@@ -4,6 +4,9 @@ Hugging Face configs are recognised by ``model_type`` (or, without one, by their
 Llama, Mistral, Qwen2, Qwen3 (dense), GPT-2, Mixtral, Qwen2-MoE and Qwen3-MoE. Keys a
 Hugging Face config carries that do not change the shape (``torch_dtype``, ...) are
 ignored; a file in our own format (the fields of `ModelConfig`) must have no unknown keys.
+Values are typed strictly: a quoted number or a boolean where a size belongs is an error that
+names the key as the file spells it. The coercions kept are the ones hub configs rely on: an
+integer where a float belongs ("rope_theta": 10000) and null for "the default" ("head_dim": null).
 
 >>> load_model("gpt2").total_params
 124439808
@@ -20,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.errors import InvalidConfigError, first_problem, flag_error, read_user_file
+from costmodel.errors import InvalidConfigError, flag_error, read_user_file
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
 from planner.presets import PRESETS
@@ -40,7 +43,7 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
     """
     text = str(name_or_path)
     if text in PRESETS:
-        return _validated(dict(PRESETS[text], name=text), source=text)
+        return _validated(dict(PRESETS[text], name=text), source=text, keys={})
     path = Path(text)
     if not path.exists() and path.suffix != ".json" and "/" not in text:
         raise InvalidConfigError(
@@ -53,6 +56,8 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
             f"{text!r} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})",
             fix="fix the JSON syntax",
         ) from err
+    except ValueError as err:  # Python's limit on integer digits
+        raise InvalidConfigError(f"{text!r} is not valid JSON ({err})", fix="fix the number in the config") from err
     if not isinstance(data, dict):
         raise InvalidConfigError(f"{text!r} holds a JSON {type(data).__name__}, not an object", fix="give a config object")
     return from_hf_config(data, name=path.stem if path.name != "config.json" else path.parent.name or "config")
@@ -64,14 +69,15 @@ def from_hf_config(data: dict[str, Any], *, name: str = "config") -> ModelConfig
     if not isinstance(model_type, str):
         raise InvalidConfigError(f"model_type={model_type!r} is not a string", fix=f"use one of: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if model_type == "native":
-        return _validated({"name": name, **data}, source=name)
+        return _validated({"name": name, **data}, source=name, keys={})
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise InvalidConfigError(
             f"unknown architecture model_type={model_type!r}",
             fix=f"use one of: {', '.join(SUPPORTED_MODEL_TYPES)}",
         )
     fields = _gpt2_fields(data) if model_type == "gpt2" else _llama_fields(data, model_type)
-    return _validated({"name": name, **{k: v for k, v in fields.items() if v is not None}}, source=name)
+    keys = _GPT2_KEYS if model_type == "gpt2" else _LLAMA_KEYS | (_MIXTRAL_KEYS if model_type == "mixtral" else {})
+    return _validated({"name": name, **{k: v for k, v in fields.items() if v is not None}}, source=name, keys=keys)
 
 
 def _guess_model_type(data: dict[str, Any]) -> str:
@@ -123,7 +129,7 @@ def _llama_fields(data: dict[str, Any], model_type: str) -> dict[str, Any]:
             f"hidden_act={activation!r} is not supported for model_type={model_type!r}",
             fix=f"use one of: {', '.join(_GATED_ACTIVATIONS)}",
         )
-    attention_bias = bool(data.get("attention_bias", model_type == "qwen2" or model_type == "qwen2_moe"))
+    attention_bias = data.get("attention_bias", model_type == "qwen2" or model_type == "qwen2_moe")
     fields: dict[str, Any] = {
         "hidden_size": _require(data, "hidden_size"),
         "num_layers": _require(data, "num_hidden_layers"),
@@ -141,7 +147,7 @@ def _llama_fields(data: dict[str, Any], model_type: str) -> dict[str, Any]:
         "tie_embeddings": data.get("tie_word_embeddings", False),
         "qkv_bias": attention_bias,
         # Llama's attention_bias also covers o_proj; Qwen2 puts biases on q/k/v only.
-        "out_bias": attention_bias and model_type in ("llama", "mistral", "qwen3"),
+        "out_bias": attention_bias if model_type in ("llama", "mistral", "qwen3") else False,
     }
     if model_type == "mixtral":
         fields.update(num_experts=_require(data, "num_local_experts"), experts_per_token=_require(data, "num_experts_per_tok"))
@@ -155,16 +161,38 @@ def _llama_fields(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     return fields
 
 
-def _validated(fields: dict[str, Any], *, source: str) -> ModelConfig:
+# The Hugging Face key each ModelConfig field is read from, so an error names the key in the user's file.
+_LLAMA_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+               "ffn_size": "intermediate_size", "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings",
+               "qkv_bias": "attention_bias", "out_bias": "attention_bias", "num_experts": "num_experts",
+               "experts_per_token": "num_experts_per_tok", "moe_ffn_size": "moe_intermediate_size",
+               "shared_expert_ffn_size": "shared_expert_intermediate_size"}
+_MIXTRAL_KEYS = {"num_experts": "num_local_experts"}
+_GPT2_KEYS = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head", "ffn_size": "n_inner",
+              "max_position_embeddings": "n_positions", "norm_eps": "layer_norm_epsilon", "tie_embeddings": "tie_word_embeddings"}
+
+
+def _validated(fields: dict[str, Any], *, source: str, keys: dict[str, str]) -> ModelConfig:
     try:
         return ModelConfig(**fields)
     except ValidationError as err:
-        where, msg, value = first_problem(err)
-        if err.errors()[0]["type"] == "extra_forbidden":
+        # A wrong field leaves the fields derived from it (head_dim from hidden_size) unset: report the cause.
+        first = min(err.errors(), key=lambda e: e["type"] == "missing")
+        where = keys.get(str(first["loc"][0]), str(first["loc"][0])) if first["loc"] else "config"
+        if first["type"] == "extra_forbidden":
             raise InvalidConfigError(f"{source}: unknown field {where!r}",
                                      fix=f"remove it; the known fields are {', '.join(ModelConfig.model_fields)}") from None
-        got = "" if value is None or isinstance(value, dict) else f" (got {value!r})"
-        raise InvalidConfigError(f"{source}: {where}: {msg}{got}", fix=f"correct {where!r} in the model config") from None
+        value = first.get("input")
+        got = "" if value is None or isinstance(value, dict) else f" (got {_short(value)})"
+        fix = f"correct {where!r} in the model config"
+        if isinstance(value, (str, bool)) and first["type"] in ("int_type", "float_type"):
+            fix = f"write {where!r} as a JSON number ({'no quotes' if isinstance(value, str) else 'not true/false'})"
+        raise InvalidConfigError(f"{source}: {where}: {first['msg']}{got}", fix=fix) from None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def train_config(**fields: Any) -> TrainConfig:

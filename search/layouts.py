@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.errors import InfeasibleError, PlannerError
+from costmodel.errors import InfeasibleError, PlannerError, TimeLimitError
 from costmodel.estimate import StepEstimate
 from costmodel.layout import Layout, Recompute, Schedule, check_layout
 from costmodel.machine import Machine
@@ -198,7 +198,7 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
     missing.sort(key=lambda e: e.memory.total_bytes)
     if not fitting:
         if TIME_LIMIT_RULE in pruned:
-            raise InfeasibleError(f"the time limit of {time_limit_s:g} s ran out before a layout of {model.name} on {n_devices} "
+            raise TimeLimitError(f"the time limit of {time_limit_s:g} s ran out before a layout of {model.name} on {n_devices} "
                                   "devices that fits was found", fix="raise --time-limit-s, or give a --mesh (fewer layouts to cost)")
         raise _infeasible(model, train, n_devices, machine, missing, pruned)
     return SearchResult(best=fitting[0], runners_up=tuple(fitting[1:keep]), closest_misses=tuple(_closest_distinct(missing)),

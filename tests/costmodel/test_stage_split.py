@@ -1,10 +1,11 @@
 """The inter-op DP: contiguous layer ranges to stages, minimizing the slowest stage."""
 
 import itertools
+import time
 
 import pytest
 
-from costmodel.stage_split import balanced_stage_layers
+from costmodel.stage_split import balanced_stage_layers, identical_stage_layers
 
 
 def brute_force(layer_s, pp, first, last):
@@ -53,3 +54,18 @@ def test_identical_layers_fast_path_matches_the_dp():
 def test_too_few_layers_is_an_error():
     with pytest.raises(ValueError, match="cannot fill"):
         balanced_stage_layers([1.0] * 3, pp=4)
+
+
+def test_identical_layers_match_the_dp_for_two_stages_too():
+    for n, first, last in itertools.product((2, 3, 9, 20), (0.0, 0.7, 2.2, 30.0), (0.0, 1.3, 3.9, 30.0)):
+        fast = identical_stage_layers(n, pp=2, layer_s=1.0, first_extra_s=first, last_extra_s=last)
+        assert sum(fast) == n and min(fast) >= 1
+        assert slowest(fast, [1.0] * n, first, last) == pytest.approx(brute_force([1.0] * n, 2, first, last))
+
+
+def test_identical_layers_time_does_not_grow_with_depth():
+    start = time.perf_counter()
+    split = identical_stage_layers(10**9, pp=64, layer_s=0.013, first_extra_s=0.2, last_extra_s=0.9)
+    assert time.perf_counter() - start < 0.1
+    assert sum(split) == 10**9 and min(split) >= 1
+    assert max(k * 0.013 + e for k, e in zip(split, [0.2, *[0.0] * 62, 0.9])) <= (10**9 * 0.013 + 1.1) / 64 + 0.013

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from jax.sharding import PartitionSpec
@@ -12,6 +13,7 @@ from jax.sharding import PartitionSpec
 from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.mesh import parse_mesh
 from planner.api import plan
+from planner.config import from_hf_config
 from planner.mesh_assign import assignments, degrees
 from planner.schema import Plan
 from planner.shardings import partition_spec_tree
@@ -134,3 +136,27 @@ def test_two_processes_write_the_same_plan_bytes(tmp_path, argv):
         runs.append((out.read_bytes(), proc.stdout))
     assert runs[0] == runs[1]
     assert json.loads(runs[0][0]) == json.loads(runs[0][1])  # the file and the printed plan are the same plan
+
+
+LLAMA3_8B_HF = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+
+
+@pytest.mark.parametrize("layers, answer", [(100_000, "does not fit on 32"), (1_000_000_000, "cannot fit on any cluster")])
+def test_absurd_depth_is_answered_in_well_under_two_seconds(layers, answer):
+    start = time.perf_counter()
+    with pytest.raises(InfeasibleError, match=answer):
+        plan(from_hf_config(LLAMA3_8B_HF | {"num_hidden_layers": layers}), mesh="8x4")
+    assert time.perf_counter() - start < 2.0
+
+
+def test_planning_time_does_not_grow_with_depth():
+    def plan_s(layers):
+        start = time.perf_counter()
+        p = plan(from_hf_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers,
+                                 "num_attention_heads": 4, "vocab_size": 1000}), mesh="8x4", seq_len=128, global_batch=64)
+        assert p.layout.n_devices == 32 and p.solver.status == "OPTIMAL"
+        return time.perf_counter() - start
+
+    shallow_s, deep_s = plan_s(32), plan_s(100_000)
+    assert deep_s < 2.0 and deep_s < 3 * shallow_s + 0.2, (shallow_s, deep_s)

@@ -110,7 +110,7 @@ def test_native_format_round_trips(tmp_path):
                      "num_attention_heads": 4, "vocab_size": 10}), "missing 'intermediate_size'"),
         (json.dumps({"model_type": "llama", "hidden_size": -64, "intermediate_size": 8, "num_hidden_layers": 2,
                      "num_attention_heads": 4, "vocab_size": 10}), "hidden_size"),
-        (json.dumps({"model_type": "gpt2", "n_embd": "wide", "n_layer": 2, "n_head": 2, "vocab_size": 10}), "hidden_size"),
+        (json.dumps({"model_type": "gpt2", "n_embd": "wide", "n_layer": 2, "n_head": 2, "vocab_size": 10}), "n_embd"),
         (json.dumps({"name": "x", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "ffn_size": 8,
                      "vocab_size": 10, "colour": "red"}), "colour"),
     ],

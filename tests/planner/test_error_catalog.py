@@ -17,6 +17,8 @@ from planner.cli import main
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "vocab_size": 100}
+LLAMA3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}
 FILES = {
     "bad.json": "{oops",
     "list.json": "[1, 2]",
@@ -28,6 +30,16 @@ FILES = {
     "heads.json": json.dumps(TINY | {"num_attention_heads": 3}),
     "kv_heads.json": json.dumps(TINY | {"num_key_value_heads": 3}),
     "negative.json": json.dumps(TINY | {"num_hidden_layers": -2}),
+    "hidden_bool.json": json.dumps(TINY | {"hidden_size": True}),
+    "new\nline.json": json.dumps(TINY | {"hidden_size": True}),
+    "newline_key.json": json.dumps({"\n": 0}),
+    "hidden_str.json": json.dumps(TINY | {"hidden_size": "4096"}),
+    "bias_str.json": json.dumps(TINY | {"attention_bias": "false"}),
+    "nested.json": "[" * 100_000 + "]" * 100_000,
+    "huge.json": json.dumps(TINY | {"padding": "x" * 5 * 2**20}),
+    "digits.json": '{"hidden_size": ' + "9" * 5000 + "}",
+    "billion_layers.json": json.dumps(LLAMA3_8B | {"num_hidden_layers": 1_000_000_000}),
+    "wide.json": json.dumps(TINY | {"hidden_size": 2**62}),
 }
 NATIVE_FIELDS = ("name, hidden_size, num_layers, num_heads, num_kv_heads, head_dim, ffn_size, vocab_size, max_position_embeddings, "
                  "norm, norm_eps, mlp, positions, rope_theta, tie_embeddings, qkv_bias, out_bias, mlp_bias, num_experts, "
@@ -70,7 +82,40 @@ CATALOG = [
     ("kv heads do not divide heads", ["--model", "{tmp}/kv_heads.json", "--mesh", "2"], 2,
      "num_key_value_heads=3 does not divide num_attention_heads=4; fix: use a key/value head count that divides the query head count"),
     ("dimension not positive", ["--model", "{tmp}/negative.json", "--mesh", "2"], 2,
-     "negative: num_layers: Input should be greater than 0 (got -2); fix: correct 'num_layers' in the model config"),
+     "negative: num_hidden_layers: Input should be greater than 0 (got -2); fix: correct 'num_hidden_layers' in the model config"),
+    ("boolean for a size", ["--model", "{tmp}/hidden_bool.json", "--mesh", "2"], 2,
+     "hidden_bool: hidden_size: Input should be a valid integer (got True); fix: write 'hidden_size' as a JSON number (not true/false)"),
+    ("string for a size", ["--model", "{tmp}/hidden_str.json", "--mesh", "2"], 2,
+     "hidden_str: hidden_size: Input should be a valid integer (got '4096'); fix: write 'hidden_size' as a JSON number (no quotes)"),
+    ("string for a boolean", ["--model", "{tmp}/bias_str.json", "--mesh", "2"], 2,
+     "bias_str: attention_bias: Input should be a valid boolean (got 'false'); fix: correct 'attention_bias' in the model config"),
+    ("deeply nested brackets", ["--model", "{tmp}/nested.json", "--mesh", "2"], 2,
+     "model file '{tmp}/nested.json' nests brackets 100000 deep, more than 64; fix: give the model file itself; no valid one nests "
+     "that deep"),
+    ("plan file nested deep", ["validate", "{tmp}/nested.json"], 2,
+     "plan file '{tmp}/nested.json' nests brackets 100000 deep, more than 64; fix: give the plan file itself; no valid one nests "
+     "that deep"),
+    ("hardware profile nested deep", ["simulate", "--model", "gpt2", "--hardware", "{tmp}/nested.json", "--devices", "2",
+                                      "--global-batch", "8"], 2,
+     "hardware profile '{tmp}/nested.json' nests brackets 100000 deep, more than 64; fix: give the hardware profile itself; no "
+     "valid one nests that deep"),
+    ("hardware profile with a newline in a key", ["simulate", "--model", "gpt2", "--hardware", "{tmp}/newline_key.json",
+                                                  "--devices", "2", "--global-batch", "8"], 2,
+     "{tmp}/newline_key.json: '\\n': Extra inputs are not permitted; fix: see costmodel.hardware.ClusterSpec"),
+    ("file name with a newline", ["--model", "{tmp}/new\nline.json", "--mesh", "2"], 2,
+     "new\\nline: hidden_size: Input should be a valid integer (got True); fix: write 'hidden_size' as a JSON number (not true/false)"),
+    ("file too large", ["--model", "{tmp}/huge.json", "--mesh", "2"], 2,
+     "model file '{tmp}/huge.json' is larger than 4 MiB; fix: give the model file itself (a few kilobytes of JSON)"),
+    ("integer too long for Python", ["--model", "{tmp}/digits.json", "--mesh", "2"], 2,
+     "'{tmp}/digits.json' is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits; "
+     "use sys.set_int_max_str_digits() to increase the limit); fix: fix the number in the config"),
+    ("size no cluster could hold", ["--model", "{tmp}/billion_layers.json", "--mesh", "8x4"], 4,
+     "billion_layers cannot fit on any cluster: its 2.18e+17 parameters' weights, gradients and optimizer state alone need 218 GiB "
+     "per device even spread over 16,777,216 devices, more than the 80 GiB of one h100-sxm; fix: check num_hidden_layers and the "
+     "other sizes in the model config"),
+    ("dimension beyond any accelerator", ["--model", "{tmp}/wide.json", "--mesh", "2"], 2,
+     "wide: hidden_size: Input should be less than or equal to 2147483648 (got 4611686018427387904); "
+     "fix: correct 'hidden_size' in the model config"),
     # names
     ("unknown preset", ["--model", "llama9", "--mesh", "2"], 2,
      f"unknown model 'llama9'; fix: use a config.json path or one of: {PRESETS}"),
@@ -122,9 +167,16 @@ CATALOG = [
                                                 "--global-batch", "8"], 3,
      "devices=8 is not divisible by tp·pp·cp = 3; fix: change --devices or the degrees"),
     # limits
-    ("time limit before any fitting layout", ["--model", "gpt2", "--devices", "8", "--time-limit-s", "1e-9"], 4,
+    ("time limit before any fitting layout", ["--model", "gpt2", "--devices", "8", "--time-limit-s", "1e-9"], 6,
      "the time limit of 1e-09 s ran out before a layout of gpt2 on 8 devices that fits was found; "
      "fix: raise --time-limit-s, or give a --mesh (fewer layouts to cost)"),
+    ("command past its time limit", ["simulate", "--model", "llama3-8b", "--devices", "8", "--global-batch", "8",
+                                     "--time-limit-s", "1e-6"], 6,
+     "plan simulate ran past its time limit of 1e-06 s with no answer; fix: raise --time-limit-s"),
+    ("inspect past its time limit", ["inspect", "--model", "llama3-8b", "--time-limit-s", "1e-6"], 6,
+     "plan inspect ran past its time limit of 1e-06 s with no answer; fix: raise --time-limit-s"),
+    ("time limit not a number", ["inspect", "--model", "gpt2", "--time-limit-s", "nan"], 2,
+     "--time-limit-s=nan is not a positive number of seconds; fix: e.g. --time-limit-s 20"),
 ]
 
 
@@ -159,7 +211,7 @@ def test_unreadable_file(capsys, tmp, monkeypatch):
     def denied(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "read_text", denied)
+    monkeypatch.setattr(Path, "open", denied)
     code, _, err = _run(capsys, ["--model", str(tmp / "bad.json"), "--mesh", "2"])
     assert code == 2
     assert err == (f"plan: error: cannot read model file '{tmp}/bad.json': [Errno 13] Permission denied: '{tmp}/bad.json'; "

@@ -29,7 +29,8 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors in the catalog's one-line form (exit 2); subcommand parsers inherit it."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"plan: error: {message}; fix: see `{self.prog} --help`\n")
+        fix = "" if "; fix: " in message else f"; fix: see `{self.prog} --help`"  # a type helper names its own fix
+        self.exit(2, f"plan: error: {message}{fix}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
+from planner.commands.arg_types import non_negative_int, positive_float, positive_int
 from planner.progress import progress_display, wanted
 from planner.schema import Plan
 
@@ -23,18 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="preset name or config.json path")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--mesh", help="device mesh, e.g. 8x4 or data=8,tensor=4")
-    where.add_argument("--devices", type=int, help="device count; the planner chooses the mesh")
+    where.add_argument("--devices", type=positive_int, help="device count; the planner chooses the mesh")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
-    parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
-    parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--devices-per-node", type=positive_int, help="override the profile's devices per node")
+    parser.add_argument("--seq-len", type=positive_int,
+                        help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
+    parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
     # Checked by planner.api, so an unknown name gets the error catalog's one line.
     parser.add_argument("--planner", default="grid",
                         help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
                              "CP-SAT intra-op ILP shards every parameter and op of a stage; anneal/beam/random: search "
                              "planners on the ILP's strategy space")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of a search planner (default 0)")
-    parser.add_argument("--time-limit-s", type=float, default=20.0,
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
+    parser.add_argument("--time-limit-s", type=positive_float, default=20.0,
                         help="limit of the layout search and, separately, of the intra-op planner; when it runs out the best "
                              "plan found is kept and solver.status says FEASIBLE (default 20)")
     parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "markdown"], default="summary",

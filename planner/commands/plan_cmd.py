@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=positive_int,
                         help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--tokens", type=positive_float,
+                        help="training tokens, e.g. 15e12: also predict days to train and device-hours at the plan's step time")
     # Checked by planner.api, so an unknown name gets the error catalog's one line.
     parser.add_argument("--planner", default="grid",
                         help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_display(enabled=wanted(fmt)) as report:
         result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
                       global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
-                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report)
+                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens)
     plan_time_s = time.perf_counter() - start
     if args.out:
         try:
@@ -127,6 +129,11 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         ("  activations / temporary", f"{mem.activations_bytes / _GIB:.1f} / {mem.temporary_bytes / _GIB:.1f} GiB"),
     ):
         pred.add_row(name, value)
+    if est.time_to_train_s is not None:
+        tokens = est.time_to_train_s * est.tokens_per_s
+        pred.add_row("time to train", f"{est.time_to_train_s / 86400:,.1f} days, {est.device_hours:,.0f} device-hours for "
+                                      f"{tokens:.3g} tokens   (at this plan's predicted MFU {est.mfu:.1%}, "
+                                      f"{est.tokens_per_s:,.0f} tokens/s)")
     if p.solver.intra_op:
         ilp = p.solver.intra_op
         effort = (f"{ilp.variables:,} variables, gap {ilp.gap:.1%}" if ilp.gap is not None

@@ -12,7 +12,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
-from planner.commands import compare_cmd, inspect_cmd, plan_cmd, simulate_cmd, validate_cmd
+from planner.commands import compare_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -20,6 +20,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
     "inspect": ("parameter count, FLOPs and graph size of a model", inspect_cmd.add_arguments, inspect_cmd.run),
     "simulate": ("predict step time and memory of one layout", simulate_cmd.add_arguments, simulate_cmd.run),
     "validate": ("compile a plan on its (emulated) device mesh and compare", validate_cmd.add_arguments, validate_cmd.run),
+    "largest": ("the largest model of a family whose training step fits the devices", largest_cmd.add_arguments,
+                largest_cmd.run),
     "compare": ("the ILP and the search planners on one strategy space, side by side", compare_cmd.add_arguments,
                 compare_cmd.run),
 }

@@ -61,3 +61,6 @@ class StepEstimate(BaseModel):
     memory: MemoryBreakdown = Field(description="Per-device memory, itemised.")
     fits: bool | None = Field(description="Whether the memory fits the device's HBM.")
     timeline: tuple[TimelineEvent, ...] = Field((), description="Pipeline micro-steps, when asked for.")
+    time_to_train_s: float | None = Field(None, description="Seconds to train on the requested tokens at this step time; "
+                                                            "None when no token count was given.")
+    device_hours: float | None = Field(None, description="time_to_train_s × devices / 3600; None when no token count was given.")

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from costmodel.errors import InfeasibleError, InvalidConfigError
@@ -35,7 +36,7 @@ def plan(
     model: str | ModelConfig, *, mesh: str | None = None, devices: int | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
     planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0, attention: Attention | None = None,
-    progress: Report | None = None,
+    progress: Report | None = None, tokens: float | None = None,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -53,6 +54,8 @@ def plan(
         materialized for the intra-op planners, which shard the reference program (it
         materializes the score matrix).
       progress: called as ``progress(phase, done, total)`` while the search runs.
+      tokens: training tokens; the plan's prediction then says how long training takes
+        (``time_to_train_s`` = tokens / tokens_per_s at the chosen layout) and ``device_hours``.
 
     The plan holds no wall times, so the same inputs give the same plan bytes.
     """
@@ -100,7 +103,7 @@ def plan(
                                              time_limit_s=time_limit_s, seed=seed)
     return Plan(
         model=cfg, train=train, hardware=cluster.name, mesh=axes, layout=lay,
-        param_specs=specs, activation_specs=_activation_specs(lay, by_kind), predicted=best,
+        param_specs=specs, activation_specs=_activation_specs(lay, by_kind), predicted=with_training_time(best, tokens),
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
         solver=SolverInfo(planner=planner, status=_status(result.complete, intra_op), evaluated=result.evaluated,
                           pruned=result.pruned, intra_op=intra_op),
@@ -143,6 +146,17 @@ def layout_plan(
         activation_specs=_activation_specs(layout, by_kind), predicted=estimate, alternatives=(),
         solver=SolverInfo(planner="fixed", status="GIVEN", evaluated=1, pruned={}),
     )
+
+
+def with_training_time(est: StepEstimate, tokens: float | None) -> StepEstimate:
+    """``est`` with the time and device-hours to train on ``tokens`` (unchanged when None):
+    ``with_training_time(plan.predicted, 15e12).time_to_train_s / 86400`` is days to train."""
+    if tokens is None:
+        return est
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise InvalidConfigError(f"{tokens=} is not a positive token count", fix="e.g. --tokens 15e12")
+    time_s = tokens / est.tokens_per_s
+    return est.model_copy(update={"time_to_train_s": time_s, "device_hours": time_s * est.n_devices / 3600})
 
 
 def _check_arguments(*, planner: str, devices: int | None, time_limit_s: float) -> None:

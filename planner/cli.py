@@ -12,7 +12,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
-from planner.commands import compare_cmd, inspect_cmd, plan_cmd, simulate_cmd, validate_cmd
+from planner.commands import compare_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
 from planner.time_limit import add_time_limit, time_limit, wall_limit_s
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
@@ -21,6 +21,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
     "inspect": ("parameter count, FLOPs and graph size of a model", inspect_cmd.add_arguments, inspect_cmd.run),
     "simulate": ("predict step time and memory of one layout", simulate_cmd.add_arguments, simulate_cmd.run),
     "validate": ("compile a plan on its (emulated) device mesh and compare", validate_cmd.add_arguments, validate_cmd.run),
+    "largest": ("the largest model of a family whose training step fits the devices", largest_cmd.add_arguments,
+                largest_cmd.run),
     "compare": ("the ILP and the search planners on one strategy space, side by side", compare_cmd.add_arguments,
                 compare_cmd.run),
 }
@@ -30,7 +32,8 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors in the catalog's one-line form (exit 2); subcommand parsers inherit it."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"plan: error: {message}; fix: see `{self.prog} --help`\n")
+        fix = "" if "; fix: " in message else f"; fix: see `{self.prog} --help`"  # a type helper names its own fix
+        self.exit(2, f"plan: error: {message}{fix}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,10 +15,12 @@ hardware profile's roofline and link model, solves the CP-SAT ILP, and returns
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
+import networkx as nx
 from jax.sharding import Mesh, PartitionSpec
 
 from costmodel.machine import load_machine
@@ -39,11 +41,12 @@ class ShardResult:
     solution: IntraOpSolution
     space: StrategySpace
     mesh_axes: tuple[tuple[str, int], ...]
+    compute_dtype: str
 
 
 def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardware: str = "h100-sxm",
           memory_budget_bytes: float | None = None, time_limit_s: float = 20.0,
-          memory_factor: Callable[[str], float] = lambda label: 1.0) -> ShardResult:
+          memory_factor: Callable[[str], float] = lambda label: 1.0, compute_dtype: str | None = None) -> ShardResult:
     """Shard ``fn`` on ``mesh`` by solving the intra-op ILP on its graph.
 
     Args:
@@ -54,10 +57,13 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
       memory_budget_bytes: per-device limit; default the profile's HBM.
       memory_factor: bytes held per byte of the input with this path label (e.g. 4 for a
         parameter with its gradient and two Adam moments when they are not inputs too).
+      compute_dtype: whose peak FLOP/s costs the matmuls ('float32', 'bfloat16', 'float16', ...);
+        default `program_compute_dtype` of the traced program.
     """
     axes = _mesh_axes(mesh)
-    machine = load_machine(hardware)
     graph = extract_graph(fn, *abstract_args)
+    dtype = compute_dtype or program_compute_dtype(graph)
+    machine = load_machine(hardware, compute_dtype=dtype)
     space = prune_dominated(build_space(graph, machine.mesh_groups(list(axes)), machine,
                                         memory_factor=lambda op: _input_factor(op, memory_factor)))
     budget = machine.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
@@ -71,7 +77,29 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *abstract_args))
     return ShardResult(in_specs=jax.tree_util.tree_unflatten(tree, in_leaves),
                        out_specs=jax.tree_util.tree_unflatten(out_tree, out_leaves),
-                       solution=solution, space=space, mesh_axes=axes)
+                       solution=solution, space=space, mesh_axes=axes, compute_dtype=dtype)
+
+
+def program_compute_dtype(graph: nx.DiGraph) -> str:
+    """The operand dtype carrying most of the program's dot-product FLOPs (its matmul units'
+    dtype); a program without dot products computes in its most common float dtype.
+
+    >>> import jax, jax.numpy as jnp
+    >>> x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    >>> program_compute_dtype(extract_graph(lambda x: (x.astype(jnp.float16) @ x.astype(jnp.float16)).sum(), x))
+    'float16'
+    >>> program_compute_dtype(extract_graph(lambda x: (x @ x).sum(), x))
+    'float32'
+    """
+    ops = [d[OP_ATTR] for _, d in graph.nodes(data=True)]
+    dot_flops: Counter[str] = Counter()
+    for op in ops:
+        if op.dot is not None:
+            dot_flops[op.inputs[0].dtype] += op.flops * op.repeat
+    if dot_flops:
+        return dot_flops.most_common(1)[0][0]
+    floats = Counter(t.dtype for op in ops for t in op.outputs if "float" in t.dtype)
+    return floats.most_common(1)[0][0] if floats else "float32"
 
 
 def to_partition_spec(sharding: Sharding) -> PartitionSpec:

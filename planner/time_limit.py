@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from costmodel.errors import InvalidConfigError, TimeLimitError
+from planner.commands.arg_types import positive_float
 
-DEFAULT_S = {"inspect": 120.0, "simulate": 60.0, "validate": 1800.0, "compare": 1800.0}
+DEFAULT_S = {"inspect": 120.0, "simulate": 60.0, "validate": 1800.0, "compare": 1800.0, "largest": 300.0}
 TRACE_S = 60.0
 
 
@@ -31,7 +32,7 @@ class _WallClock(BaseException):
 def add_time_limit(parser: argparse.ArgumentParser, command: str) -> None:
     """Give ``command``'s parser ``--time-limit-s`` unless the command defines its own."""
     if command in DEFAULT_S:
-        parser.add_argument("--time-limit-s", type=float, default=DEFAULT_S[command],
+        parser.add_argument("--time-limit-s", type=positive_float, default=DEFAULT_S[command],
                             help=f"stop after this many wall seconds with exit code 6 (default {DEFAULT_S[command]:g})")
 
 

@@ -10,17 +10,18 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
+from planner.commands.arg_types import positive_float, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="preset name or config.json path")
     parser.add_argument("--mesh", required=True, help="device mesh, e.g. 8x4 or data=8,tensor=4")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence")
-    parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--seq-len", type=positive_int, help="tokens per sequence")
+    parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
     parser.add_argument("--planners", default="ilp,grid,anneal,beam,random", help="comma-separated, ilp included (default all)")
-    parser.add_argument("--budget-s", type=float, default=30.0, help="wall seconds each planner may run (default 30)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per search planner (default 3)")
+    parser.add_argument("--budget-s", type=positive_float, default=30.0, help="wall seconds each planner may run (default 30)")
+    parser.add_argument("--seeds", type=positive_int, default=3, help="seeds per search planner (default 3)")
     parser.add_argument("--out-dir", type=Path, help="write compare.csv, traces.csv and compare.png here")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
 

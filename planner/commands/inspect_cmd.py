@@ -12,6 +12,7 @@ from rich.table import Table
 from costmodel.hardware import load_hardware
 from costmodel.layout import check_sequence
 from costmodel.mesh import AxisLink, axis_links, parse_mesh
+from planner.commands.arg_types import positive_int
 from planner.config import default_seq_len, load_model, train_config
 
 if TYPE_CHECKING:
@@ -20,11 +21,12 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="preset name (e.g. llama3-8b) or path to a config.json")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
-    parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--seq-len", type=positive_int,
+                        help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
+    parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
     parser.add_argument("--mesh", help="also show which links each axis of this device mesh crosses, e.g. 8x4 or data=8,tensor=4")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile for --mesh (default h100-sxm)")
-    parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
+    parser.add_argument("--devices-per-node", type=positive_int, help="override the profile's devices per node")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
+from planner.commands.arg_types import non_negative_int, positive_float, positive_int
 from planner.progress import progress_display, wanted
 from planner.schema import Plan
 
@@ -23,18 +24,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="preset name or config.json path")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--mesh", help="device mesh, e.g. 8x4 or data=8,tensor=4")
-    where.add_argument("--devices", type=int, help="device count; the planner chooses the mesh")
+    where.add_argument("--devices", type=positive_int, help="device count; the planner chooses the mesh")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
-    parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
-    parser.add_argument("--global-batch", type=int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--devices-per-node", type=positive_int, help="override the profile's devices per node")
+    parser.add_argument("--seq-len", type=positive_int,
+                        help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
+    parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--tokens", type=positive_float,
+                        help="training tokens, e.g. 15e12: also predict days to train and device-hours at the plan's step time")
     # Checked by planner.api, so an unknown name gets the error catalog's one line.
     parser.add_argument("--planner", default="grid",
                         help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
                              "CP-SAT intra-op ILP shards every parameter and op of a stage; anneal/beam/random: search "
                              "planners on the ILP's strategy space")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of a search planner (default 0)")
-    parser.add_argument("--time-limit-s", type=float, default=20.0,
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
+    parser.add_argument("--time-limit-s", type=positive_float, default=20.0,
                         help="limit of the layout search and, separately, of the intra-op planner; when it runs out the best "
                              "plan found is kept and solver.status says FEASIBLE (default 20)")
     parser.add_argument("--format", choices=["summary", "json", "specs", "maxtext", "flax", "markdown", "html"], default="summary",
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     with progress_display(enabled=wanted(fmt)) as report:
         result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
                       global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
-                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report)
+                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens)
     plan_time_s = time.perf_counter() - start
     page = _html(result, args) if fmt == "html" else None
     if args.out:
@@ -145,6 +149,11 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         ("  activations / temporary", f"{mem.activations_bytes / _GIB:.1f} / {mem.temporary_bytes / _GIB:.1f} GiB"),
     ):
         pred.add_row(name, value)
+    if est.time_to_train_s is not None:
+        tokens = est.time_to_train_s * est.tokens_per_s
+        pred.add_row("time to train", f"{est.time_to_train_s / 86400:,.1f} days, {est.device_hours:,.0f} device-hours for "
+                                      f"{tokens:.3g} tokens   (at this plan's predicted MFU {est.mfu:.1%}, "
+                                      f"{est.tokens_per_s:,.0f} tokens/s)")
     if p.solver.intra_op:
         ilp = p.solver.intra_op
         effort = (f"{ilp.variables:,} variables, gap {ilp.gap:.1%}" if ilp.gap is not None

@@ -14,6 +14,7 @@ from costmodel.estimate import StepEstimate
 from costmodel.layout import Attention, Layout, Recompute, Schedule
 from costmodel.machine import load_machine
 from costmodel.simulator import simulate
+from planner.commands.arg_types import non_negative_int, positive_int
 from planner.config import default_seq_len, load_model, train_config
 from planner.timeline import write_timeline
 
@@ -23,21 +24,22 @@ _GIB = 2**30
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="preset name or config.json path")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
-    parser.add_argument("--devices", type=int, required=True, help="total devices")
-    parser.add_argument("--devices-per-node", type=int, help="override the profile's devices per node")
+    parser.add_argument("--devices", type=positive_int, required=True, help="total devices")
+    parser.add_argument("--devices-per-node", type=positive_int, help="override the profile's devices per node")
     for flag, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
                             ("--ep", "expert parallel")):
-        parser.add_argument(flag, type=int, default=1, help=f"{help_text} degree (default 1)")
-    parser.add_argument("--dp", type=int, help="data parallel degree (default: devices / (tp·pp·cp))")
-    parser.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
-    parser.add_argument("--interleave", type=int, default=1, help="model chunks per pipeline device (default 1)")
+        parser.add_argument(flag, type=positive_int, default=1, help=f"{help_text} degree (default 1)")
+    parser.add_argument("--dp", type=positive_int, help="data parallel degree (default: devices / (tp·pp·cp))")
+    parser.add_argument("--global-batch", type=positive_int, required=True, help="sequences per step")
+    parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--seq-len", type=positive_int,
+                        help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
+    parser.add_argument("--interleave", type=positive_int, default=1, help="model chunks per pipeline device (default 1)")
     parser.add_argument("--schedule", choices=[s.value for s in Schedule],
                         help="pipeline schedule (default 1f1b, interleaved when --interleave > 1)")
     parser.add_argument("--recompute", choices=[r.value for r in Recompute], default="none", help="activation recompute")
     parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
-    parser.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
+    parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
     parser.add_argument("--attention", choices=[a.value for a in Attention], default="flash", help="attention kernel")
     parser.add_argument("--dp-overlap", choices=["yes", "no"], default="yes", help="overlap data-parallel communication")
     parser.add_argument("--eager", action="store_true", help="elementwise ops and norms unfused (eager PyTorch)")

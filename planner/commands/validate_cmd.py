@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
+from planner.commands.arg_types import positive_float, positive_int
 
 _GIB = 2**30
 
@@ -27,13 +28,13 @@ _GIB = 2**30
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="a plan JSON written by `plan ... --out`")
     parser.add_argument("--compile-only", action="store_true", help="lower and compile from abstract inputs (no run)")
-    parser.add_argument("--tolerance", type=float, default=0.05,
+    parser.add_argument("--tolerance", type=positive_float, default=0.05,
                         help="allowed |actual/predicted - 1| for bytes (default 0.05; FLOPs 0.02, total memory 0.25)")
-    parser.add_argument("--processes", type=int, default=1,
+    parser.add_argument("--processes", type=positive_int, default=1,
                         help="JAX processes on this host (jax.distributed over 127.0.0.1) forming one mesh (default 1)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per repeat (default 3)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median counts (default 5)")
-    parser.add_argument("--time-tolerance", type=float, default=0.25,
+    parser.add_argument("--steps", type=positive_int, default=3, help="timed steps per repeat (default 3)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed repeats; the median counts (default 5)")
+    parser.add_argument("--time-tolerance", type=positive_float, default=0.25,
                         help="allowed |measured/predicted - 1| for the step time (default 0.25)")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
 

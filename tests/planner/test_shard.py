@@ -1,6 +1,7 @@
 """The ILP on real JAX programs: Megatron tensor parallelism when memory is tight, data
 parallelism when it is ample, and shardings that jax.jit compiles and runs."""
 
+import json
 import math
 import os
 import subprocess
@@ -12,7 +13,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from costmodel.errors import InfeasibleError
+from costmodel.errors import InfeasibleError, UnsupportedError
+from costmodel.hardware import load_hardware
 from planner.shard import shard
 
 D, F, N, H = 1024, 4096, 16, 64
@@ -112,3 +114,72 @@ def test_exported_shardings_compile_and_run_a_training_step_on_8_devices():
     assert words[words.index("status") + 1] in ("OPTIMAL", "FEASIBLE")
     assert int(words[words.index("sharded") + 1]) > 0  # the tight budget forced real sharding
     assert math.isfinite(float(words[words.index("loss") + 1]))
+
+
+_T4_FP32_SCRIPT = textwrap.dedent("""
+    import json, math
+    import jax, jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from costmodel.hardware import load_hardware
+    from planner.shard import shard
+
+    D, F, BLOCKS, B = 8192, 32768, 3, 16
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    params = {f"block{i}": {"w_up": f32(D, F), "w_down": f32(F, D)} for i in range(BLOCKS)}
+
+    def loss(params, x_BxD):
+        for block in params.values():
+            x_BxD = x_BxD + jax.nn.relu(x_BxD @ block["w_up"]) @ block["w_down"]
+        return jnp.mean(x_BxD ** 2)
+
+    def train_step(params, m, v, x_BxD):  # Adam, fp32 throughout
+        grads = jax.grad(loss)(params, x_BxD)
+        m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, grads)
+        v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, grads)
+        params = jax.tree.map(lambda p, m, v: p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), params, m, v)
+        return params, m, v
+
+    args = (params, params, params, f32(B, D))
+    result = shard(train_step, *args, mesh="data=2,model=4", hardware="t4")
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    named = lambda specs: jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    compiled = jax.jit(train_step, in_shardings=named(result.in_specs), out_shardings=named(result.out_specs),
+                       donate_argnums=(0, 1, 2)).lower(*args).compile()
+    mem = compiled.memory_analysis()  # the SPMD program: every device runs this one
+    peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
+    n_params = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
+    print(json.dumps({"dtype": result.compute_dtype, "status": result.solution.status, "n_params": n_params,
+                      "device_peak_bytes": peak, "t4_hbm_bytes": load_hardware("t4").device.hbm_bytes,
+                      "w_up": str(result.in_specs[0]["block0"]["w_up"])}))
+""")
+
+
+def test_fp32_adam_step_too_big_for_one_t4_is_sharded_to_fit_eight():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", _T4_FP32_SCRIPT], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["dtype"] == "float32" and out["status"] in ("OPTIMAL", "FEASIBLE")
+    assert 16 * out["n_params"] > 16e9  # fp32 weights + grads + two Adam moments: more than one T4 holds
+    assert out["device_peak_bytes"] < 16e9 and out["device_peak_bytes"] < out["t4_hbm_bytes"], out
+
+
+@pytest.mark.parametrize("dtype, expected", [(jnp.float32, "float32"), (jnp.float16, "float16"), (jnp.bfloat16, "bfloat16")])
+def test_compute_dtype_comes_from_the_program_and_any_profile_with_its_peak_takes_it(dtype, expected):
+    x, w = jax.ShapeDtypeStruct((256, 1024), dtype), jax.ShapeDtypeStruct((1024, 1024), dtype)
+    for hardware in ("t4", "v100", "a100-80gb", "tpu-v5e"):
+        has_peak = expected in load_hardware(hardware).device.peak_flops_per_s
+        if not has_peak:
+            with pytest.raises(UnsupportedError, match=f"no {expected} peak"):
+                shard(lambda x, w: jnp.tanh(x @ w), x, w, mesh="data=4", hardware=hardware)
+            continue
+        result = shard(lambda x, w: jnp.tanh(x @ w), x, w, mesh="data=4", hardware=hardware)
+        assert result.compute_dtype == expected and result.solution.status == "OPTIMAL"
+
+
+def test_explicit_compute_dtype_overrides_the_program():
+    x = jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+    assert shard(lambda x: x @ x.T, x, mesh="data=4", hardware="t4", compute_dtype="float16").compute_dtype == "float16"
+    with pytest.raises(UnsupportedError, match="t4 has no bfloat16 peak"):
+        shard(lambda x: x @ x.T, x, mesh="data=4", hardware="t4", compute_dtype="bfloat16")

@@ -77,3 +77,22 @@ def test_write_atomic_failure_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         write_atomic(path, "new")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_tokens_gives_days_to_train_as_the_6NT_arithmetic_at_the_plans_mfu(capsys):
+    code, plan, _, _ = _plan(capsys, "--model", "llama3-70b", "--devices", "1024", "--hardware", "h100-sxm", "--tokens", "15e12")
+    from costmodel.catalog import H100_SXM
+    from planner.config import load_model
+
+    pred = plan["predicted"]
+    # Dense model: N = all parameters. (For MoE the planner's MFU counts the active, top-k, parameters.)
+    n_params = load_model("llama3-70b").total_params
+    six_nt_s = 6 * n_params * 15e12 / (pred["mfu"] * H100_SXM.peak_flops_per_s["bfloat16"] * 1024)
+    assert code == 0 and pred["time_to_train_s"] == pytest.approx(six_nt_s, rel=0.05)  # attention FLOPs: the rest
+    assert pred["device_hours"] == pytest.approx(pred["time_to_train_s"] * 1024 / 3600, rel=1e-9)
+    assert 100 < pred["time_to_train_s"] / 86400 < 400
+
+
+def test_without_tokens_the_training_time_is_absent(capsys):
+    code, plan, _, _ = _plan(capsys, "--model", "gpt2", "--devices", "8")
+    assert code == 0 and plan["predicted"]["time_to_train_s"] is None and plan["predicted"]["device_hours"] is None

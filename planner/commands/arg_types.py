@@ -1,0 +1,48 @@
+"""argparse ``type=`` helpers for numeric flags: a bad number is refused while parsing, with the
+error catalog's one line (``plan: error: argument --seq-len: ...; fix: ...``, exit 2).
+
+>>> positive_int("2048"), positive_float("15e12"), non_negative_int("0")
+(2048, 15000000000000.0, 0)
+>>> positive_int("0")
+Traceback (most recent call last):
+argparse.ArgumentTypeError: '0' is not a positive whole number; fix: give a whole number of at least 1, e.g. 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    """A whole number ≥ 1 (a count, a size, a degree)."""
+    return _whole(text, minimum=1, what="positive whole number", example="8")
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number ≥ 0 (a seed, a stage index)."""
+    return _whole(text, minimum=0, what="non-negative whole number", example="0")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds, tokens, a tolerance); scientific notation such as 15e12 is accepted."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite positive number; fix: give a number above 0, e.g. 0.5 or 15e12")
+    return value
+
+
+NUMERIC_TYPES = (positive_int, non_negative_int, positive_float)  # what every numeric flag of `plan` uses
+
+
+def _whole(text: str, *, minimum: int, what: str, example: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {what}; fix: give a whole number of at least {minimum}, e.g. {example}")
+    return value

@@ -177,7 +177,7 @@ CATALOG = [
     ("inspect past its time limit", ["inspect", "--model", "llama3-8b", "--time-limit-s", "1e-6"], 6,
      "plan inspect ran past its time limit of 1e-06 s with no answer; fix: raise --time-limit-s"),
     ("time limit not a number", ["inspect", "--model", "gpt2", "--time-limit-s", "nan"], 2,
-     "--time-limit-s=nan is not a positive number of seconds; fix: e.g. --time-limit-s 20"),
+     "argument --time-limit-s: 'nan' is not a finite positive number; fix: give a number above 0, e.g. 0.5 or 15e12"),
 ]
 
 

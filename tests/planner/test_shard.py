@@ -44,9 +44,9 @@ def _grad_step(params, x):
 def test_memory_tight_gpt_layer_recovers_megatron_tensor_parallelism():
     params, x = _abstract(batch=1, seq=512)
     weight_bytes = sum(math.prod(p.shape) * 2 for p in params.values())
-    # Weights, gradients and two Adam moments must fit in half a replicated copy: split them.
-    result = shard(_grad_step, params, x, mesh="tensor=4", hardware="a100-80gb",
-                   memory_budget_bytes=2 * weight_bytes, memory_factor=lambda label: 4.0)
+    # Weights, their gradients (the outputs) and the temporaries must fit in 1.1 replicated copies: split them.
+    result = shard(_grad_step, params, x, mesh="tensor=4", hardware="a100-80gb", memory_budget_bytes=1.1 * weight_bytes,
+                   baselines=False)
     specs = result.in_specs[0]
     assert result.solution.status == "OPTIMAL"
     assert specs["w_in"] == P(None, "tensor")  # column-parallel first MLP matmul

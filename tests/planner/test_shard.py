@@ -112,3 +112,21 @@ def test_exported_shardings_compile_and_run_a_training_step_on_8_devices():
     assert words[words.index("status") + 1] in ("OPTIMAL", "FEASIBLE")
     assert int(words[words.index("sharded") + 1]) > 0  # the tight budget forced real sharding
     assert math.isfinite(float(words[words.index("loss") + 1]))
+
+
+def test_result_scores_the_baselines_and_is_never_predicted_worse():
+    params, x = _abstract(batch=8, seq=128)
+    result = shard(_grad_step, params, x, mesh="data=2,tensor=2", hardware="a100-80gb", time_limit_s=5)
+    names = {b.name for b in result.baselines}
+    assert {"planned", "dp", "fsdp", "fsdp_tp"} <= names
+    assert all(result.step_time_s <= b.step_time_s + 1e-12 for b in result.baselines if b.fits)
+    assert result.in_specs[1] == P(("data", "tensor"), None, None)  # the batch is split, not left whole
+    assert result.predicted_memory_bytes == result.memory.total_bytes > result.memory.arguments_bytes
+
+
+def test_a_pinned_leaf_keeps_its_spec_and_the_rest_is_planned_around_it():
+    params, x = _abstract(batch=8, seq=128)
+    result = shard(_grad_step, params, x, mesh="data=2,tensor=2", hardware="a100-80gb", time_limit_s=5,
+                   fixed={"[1]": P("data"), "[0]['w_in']": P(None, "tensor")})
+    assert result.in_specs[1] == P("data", None, None)
+    assert result.in_specs[0]["w_in"] == P(None, "tensor")

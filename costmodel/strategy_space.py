@@ -268,6 +268,15 @@ def prune_dominated(space: StrategySpace) -> StrategySpace:
         # Among mutual dominators keep the lower index.
         strictly = beats & ~(beats.T & (order[:, None] > order[None, :]))
         keep[n] = np.flatnonzero(~strictly.any(axis=0))
+    return restrict(space, keep)
+
+
+def restrict(space: StrategySpace, keep: dict[int, np.ndarray]) -> StrategySpace:
+    """The space with only the strategies ``keep[n]`` (indices, ascending) of each free node ``n`` in ``keep``.
+
+    Pinning a node to one strategy is ``keep={n: np.array([i])}``; edges and followers follow.
+    """
+    keep = {n: np.asarray(keep[n]) if n in keep else np.arange(len(ss)) for n, ss in space.strategies.items()}
     strategies = {n: tuple(space.strategies[n][i] for i in idx) for n, idx in keep.items()}
     followers = {f: (root, tuple(induced[i] for i in keep[root])) for f, (root, induced) in space.followers.items()}
     edges = []

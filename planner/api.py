@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.estimate import StepEstimate
@@ -220,3 +220,13 @@ def _alternatives(runners_up: tuple[StepEstimate, ...], misses: tuple[StepEstima
                         why=f"does not fit: needs {e.memory.total_bytes / _GIB:.1f} GiB per device, has {hbm_bytes / _GIB:.0f} GiB")
             for e in misses]
     return tuple(out)
+
+
+def check_shard(result: Any, fn: Callable[..., Any], *abstract_args: Any, mesh: Any, donate_argnums: Sequence[int] = ()) -> Any:
+    """Compile a ``planner.shard`` result on ``mesh`` and compare with its prediction (a validate.shard_check.ShardCheck).
+
+    validate imports planner, so planner reaches it only here, lazily, in its composition root.
+    """
+    from validate.shard_check import check_shard as compile_and_compare
+
+    return compile_and_compare(result, fn, *abstract_args, mesh=mesh, donate_argnums=donate_argnums)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Sequence
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -65,8 +66,12 @@ class IntraOpSolution(BaseModel):
 
 
 def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_limit_s: float = 20.0,
-                   seed: int = 0) -> IntraOpSolution:
+                   seed: int = 0, memory_rows: Sequence[dict[int, np.ndarray]] = ()) -> IntraOpSolution:
     """Choose one strategy per free node of ``space``: least predicted time within the memory budget.
+
+    ``memory_rows``: further per-device memory limits, each free node → bytes of each of its
+    strategies (e.g. what is live at one program point, planner/memory.py); each row's sum
+    stays within the budget too.
 
     Raises InfeasibleError when even the least-memory choice exceeds the budget. When the
     time limit passes before CP-SAT finds a solution, the least-memory choice is returned
@@ -92,6 +97,10 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     memory = [(v, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, xs in x.items() for v, b in zip(xs, space.node_memory_bytes[n]) if b > 0]
     if memory:
         model.add(sum(c * v for v, c in memory) <= int(memory_budget_bytes // _MEMORY_UNIT_BYTES))
+    for row in memory_rows:
+        terms = [(v, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, bs in row.items() for v, b in zip(x[n], bs) if b > 0]
+        if terms:
+            model.add(sum(c * v for v, c in terms) <= int(memory_budget_bytes // _MEMORY_UNIT_BYTES))
     model.minimize(sum(c * v for v, c in objective if c))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1

@@ -160,6 +160,18 @@ def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str =
     return y + p["b_out"].astype(dt) if "b_out" in p and not prefix else y
 
 
+def _top_k(x_BxSxE: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k`` over the last axis as k argmax passes: XLA partitions an argmax with
+    the batch, while it replicates a TopK (an all-gather of the router's probabilities)."""
+    values, indices = [], []
+    for _ in range(k):
+        index_BxS = jnp.argmax(x_BxSxE, axis=-1)
+        values.append(jnp.take_along_axis(x_BxSxE, index_BxS[..., None], axis=-1)[..., 0])
+        indices.append(index_BxS)
+        x_BxSxE = jnp.where(jax.nn.one_hot(index_BxS, x_BxSxE.shape[-1], dtype=bool), -jnp.inf, x_BxSxE)
+    return jnp.stack(values, -1), jnp.stack(indices, -1).astype(jnp.int32)
+
+
 def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.Array, jax.Array]:
     """Top-k routed experts with per-sequence capacity; returns output and load-balance loss."""
     b, s, d = x_BxSxD.shape
@@ -167,23 +179,26 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
     capacity = max(1, math.ceil(MOE_CAPACITY_FACTOR * s * k / e))
     logits_BxSxE = jnp.einsum("bsd,de->bse", x_BxSxD, p["router"].astype(dt)).astype(jnp.float32)
     probs_BxSxE = checkpoint_name(jax.nn.softmax(logits_BxSxE, axis=-1), "router_probs")
-    top_w_BxSxK, top_e_BxSxK = jax.lax.top_k(probs_BxSxE, k)
+    top_w_BxSxK, top_e_BxSxK = _top_k(probs_BxSxE, k)
     top_w_BxSxK = top_w_BxSxK / top_w_BxSxK.sum(-1, keepdims=True)
     # Slot of each (token, choice) in its expert's buffer, in token order; past capacity it drops.
     onehot_BxTxE = jax.nn.one_hot(top_e_BxSxK.reshape(b, s * k), e, dtype=jnp.int32)
     slot_BxT = (jnp.cumsum(onehot_BxTxE, axis=1) * onehot_BxTxE).sum(-1) - 1
     expert_BxT = top_e_BxSxK.reshape(b, s * k)
-    token_T = jnp.repeat(jnp.arange(s), k)
-    batch_B1 = jnp.arange(b)[:, None]
-    token_BxExC = jnp.zeros((b, e, capacity), jnp.int32).at[batch_B1, expert_BxT, slot_BxT].set(token_T[None, :], mode="drop")
-    weight_BxExC = jnp.zeros((b, e, capacity), jnp.float32).at[batch_B1, expert_BxT, slot_BxT].set(
-        top_w_BxSxK.reshape(b, s * k), mode="drop")
-    x_BxExCxD = checkpoint_name(jnp.take_along_axis(x_BxSxD[:, None], token_BxExC[..., None], axis=2), "expert_inputs")
+    token_BxT = jnp.broadcast_to(jnp.repeat(jnp.arange(s), k), (b, s * k))
+    # Per sequence under vmap, so the gathers and scatters carry the batch as a batching
+    # dimension: XLA then splits them with the batch instead of replicating them (with an
+    # all-gather of the MoE input and an all-reduce of its output).
+    to_slots = jax.vmap(lambda expert_T, slot_T, value_T: jnp.zeros((e, capacity), value_T.dtype).at[expert_T, slot_T].set(
+        value_T, mode="drop"))
+    token_BxExC = to_slots(expert_BxT, slot_BxT, token_BxT)
+    weight_BxExC = to_slots(expert_BxT, slot_BxT, top_w_BxSxK.reshape(b, s * k))
+    x_BxExCxD = checkpoint_name(jax.vmap(lambda x_SxD, token_ExC: x_SxD[token_ExC])(x_BxSxD, token_BxExC), "expert_inputs")
     h_BxExCxF = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_in"].astype(dt))
     gate = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_gate"].astype(dt)) if cfg.mlp.gated else None
     y_BxExCxD = jnp.einsum("becf,efd->becd", _activation(h_BxExCxF, gate, cfg.mlp), p["w_out"].astype(dt))
     y_BxExCxD = y_BxExCxD * weight_BxExC[..., None].astype(dt)
-    out_BxSxD = jnp.zeros((b, s, d), dt).at[batch_B1[:, :, None], token_BxExC].add(y_BxExCxD)
+    out_BxSxD = jax.vmap(lambda token_ExC, y_ExCxD: jnp.zeros((s, d), dt).at[token_ExC].add(y_ExCxD))(token_BxExC, y_BxExCxD)
     if "shared_w_in" in p:
         gate_BxSx1 = jax.nn.sigmoid(jnp.einsum("bsd,do->bso", x_BxSxD, p["shared_gate"].astype(dt)))
         out_BxSxD = out_BxSxD + gate_BxSx1 * _dense_mlp(x_BxSxD, p, cfg, dt, prefix="shared_")

@@ -136,6 +136,14 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
     return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), host, shardings)
 
 
+def _region_mesh(mesh: Mesh) -> Any:
+    """``mesh``, or inside a region manual over some of its axes (the pipeline's,
+    `validate.pipeline`) that region's abstract mesh, whose axis types say which axes are
+    manual: shardings and nested shard_maps there must name it (XLA aborted otherwise)."""
+    context = jax.sharding.get_abstract_mesh()
+    return context if context.axis_names else mesh
+
+
 def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], jax.Array]:
     """``constrain(name, x)`` for the reference model: pins the activations the plan names to
     its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather
@@ -161,7 +169,7 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
             return x
         # A dimension its axes do not divide (GPT-2's 50257-token vocabulary) stays whole, as its weight does.
         spec = PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape)))
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(_region_mesh(mesh), spec))
 
     return constrain
 
@@ -185,8 +193,11 @@ def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array],
         rows_BxSxD = jnp.take(table_vxD, jnp.where(inside_BxS, local_BxS, 0), axis=0)
         return jax.lax.psum(jnp.where(inside_BxS[..., None], rows_BxSxD, 0), vocab_axes)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(vocab_axes, None), token_spec),
-                         out_specs=PartitionSpec(*token_spec, None))
+    def lookup(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
+        return jax.shard_map(local, mesh=_region_mesh(mesh), in_specs=(PartitionSpec(vocab_axes, None), token_spec),
+                             out_specs=PartitionSpec(*token_spec, None))(table_VxD, tokens_BxS)
+
+    return lookup
 
 
 def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

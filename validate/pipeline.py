@@ -11,11 +11,15 @@ program (SPMD), so stages also compute in the bubble ticks, on data nobody reads
 device does ``(M + S − 1) / M`` times its useful layer work, and the bubble shows up as
 compute rather than idle time.
 
-Embedding, head and loss run outside the manual region on the whole batch, with the plan's
+Embedding, head and loss run outside the stages' region on the whole batch, with the plan's
 vocab-parallel embedding and activation constraints as in the non-pipelined step
-(`validate.lowering`). A ``psum`` over the pipeline axis hands the last stage's outputs to
-every pipeline group, which all compute the head: duplicated work, but the head's gradient
-then needs no all-reduce over the pipeline axis, which is often the one crossing nodes.
+(`validate.lowering`), each in a region of its own that is manual over the pipeline axis with
+everything whole there (`runs_outer_whole` says when). A ``psum`` over the
+pipeline axis hands the last stage's outputs to every pipeline group, which all compute the
+head: duplicated work, but the head's gradient then needs no all-reduce over the pipeline
+axis, which is often the one crossing nodes. Left automatic, XLA split some of that work over
+the pipeline axis (the lookup's scatter-add gradient, a tied or ZeRO-sharded head's weight
+gradient) with all-reduces and permutes the plan does not have.
 
 Backward and memory. Gradients come from differentiating the whole schedule, so the backward
 ticks mirror the forward ones in reverse (GPipe): each stage keeps what its recompute policy
@@ -64,6 +68,14 @@ def check_pipeline(plan: Plan) -> tuple[str, ...]:
         raise UnsupportedError(f"interleave={lay.interleave}: interleaved pipeline stages are not lowered to JAX yet",
                                fix="validate the plan with interleave=1 (same stages, one model chunk per device)")
     return plan.axes_of("pp")
+
+
+def runs_outer_whole(plan: Plan) -> bool:
+    """Whether every pipeline group runs the embedding and the head whole (each in a region
+    manual over the pipeline axes). Not with ZeRO-3 and tensor parallelism, where XLA's
+    partitioner aborts on those regions (a replica-group check in ``spmd_partitioner_util``,
+    jax 0.10.2); left automatic there, XLA splits some of their work over the stages."""
+    return not (plan.layout.zero_stage >= 3 and plan.axes_of("tp"))
 
 
 def stage_slots(num_layers: int, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
@@ -123,18 +135,32 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
     piped = jax.shard_map(schedule, mesh=mesh, in_specs=(PartitionSpec(axes), PartitionSpec(axes), PartitionSpec()),
                           out_specs=(PartitionSpec(), PartitionSpec()), axis_names=set(axes))
 
+    def outer_region(fn: Callable[..., Any]) -> Callable[..., Any]:
+        # Manual over the pipeline axes with every input and output whole there: each pipeline
+        # group runs all of ``fn``, as planned.
+        if not runs_outer_whole(plan):
+            return fn
+        return jax.shard_map(fn, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(), axis_names=set(axes))
+
+    def embedding(outer: Any, tokens_GxS: jax.Array) -> jax.Array:
+        return embed(outer, tokens_GxS, model, compute_dtype=dt, constrain=constrain, lookup=lookup)
+
+    def head_loss(outer: Any, y_GxSxD: jax.Array, targets_GxS: jax.Array) -> jax.Array:
+        return cross_entropy(head(y_GxSxD, outer, model, constrain=constrain), targets_GxS)
+
     def loss(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         layers = params["layers"]
         if padded:
             layers = jax.tree.map(lambda w: jnp.take(w, layer_P, axis=0) * live_P.reshape(-1, *(1,) * (w.ndim - 1)), layers)
-        x_GxSxD = embed(params, batch["tokens"], model, compute_dtype=dt, constrain=constrain, lookup=lookup)
+        outer = {k: v for k, v in params.items() if k != "layers"}
+        x_GxSxD = outer_region(embedding)(outer, batch["tokens"])
         g, s, d = x_GxSxD.shape
         # Micro-batch index minor within each data shard, as in gradient accumulation: no data moves.
         x_MxBxSxD = jnp.moveaxis(x_GxSxD.reshape(g // micro, micro, s, d), 1, 0)
         y_MxBxSxD, aux = piped(layers, jnp.asarray(live_P, jnp.float32), x_MxBxSxD)
-        logits_GxSxV = head(jnp.moveaxis(y_MxBxSxD, 0, 1).reshape(g, s, d), params, model, constrain=constrain)
         # The mean over all tokens is the mean of the micro-batch means (equal sizes).
-        return cross_entropy(logits_GxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux / (micro * model.num_layers)
+        ce = outer_region(head_loss)(outer, jnp.moveaxis(y_MxBxSxD, 0, 1).reshape(g, s, d), batch["targets"])
+        return ce + MOE_AUX_LOSS_WEIGHT * aux / (micro * model.num_layers)
 
     return jax.value_and_grad(loss)
 

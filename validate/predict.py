@@ -25,12 +25,15 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   micro-batch's activation per tick in forward and one in backward, the sum of the last
   stage's outputs (bf16) and the sum of the embedding's gradient (fp32).
 
-Not predicted yet (reported as such): context and expert parallelism, sequence
-parallelism, ZeRO 2/3 collectives, pipelines with uneven stages (their layers are
-gathered per stage), and pipelines with ZeRO, tied embeddings or a table not split over
-the vocabulary: the stages all run the embedding and head, and XLA then splits some of
-that work over the pipeline axis (the lookup's scatter-add gradient, the head's weight
-gradient), which these rules do not follow.
+Also predicted: ZeRO 1/2/3 (whole-gradient all-reduces, per-layer weight gathers in forward
+and backward, the embedding's row-gradient exchange, updated-parameter gathers), sequence
+parallelism, MoE experts without expert parallelism, the flash kernel's causal blocks.
+Pipelines with ZeRO, tied embeddings or a table not split over the vocabulary follow the
+same rules: the lowering runs the embedding and head whole on every pipeline group.
+
+Not predicted yet (reported as such): context and expert parallelism, pipelines with
+uneven stages (their layers are gathered per stage), and pipelines with ZeRO-3 and tensor
+parallelism (`validate.pipeline.runs_outer_whole`).
 
 >>> from costmodel.layout import Layout
 >>> from planner.api import layout_plan
@@ -54,12 +57,14 @@ from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Attention, Recompute, Schedule
 from costmodel.machine import machine_for
+from costmodel.memory import activation_bytes_per_layer
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
 from planner.models.attention import block_pairs, block_size
 from planner.models.params import abstract_params
 from planner.models.transformer import MOE_CAPACITY_FACTOR
 from planner.schema import Plan
+from validate.pipeline import runs_outer_whole
 
 _F32 = 4
 # Matmul weights of a dense layer and the dim (of the stacked [L, ...] array) tensor parallelism splits.
@@ -87,21 +92,12 @@ def unpredicted_features(plan: Plan) -> list[str]:
     """Layout features whose collectives `predicted_collectives` does not model."""
     lay = plan.layout
     even = plan.model.num_layers % lay.pp == 0 and len(set(lay.stage_layers or (0,))) == 1
-    features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: _xla_splits_outer_work(plan),
+    features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: lay.pp > 1 and not runs_outer_whole(plan),
                 "context parallelism": lay.cp > 1, "expert parallelism": lay.ep > 1}
     return [name for name, on in features.items() if on]
 
 
-_SPLIT_BY_XLA = "a pipeline with ZeRO, tied embeddings or a table not split over the vocabulary"
-
-
-def _xla_splits_outer_work(plan: Plan) -> bool:
-    """Whether XLA may split the embedding's and head's work over the pipeline axis, whose
-    devices all run it. Seen for the lookup's gradient (a scatter-add) of a table not split
-    over the vocabulary, and for the head's weight gradient when the table is tied or the
-    gradients are sharded over data (ZeRO), with a collective-permute to re-layout it."""
-    lay = plan.layout
-    return lay.pp > 1 and (lay.zero_stage >= 1 or plan.model.tie_embeddings or plan.param_specs["embed/tokens"][0] is None)
+_SPLIT_BY_XLA = "a pipeline with ZeRO-3 and tensor parallelism (XLA splits its embedding's and head's work over the stages)"
 
 
 def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]:
@@ -128,16 +124,20 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """
     lay = plan.layout
     memory = plan.predicted.memory
-    if lay.pp > 1 and lay.schedule is not Schedule.GPIPE:
+    bubble_activations = 0.0
+    if lay.pp > 1:
         gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
         memory = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory
-    total = memory.total_bytes
+        # The tick loop saves what every one of its M + S − 1 ticks computes, the S − 1 bubble ticks too.
+        layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp))
+        bubble_activations = (lay.pp - 1) * layers * activation_bytes_per_layer(plan.model, plan.train, gpipe)
+    total = memory.total_bytes + bubble_activations
     if lay.pp > 1 and lay.micro_batches(plan.train) == 1:
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
         total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
     if platform == "cpu":
-        total += memory.activations_bytes * (_F32 / plan.train.compute_dtype.bytes - 1)
+        total += (memory.activations_bytes + bubble_activations) * (_F32 / plan.train.compute_dtype.bytes - 1)
     return total
 
 
@@ -299,7 +299,8 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
     split = {n for n, (_, spec, _) in params.items() if _data_split(spec, data, sizes) > 1}
     vocab, embed = params["embed/tokens"][1]
     rows = lay.zero_stage >= 1 and not (vocab is not None and embed is None)  # not the vocab-parallel lookup (`embedding_lookup`)
-    micro_tokens = lay.micro_batch * train.seq_len // lay.cp
+    # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
+    outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
     layer_bytes = sum(_grad_bytes(n, whole[n], e) / runs.layers_held for n in whole if n.startswith("layers/"))
     other_bytes = sum(_grad_bytes(n, whole[n], e) for n in whole if not n.startswith("layers/"))
     positions = "embed/positions" in whole and rows
@@ -317,15 +318,15 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
     ]
     if rows:
         exchanged = model.tie_embeddings or "embed/tokens" in split
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=micro_tokens * lay.dp * 4, calls=runs.outer_calls,
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=outer_tokens * lay.dp * 4, calls=runs.outer_calls,
                                        why="ZeRO: the micro-batch's tokens, to find each table row's gradient"))
         if exchanged:
             out.append(PredictedCollective(
-                kind="all-to-all", axes=data, bytes_per_call=micro_tokens * model.hidden_size * _F32,
+                kind="all-to-all", axes=data, bytes_per_call=outer_tokens * model.hidden_size * _F32,
                 calls=(1 + ("embed/tokens" in split)) * runs.outer_calls,
                 why="ZeRO: the embedding output's gradient rows (fp32), and with ZeRO-3 the looked-up row slices"))
         else:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=micro_tokens * lay.dp * model.hidden_size * e,
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=outer_tokens * lay.dp * model.hidden_size * e,
                                            calls=runs.outer_calls, why="ZeRO: the embedding output's gradient rows"))
     if positions:
         split_positions = "embed/positions" in split
@@ -349,15 +350,16 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
                                        why="ZeRO: updated fp32 parameters (those not kept split) gathered from their data shards"))
     return out
 
+
 def predicted_matmul_flops(plan: Plan) -> float | None:
     """Matmul FLOPs per device per step of the plan's program: forward (weights, attention
     scores and values over the full ``S×S``, or the causal blocks of the flash kernel, the
     head), backward twice that (the flash kernel's two and a half times), and the recompute:
     full repeats the layer's forward but its last matmul, selective the scores' matmul (for
-    the softmax's backward). Pipelined, each device
-    runs its stage's layers on every tick (`_Schedule`). None where XLA may split the head
-    over the stages (`_xla_splits_outer_work`)."""
-    if _xla_splits_outer_work(plan):
+    the softmax's backward). Pipelined, each device runs its stage's layers on every tick
+    (`_Schedule`) and the head on the whole batch. None where XLA splits the embedding's work
+    over the stages (`validate.pipeline.runs_outer_whole`)."""
+    if plan.layout.pp > 1 and not runs_outer_whole(plan):
         return None
     model, lay, train = plan.model, plan.layout, plan.train
     runs = _schedule(plan)

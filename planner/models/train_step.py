@@ -46,7 +46,11 @@ def cross_entropy(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
     """Mean next-token negative log-likelihood."""
     with jax.named_scope("loss"):
         logp_BxSxV = jax.nn.log_softmax(logits_BxSxV, axis=-1)
-        return -jnp.take_along_axis(logp_BxSxV, targets_BxS[..., None], axis=-1)[..., 0].mean()
+        # The target's log-probability as a masked sum over the vocabulary, as Megatron's
+        # vocab-parallel loss takes it: a gather there made XLA abort on a vocabulary-split head
+        # inside the pipeline's region manual over its axis (`validate.pipeline`).
+        is_target_BxSxV = jnp.arange(logits_BxSxV.shape[-1]) == targets_BxS[..., None]
+        return -jnp.where(is_target_BxSxV, logp_BxSxV, 0.0).sum(-1).mean()
 
 
 def init_opt_state(params: Params) -> dict[str, Any]:

@@ -60,12 +60,12 @@ def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
     stage has the embedding, the last the head)."""
     first, last = stage == 0, stage == layout.pp - 1
     params = layout.layers_on_stage(model.num_layers, stage) * layer_params_per_device(model, layout)
-    h, v = model.hidden_size, model.vocab_size
+    h, v = model.hidden_size, model.vocab_size / model.vocab_shards(layout.tp)
     if first:
-        params += v * h / layout.tp + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
+        params += v * h + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
     if last:
         # A tied head shares the embedding only when both ends are on one stage.
-        params += h + (0 if model.tie_embeddings and first else h * v / layout.tp)
+        params += h + (0 if model.tie_embeddings and first else h * v)
     return params
 
 

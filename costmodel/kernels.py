@@ -209,10 +209,11 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, elem_bytes: int) 
 
 
 def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
-    """Final norm, vocabulary projection and cross-entropy (fp32 logits), vocab split over tp."""
+    """Final norm, vocabulary projection and cross-entropy (fp32 logits), vocab split over tp
+    where tp divides it (`ModelConfig.vocab_shards`)."""
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
-    v = model.vocab_size / layout.tp
+    v = model.vocab_size / model.vocab_shards(layout.tp)
     return [
         _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
         _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e),

@@ -136,7 +136,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
             temporary += min(2, layers) * layer_params * train.compute_dtype.bytes
     temporary += recompute_temporary
     if last:
-        logits = sb * model.vocab_size / layout.tp * 4  # fp32
+        logits = sb * model.vocab_size / model.vocab_shards(layout.tp) * 4  # fp32
         temporary += (in_flight + 1) * logits
     return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary}

@@ -156,6 +156,16 @@ class ModelConfig(BaseModel):
             n += d * v
         return n
 
+    def vocab_shards(self, tp: int) -> int:
+        """How many ways tensor parallelism splits the vocabulary (table rows, head columns,
+        logits): ``tp`` where it divides the vocabulary, else 1 — the reference program keeps
+        a vocabulary such as GPT-2's 50257 whole rather than pad it as Megatron-LM does.
+
+        >>> ModelConfig(name="m", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=50257).vocab_shards(4)
+        1
+        """
+        return tp if self.vocab_size % tp == 0 else 1
+
     @property
     def params_per_layer(self) -> int:
         """Parameters of one transformer layer."""

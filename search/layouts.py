@@ -40,6 +40,8 @@ _GIB = 2**30
 UNEVEN_RULE = "uneven stages are not lowered as planned yet"
 # XLA aborts on the embedding and head run whole per pipeline group (`validate.pipeline`).
 PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not lowered as planned yet"
+# The experts' tensor-parallel region (`validate.lowering.tensor_parallel_experts`) does not nest in a stage.
+PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -62,8 +64,8 @@ class SearchSpace(BaseModel):
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
     lowered_only: bool = Field(False, description="Only layouts the validator lowers to the program they describe (no "
-                               "interleaved or uneven stages, no sequence parallelism inside pipeline stages, no ZeRO-3 with tensor "
-                               "parallelism inside pipelines yet), so that "
+                               "interleaved or uneven stages, no sequence parallelism inside pipeline stages, no ZeRO-3 and no MoE "
+                               "layers with tensor parallelism inside pipelines yet), so that "
                                "every plan emitted can be compiled and checked.")
 
 
@@ -146,6 +148,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         if pp > 1 and tp > 1 and zero >= 3 and space.lowered_only:
             pruned[PIPELINE_ZERO3_TP_RULE] += 1
+            continue
+        if pp > 1 and tp > 1 and model.is_moe and space.lowered_only:
+            pruned[PIPELINE_MOE_TP_RULE] += 1
             continue
         layout = Layout(**{
             **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,

@@ -26,6 +26,7 @@ from costmodel.errors import InvalidPlanError
 from costmodel.layout import Recompute
 from planner.models.params import abstract_params
 from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
+from planner.models.transformer import Experts
 from planner.schema import Plan
 from planner.shardings import partition_spec_tree, zero_sharded_specs
 
@@ -200,6 +201,45 @@ def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array],
     return lookup
 
 
+def tensor_parallel_experts(plan: Plan, mesh: Mesh) -> Experts:
+    """Megatron's MoE layer under tensor parallelism without expert parallelism: every device
+    of the tensor axes dispatches all tokens and runs every expert on its slice of the
+    experts' hidden dimension (``w_in``/``w_gate`` split by columns, ``w_out`` by rows), and a
+    sum over the tensor axes completes the layer's output — one all-reduce of ``[tokens, D]``
+    in the forward and, as the transpose of taking the whole input, one of its gradient in the
+    backward, as a dense MLP has. Left to XLA, the dispatch buffers (``k · 1.25`` times the
+    tokens) were all-reduced instead. On the CPU backend, which has no 16-bit arithmetic, the
+    region computes in float32: XLA aborts on its 16-bit sums there, over the manual axes and
+    over the others alike (``Invalid binary instruction opcode copy``, jax 0.10.2)."""
+    tensor = set(plan.axes_of("tp"))
+    region_dtype = jnp.float32 if mesh.devices.flat[0].platform == "cpu" else jnp.dtype(plan.train.compute_dtype.value)
+    spec = plan.param_specs.get("layers/moe/w_in")
+    split = spec[3] if spec is not None else None
+    f_axes = tuple(a for a in ((split,) if isinstance(split, str) else split or ()) if a in tensor)
+    if not f_axes:
+        return lambda fn: fn
+    columns, rows = PartitionSpec(None, None, f_axes), PartitionSpec(None, f_axes, None)
+
+    def wrap(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+        def region(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, w_in: jax.Array, w_gate: jax.Array | None,
+                   w_out: jax.Array) -> jax.Array:
+            def local(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, *weights: Any) -> jax.Array:
+                # Varying from the start, so the backward sums the gradient of the layer's input
+                # ([tokens, D]) over the tensor axes, not that of the dispatched copies.
+                x_BxSxD, weight_BxExC = jax.lax.pcast((x_BxSxD, weight_BxExC), f_axes, to="varying")
+                return jax.lax.psum(fn(x_BxSxD, token_BxExC, weight_BxExC, *weights), f_axes)
+
+            whole = PartitionSpec()
+            in_specs = (whole, whole, whole, columns, columns if w_gate is not None else None, rows)
+            y_BxSxD = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=whole, axis_names=set(f_axes))(
+                x_BxSxD.astype(region_dtype), token_BxExC, weight_BxExC.astype(region_dtype), w_in, w_gate, w_out)
+            return y_BxSxD.astype(x_BxSxD.dtype)
+
+        return region
+
+    return wrap
+
+
 def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """`train_step` under ``jax.jit`` with the plan's input shardings kept on the outputs
     (a step is a fixed point of its layout) and the parameters and optimizer state donated,
@@ -221,7 +261,8 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
         return pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
                                attention=lay.attention.value,
-                               hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh)})
+                               hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
+                                      "experts": tensor_parallel_experts(plan, mesh)})
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

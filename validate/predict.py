@@ -33,7 +33,8 @@ same rules: the lowering runs the embedding and head whole on every pipeline gro
 
 Not predicted yet (reported as such): context and expert parallelism, pipelines with
 uneven stages (their layers are gathered per stage), and pipelines with ZeRO-3 and tensor
-parallelism (`validate.pipeline.runs_outer_whole`).
+parallelism (`validate.pipeline.runs_outer_whole`) or with MoE layers and tensor parallelism
+(`validate.lowering.tensor_parallel_experts` is not nested in the pipeline's region).
 
 >>> from costmodel.layout import Layout
 >>> from planner.api import layout_plan
@@ -62,7 +63,7 @@ from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
 from planner.models.attention import block_pairs, block_size
 from planner.models.params import abstract_params
-from planner.models.transformer import MOE_CAPACITY_FACTOR
+from planner.models.transformer import moe_capacity
 from planner.schema import Plan
 from validate.pipeline import runs_outer_whole
 
@@ -93,6 +94,7 @@ def unpredicted_features(plan: Plan) -> list[str]:
     lay = plan.layout
     even = plan.model.num_layers % lay.pp == 0 and len(set(lay.stage_layers or (0,))) == 1
     features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: lay.pp > 1 and not runs_outer_whole(plan),
+                "MoE layers with tensor parallelism inside pipelines": lay.pp > 1 and lay.tp > 1 and plan.model.is_moe,
                 "context parallelism": lay.cp > 1, "expert parallelism": lay.ep > 1}
     return [name for name, on in features.items() if on]
 
@@ -171,8 +173,9 @@ def _schedule(plan: Plan) -> _Schedule:
     return _Schedule(layer_runs=slots * (micro + lay.pp - 1), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro)
 
 
-def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
-    """The collectives of one step of the plan's program (see the module docstring)."""
+def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedCollective]:
+    """The collectives of one step of the plan's program as lowered on ``platform`` (see the
+    module docstring)."""
     model, lay, train = plan.model, plan.layout, plan.train
     data, tensor, pipeline = plan.axes_of("dp"), plan.axes_of("tp"), plan.axes_of("pp")
     e = train.compute_dtype.bytes
@@ -181,21 +184,31 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len
     params = _per_device(plan)
     out: list[PredictedCollective] = []
+    experts_bytes = _tensor_parallel_experts_bytes(plan, platform)
     if tensor:
         def split(key: str, dim: int) -> bool:
             name = f"layers/{key}"
             return name in params and params[name][1][dim] is not None
 
+        if experts_bytes:
+            dispatched = lay.micro_batch * model.num_experts * moe_capacity(model, train.seq_len)
+            out += [PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * experts_bytes, calls=runs.layer_runs,
+                                        why="MoE: the experts' output summed over the tensor axes, forward"),
+                    PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=(act + dispatched) * experts_bytes,
+                                        calls=runs.layer_runs, why="MoE: the gradients of the experts' input and routing weights "
+                                        "summed over the tensor axes, backward")]
         rows = sum(split(k, d) for k, d in _ROW.items())
         cols = sum(split(k, d) for k, d in _COLUMN.items())
-        recompute_rows = max(rows - 1, 0) if lay.recompute is Recompute.FULL else 0
+        # Full recompute re-runs the forward's row-parallel all-reduces but the dense MLP's, whose
+        # output only the layer's output needs; an MoE layer's sum (its own region) is that last one.
+        recompute_rows = (rows if model.is_moe else max(rows - 1, 0)) if lay.recompute is Recompute.FULL else 0
         for count, why in ((rows, "row-parallel matmul outputs, forward"), (cols, "column-parallel input gradients, backward"),
                            (recompute_rows, "row-parallel outputs re-run by full recompute")):
             if count:
                 out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * e, calls=count * runs.layer_runs,
                                                why=why))
         if lay.sequence_parallel:
-            out += _sequence_parallel(plan, runs, act * e)
+            out += _sequence_parallel(plan, runs, act * e, experts=bool(experts_bytes))
         outer_act = outer_tokens * model.hidden_size
         if params["embed/tokens"][1][0] is not None:
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
@@ -207,7 +220,7 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * outer_tokens * _F32, calls=runs.outer_calls,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data:
-        out += _data_parallel(plan, runs, params)
+        out += _data_parallel(plan, runs, params, experts_bytes)
     if pipeline:
         ticks = lay.micro_batches(train) + lay.pp - 1
         out += [
@@ -221,7 +234,7 @@ def predicted_collectives(plan: Plan) -> list[PredictedCollective]:
     return out
 
 
-def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float) -> list[PredictedCollective]:
+def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts: bool) -> list[PredictedCollective]:
     """What sequence parallelism adds over the tensor axes (Megatron's, as XLA partitions it).
 
     The norms' inputs and outputs are split over the sequence. XLA keeps the all-reduces of
@@ -233,6 +246,9 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float) -> list[Pr
     norm's weight gradient is a sum over the split sequence: an fp32 all-reduce.
     """
     model, tensor = plan.model, plan.axes_of("tp")
+    # Full recompute gathers again what the weight gradients need; otherwise the backward gathers
+    # it once more, but for the experts' region, which keeps its whole input.
+    gathers = 6 if plan.layout.recompute is Recompute.FULL or not experts else 5
     norm_bytes = model.hidden_size * _F32 * (2 if model.norm is Norm.LAYERNORM else 1)
     outer_act_bytes = act_bytes * runs.outer_micro_batches
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
@@ -241,7 +257,7 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float) -> list[Pr
                             calls=runs.outer_calls, why="sequence parallel: a head not split over the vocabulary runs split over "
                             "the sequence; its weight gradient is summed over the tensor axes (fp32)")]
     return unsplit_head + [
-        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=act_bytes, calls=6 * runs.layer_runs,
+        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=act_bytes, calls=gathers * runs.layer_runs,
                             why="sequence parallel: the split activation gathered before the attention and MLP, forward and backward"),
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=2 * norm_bytes, calls=runs.layer_runs,
                             why="sequence parallel: the layer norms' weight gradients summed over the split sequence (fp32)"),
@@ -255,12 +271,22 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float) -> list[Pr
 def _idle_capacity_params(model: ModelConfig, seq_len: int) -> float:
     """Expert parameters a token's share of the capacity slack runs through: each expert
     computes its full buffer of ``capacity`` slots per sequence (`planner.models.transformer`),
-    ``MOE_CAPACITY_FACTOR`` times the routed tokens' share, filled or not."""
+    `planner.models.transformer.MOE_CAPACITY_FACTOR` times the routed tokens' share, filled or not."""
     if not model.is_moe:
         return 0.0
     e, k = model.num_experts, model.experts_per_token
-    slots = e * max(1, math.ceil(MOE_CAPACITY_FACTOR * seq_len * k / e))
+    slots = e * moe_capacity(model, seq_len)
     return (slots / (seq_len * k) - 1) * model.routed_expert_params_per_layer * k / e
+
+
+def _down_projection_params(model: ModelConfig, seq_len: int) -> float:
+    """Weights per token of the layer's last matmul(s), whose output only the layer's output
+    needs, so full recompute does not re-run them: the MLP's down projection, or the routed
+    experts' (capacity slack included) and the shared expert's."""
+    if not model.is_moe:
+        return model.ffn_size * model.hidden_size
+    routed = model.routed_expert_params_per_layer * model.experts_per_token / model.num_experts + _idle_capacity_params(model, seq_len)
+    return routed / (3 if model.mlp.gated else 2) + model.shared_expert_ffn_size * model.hidden_size
 
 
 def _is_bias(name: str) -> bool:
@@ -273,8 +299,18 @@ def _data_split(spec: tuple[Any, ...], axes: tuple[str, ...], sizes: dict[str, i
     return math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d) if a in axes)
 
 
-def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]
-                   ) -> list[PredictedCollective]:
+def _tensor_parallel_experts_bytes(plan: Plan, platform: str) -> int:
+    """Bytes per element of what the experts' tensor-parallel region (`validate.lowering.tensor_parallel_experts`)
+    sums and of its weights' gradients (fp32 on the CPU backend, where the region computes in
+    fp32); 0 when the experts do not run in one."""
+    spec = plan.param_specs.get("layers/moe/w_in")
+    if not plan.axes_of("tp") or spec is None or spec[3] is None or plan.layout.pp > 1:
+        return 0
+    return _F32 if platform == "cpu" else plan.train.compute_dtype.bytes
+
+
+def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]],
+                   experts_bytes: int) -> list[PredictedCollective]:
     """Collectives over the data axes: gradient reductions, ZeRO's gathers, the embedding's gradient.
 
     Gradients are all-reduced whole over the data axes once per micro-batch, also where ZeRO
@@ -301,7 +337,8 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
     rows = lay.zero_stage >= 1 and not (vocab is not None and embed is None)  # not the vocab-parallel lookup (`embedding_lookup`)
     # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
-    layer_bytes = sum(_grad_bytes(n, whole[n], e) / runs.layers_held for n in whole if n.startswith("layers/"))
+    layer_bytes = sum(_grad_bytes(n, whole[n], experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e)
+                      / runs.layers_held for n in whole if n.startswith("layers/"))
     other_bytes = sum(_grad_bytes(n, whole[n], e) for n in whole if not n.startswith("layers/"))
     positions = "embed/positions" in whole and rows
     if positions:
@@ -380,7 +417,7 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
         head *= lay.tp if not lay.sequence_parallel else (2 * lay.tp + 1) / 3
     recompute = 0.0
     if lay.recompute is Recompute.FULL:
-        last = 2 * model.ffn_size * model.hidden_size if not model.is_moe else 0
+        last = 2 * _down_projection_params(model, train.seq_len)
         recompute = layer_weights + attention - last
     elif lay.recompute is not Recompute.NONE:
         # Selective: the scores once more (half the attention's forward) for the softmax's backward,

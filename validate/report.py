@@ -87,7 +87,7 @@ def _collective_checks(plan: Plan, report: CompileReport, tolerance: float) -> l
         if c.axes:
             actual[(c.kind, c.axes)] += c.total_bytes
     predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-    for p in predicted_collectives(plan):
+    for p in predicted_collectives(plan, platform=report.platform):
         predicted[(p.kind, p.axes)] += p.total_bytes
     unmodelled = bool(unpredicted_features(plan))
     floor = NEGLIGIBLE_TRAFFIC_SHARE * sum(actual.values())

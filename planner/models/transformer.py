@@ -33,6 +33,9 @@ from planner.models.params import Params
 
 Constrain = Callable[[str, jax.Array], jax.Array]
 Lookup = Callable[[jax.Array, jax.Array], jax.Array]
+# Wraps the experts' computation (dispatch gather, expert MLPs, weighting, combine), whose
+# arguments are ``(h_BxSxD, token_BxExC, weight_BxExC, w_in_ExDxF, w_gate_ExDxF | None, w_out_ExFxD)``.
+Experts = Callable[[Callable[..., jax.Array]], Callable[..., jax.Array]]
 ATTENTION_KERNELS = ("materialized", "flash")
 # Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
 MOE_CAPACITY_FACTOR = 1.25
@@ -73,6 +76,10 @@ def _rope(x_BxSxNxH: jax.Array, theta: float) -> jax.Array:
 
 def _keep(name: str, x: jax.Array) -> jax.Array:
     return x
+
+
+def _run(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    return fn
 
 
 def _take(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
@@ -160,6 +167,16 @@ def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str =
     return y + p["b_out"].astype(dt) if "b_out" in p and not prefix else y
 
 
+def moe_capacity(cfg: ModelConfig, seq_len: int) -> int:
+    """Slots each expert's buffer has per sequence: `MOE_CAPACITY_FACTOR` times its even share.
+
+    >>> moe_capacity(ModelConfig(name="m", hidden_size=8, num_layers=1, num_heads=1, ffn_size=8, vocab_size=8,
+    ...                          num_experts=8, experts_per_token=2), 4096)
+    1280
+    """
+    return max(1, math.ceil(MOE_CAPACITY_FACTOR * seq_len * cfg.experts_per_token / cfg.num_experts))
+
+
 def _top_k(x_BxSxE: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """``jax.lax.top_k`` over the last axis as k argmax passes: XLA partitions an argmax with
     the batch, while it replicates a TopK (an all-gather of the router's probabilities)."""
@@ -172,11 +189,26 @@ def _top_k(x_BxSxE: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return jnp.stack(values, -1), jnp.stack(indices, -1).astype(jnp.int32)
 
 
-def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.Array, jax.Array]:
+def _experts(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, w_in_ExDxF: jax.Array,
+             w_gate_ExDxF: jax.Array | None, w_out_ExFxD: jax.Array, *, mlp: MlpKind) -> jax.Array:
+    """Each expert's MLP on the tokens dispatched to it, weighted and added back in place; the
+    weights (as stored) are cast to the tokens' dtype here."""
+    dt = x_BxSxD.dtype
+    x_BxExCxD = checkpoint_name(jax.vmap(lambda x_SxD, token_ExC: x_SxD[token_ExC])(x_BxSxD, token_BxExC), "expert_inputs")
+    h_BxExCxF = jnp.einsum("becd,edf->becf", x_BxExCxD, w_in_ExDxF.astype(dt))
+    gate = jnp.einsum("becd,edf->becf", x_BxExCxD, w_gate_ExDxF.astype(dt)) if w_gate_ExDxF is not None else None
+    # Weighted before the down projection (the same product): the weights' gradient then needs
+    # only the kept activation, not the projection's output, which would be recomputed.
+    y_BxExCxD = jnp.einsum("becf,efd->becd", _activation(h_BxExCxF, gate, mlp) * weight_BxExC[..., None], w_out_ExFxD.astype(dt))
+    s, d = x_BxSxD.shape[1:]
+    return jax.vmap(lambda token_ExC, y_ExCxD: jnp.zeros((s, d), y_ExCxD.dtype).at[token_ExC].add(y_ExCxD))(token_BxExC, y_BxExCxD)
+
+
+def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, experts: Experts = _run) -> tuple[jax.Array, jax.Array]:
     """Top-k routed experts with per-sequence capacity; returns output and load-balance loss."""
     b, s, d = x_BxSxD.shape
     e, k = cfg.num_experts, cfg.experts_per_token
-    capacity = max(1, math.ceil(MOE_CAPACITY_FACTOR * s * k / e))
+    capacity = moe_capacity(cfg, s)
     logits_BxSxE = jnp.einsum("bsd,de->bse", x_BxSxD, p["router"].astype(dt)).astype(jnp.float32)
     probs_BxSxE = checkpoint_name(jax.nn.softmax(logits_BxSxE, axis=-1), "router_probs")
     top_w_BxSxK, top_e_BxSxK = _top_k(probs_BxSxE, k)
@@ -193,12 +225,8 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
         value_T, mode="drop"))
     token_BxExC = to_slots(expert_BxT, slot_BxT, token_BxT)
     weight_BxExC = to_slots(expert_BxT, slot_BxT, top_w_BxSxK.reshape(b, s * k))
-    x_BxExCxD = checkpoint_name(jax.vmap(lambda x_SxD, token_ExC: x_SxD[token_ExC])(x_BxSxD, token_BxExC), "expert_inputs")
-    h_BxExCxF = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_in"].astype(dt))
-    gate = jnp.einsum("becd,edf->becf", x_BxExCxD, p["w_gate"].astype(dt)) if cfg.mlp.gated else None
-    y_BxExCxD = jnp.einsum("becf,efd->becd", _activation(h_BxExCxF, gate, cfg.mlp), p["w_out"].astype(dt))
-    y_BxExCxD = y_BxExCxD * weight_BxExC[..., None].astype(dt)
-    out_BxSxD = jax.vmap(lambda token_ExC, y_ExCxD: jnp.zeros((s, d), dt).at[token_ExC].add(y_ExCxD))(token_BxExC, y_BxExCxD)
+    out_BxSxD = experts(partial(_experts, mlp=cfg.mlp))(x_BxSxD, token_BxExC, weight_BxExC.astype(dt), p["w_in"],
+                                                         p.get("w_gate"), p["w_out"])
     if "shared_w_in" in p:
         gate_BxSx1 = jax.nn.sigmoid(jnp.einsum("bsd,do->bso", x_BxSxD, p["shared_gate"].astype(dt)))
         out_BxSxD = out_BxSxD + gate_BxSx1 * _dense_mlp(x_BxSxD, p, cfg, dt, prefix="shared_")
@@ -209,7 +237,7 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> tuple[jax.
 
 
 def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain = _keep,
-           attention: str = "materialized") -> tuple[jax.Array, jax.Array]:
+           attention: str = "materialized", experts: Experts = _run) -> tuple[jax.Array, jax.Array]:
     with jax.named_scope("attention"):
         x_BxSxD = checkpoint_name(x_BxSxD, "attn_norm_input")
         attended_BxSxD = _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain, attention)
@@ -217,7 +245,7 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
     h_BxSxD = _norm(x_BxSxD, p["mlp_norm"], cfg)
     if cfg.is_moe:
         with jax.named_scope("moe"):
-            y_BxSxD, aux = _moe(h_BxSxD, p["moe"], cfg, dt)
+            y_BxSxD, aux = _moe(h_BxSxD, p["moe"], cfg, dt, experts)
     else:
         with jax.named_scope("mlp"):
             y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain), jnp.zeros((), jnp.float32)
@@ -226,7 +254,7 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
 
 def forward(
     params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
-    constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized",
+    constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized", experts: Experts = _run,
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
@@ -238,10 +266,11 @@ def forward(
     ``logits_BxSxV``);
     the validator passes ``jax.lax.with_sharding_constraint`` with the plan's specs.
     ``lookup(table_VxD, tokens_BxS)`` gathers embedding rows (the validator passes a
-    vocab-parallel one for a vocabulary-sharded table).
+    vocab-parallel one for a vocabulary-sharded table). ``experts(fn)`` wraps the experts'
+    computation of an MoE layer (the validator runs it manual over the tensor axes).
     """
     x_BxSxD = embed(params, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
-    x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention)
+    x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention, experts=experts)
     return head(x_BxSxD, params, cfg, constrain=constrain), aux_L.mean()
 
 
@@ -256,7 +285,7 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
 
 
 def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
-               constrain: Constrain = _keep, attention: str = "materialized") -> tuple[jax.Array, jax.Array]:
+               constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run) -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
     output and each layer's MoE balancing loss."""
     if remat not in _REMAT_POLICIES:
@@ -266,7 +295,7 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, layer_params, cfg, x.dtype, constrain, attention)
+            return _layer(x, layer_params, cfg, x.dtype, constrain, attention, experts)
 
     body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
     return jax.lax.scan(body, x_BxSxD, layers)

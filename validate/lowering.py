@@ -176,13 +176,14 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
 
 
 def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    """Megatron's vocab-parallel embedding when the plan splits the table's vocabulary only:
-    each device looks up the tokens its vocabulary slice holds (zeros elsewhere) and a sum
-    over the vocabulary axes completes the rows. Left to XLA, the gather of a
+    """Megatron's vocab-parallel embedding when the plan splits the table's vocabulary: each
+    device looks up the tokens its vocabulary slice holds (zeros elsewhere) and a sum over the
+    vocabulary axes completes the rows; a table ZeRO-3 also splits over the data axes is
+    gathered whole over them first, as FSDP gathers any weight. Left to XLA, the gather of a
     vocabulary-sharded table became all-gathers of tokens, an all-reduce over every axis and
-    an all-to-all of the gradient."""
-    vocab, embed = plan.param_specs["embed/tokens"]
-    if vocab is None or embed is not None:
+    an all-to-all of the gradient, and under ZeRO-3 exchanges of row slices over both axes."""
+    vocab, _ = plan.param_specs["embed/tokens"]
+    if vocab is None:
         return lambda table_VxD, tokens_BxS: jnp.take(table_VxD, tokens_BxS, axis=0)
     vocab_axes = (vocab,) if isinstance(vocab, str) else tuple(vocab)
     token_spec = input_specs(plan)[2]["tokens"]

@@ -71,6 +71,8 @@ _F32 = 4
 # Matmul weights of a dense layer and the dim (of the stacked [L, ...] array) tensor parallelism splits.
 _COLUMN = {"attn/wq": 2, "attn/wk": 2, "attn/wv": 2, "mlp/w_in": 2, "mlp/w_gate": 2}
 _ROW = {"attn/wo": 1, "mlp/w_out": 1}
+# Weights of the matmuls whose output only the layer's output needs (dead in full recompute).
+_LAST_MATMULS = ("mlp/w_out", "moe/w_out", "moe/shared_w_out")
 
 
 class PredictedCollective(BaseModel):
@@ -333,8 +335,8 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
     e = train.compute_dtype.bytes
     whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}  # elements before the data split
     split = {n for n, (_, spec, _) in params.items() if _data_split(spec, data, sizes) > 1}
-    vocab, embed = params["embed/tokens"][1]
-    rows = lay.zero_stage >= 1 and not (vocab is not None and embed is None)  # not the vocab-parallel lookup (`embedding_lookup`)
+    vocab, _ = params["embed/tokens"][1]
+    rows = lay.zero_stage >= 1 and vocab is None  # not the vocab-parallel lookup (`embedding_lookup`)
     # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
     layer_bytes = sum(_grad_bytes(n, whole[n], experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e)
@@ -371,12 +373,24 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
                                        calls=1 if split_positions else runs.outer_calls,
                                        why="ZeRO-3: the used position rows, once" if split_positions else
                                        "ZeRO: the used position rows' gradient"))
-    for biases, calls, why in ((False, 2, "ZeRO-3: a layer's weights gathered for its forward and again for its backward"),
-                               (True, 1, "ZeRO-3: a layer's biases gathered for its forward")):
-        gathered = sum(whole[n] / runs.layers_held for n in split if n.startswith("layers/") and _is_bias(n) == biases) * e
+    layer_split = [n for n in split if n.startswith("layers/")]
+    # With sequence parallelism XLA gathers again for full recompute's forward, but not the
+    # weights of the layer's last matmuls, whose recomputation is dead code.
+    regathered = lay.sequence_parallel and lay.recompute is Recompute.FULL
+    for gathered, calls, why in (
+        (sum(whole[n] for n in layer_split if not _is_bias(n)), 2, "ZeRO-3: a layer's weights gathered for its forward and again for "
+                                                                   "its backward"),
+        (sum(whole[n] for n in layer_split if regathered and not _is_bias(n) and not n.endswith(_LAST_MATMULS)), 1,
+         "ZeRO-3: a layer's weights gathered once more for full recompute (sequence parallel)"),
+        (sum(whole[n] for n in layer_split if _is_bias(n)), 1, "ZeRO-3: a layer's biases gathered for its forward"),
+    ):
         if gathered:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=calls * runs.layer_runs, why=why))
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered / runs.layers_held * e,
+                                           calls=calls * runs.layer_runs, why=why))
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
+    if "embed/tokens" in split and not rows and not model.tie_embeddings:
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole["embed/tokens"] * _F32, calls=1,
+                                       why="ZeRO-3: the vocab-parallel table gathered over the data axes (fp32, as stored), once"))
     if head in split:
         # A tied table is gathered whole in fp32: the lookup reads it as stored, the head casts the gathered copy.
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * (_F32 if model.tie_embeddings else e),

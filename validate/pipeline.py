@@ -19,7 +19,9 @@ pipeline axis hands the last stage's outputs to every pipeline group, which all 
 head: duplicated work, but the head's gradient then needs no all-reduce over the pipeline
 axis, which is often the one crossing nodes. Left automatic, XLA split some of that work over
 the pipeline axis (the lookup's scatter-add gradient, a tied or ZeRO-sharded head's weight
-gradient) with all-reduces and permutes the plan does not have.
+gradient) with all-reduces and permutes the plan does not have. The head runs one micro-batch
+after another with its gradients formed at once (`micro_batch_mean`), as a 1F1B last stage
+does, so one micro-batch's logits are alive at a time.
 
 Backward and memory. Gradients come from differentiating the whole schedule, so the backward
 ticks mirror the forward ones in reverse (GPipe): each stage keeps what its recompute policy
@@ -95,6 +97,34 @@ def stage_slots(num_layers: int, layout: Layout) -> tuple[np.ndarray, np.ndarray
     return layer_SxW.reshape(-1), (slot_SxW < np.array(counts)[:, None]).reshape(-1)
 
 
+def micro_batch_mean(loss_fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """``loss_fn(outer, y_BxSxD, targets_BxS)`` averaged over micro-batches ``y_MxBxSxD`` as the
+    last stage of a 1F1B pipeline computes it: each micro-batch's loss and its gradients at
+    once, so that one micro-batch's logits are alive at a time (the whole batch's, in fp32,
+    would outgrow the stages' activations). The backward scales what the forward kept.
+
+    >>> f = micro_batch_mean(lambda w, y, t: (w * y).sum())
+    >>> float(f(2.0, jnp.ones((3, 4)), jnp.zeros((3,), jnp.int32))), float(jax.grad(f)(2.0, jnp.ones((3, 4)), jnp.zeros((3,), jnp.int32)))
+    (8.0, 4.0)
+    """
+    def forward(outer: Any, y_MxBxSxD: jax.Array, targets_MxBxS: jax.Array) -> tuple[jax.Array, Any]:
+        def one(grad_sum: Any, micro_batch: tuple[jax.Array, jax.Array]) -> tuple[Any, tuple[jax.Array, jax.Array]]:
+            loss, (d_outer, d_y_BxSxD) = jax.value_and_grad(loss_fn, argnums=(0, 1))(outer, *micro_batch)
+            return jax.tree.map(jnp.add, grad_sum, d_outer), (loss, d_y_BxSxD)
+
+        d_outer, (losses_M, d_y_MxBxSxD) = jax.lax.scan(one, jax.tree.map(jnp.zeros_like, outer), (y_MxBxSxD, targets_MxBxS))
+        m = y_MxBxSxD.shape[0]
+        return losses_M.mean(), (jax.tree.map(lambda d: d / m, d_outer), d_y_MxBxSxD / m)
+
+    def backward(kept: Any, g: jax.Array) -> tuple[Any, jax.Array, None]:
+        d_outer, d_y_MxBxSxD = kept
+        return jax.tree.map(lambda d: g * d, d_outer), (g * d_y_MxBxSxD).astype(d_y_MxBxSxD.dtype), None
+
+    mean_loss = jax.custom_vjp(lambda outer, y, targets: forward(outer, y, targets)[0])
+    mean_loss.defvjp(forward, backward)
+    return mean_loss
+
+
 def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[..., Any]:
     """``(params, batch) -> (mean loss, gradients)`` of the plan's GPipe schedule; ``remat`` is
     the reference model's recompute policy ("none", "selective", "full")."""
@@ -158,8 +188,8 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
         # Micro-batch index minor within each data shard, as in gradient accumulation: no data moves.
         x_MxBxSxD = jnp.moveaxis(x_GxSxD.reshape(g // micro, micro, s, d), 1, 0)
         y_MxBxSxD, aux = piped(layers, jnp.asarray(live_P, jnp.float32), x_MxBxSxD)
-        # The mean over all tokens is the mean of the micro-batch means (equal sizes).
-        ce = outer_region(head_loss)(outer, jnp.moveaxis(y_MxBxSxD, 0, 1).reshape(g, s, d), batch["targets"])
+        targets_MxBxS = jnp.moveaxis(batch["targets"].reshape(g // micro, micro, s), 1, 0)
+        ce = outer_region(micro_batch_mean(head_loss))(outer, y_MxBxSxD, targets_MxBxS)
         return ce + MOE_AUX_LOSS_WEIGHT * aux / (micro * model.num_layers)
 
     return jax.value_and_grad(loss)

@@ -164,15 +164,19 @@ class _Schedule(BaseModel):
     layers_held: int = Field(description="Layers whose parameters this device holds.")
     outer_calls: int = Field(description="Executions of the embedding and head.")
     outer_micro_batches: int = Field(description="Micro-batches the embedding and head take per execution.")
+    head_gradients: int = Field(description="Gradients of the head's weights formed (and reduced) apart: one per micro-batch.")
 
 
 def _schedule(plan: Plan) -> _Schedule:
     lay, layers = plan.layout, plan.model.num_layers
     micro = lay.micro_batches(plan.train)
     if lay.pp == 1:
-        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1)
+        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_gradients=micro)
     slots = lay.layers_on_stage(layers, 0)
-    return _Schedule(layer_runs=slots * (micro + lay.pp - 1), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro)
+    # One execution of the embedding and the head on the whole batch, the head one micro-batch
+    # after another with its gradients formed at once (`validate.pipeline.micro_batch_mean`).
+    return _Schedule(layer_runs=slots * (micro + lay.pp - 1), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
+                     head_gradients=micro)
 
 
 def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedCollective]:
@@ -256,7 +260,7 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     unsplit_head = [] if plan.param_specs[head][0 if model.tie_embeddings else 1] is not None else [
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.vocab_size * _F32,
-                            calls=runs.outer_calls, why="sequence parallel: a head not split over the vocabulary runs split over "
+                            calls=runs.head_gradients, why="sequence parallel: a head not split over the vocabulary runs split over "
                             "the sequence; its weight gradient is summed over the tensor axes (fp32)")]
     return unsplit_head + [
         PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=act_bytes, calls=gathers * runs.layer_runs,
@@ -349,11 +353,15 @@ def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, t
         other_bytes -= whole["embed/tokens"] * _F32
     elif model.tie_embeddings and not rows:  # the lookup's and the head's gradients of the shared table are reduced apart
         other_bytes += whole["embed/tokens"] * _F32
+    head_bytes = (sum(_grad_bytes(n, whole[n], e) for n in ("lm_head/w", "final_norm/scale", "final_norm/bias") if n in whole)
+                  + (whole["embed/tokens"] * _F32 if model.tie_embeddings else 0))
     out = [
         PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
                             why="layer gradients, every micro-batch (every tick when pipelined)"),
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes, calls=runs.outer_calls,
-                            why="embedding, head and final-norm gradients, every micro-batch"),
+        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes - head_bytes, calls=runs.outer_calls,
+                            why="embedding gradients, every micro-batch (once when pipelined)"),
+        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=head_bytes, calls=runs.head_gradients,
+                            why="head and final-norm gradients, every micro-batch"),
     ]
     if rows:
         exchanged = model.tie_embeddings or "embed/tokens" in split

@@ -59,6 +59,13 @@ CASES = (
     Case(name="llama2-7b-tpu-v4", model="llama2-7b", mesh="2x8", hardware="tpu-v4", global_batch=64, seq_len=2048),
     Case(name="llama3-8b-ilp", model="llama3-8b", mesh="data=4,tensor=2", hardware="h100-sxm", global_batch=16, seq_len=1024,
          planner="ilp"),
+    # Meshes whose axes are pinned, so the plan must use tensor or pipeline parallelism with what else it picks.
+    Case(name="gpt2-xl-pp", model="gpt2-xl", mesh="pipeline=2,data=4", hardware="a100-40gb", global_batch=64, seq_len=1024),
+    Case(name="gpt2-medium-tp", model="gpt2-medium", mesh="data=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=1024),
+    Case(name="llama2-7b-tp", model="llama2-7b", mesh="data=4,tensor=2", hardware="a100-40gb", global_batch=32, seq_len=4096),
+    Case(name="llama3-8b-pp-tp", model="llama3-8b", mesh="pipeline=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=4096),
+    Case(name="llama3-70b-tp", model="llama3-70b", mesh="data=4,tensor=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
+    Case(name="mixtral-tp", model="mixtral-8x7b", mesh="data=4,tensor=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
 )
 
 

@@ -2,6 +2,7 @@
 
 import math
 import re
+from collections import Counter
 
 import pytest
 
@@ -11,7 +12,8 @@ from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
-from search.layouts import TIME_LIMIT_RULE, SearchSpace, degree_splits, divisors, grid_search
+from search.layouts import (PIPELINE_MOE_TP_RULE, PIPELINE_ZERO3_TP_RULE, TIME_LIMIT_RULE, SearchSpace, candidate_layouts,
+                            degree_splits, divisors, grid_search)
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=2048, global_batch=64)
@@ -70,3 +72,17 @@ def test_no_consistent_layout_names_the_rules():
     odd = MODEL.model_copy(update={"num_heads": 7, "num_kv_heads": 7, "head_dim": 128, "num_layers": 1})
     with pytest.raises(InfeasibleError, match="no layout .* is consistent"):
         grid_search(odd, TrainConfig(seq_len=2048, global_batch=3), HW, n_devices=2)
+
+
+def test_lowered_only_drops_what_the_validator_does_not_lower_as_planned():
+    moe = MODEL.model_copy(update={"num_experts": 4, "experts_per_token": 2})
+    space = SearchSpace(splits=((2, 2, 2, 1), (4, 2, 1, 1)), lowered_only=True)
+    for model, rule in ((MODEL, PIPELINE_ZERO3_TP_RULE), (moe, PIPELINE_MOE_TP_RULE)):
+        pruned: Counter[str] = Counter()
+        layouts = list(candidate_layouts(model, TRAIN, 8, space, pruned, devices_per_node=8))
+        piped = [lay for lay in layouts if lay.pp > 1]
+        assert pruned[rule] > 0 and layouts
+        assert all(lay.interleave == 1 and not lay.sequence_parallel for lay in piped)
+        assert all(lay.zero_stage < 3 and not model.is_moe for lay in piped)
+    every = list(candidate_layouts(MODEL, TRAIN, 8, space.model_copy(update={"lowered_only": False}), Counter(), devices_per_node=8))
+    assert any(lay.pp > 1 and lay.zero_stage == 3 for lay in every)

@@ -220,10 +220,11 @@ def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine:
                 pruned: Counter[str]) -> InfeasibleError:
     if not missing:
         rules = ", ".join(f"{rule} ({count})" for rule, count in sorted(pruned.items()))
+        unlowered = PIPELINE_ZERO3_TP_RULE in pruned or PIPELINE_MOE_TP_RULE in pruned
         return InfeasibleError(
             f"no layout of {model.name} on {n_devices} devices is consistent: {rules}",
             fix=f"use a mesh or device count whose factors divide num_heads={model.num_heads}, num_layers={model.num_layers} "
-                f"and global_batch={train.global_batch}",
+                f"and global_batch={train.global_batch}" + (", or a mesh without a pipeline axis" if unlowered else ""),
         )
     have = machine.hbm_bytes / _GIB
     more = 2 ** math.ceil(math.log2(max(2.0, missing[0].memory.total_bytes / machine.hbm_bytes))) * n_devices

@@ -45,7 +45,7 @@ def test_maxtext_names_slices_for_dcn_axes_and_keeps_its_own_logical_rules(tp_pl
 
 
 def test_maxtext_pipeline_sets_microbatches_and_layers_per_stage():
-    p = plan("mixtral-8x7b", mesh="pipeline=8,tensor=4", hardware="h100-sxm")  # a mesh whose axis names pin a pipeline
+    p = plan("llama3-70b", mesh="pipeline=8,tensor=4", hardware="h100-sxm")  # a mesh whose axis names pin a pipeline
     mt = to_maxtext(p)
     assert mt["ici_pipeline_parallelism"] * mt["dcn_pipeline_parallelism"] == p.layout.pp > 1
     assert mt["num_layers_per_pipeline_stage"] * p.layout.pp * p.layout.interleave == p.model.num_layers

@@ -23,7 +23,7 @@ _SECTIONS = ("Mesh", "Step time", "Memory per device", "Pipeline timeline", "Alt
 
 @pytest.fixture(scope="module")
 def pipelined():
-    p = plan("mixtral-8x7b", mesh="pipeline=8,tensor=4", hardware="h100-sxm")  # a mesh whose axis names pin a pipeline
+    p = plan("llama3-70b", mesh="pipeline=8,tensor=4", hardware="h100-sxm")  # a mesh whose axis names pin a pipeline
     assert p.layout.pp > 1  # the timeline has stages to draw
     events = simulate(p.model, p.train, p.layout, machine_for(load_hardware("h100-sxm")), keep_timeline=True).timeline
     return p, html_report(p, devices_per_node=8, timeline=events)
@@ -61,7 +61,7 @@ def test_chromium_renders_the_page(pipelined, tmp_path):
     subprocess.run([*flags, f"--screenshot={png}", "--window-size=1200,1800", html.as_uri()], capture_output=True, timeout=120,
                    check=True)
     dom = subprocess.run([*flags, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
-    for text in (*_SECTIONS, "mixtral-8x7b on 32× h100-sxm", "stage 7"):
+    for text in (*_SECTIONS, "llama3-70b on 32× h100-sxm", "stage 7"):
         assert text in dom
     rgb = matplotlib.image.imread(png)[..., :3]
     assert rgb.shape[:2] == (1800, 1200)

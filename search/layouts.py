@@ -42,6 +42,8 @@ UNEVEN_RULE = "uneven stages are not lowered as planned yet"
 PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not lowered as planned yet"
 # The experts' tensor-parallel region (`validate.lowering.tensor_parallel_experts`) does not nest in a stage.
 PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
+# XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
+UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -65,7 +67,8 @@ class SearchSpace(BaseModel):
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
     lowered_only: bool = Field(False, description="Only layouts the validator lowers to the program they describe (no "
                                "interleaved or uneven stages, no sequence parallelism inside pipeline stages, no ZeRO-3 and no MoE "
-                               "layers with tensor parallelism inside pipelines yet), so that "
+                               "layers with tensor parallelism inside pipelines, no ZeRO with tensor parallelism over a vocabulary it "
+                               "does not divide yet), so that "
                                "every plan emitted can be compiled and checked.")
 
 
@@ -151,6 +154,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         if pp > 1 and tp > 1 and model.is_moe and space.lowered_only:
             pruned[PIPELINE_MOE_TP_RULE] += 1
+            continue
+        if tp > 1 and model.vocab_shards(tp) == 1 and zero >= 1 and space.lowered_only:
+            pruned[UNSPLIT_VOCAB_ZERO_TP_RULE] += 1
             continue
         layout = Layout(**{
             **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,

@@ -45,12 +45,15 @@ def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: An
 def cross_entropy(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
     """Mean next-token negative log-likelihood."""
     with jax.named_scope("loss"):
-        logp_BxSxV = jax.nn.log_softmax(logits_BxSxV, axis=-1)
-        # The target's log-probability as a masked sum over the vocabulary, as Megatron's
-        # vocab-parallel loss takes it: a gather there made XLA abort on a vocabulary-split head
-        # inside the pipeline's region manual over its axis (`validate.pipeline`).
+        # log-sum-exp minus the target's logit, with no log-probabilities kept beside the logits:
+        # the backward forms the softmax from the logits and the log-sum-exp, so the logits and
+        # their gradient are the loss's only vocabulary-sized buffers. The target's logit is a
+        # masked sum over the vocabulary, as Megatron's vocab-parallel loss takes it: a gather
+        # there made XLA abort on a vocabulary-split head inside the pipeline's region manual
+        # over its axis (`validate.pipeline`).
         is_target_BxSxV = jnp.arange(logits_BxSxV.shape[-1]) == targets_BxS[..., None]
-        return -jnp.where(is_target_BxSxV, logp_BxSxV, 0.0).sum(-1).mean()
+        target_BxS = jnp.where(is_target_BxSxV, logits_BxSxV, 0.0).sum(-1)
+        return (jax.nn.logsumexp(logits_BxSxV, axis=-1) - target_BxS).mean()
 
 
 def init_opt_state(params: Params) -> dict[str, Any]:

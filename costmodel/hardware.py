@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import (
     BaseModel,
@@ -25,7 +26,12 @@ from pydantic import (
 
 from costmodel.collectives import Tier
 from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
-from costmodel.roofline import Efficiency
+from costmodel.roofline import MIN_EFFICIENCY, Efficiency
+
+# Floors no part comes near (a CPU core does GFLOP/s and GB/s), so that seconds computed from a
+# profile stay finite: a fuzzed profile of 1e-300 rates divided by zero.
+FlopRate = Annotated[float, Field(ge=1e6)]
+ByteRate = Annotated[float, Field(ge=1e3)]
 
 
 class DeviceKind(StrEnum):
@@ -57,11 +63,11 @@ class DeviceSpec(BaseModel):
 
     name: str = Field(description="Part name.")
     kind: DeviceKind = Field(description="GPU, TPU or CPU.")
-    peak_flops_per_s: dict[str, PositiveFloat] = Field(
+    peak_flops_per_s: dict[str, FlopRate] = Field(
         description="Dense peak per dtype ('float32', 'tf32', 'bfloat16', 'float16', 'float8_e4m3fn', 'int8'); only what the part has."
     )
     hbm_bytes: PositiveFloat = Field(description="Device memory capacity.")
-    hbm_bytes_per_s: PositiveFloat = Field(description="Device memory bandwidth.")
+    hbm_bytes_per_s: ByteRate = Field(description="Device memory bandwidth.")
     power_limit_w: PositiveFloat | None = Field(None, description="Board power limit the peaks and efficiencies assume.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
     step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
@@ -83,9 +89,9 @@ class LinkSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
 
     name: str = Field(description="e.g. 'nvlink3', 'ib-hdr200', 'ici-v5p', 'dcn'.")
-    bytes_per_s: PositiveFloat = Field(description="Peak bandwidth per device, per direction.")
+    bytes_per_s: ByteRate = Field(description="Peak bandwidth per device, per direction.")
     latency_s: NonNegativeFloat = Field(description="Per-hop latency of a collective step (alpha).")
-    efficiency: float = Field(0.8, gt=0, le=1, description="Fraction of bytes_per_s collectives reach on large messages.")
+    efficiency: float = Field(0.8, ge=MIN_EFFICIENCY, le=1, description="Fraction of bytes_per_s collectives reach on large messages.")
     source: str = Field(description="Where the numbers come from.")
 
     def tier(self, *, wraparound: bool = False) -> Tier:

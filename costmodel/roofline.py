@@ -23,6 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_valid
 from costmodel.kernels import Kernel, KernelKind
 
 
+# Below this no kernel was ever measured; smaller values only make products of a profile's
+# numbers underflow to zero (a fuzzed profile with 1e-300 efficiencies and peaks did).
+MIN_EFFICIENCY = 1e-3
+
+
 class Efficiency(BaseModel):
     """Achievable fractions of a device's peaks, measured by micro-benchmarks."""
 
@@ -32,8 +37,8 @@ class Efficiency(BaseModel):
         ((1e9, 0.45), (1e10, 0.7), (1e11, 0.8), (1e12, 0.85)),
         description="(GEMM FLOPs, fraction of peak reached) points, ascending; interpolated in log FLOPs.",
     )
-    flash_attention: float = Field(0.6, gt=0, le=1, description="Fraction of peak a fused attention kernel reaches.")
-    hbm: float = Field(0.85, gt=0, le=1, description="Fraction of HBM bandwidth a streaming kernel reaches.")
+    flash_attention: float = Field(0.6, ge=MIN_EFFICIENCY, le=1, description="Fraction of peak a fused attention kernel reaches.")
+    hbm: float = Field(0.85, ge=MIN_EFFICIENCY, le=1, description="Fraction of HBM bandwidth a streaming kernel reaches.")
     kernel_floor_s: NonNegativeFloat = Field(5e-6, description="Launch and tail latency added to every kernel.")
     overlap_slowdown: float = Field(
         0.0, ge=0, lt=1,
@@ -48,8 +53,8 @@ class Efficiency(BaseModel):
             raise ValueError("matmul_curve needs at least one point, in ascending FLOPs")
         if any(not 0 < flops < math.inf for flops, _ in curve):  # interpolated in log FLOPs
             raise ValueError("matmul_curve FLOPs must be positive")
-        if any(not 0 < eff <= 1 for _, eff in curve):
-            raise ValueError("matmul_curve efficiencies must be in (0, 1]")
+        if any(not MIN_EFFICIENCY <= eff <= 1 for _, eff in curve):
+            raise ValueError(f"matmul_curve efficiencies must be in [{MIN_EFFICIENCY:g}, 1]")
         return curve
 
     def calibrated(self, *, matmul_scale: float, flash_attention: float, hbm: float, matmul_knee: float = 1.0,

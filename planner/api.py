@@ -13,12 +13,13 @@ from typing import Any, Callable, Sequence
 from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
-from costmodel.layout import Attention, Layout, check_sequence
+from costmodel.layout import Layout, check_sequence
 from costmodel.machine import Machine, machine_for
 from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
+from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees

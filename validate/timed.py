@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
 from costmodel.errors import InfeasibleError, InvalidPlanError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec
-from costmodel.layout import Attention
 from costmodel.machine import machine_for
 from costmodel.simulator import simulate
+from costmodel.stack import Attention
 from costmodel.train_config import Dtype
 from planner.schema import Plan
 from validate.cpu_profile import cpu_clock, other_cpu_share

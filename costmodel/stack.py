@@ -169,11 +169,11 @@ STACK_OPTIONS: dict[str, dict[str, Any]] = {
 def stack_with(stack: str | SoftwareStack, **overrides: Any) -> SoftwareStack:
     """A preset (by name) or a stack with single facts overridden; renamed 'custom' when any fact changes.
 
-    >>> stack_with("megatron-core", tp_overlap="none").name, stack_with("jax").name
+    >>> stack_with("megatron-core", tp_overlap="none").name, stack_with("jax", attention="flash").name
     ('custom', 'jax')
     """
     base = get_stack(stack) if isinstance(stack, str) else stack
-    changed = {k: v for k, v in overrides.items() if v is not None}
+    changed = {k: v for k, v in overrides.items() if v is not None and v != getattr(base, k, None)}
     if not changed:
         return base
     try:

@@ -66,12 +66,12 @@ _H100_500W_MICROBENCH = _H100_MICROBENCH.calibrated(matmul_scale=0.85, flash_att
 # scale only). The A100 fit
 # keeps the micro-benchmark curve's bend and scales it to 0.76 of peak on large GEMMs; its
 # memory-bound kernels reach 0.60 of HBM bandwidth (fused softmax, norms and dropout over
-# rows, below a plain copy's 0.85), its fused attention 0.40 of peak, and compute beside a
-# collective runs 0.30 slower (the top of the range the fit may take; the six torchtitan
-# runs, whose FSDP traffic overlaps a quarter to two fifths of their step, set it). The
+# rows, below a plain copy's 0.85), its fused attention 0.35 of peak, and compute beside a
+# collective runs 0.25 slower (the seven torchtitan runs, whose FSDP traffic overlaps a
+# quarter to two fifths of their step, set it). The
 # capped H100 sustains 0.50 of the 900 TF peak on large GEMMs (0.8 micro-benchmark × 0.85
 # power cap × 0.74 fitted).
-_A100_EFF = _A100_MICROBENCH.calibrated(matmul_scale=0.88, flash_attention=0.40, hbm=0.60, overlap_slowdown=0.30)
+_A100_EFF = _A100_MICROBENCH.calibrated(matmul_scale=0.88, flash_attention=0.35, hbm=0.60, overlap_slowdown=0.25)
 _H100_500W_EFF = _H100_500W_MICROBENCH.calibrated(matmul_scale=0.74, flash_attention=0.45 * 0.85, hbm=0.85)
 # 11 Megatron-Core runs of the Megatron-LM README (one source, fewer than three runs per
 # free parameter: GEMM scale only): large GEMMs at 0.67 of the 989 TF peak.

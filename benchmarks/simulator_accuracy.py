@@ -1,45 +1,27 @@
 """Simulator accuracy against published training runs.
 
 Every row of ``../shared/data/published_training_runs.csv`` is simulated from its own
-configuration (model shape, devices, hardware, layout, attention kernel, overlap) and the
-predicted step time is compared with the one the source measured. So are the rows of
-``benchmarks/data/heldout_runs.csv``: published runs of the same sources that are not in
-the shared data and that no calibration saw (torchtitan's eager FSDP rows on the capped
-H100, its per-op checkpointing rows on the A100; its asynchronous-TP rows are left out, as
-the model has no forward-overlapped collective matmuls). Prints a table per set and
-writes one CSV. It also times ``plan simulate`` end to end (a fresh process, imports
-included) on the largest layout, GPT-1T on 3072 devices, against a 1 s budget, and exits 1
-past it.
+columns alone: model shape, devices, hardware, layout, precision, and the software stack
+that ran it (its ``stack`` column, a preset of `costmodel.stack.STACKS`, with the
+documented per-run deviations of ``stack_options``). The predicted step time is compared
+with the one the source measured. So are the rows of ``benchmarks/data/heldout_runs.csv``:
+published runs of the same sources that are not in the shared data and that no
+calibration saw (torchtitan's eager FSDP rows on the capped H100, its per-op checkpointing
+rows on the A100). Prints a table per set, then the error per hardware type, per source and
+per stack, and writes one CSV. It also times ``plan simulate`` end to end (a fresh process,
+imports included) on the largest layout, GPT-1T on 3072 devices, against a 1 s budget, and
+exits 1 past it.
 
     python -m benchmarks.simulator_accuracy [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
 
-Cells the source's table leaves blank come from the source's own run scripts where it
-published them: Narayanan et al.'s Table 1 from Megatron-LM's ``examples/sc21``
-(`SC21_TABLE1_SCRIPT`). Otherwise: micro-batch 1, no interleaving (1F1B), cp 1.
-torchtitan's "selective" is its own activation checkpointing: per layer where the row's
-notes say "layer-level SAC", otherwise per op (its default in the configs these runs used).
-Facts of each source's software stack, from its code at the time of the runs:
+Blank cells: micro-batch 1, no interleaving (1F1B), cp 1, precision bf16. A GPT row's
+embeddings are tied unless its ``params_b`` is closer to the untied count (the
+Megatron-Core rows: ``--untie-embeddings-and-output-weights``). "selective" recompute is
+the stack's own selective recompute (`costmodel.layout.stack_recompute`); the attention
+kernel and ``dp_overlap`` are the row's.
 
-- Elementwise kernels are fused for Megatron-LM (its fused kernels) and for torchtitan runs
-  whose notes say torch.compile; other torchtitan runs are eager (its default then), with
-  the RMSNorm their preset named (`TORCHTITAN_A100_FUSED_RMSNORM`).
-- Megatron-LM recomputes a layer's whole forward (its reentrant checkpointing); torchtitan's
-  non-reentrant checkpointing stops at the last tensor backward needs.
-- Megatron-LM keeps activations [seq, batch, hidden]; torchtitan [batch, seq, hidden], so its
-  sequence-parallel collectives copy their buffers.
-- Korthikanti et al. (2022) ran Megatron-LM's asynchronous tensor-parallel communication
-  (backward collectives behind the gradient GEMMs); Narayanan et al.'s runs (early 2021)
-  predate it, and torchtitan's runs here are its "vanilla" (not async) tensor parallelism.
-- torchtitan shards with FSDP2, which copies every gathered parameter out of the
-  all-gather buffer on the compute stream (``FSDPParamGroup.wait_for_unshard``).
-- Narayanan et al.'s runs trained in fp16 (the script's ``--fp16``, so gradients are
-  accumulated by autograd and all-reduced in fp16), four of them with PyTorch's DDP, which
-  all-reduces during the last micro-batch's backward: the script, not the CSV's
-  ``precision`` and ``dp_overlap`` columns (bf16, no), says so. Korthikanti et al.'s
-  Megatron-LM (2022, bf16) fuses gradient accumulation into the weight-gradient GEMMs
-  (its ``--gradient-accumulation-fusion``, default since February 2022).
-
-Nothing here is tuned per row: the only constants are the hardware profiles'.
+Nothing here is tuned per row: the only constants are the hardware profiles' and the
+stacks' facts.
 """
 
 from __future__ import annotations
@@ -50,96 +32,66 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
-from costmodel.layout import Layout, Recompute, Schedule
+from costmodel.layout import Layout, Schedule, stack_recompute
 from costmodel.machine import Machine, load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
-from costmodel.train_config import Dtype, TrainConfig
+from costmodel.stack import SoftwareStack, apply_options, get_stack, stack_with
+from costmodel.train_config import Precision, TrainConfig
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_training_runs.csv"
+# The shared data sit beside the project's checkout (main or a worktree under it).
+DEFAULT_DATA = next((p / "shared" / "data" / "published_training_runs.csv" for p in Path(__file__).resolve().parents
+                     if (p / "shared" / "data" / "published_training_runs.csv").exists()),
+                    Path(__file__).resolve().parents[2] / "shared" / "data" / "published_training_runs.csv")
 HELDOUT_DATA = Path(__file__).resolve().parent / "data" / "heldout_runs.csv"
-# Narayanan et al.'s largest run: a 1T-parameter GPT on 3072 A100s, tp8 pp64 dp6.
+# Narayanan et al.'s largest run: a 1T-parameter GPT on 3072 A100s, tp8 pp64 dp6, as its stack ran it.
 PLAN_SIMULATE_1T = ("simulate", "--model", "megatron-gpt-1008b", "--hardware", "a100-80gb", "--devices", "3072", "--tp", "8",
-                    "--pp", "64", "--global-batch", "3072", "--recompute", "full", "--reentrant-recompute", "--attention", "materialized",
-                    "--dp-overlap", "no", "--json")
+                    "--pp", "64", "--global-batch", "3072", "--recompute", "full", "--stack", "megatron-lm-2021",
+                    "--precision", "fp16", "--dp-overlap", "no", "--json")
 PLAN_SIMULATE_BUDGET_S = 1.0
-# Narayanan et al. (SC21) Table 1 as its authors ran it: Megatron-LM examples/sc21/run_table_1.sh
-# (MBS, --num-layers-per-virtual-pipeline-stage, --DDP-impl) with CONFIG.sh (--fp16), August 2021.
-# model: (micro-batch, layers per virtual pipeline stage or None when not interleaved, DDP implementation)
-SC21_TABLE1_SCRIPT: dict[str, tuple[int, int | None, str]] = {
-    "GPT-1.7B": (16, None, "torch"), "GPT-3.6B": (16, None, "torch"), "GPT-7.5B": (16, None, "torch"),
-    "GPT-18.4B": (8, None, "torch"), "GPT-39.1B": (4, None, "local"), "GPT-76.1B": (2, 5, "local"),
-    "GPT-145.6B": (2, 5, "local"), "GPT-310.1B": (1, 3, "local"), "GPT-529.6B": (1, 1, "local"),
-    "GPT-1008B": (1, None, "local"),
-}
-
-
-# torchtitan's docs/performance.md A100 runs (April 2024) used the presets of the time
-# (train_configs at 395a526 and 1ea476e): the 8B and 13B ones normalise with its Triton
-# fused_rmsnorm, the 70B ones (2D presets: fused_rmsnorm did not support TP then) with eager rmsnorm.
-TORCHTITAN_A100_SOURCE = "pytorch/torchtitan docs/performance.md"
-TORCHTITAN_A100_FUSED_RMSNORM = frozenset({"Llama 3 8B", "Llama 2 13B"})
-
-
-def _sc21_script(row: dict[str, str]) -> tuple[int, int | None, str] | None:
-    """What ``run_table_1.sh`` sets for a Narayanan et al. Table 1 row (None for other rows)."""
-    if not (row["source"].startswith("Narayanan") and row["table"] == "Table 1"):
-        return None
-    return SC21_TABLE1_SCRIPT[row["model"]]
 
 
 def model_from_row(row: dict[str, str]) -> ModelConfig:
     """The model a row trained, from its own columns."""
     gpt = row["arch"] == "gpt"
-    return ModelConfig(
+    model = ModelConfig(
         name=row["model"], hidden_size=int(row["hidden"]), num_layers=int(row["layers"]), num_heads=int(row["heads"]),
         num_kv_heads=int(row["kv_heads"]), head_dim=int(row["head_dim"]) if row["head_dim"] else None,
         ffn_size=int(row["ffn"]), vocab_size=int(row["vocab"]), max_position_embeddings=int(row["seq_len"]),
         norm="layernorm" if gpt else "rmsnorm", mlp=row["mlp"], positions="learned" if gpt else "rope",
         tie_embeddings=gpt, qkv_bias=gpt, out_bias=gpt, mlp_bias=gpt,
     )
+    untied = model.model_copy(update={"tie_embeddings": False})
+    published = float(row["params_b"]) * 1e9
+    return untied if gpt and abs(untied.total_params - published) < abs(model.total_params - published) else model
 
 
-def recompute_from_row(row: dict[str, str]) -> Recompute:
-    """The recompute policy a row ran; torchtitan's selective checkpointing is not Megatron's."""
-    policy = Recompute(row["recompute"])
-    if policy is Recompute.SELECTIVE and "torchtitan" in row["source"]:
-        return Recompute.SELECTIVE_LAYER if "layer-level SAC" in row["notes"] else Recompute.SELECTIVE_OP
-    return policy
+def stack_from_row(row: dict[str, str]) -> SoftwareStack:
+    """The row's software stack: its preset with the row's documented ``stack_options``."""
+    return apply_options(get_stack(row["stack"] or "jax"), row["stack_options"])
 
 
 def layout_from_row(row: dict[str, str]) -> Layout:
-    """The layout a row ran: its own cells, then the source's run script, then the documented defaults."""
-    micro_batch, interleave, dp_overlap = int(row["micro_batch"] or 1), int(row["interleave"] or 1), row["dp_overlap"] == "yes"
-    if script := _sc21_script(row):
-        micro_batch, layers_per_chunk, ddp = script
-        interleave = int(row["layers"]) // int(row["pp"]) // layers_per_chunk if layers_per_chunk else 1
-        dp_overlap = ddp == "torch"
-    torchtitan = "torchtitan" in row["source"]
-    korthikanti = "Korthikanti" in row["source"]
-    fused = not torchtitan or "torch.compile" in row["notes"]
-    preset_fused_rmsnorm = row["source"].startswith(TORCHTITAN_A100_SOURCE) and row["model"] in TORCHTITAN_A100_FUSED_RMSNORM
+    """The layout a row ran: its own cells on its stack, then the documented defaults."""
+    interleave, stack = int(row["interleave"] or 1), stack_from_row(row)
     return Layout(
         dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"] or 1),
-        micro_batch=micro_batch, interleave=interleave,
+        micro_batch=int(row["micro_batch"] or 1), interleave=interleave,
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
-        recompute=recompute_from_row(row), sequence_parallel=row["sequence_parallel"] == "yes",
-        zero_stage=int(row["zero_stage"]), attention=row["attention"], dp_overlap=dp_overlap,
-        fused_elementwise=fused, fused_norm=fused or preset_fused_rmsnorm,
-        tp_overlap=korthikanti, batch_major=torchtitan, reentrant_recompute=not torchtitan,
-        fsdp_copy_out=torchtitan, fused_grad_accumulation=korthikanti,
+        recompute=stack_recompute(row["recompute"], stack), sequence_parallel=row["sequence_parallel"] == "yes",
+        zero_stage=int(row["zero_stage"]),
+        stack=stack_with(stack, attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes"),
     )
 
 
 def train_from_row(row: dict[str, str]) -> TrainConfig:
-    """Sequence length, batch and precision of a row (fp16 where the source's script says so)."""
+    """Sequence length, batch and precision of a row."""
     train = TrainConfig(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch_seqs"]))
-    if _sc21_script(row):
-        train = train.model_copy(update={"compute_dtype": Dtype.FP16, "grad_dtype": Dtype.FP16})
-    return train
+    return train.with_precision(Precision(row["precision"] or "bf16"))
 
 
 def machine_from_row(row: dict[str, str]) -> Machine:
@@ -159,6 +111,7 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         measured = float(row["derived_step_time_s"])
         results.append({
             "source": row["source"].split(" (")[0], "table": row["table"], "model": row["model"], "hardware": row["hardware"],
+            "stack": row["stack"] or "jax",
             "devices": layout.n_devices, "layout": f"tp{layout.tp} pp{layout.pp} dp{layout.dp} mb{layout.micro_batch} "
             f"v{layout.interleave} {layout.recompute}{' sp' if layout.sequence_parallel else ''} z{layout.zero_stage}",
             "measured_s": measured, "predicted_s": est.step_time_s, "error_pct": 100 * (est.step_time_s - measured) / measured,
@@ -174,12 +127,27 @@ def plan_simulate_s(args: tuple[str, ...] = PLAN_SIMULATE_1T) -> float:
     return time.perf_counter() - start
 
 
+def error_summary(results: list[dict[str, object]], key: str) -> list[dict[str, object]]:
+    """Mean and max |error| of ``results`` grouped by ``key`` (hardware, source or stack).
+
+    >>> error_summary([{"stack": "a", "error_pct": -2.0}, {"stack": "a", "error_pct": 4.0}], "stack")
+    [{'stack': 'a', 'runs': 2, 'mean_abs_err_pct': 3.0, 'max_abs_err_pct': 4.0}]
+    """
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        groups[str(r[key])].append(abs(float(r["error_pct"])))
+    return [{key: name, "runs": len(errs), "mean_abs_err_pct": statistics.mean(errs), "max_abs_err_pct": max(errs)}
+            for name, errs in sorted(groups.items())]
+
+
 def _report(title: str, results: list[dict[str, object]]) -> None:
     print_table(f"{title} ({len(results)} runs)",
                 [{k: v for k, v in r.items() if k not in ("set", "source", "table", "simulate_s")} for r in results])
     errors = [abs(float(r["error_pct"])) for r in results]
     print(f"mean |error| {statistics.mean(errors):.2f} %   max |error| {max(errors):.2f} %   "
           f"slowest simulate() {max(float(r['simulate_s']) for r in results) * 1e3:.0f} ms")
+    for key in ("hardware", "source", "stack"):
+        print_table(f"{title}: |error| per {key}", error_summary(results, key))
 
 
 def main(argv: list[str] | None = None) -> int:

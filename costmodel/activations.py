@@ -23,11 +23,11 @@ GQA (smaller K/V), gated MLPs of any width, models without dropout and mixture-o
 >>> from costmodel.model_config import ModelConfig
 >>> gpt = ModelConfig(name="g", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288,
 ...                   vocab_size=51200, norm="layernorm", mlp="gelu", positions="learned")
->>> lay = Layout(tp=8, attention="materialized")
+>>> lay = Layout(tp=8, stack=stack_with("jax", attention="materialized"))
 >>> s, b, h, a, t = 2048, 1, 12288, 96, 8
 >>> activation_bytes_per_layer(gpt, TrainConfig(seq_len=s), lay) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 True
->>> flash = Layout(tp=8, attention="flash")
+>>> flash = Layout(tp=8, stack=stack_with("jax", attention="flash"))
 >>> activation_bytes_per_layer(gpt, TrainConfig(seq_len=s), flash) == s * b * h * (10 + 24 / t) + 4 * a * s * b / t
 True
 """
@@ -39,8 +39,9 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.kernels import local_widths, uses_dropout
-from costmodel.layout import Attention, Layout, Recompute
+from costmodel.layout import Layout, Recompute
 from costmodel.model_config import ModelConfig
+from costmodel.stack import Attention, stack_with
 from costmodel.train_config import TrainConfig
 
 
@@ -96,7 +97,7 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout, *, d
     e = train.compute_dtype.bytes
     b, heads = layout.micro_batch, model.num_heads / layout.tp
     s_q, s_kv = train.seq_len / layout.cp, train.seq_len
-    if layout.attention is Attention.FLASH:
+    if layout.stack.attention is Attention.FLASH:
         return [ActivationTerm(name="softmax_logsumexp", bytes=b * heads * s_q * 4, role=Role.ATTENTION_OUTPUT)]
     scores = b * heads * s_q * s_kv
     terms = [ActivationTerm(name="softmax_output", bytes=scores * e, role=Role.ATTENTION_CORE)]

@@ -1,26 +1,28 @@
 """Data-parallel communication of one step: gradient reduction, ZeRO and FSDP traffic.
 
 - ZeRO 0: one all-reduce of the stage's gradients after the last micro-batch.
-- ZeRO 1/2: a reduce-scatter of the gradients, then an all-gather of the updated
-  (compute-dtype) parameters.
+- ZeRO 1/2: a reduce-scatter of the gradients (after every micro-batch with ZeRO-2 where
+  the stack does so: ``SoftwareStack.reduce_every_micro_batch``), then an all-gather of
+  the updated (compute-dtype) parameters.
 - ZeRO 3 (FSDP): every micro-batch gathers each layer's parameters in forward and again in
   backward, and reduce-scatters its gradients.
 
-With overlap (``Layout.dp_overlap``), the reduction hides behind the backward of the last
+With overlap (``SoftwareStack.dp_overlap``), the reduction hides behind the backward of the last
 micro-batch and FSDP traffic behind the neighbouring layer's compute, leaving what exceeds
 it, plus that compute's slowdown while both run (``Efficiency.overlap_slowdown``); without
 overlap all of it is on the critical path. PyTorch's FSDP2
-(``Layout.fsdp_copy_out``) also copies each gathered parameter out of the all-gather
+(``SoftwareStack.fsdp_copy_out``) also copies each gathered parameter out of the all-gather
 buffer on the compute stream: HBM time that no overlap hides.
 
 >>> from costmodel.collectives import Tier
 >>> from costmodel.layer_costs import layer_costs
 >>> from costmodel.machine import Machine
 >>> from costmodel.model_config import ModelConfig
+>>> from costmodel.stack import stack_with
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
 >>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
 ...              devices_per_node=8, intra=Tier(bytes_per_s=1e11, latency_s=0), inter=Tier(bytes_per_s=1e10, latency_s=0))
->>> lay, train = Layout(dp=8, dp_overlap=False), TrainConfig(seq_len=1024, global_batch=8)
+>>> lay, train = Layout(dp=8, stack=stack_with("jax", dp_overlap=False)), TrainConfig(seq_len=1024, global_batch=8)
 >>> c = data_parallel_costs(m, train, lay, hw, layer_costs(m, train, lay, hw))
 >>> c.exposed_s == c.total_s > 0
 True
@@ -46,7 +48,7 @@ class DataParallelCost(BaseModel):
     total_s: NonNegativeFloat = Field(description="All data-parallel collectives, overlapped or not.")
     exposed_s: NonNegativeFloat = Field(description="The part on the critical path.")
     copy_s: NonNegativeFloat = Field(0.0, description="Copies of gathered parameters out of the all-gather buffer, on the "
-                                     "compute stream (Layout.fsdp_copy_out); HBM-bound, on the critical path.")
+                                     "compute stream (SoftwareStack.fsdp_copy_out); HBM-bound, on the critical path.")
 
 
 def layer_params_per_device(model: ModelConfig, layout: Layout) -> float:
@@ -90,13 +92,16 @@ def data_parallel_costs(
         reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
     else:
         reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(params * param_bytes, group)
-    total_s = reduce_s + regather_s
-    if not layout.dp_overlap:
+    # DeepSpeed's ZeRO-2 reduce-scatters after every micro-batch, not only the last.
+    n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
+    total_s = n_reductions * reduce_s + regather_s
+    if not layout.stack.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s)
-    # Bucketed reduction runs while the last micro-batch's backward is still going; the
-    # parameter all-gather overlaps the next step's first forward.
+    # Bucketed reduction runs while a micro-batch's backward is still going; the parameter
+    # all-gather overlaps the next step's first forward.
     slowdown = hw.efficiency.overlap_slowdown
-    exposed = exposed_s(reduce_s, layers * layer.backward_s, slowdown) + exposed_s(regather_s, layers * layer.forward_s, slowdown)
+    exposed = (n_reductions * exposed_s(reduce_s, layers * layer.backward_s, slowdown)
+               + exposed_s(regather_s, layers * layer.forward_s, slowdown))
     return DataParallelCost(total_s=total_s, exposed_s=exposed)
 
 
@@ -115,8 +120,8 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
     # Two gathers of the stage per micro-batch; a copy-out reads and writes each gathered byte once.
     gathered_bytes = n_micro * 2 * stage_params_per_device(model, layout) * param_bytes
-    copy_s = hw.stream_s(2 * gathered_bytes) if layout.fsdp_copy_out else 0.0
-    if not layout.dp_overlap:
+    copy_s = hw.stream_s(2 * gathered_bytes) if layout.stack.fsdp_copy_out else 0.0
+    if not layout.stack.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s, copy_s=copy_s)
     # Prefetching hides a layer's gather behind its neighbour; the first gather and the
     # embedding/head traffic stay exposed.

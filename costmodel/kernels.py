@@ -21,8 +21,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.layout import Attention, Layout
+from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig, Norm, Positions
+from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
 
 # HBM passes (reads plus writes of one compute-dtype tensor; a one-byte dropout mask is half
@@ -63,7 +64,7 @@ _NORMS = frozenset({"layernorm", "rmsnorm"})
 
 def _passes(kernel: str, layout: Layout) -> tuple[float, float]:
     fused, eager = _PASSES[kernel]
-    return fused if (layout.fused_norm if kernel in _NORMS else layout.fused_elementwise) else eager
+    return fused if (layout.stack.fused_norm if kernel in _NORMS else layout.stack.fused_elementwise) else eager
 
 
 # Flash attention backward recomputes the scores: 2.5× the forward matmul work
@@ -160,7 +161,7 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
     s_q = train.seq_len / layout.cp
     s_kv = train.seq_len  # context parallel: each query chunk still meets every key
     b, d = layout.micro_batch, model.head_dim
-    if layout.attention is Attention.FLASH:
+    if layout.stack.attention is Attention.FLASH:
         # Causal flash kernels skip blocks above the diagonal: half the score work.
         flops = 0.5 * 4 * b * heads * s_q * s_kv * d
         kv_heads = model.num_kv_heads / layout.tp

@@ -2,9 +2,8 @@
 
 Kernels come from `costmodel.kernels`, their times from the roofline; the collectives a
 layer issues (tensor, context and expert parallel) from `costmodel.collectives` on the
-layout's groups. Tensor-parallel collectives sit between dependent GEMMs; only
-backward's can hide, behind gradient GEMMs, where the software overlaps them
-(`costmodel.tensor_parallel`). The context-parallel ring overlaps the attention it feeds.
+layout's groups. Tensor-parallel collectives sit between dependent GEMMs; they hide
+behind GEMMs only as far as the software overlaps them (`costmodel.tensor_parallel`). The context-parallel ring overlaps the attention it feeds.
 
 >>> from costmodel.collectives import Tier
 >>> from costmodel.machine import Machine
@@ -68,7 +67,8 @@ class LayerCosts(BaseModel):
     forward: Phase = Field(description="Forward kernels.")
     backward: Phase = Field(description="Backward kernels.")
     recompute: Phase = Field(description="Forward kernels re-run in backward by the recompute policy.")
-    tp_forward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in forward.")
+    tp_forward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in forward, hidden or not.")
+    tp_forward_exposed_s: NonNegativeFloat = Field(description="The part of tp_forward_s not hidden behind GEMMs.")
     tp_backward_s: NonNegativeFloat = Field(description="Tensor-parallel collectives in backward (and recompute), hidden or not.")
     tp_backward_exposed_s: NonNegativeFloat = Field(description="The part of tp_backward_s not hidden behind gradient GEMMs.")
     cp_total_s: NonNegativeFloat = Field(description="Context-parallel ring transfers, forward and backward.")
@@ -78,7 +78,7 @@ class LayerCosts(BaseModel):
 
     @property
     def forward_s(self) -> float:
-        return self.forward.total_s + self.tp_forward_s + self.cp_exposed_s / 3 + self.ep_forward_s
+        return self.forward.total_s + self.tp_forward_exposed_s + self.cp_exposed_s / 3 + self.ep_forward_s
 
     @property
     def backward_s(self) -> float:
@@ -87,7 +87,7 @@ class LayerCosts(BaseModel):
 
     @property
     def exposed_comm_s(self) -> float:
-        return self.tp_forward_s + self.tp_backward_exposed_s + self.cp_exposed_s + self.ep_forward_s + self.ep_backward_s
+        return self.tp_forward_exposed_s + self.tp_backward_exposed_s + self.cp_exposed_s + self.ep_forward_s + self.ep_backward_s
 
 
 def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> LayerCosts:
@@ -117,6 +117,7 @@ def layer_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         backward=phase_time(kernels, hw, backward=True),
         recompute=recompute,
         tp_forward_s=tp.forward_s,
+        tp_forward_exposed_s=tp.forward_exposed_s,
         tp_backward_s=tp.backward_s,
         tp_backward_exposed_s=tp.backward_exposed_s,
         cp_total_s=3 * ring_s,

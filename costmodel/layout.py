@@ -2,12 +2,8 @@
 
 A layout says how a training step is spread over devices (data, tensor, pipeline,
 context and expert parallel degrees), how the batch is cut into micro-batches, and the
-memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), plus the
-facts of the software stack that move step time most: the attention kernel, whether
-data- and tensor-parallel communication overlaps compute, fused or eager elementwise
-kernels, the activation layout, how far recompute re-runs a layer, whether FSDP
-copies the parameters it gathers, and whether gradient accumulation is fused into the
-weight-gradient GEMMs.
+memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), and the
+software stack that runs it (`costmodel.stack.SoftwareStack`).
 
 >>> lay = Layout(dp=4, tp=8, pp=2, micro_batch=1)
 >>> lay.n_devices
@@ -23,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from costmodel.errors import InvalidConfigError, InvalidPlanError
 from costmodel.model_config import ModelConfig, Positions
+from costmodel.stack import STACKS, SoftwareStack
 from costmodel.train_config import TrainConfig
 
 
@@ -51,13 +48,6 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
-class Attention(StrEnum):
-    """Attention kernel: fused (never writes the S×S scores) or materialized scores."""
-
-    FLASH = "flash"
-    MATERIALIZED = "materialized"
-
-
 class Layout(BaseModel):
     """A complete parallel layout of one training step."""
 
@@ -76,44 +66,10 @@ class Layout(BaseModel):
     recompute: Recompute = Field(Recompute.NONE, description="Activation recompute policy.")
     sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (Megatron SP).")
     zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (FSDP).")
-    attention: Attention = Field(Attention.FLASH, description="Attention kernel.")
-    dp_overlap: bool = Field(True, description="Gradient reduction / FSDP gathers overlap compute.")
-    fused_elementwise: bool = Field(
-        True,
-        description="Activations, RoPE and residual adds run as fused kernels (Megatron-LM, XLA, torch.compile); "
-        "False: one kernel per op, as eager PyTorch runs them.",
-    )
-    fused_norm: bool = Field(
-        True,
-        description="Normalisation layers run as one fused kernel each (Megatron-LM, XLA, torch.compile, torchtitan's "
-        "Triton fused_rmsnorm); False: op by op, as eager PyTorch's RMSNorm (fp32 upcast, pow, mean, rsqrt, two multiplies).",
-    )
-    tp_overlap: bool = Field(
-        False,
-        description="Backward tensor-parallel collectives run behind the layer's gradient GEMMs (Megatron-LM's asynchronous "
-        "tensor-parallel communication, 2022 on); False: every collective waits on the GEMMs around it.",
-    )
-    batch_major: bool = Field(
-        False,
-        description="Activations laid out [batch, seq, hidden] (PyTorch/torchtitan): a sequence-parallel gather or "
-        "reduce-scatter over the inner sequence axis copies its buffer when micro_batch > 1. False: [seq, batch, hidden] (Megatron-LM).",
-    )
-    reentrant_recompute: bool = Field(
-        False,
-        description="Recompute re-runs a layer's whole forward, output GEMM and collective included (Megatron-LM's checkpointing); "
-        "False: it stops at the last tensor backward needs (JAX remat, PyTorch non-reentrant checkpointing, torch.compile).",
-    )
-    fsdp_copy_out: bool = Field(
-        False,
-        description="With zero_stage=3, every all-gather is followed by a copy of the gathered parameters out of its buffer on "
-        "the compute stream (PyTorch FSDP2's per-parameter sharding); False: compute reads the gathered buffer (XLA, FSDP1).",
-    )
-    fused_grad_accumulation: bool = Field(
-        False,
-        description="Micro-batch gradients are added into the accumulator by the weight-gradient GEMMs themselves (Megatron-LM's "
-        "gradient accumulation fusion, 2022 on); False: each micro-batch's gradient is written, then added by an HBM-bound "
-        "kernel (PyTorch autograd, Megatron-LM 2021, a JAX loop over micro-batches).",
-    )
+    stack: SoftwareStack = Field(
+        default_factory=lambda: STACKS["jax"],
+        description="The software that runs the layout: kernel fusion, overlap, recompute style, ZeRO behaviour "
+        "(`costmodel.stack`); default the JAX program `plan validate` lowers.")
 
     @property
     def n_devices(self) -> int:
@@ -196,3 +152,14 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
         raise InvalidPlanError(
             f"stage_layers={list(layout.stage_layers)} must give each of the pp={layout.pp} stages its layers, "
             f"{model.num_layers} in all, without interleaving", fix="drop stage_layers for an even split")
+
+
+def stack_recompute(policy: Recompute | str, stack: SoftwareStack) -> Recompute:
+    """``policy`` as ``stack`` runs it: 'selective' is that framework's own selective recompute.
+
+    >>> from costmodel.stack import STACKS
+    >>> stack_recompute("selective", STACKS["torchtitan"]), stack_recompute("full", STACKS["torchtitan"])
+    (<Recompute.SELECTIVE_OP: 'selective-op'>, <Recompute.FULL: 'full'>)
+    """
+    policy = Recompute(policy)
+    return Recompute(stack.selective_recompute.value) if policy is Recompute.SELECTIVE else policy

@@ -16,7 +16,7 @@ Gradient accumulation over micro-batches, as a JAX step runs it (a loop adding e
 micro-batch's gradient into the fp32 accumulator), holds one micro-batch's gradient in
 the compute dtype besides the accumulator; with ZeRO ≥ 2 it is reduce-scattered layer by
 layer, so only its dp shard stays. Where the weight-gradient GEMMs add into the
-accumulator themselves (`Layout.fused_grad_accumulation`) there is no such buffer.
+accumulator themselves (`SoftwareStack.fused_grad_accumulation`) there is no such buffer.
 
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
@@ -122,14 +122,14 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
 
     temporary = 0.0
-    if n_micro > 1 and not layout.fused_grad_accumulation:
+    if n_micro > 1 and not layout.stack.fused_grad_accumulation:
         temporary += n * train.compute_dtype.bytes / (dp if zero >= 2 else 1)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
         if zero >= 2:
             # One layer's full gradient exists until it is reduce-scattered.
             temporary += layer_params * train.grad_dtype.bytes
-        elif layout.dp_overlap:  # buckets let the reduction start before the backward ends
+        elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends
             temporary += _REDUCTION_BUCKETS_BYTES
         if zero >= 3:
             # FSDP gathers the layer being computed and prefetches the next.

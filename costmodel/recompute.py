@@ -1,7 +1,7 @@
 """What each activation-recompute policy re-runs of a layer's forward in backward.
 
 - ``full``: the whole forward, as Megatron-LM's (reentrant) checkpointing does when
-  ``Layout.reentrant_recompute``. JAX remat, PyTorch's non-reentrant checkpointing and
+  ``SoftwareStack.reentrant_recompute``. JAX remat, PyTorch's non-reentrant checkpointing and
   torch.compile instead stop at the last tensor backward needs: the MLP's input to its
   down projection. The down projection, its output collective and the residual add that
   end the layer are not re-run (`LAYER_TAIL`).
@@ -53,7 +53,7 @@ def every_second_matmul_share(model: ModelConfig) -> float:
 def recomputed_kernels(kernels: list[Kernel], model: ModelConfig, layout: Layout) -> list[Kernel]:
     """The share of a layer's forward ``kernels`` that ``layout.recompute`` re-runs in backward."""
     policy = layout.recompute
-    tail = frozenset() if layout.reentrant_recompute else LAYER_TAIL
+    tail = frozenset() if layout.stack.reentrant_recompute else LAYER_TAIL
     if policy in (Recompute.FULL, Recompute.SELECTIVE_LAYER):
         share = 1.0 if policy is Recompute.FULL else 0.5  # every second layer in full
         return [k.scaled(share) for k in kernels if k.name not in tail]
@@ -86,5 +86,5 @@ def recomputed_forward_comm_fraction(layout: Layout) -> float:
     policy = layout.recompute
     if policy is Recompute.SELECTIVE_OP:
         return 0.5 if layout.sequence_parallel else 0.0
-    full = 1.0 if layout.reentrant_recompute else 0.75 if layout.sequence_parallel else 0.5
+    full = 1.0 if layout.stack.reentrant_recompute else 0.75 if layout.sequence_parallel else 0.5
     return {Recompute.FULL: full, Recompute.SELECTIVE_LAYER: full / 2}.get(policy, 0.0)

@@ -7,8 +7,8 @@
    transfers (`stage_transfer_s`).
 4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed, plus FSDP2's
    copies of gathered parameters (`costmodel.data_parallel`), the gradient accumulation
-   over micro-batches where it is a kernel of its own, then the optimizer update (both
-   HBM-bound).
+   over micro-batches where it is a kernel of its own, then the optimizer update, with
+   fp16's gradient unscaling (all HBM-bound).
 5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
 
 >>> from costmodel.collectives import Tier
@@ -46,6 +46,12 @@ from costmodel.train_config import TrainConfig
 # clipping reads the grads (4 B); the grads are then scaled or zeroed (4 B); the updated
 # param is read again and written in the compute dtype (4 + 2 B).
 OPTIMIZER_BYTES_PER_PARAM = 7 * 4 + 4 + 4 + 4 + 2
+# fp16 with dynamic loss scaling, per parameter, before the update: the fp16 gradient is
+# cast into the fp32 main gradient (read 2 B, write 4 B), then unscaled and checked for
+# inf/NaN in one pass (read and write 4 B each). Megatron-LM @ec20274
+# megatron/optimizer/optimizer.py: _copy_model_grads_to_main_grads, then
+# _unscale_main_grads_and_check_for_nan (torch._amp_foreach_non_finite_check_and_unscale_).
+LOSS_SCALING_BYTES_PER_PARAM = 2 + 4 + 4 + 4
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
 
 def grad_accumulation_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> float:
     """Adding each micro-batch's gradient into the accumulator, after the first, where a
-    separate kernel does it (not `Layout.fused_grad_accumulation`): it reads the gradient
+    separate kernel does it (not `SoftwareStack.fused_grad_accumulation`): it reads the gradient
     in the compute dtype and reads and writes the accumulator (in the gradient dtype, the
     data-parallel shard of it from ZeRO 2 on).
 
@@ -133,7 +139,7 @@ def grad_accumulation_s(model: ModelConfig, train: TrainConfig, layout: Layout, 
     True
     """
     n_micro = layout.micro_batches(train)
-    if layout.fused_grad_accumulation or n_micro <= 1:
+    if layout.stack.fused_grad_accumulation or n_micro <= 1:
         return 0.0
     params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 2 else 1)
     bytes_per_param = train.compute_dtype.bytes + 2 * train.grad_dtype.bytes
@@ -178,7 +184,8 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
         pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)
     dp = data_parallel_costs(model, train, layout, hw, layer)
     optimizer_params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
-    optimizer_s = hw.stream_s(optimizer_params * OPTIMIZER_BYTES_PER_PARAM)
+    optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM + (LOSS_SCALING_BYTES_PER_PARAM if train.loss_scaled else 0)
+    optimizer_s = hw.stream_s(optimizer_params * optimizer_bytes)
     accumulate_s = grad_accumulation_s(model, train, layout, hw)
     memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes))
     first_touch_s = _first_touch_s(memory, hw)

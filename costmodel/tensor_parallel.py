@@ -10,12 +10,17 @@ the forward ones (`costmodel.recompute.recomputed_forward_comm_fraction`).
 
 Two facts of the software stack change what this costs:
 
-- ``Layout.tp_overlap`` (Megatron-LM's asynchronous tensor-parallel communication): the
-  column-parallel input gradient is reduced behind that GEMM's weight-gradient GEMM. With
-  sequence parallelism Megatron keeps only its shard of the block input and re-gathers it
-  in backward behind the input-gradient GEMM; the row-parallel gathers stay exposed. A
-  hidden collective still slows the GEMM beside it (``Efficiency.overlap_slowdown``).
-- ``Layout.batch_major`` ([batch, seq, hidden] activations, as torchtitan's DTensor
+- ``SoftwareStack.tp_overlap``. ``backward`` (Megatron-LM's asynchronous tensor-parallel
+  communication): the column-parallel input gradient is reduced behind that GEMM's
+  weight-gradient GEMM; with sequence parallelism Megatron keeps only its shard of the
+  block input and re-gathers it in backward behind the input-gradient GEMM; the
+  row-parallel gathers and every forward collective stay exposed. ``gemm``
+  (TransformerEngine's userbuffer overlap, XLA's collective matmul): every collective is
+  cut into chunks pipelined with the GEMM beside it — forward gathers with the
+  column-parallel GEMM they feed, reductions with the row-parallel GEMM that produces them,
+  and in backward each with its input- or weight-gradient GEMM. A hidden collective still
+  slows the GEMM beside it (``Efficiency.overlap_slowdown``).
+- ``SoftwareStack.batch_major`` ([batch, seq, hidden] activations, as torchtitan's DTensor
   sequence parallelism has them): gathering or scattering the inner sequence axis copies
   the buffer into or out of NCCL's contiguous layout when micro_batch > 1.
 
@@ -23,12 +28,14 @@ Two facts of the software stack change what this costs:
 >>> from costmodel.kernels import layer_forward_kernels
 >>> from costmodel.machine import Machine
 >>> from costmodel.model_config import ModelConfig
+>>> from costmodel.stack import stack_with
 >>> m = ModelConfig(name="m", hidden_size=4096, num_layers=2, num_heads=32, ffn_size=16384, vocab_size=1000, mlp="gelu")
 >>> hw = Machine(name="x", peak_flops_per_s=3e14, hbm_bytes_per_s=2e12, hbm_bytes=8e10,
 ...              devices_per_node=8, intra=Tier(bytes_per_s=2e11, latency_s=0), inter=Tier(bytes_per_s=2e10, latency_s=0))
 >>> train, lay = TrainConfig(seq_len=2048), Layout(tp=8)
 >>> plain = tensor_parallel_costs(m, train, lay, hw, layer_forward_kernels(m, train, lay))
->>> overlapped = tensor_parallel_costs(m, train, lay.model_copy(update={"tp_overlap": True}), hw, layer_forward_kernels(m, train, lay))
+>>> overlapped = tensor_parallel_costs(m, train, lay.model_copy(update={"stack": stack_with("jax", tp_overlap="backward")}),
+...                                   hw, layer_forward_kernels(m, train, lay))
 >>> plain.backward_exposed_s == plain.forward_s > 0, overlapped.backward_exposed_s < plain.backward_exposed_s / 2
 (True, True)
 """
@@ -44,10 +51,13 @@ from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.recompute import recomputed_forward_comm_fraction
 from costmodel.roofline import kernel_time_s
+from costmodel.stack import TpOverlap
 from costmodel.train_config import TrainConfig
 
-# The GEMM that opens each block, whose gradient GEMMs the asynchronous collectives hide behind.
+# The GEMM that opens each block (its input is gathered) and the one that closes it (its
+# output is reduced): the GEMMs each block's collectives hide behind.
 _COLUMN_PARALLEL = frozenset({"qkv", "mlp_in", "expert_in"})
+_ROW_PARALLEL = frozenset({"attn_out", "mlp_out", "expert_out"})
 
 
 class TensorParallelCost(BaseModel):
@@ -55,35 +65,51 @@ class TensorParallelCost(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    forward_s: NonNegativeFloat = Field(description="Forward collectives; all on the critical path.")
+    forward_s: NonNegativeFloat = Field(description="Forward collectives, overlapped or not.")
+    forward_exposed_s: NonNegativeFloat = Field(description="The part of forward_s not hidden behind GEMMs.")
     backward_s: NonNegativeFloat = Field(description="Backward and recompute collectives, overlapped or not.")
-    backward_exposed_s: NonNegativeFloat = Field(description="The part of backward_s not hidden behind GEMMs.")
+    backward_exposed_s: NonNegativeFloat = Field(description="The part of backward_s not hidden behind gradient GEMMs.")
 
 
 def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine,
                           kernels: list[Kernel]) -> TensorParallelCost:
     """Tensor-parallel seconds of one layer whose forward ``kernels`` are given (0 when tp = 1)."""
     if layout.tp == 1:
-        return TensorParallelCost(forward_s=0.0, backward_s=0.0, backward_exposed_s=0.0)
+        return TensorParallelCost(forward_s=0.0, forward_exposed_s=0.0, backward_s=0.0, backward_exposed_s=0.0)
     group = hw.groups(layout)["tp"]
     act_bytes = layout.micro_batch * train.seq_len / layout.cp * model.hidden_size * train.compute_dtype.bytes
-    if layout.sequence_parallel:
-        copy_s = hw.stream_s(2 * act_bytes) if layout.batch_major and layout.micro_batch > 1 else 0.0
-        half_s = all_gather_s(act_bytes, group) + copy_s  # one all-gather or reduce-scatter
-        forward_s = 4 * half_s
+    sp = layout.sequence_parallel
+    if sp:
+        copy_s = hw.stream_s(2 * act_bytes) if layout.stack.batch_major and layout.micro_batch > 1 else 0.0
+        one_s = all_gather_s(act_bytes, group) + copy_s  # one all-gather or reduce-scatter
+        forward_s = 4 * one_s
     else:
-        half_s, forward_s = 0.0, 2 * all_reduce_s(act_bytes, group)
-    recompute_s = forward_s * recomputed_forward_comm_fraction(layout)
-    if not layout.tp_overlap:
-        return TensorParallelCost(forward_s=forward_s, backward_s=forward_s + recompute_s, backward_exposed_s=forward_s + recompute_s)
+        one_s = all_reduce_s(act_bytes, group)  # one all-reduce
+        forward_s = 2 * one_s
+    recompute_share = recomputed_forward_comm_fraction(layout)
+    overlap = layout.stack.tp_overlap
+    if overlap is TpOverlap.NONE:
+        backward_s = forward_s * (1 + recompute_share)
+        return TensorParallelCost(forward_s=forward_s, forward_exposed_s=forward_s, backward_s=backward_s, backward_exposed_s=backward_s)
     slowdown = hw.efficiency.overlap_slowdown
-    gemm_s = [kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
-              for k in kernels if k.name in _COLUMN_PARALLEL]
-    if layout.sequence_parallel:
-        # Row-parallel gathers (exposed), then per block a re-gather and a reduce-scatter behind its GEMMs.
-        backward_s = 6 * half_s
-        exposed = 2 * half_s + sum(2 * exposed_s(half_s, g, slowdown) for g in gemm_s)
+
+    def behind(names: frozenset[str]) -> float:
+        """Exposed seconds of one collective beside each GEMM in ``names`` (one per block)."""
+        return sum(exposed_s(one_s, kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s,
+                                                  efficiency=hw.efficiency), slowdown)
+                   for k in kernels if k.name in names)
+
+    if sp:
+        # Backward: per block a row-parallel gather of the output gradient, a re-gather of the
+        # block input (Megatron keeps only its shard) and a reduce-scatter of the input gradient.
+        backward_s = 6 * one_s
+        forward_exposed = behind(_COLUMN_PARALLEL) + behind(_ROW_PARALLEL) if overlap is TpOverlap.GEMM else forward_s
+        column_exposed = 2 * behind(_COLUMN_PARALLEL)
+        row_exposed = behind(_ROW_PARALLEL) if overlap is TpOverlap.GEMM else 2 * one_s
     else:
         backward_s = forward_s
-        exposed = sum(exposed_s(forward_s / 2, g, slowdown) for g in gemm_s)
-    return TensorParallelCost(forward_s=forward_s, backward_s=backward_s + recompute_s, backward_exposed_s=exposed + recompute_s)
+        forward_exposed = behind(_ROW_PARALLEL) if overlap is TpOverlap.GEMM else forward_s
+        column_exposed, row_exposed = behind(_COLUMN_PARALLEL), 0.0
+    recompute_s, recompute_exposed = forward_s * recompute_share, forward_exposed * recompute_share
+    return TensorParallelCost(forward_s=forward_s, forward_exposed_s=forward_exposed, backward_s=backward_s + recompute_s,
+                              backward_exposed_s=column_exposed + row_exposed + recompute_exposed)

@@ -32,6 +32,14 @@ class Dtype(StrEnum):
         return {Dtype.FP32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FP8: 1}[self]
 
 
+class Precision(StrEnum):
+    """Mixed-precision recipe a user names: bf16 (fp32 gradients) or fp16 (fp16 gradients,
+    dynamic loss scaling), as Megatron-LM's --bf16 / --fp16 run them."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
 class AdamW(BaseModel):
     """AdamW hyper-parameters; its two moments are kept in ``TrainConfig.optimizer_dtype``."""
 
@@ -65,3 +73,22 @@ class TrainConfig(BaseModel):
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
+
+    @property
+    def loss_scaled(self) -> bool:
+        """fp16 compute needs dynamic loss scaling (bf16 has fp32's exponent range)."""
+        return self.compute_dtype is Dtype.FP16
+
+    def with_precision(self, precision: Precision) -> TrainConfig:
+        """This config under ``precision``: bf16 computes in bf16 and accumulates and reduces
+        gradients in fp32 (Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` for bf16);
+        fp16 computes in fp16 and accumulates and all-reduces gradients in fp16 (Megatron-LM's
+        default for --fp16), unscaling them before the optimizer.
+
+        >>> t = TrainConfig().with_precision(Precision.FP16)
+        >>> t.compute_dtype.value, t.grad_dtype.value, t.loss_scaled
+        ('float16', 'float16', True)
+        """
+        half = Dtype.FP16 if precision is Precision.FP16 else Dtype.BF16
+        grads = Dtype.FP16 if precision is Precision.FP16 else Dtype.FP32
+        return self.model_copy(update={"compute_dtype": half, "grad_dtype": grads})

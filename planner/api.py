@@ -13,13 +13,14 @@ from typing import Any, Callable, Sequence
 from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
-from costmodel.layout import Attention, Layout, check_sequence
+from costmodel.layout import Layout, check_sequence
 from costmodel.machine import Machine, machine_for
 from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
-from costmodel.train_config import TrainConfig
+from costmodel.stack import Attention, SoftwareStack, get_stack, stack_with
+from costmodel.train_config import Precision, TrainConfig
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
@@ -36,7 +37,8 @@ def plan(
     model: str | ModelConfig, *, mesh: str | None = None, devices: int | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
     planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0, attention: Attention | None = None,
-    progress: Report | None = None, tokens: float | None = None,
+    progress: Report | None = None, tokens: float | None = None, stack: str | SoftwareStack = "jax",
+    precision: Precision | str = Precision.BF16,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -50,9 +52,13 @@ def plan(
       time_limit_s: the layout search and the intra-op planner each stop after this many
         seconds and keep the best found; ``solver.status`` is then FEASIBLE, not OPTIMAL.
       seed: the intra-op planner's random seed.
-      attention: the attention kernel the layout is chosen for; default flash for grid and
-        materialized for the intra-op planners, which shard the reference program (it
+      attention: the attention kernel the layout is chosen for; default the stack's for grid
+        and materialized for the intra-op planners, which shard the reference program (it
         materializes the score matrix).
+      stack: the software stack (`costmodel.stack.STACKS` name or a `SoftwareStack`) whose
+        step time the layout is chosen for; default "jax", the program `plan validate` lowers.
+        Another stack predicts how that framework would run the chosen layout.
+      precision: "bf16" or "fp16" (fp16 gradients, dynamic loss scaling).
       progress: called as ``progress(phase, done, total)`` while the search runs.
       tokens: training tokens; the plan's prediction then says how long training takes
         (``time_to_train_s`` = tokens / tokens_per_s at the chosen layout) and ``device_hours``.
@@ -61,10 +67,11 @@ def plan(
     """
     _check_arguments(planner=planner, devices=devices, time_limit_s=time_limit_s)
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
-    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch)
+    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch).with_precision(Precision(precision))
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
-    machine = machine_for(cluster)
+    machine = machine_for(cluster, compute_dtype=train.compute_dtype.value)
+    software = get_stack(stack) if isinstance(stack, str) else stack
     if (mesh is None) == (devices is None):
         raise InvalidConfigError("give exactly one of --mesh and --devices", fix="e.g. --mesh 8x4 or --devices 32")
     mesh_spec = parse_mesh(mesh) if mesh is not None else None  # "" is a malformed mesh, not a missing one
@@ -77,9 +84,9 @@ def plan(
     _check_any_cluster_holds(cfg, train, machine)
     # An intra-op planner shards the reference program, which materializes attention
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
-    attention = attention or (Attention.FLASH if planner == "grid" else Attention.MATERIALIZED)
+    attention = attention or (software.attention if planner == "grid" else Attention.MATERIALIZED)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
-    space = SearchSpace(splits=splits, stack=Layout(attention=attention), lowered_only=True)
+    space = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention)), lowered_only=True)
     result = grid_search(cfg, train, machine, n_devices=n_devices, space=space,
                          time_limit_s=time_limit_s, on_progress=on_progress)
     best = result.best

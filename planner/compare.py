@@ -24,10 +24,11 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidConfigError
-from costmodel.layout import Attention, Layout, Recompute
+from costmodel.layout import Layout, Recompute
 from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.opgraph import OP_ATTR
+from costmodel.stack import Attention
 from costmodel.strategy_space import StrategySpace
 from planner.api import plan
 from planner.ilp import solve_intra_op

@@ -261,7 +261,7 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
 
         return pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
-                               attention=lay.attention.value,
+                               attention=lay.stack.attention.value,
                                hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
                                       "experts": tensor_parallel_experts(plan, mesh)})
 

@@ -147,7 +147,7 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
         def tick(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
             received_BxSxD, out_MxBxSxD, aux = carry
             x_BxSxD = jnp.where(first, x_MxBxSxD[jnp.minimum(t, micro - 1)].astype(dt), received_BxSxD)
-            y_BxSxD, aux_W = run_layers(x_BxSxD, layers, model, remat=remat, attention=plan.layout.attention.value)
+            y_BxSxD, aux_W = run_layers(x_BxSxD, layers, model, remat=remat, attention=plan.layout.stack.attention.value)
             done = t - (stages - 1)  # the micro-batch the last stage finishes on this tick
             slot = jnp.clip(done, 0, micro - 1)
             out_MxBxSxD = out_MxBxSxD.at[slot].set(jnp.where(last & (done >= 0), y_BxSxD, out_MxBxSxD[slot]))

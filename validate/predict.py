@@ -56,11 +56,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
-from costmodel.layout import Attention, Recompute, Schedule
+from costmodel.layout import Recompute, Schedule
 from costmodel.machine import machine_for
 from costmodel.memory import activation_bytes_per_layer
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
+from costmodel.stack import Attention
 from planner.models.attention import block_pairs, block_size
 from planner.models.params import abstract_params
 from planner.models.transformer import moe_capacity
@@ -425,7 +426,7 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     micro_tokens = lay.micro_batch * train.seq_len / lay.cp
     attention = 4 * train.seq_len * model.num_heads * model.head_dim  # scores and values, per token, forward
     attention_backward = 2 * attention
-    if lay.attention is Attention.FLASH:
+    if lay.stack.attention is Attention.FLASH:
         # Only the causal triangle's blocks run; the backward recomputes the scores (five matmuls to the forward's two).
         block = block_size(train.seq_len)
         attention *= len(block_pairs(train.seq_len, block)[0]) * block**2 / train.seq_len**2

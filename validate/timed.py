@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
 from costmodel.errors import InfeasibleError, InvalidPlanError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec
-from costmodel.layout import Attention
 from costmodel.machine import machine_for
 from costmodel.simulator import simulate
+from costmodel.stack import Attention, stack_with
 from costmodel.train_config import Dtype
 from planner.schema import Plan
 from validate.cpu_profile import cpu_clock, other_cpu_share
@@ -79,7 +79,8 @@ def cpu_estimate(plan: Plan, cluster: ClusterSpec) -> StepEstimate:
     if cluster.devices_per_node != n:
         raise InvalidPlanError(f"the profile was measured with {cluster.devices_per_node} devices sharing the host, the plan runs {n}",
                                fix=f"use cpu_cluster(cached_measurement({n}))")
-    layout = plan.layout.model_copy(update={"attention": Attention.MATERIALIZED, "fused_elementwise": True, "dp_overlap": False})
+    stack = stack_with(plan.layout.stack, attention=Attention.MATERIALIZED, fused_elementwise=True, dp_overlap=False)
+    layout = plan.layout.model_copy(update={"stack": stack})
     train = cpu_plan(plan).train
     return simulate(plan.model, train, layout, machine_for(cluster, compute_dtype=train.compute_dtype.value))
 

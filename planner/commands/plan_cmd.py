@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
+from costmodel.train_config import Precision
 from planner.commands.arg_types import non_negative_int, positive_float, positive_int
+from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.progress import progress_display, wanted
 from planner.schema import Plan
 
@@ -37,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
                              "CP-SAT intra-op ILP shards every parameter and op of a stage; anneal/beam/random: search "
                              "planners on the ILP's strategy space")
+    parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
+                        help="bf16 (fp32 gradients) or fp16 (fp16 gradients, dynamic loss scaling)")
+    add_stack_arguments(parser)
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
     parser.add_argument("--time-limit-s", type=positive_float, default=20.0,
                         help="limit of the layout search and, separately, of the intra-op planner; when it runs out the best "
@@ -61,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     with progress_display(enabled=wanted(fmt)) as report:
         result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
                       global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
-                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens)
+                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens,
+                      stack=stack_from_args(args), attention=args.attention, precision=args.precision)
     plan_time_s = time.perf_counter() - start
     page = _html(result, args) if fmt == "html" else None
     if args.out:

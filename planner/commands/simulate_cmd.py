@@ -11,10 +11,12 @@ from rich.table import Table
 
 from costmodel.errors import InvalidPlanError, flag_error
 from costmodel.estimate import StepEstimate
-from costmodel.layout import Attention, Layout, Recompute, Schedule
+from costmodel.layout import Layout, Recompute, Schedule, stack_recompute
 from costmodel.machine import load_machine
 from costmodel.simulator import simulate
+from costmodel.train_config import Precision
 from planner.commands.arg_types import non_negative_int, positive_int
+from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.config import default_seq_len, load_model, train_config
 from planner.timeline import write_timeline
 
@@ -40,20 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recompute", choices=[r.value for r in Recompute], default="none", help="activation recompute")
     parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
-    parser.add_argument("--attention", choices=[a.value for a in Attention], default="flash", help="attention kernel")
-    parser.add_argument("--dp-overlap", choices=["yes", "no"], default="yes", help="overlap data-parallel communication")
-    parser.add_argument("--eager", action="store_true", help="elementwise ops and norms unfused (eager PyTorch)")
-    parser.add_argument("--fused-norm", action="store_true", help="with --eager: norms still run as one fused kernel each")
-    parser.add_argument("--tp-overlap", action="store_true",
-                        help="backward tensor-parallel collectives overlap the gradient GEMMs (Megatron-LM async TP)")
-    parser.add_argument("--batch-major", action="store_true",
-                        help="activations [batch, seq, hidden] (PyTorch): sequence-parallel collectives copy their buffers")
-    parser.add_argument("--reentrant-recompute", action="store_true",
-                        help="recompute re-runs the layer's whole forward (Megatron-LM checkpointing)")
-    parser.add_argument("--fsdp-copy-out", action="store_true",
-                        help="ZeRO-3 copies gathered parameters out of the all-gather buffer (PyTorch FSDP2)")
-    parser.add_argument("--fused-grad-accumulation", action="store_true",
-                        help="weight-gradient GEMMs add into the accumulator (Megatron-LM gradient accumulation fusion)")
+    parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
+                        help="bf16 (fp32 gradients) or fp16 (fp16 gradients accumulated and all-reduced, dynamic loss scaling)")
+    add_stack_arguments(parser)
     parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -64,14 +55,12 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
     if args.dp is None and args.devices % rest:
         raise InvalidPlanError(f"devices={args.devices} is not divisible by tp·pp·cp = {rest}", fix="change --devices or the degrees")
     schedule = args.schedule or (Schedule.INTERLEAVED if args.interleave > 1 else Schedule.ONE_F_ONE_B)
+    stack = stack_from_args(args)
     try:
         return Layout(
             dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
-            interleave=args.interleave, schedule=schedule, recompute=args.recompute, sequence_parallel=args.sequence_parallel,
-            zero_stage=args.zero, attention=args.attention, dp_overlap=args.dp_overlap == "yes", fused_elementwise=not args.eager,
-            fused_norm=args.fused_norm or not args.eager,
-            tp_overlap=args.tp_overlap, batch_major=args.batch_major, reentrant_recompute=args.reentrant_recompute,
-            fsdp_copy_out=args.fsdp_copy_out, fused_grad_accumulation=args.fused_grad_accumulation,
+            interleave=args.interleave, schedule=schedule, recompute=stack_recompute(args.recompute, stack),
+            sequence_parallel=args.sequence_parallel, zero_stage=args.zero, stack=stack,
         )
     except ValidationError as err:
         raise flag_error(err, InvalidPlanError) from None
@@ -80,13 +69,14 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     train = train_config(seq_len=args.seq_len or default_seq_len(model), global_batch=args.global_batch)
+    train = train.with_precision(Precision(args.precision))
     layout = layout_from_args(args)
     if layout.n_devices != args.devices:
         raise InvalidPlanError(
             f"tp·pp·dp·cp = {layout.tp}·{layout.pp}·{layout.dp}·{layout.cp} = {layout.n_devices} but --devices={args.devices}",
             fix="make the degrees multiply to the device count",
         )
-    machine = load_machine(args.hardware, devices_per_node=args.devices_per_node)
+    machine = load_machine(args.hardware, devices_per_node=args.devices_per_node, compute_dtype=train.compute_dtype.value)
     estimate = simulate(model, train, layout, machine, keep_timeline=bool(args.timeline))
     if args.timeline:
         write_timeline(estimate, args.timeline)
@@ -105,7 +95,8 @@ def estimate_json(est: StepEstimate) -> dict[str, object]:
 def _table(est: StepEstimate, model: str) -> Table:
     lay, b, m = est.layout, est.breakdown, est.memory
     table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} "
-                        f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}", show_header=False)
+                        f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}, stack {lay.stack.name}",
+                  show_header=False)
     hbm = f" of {m.hbm_bytes / _GIB:.0f} GiB" if m.hbm_bytes else ""
     rows = [
         ("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),

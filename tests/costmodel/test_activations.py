@@ -9,8 +9,9 @@ log-sum-exp per query and head.
 import pytest
 
 from costmodel.activations import activation_bytes_per_layer, activation_table
-from costmodel.layout import Attention, Layout, Recompute
+from costmodel.layout import Layout, Recompute
 from costmodel.model_config import ModelConfig
+from costmodel.stack import Attention, stack_with
 from costmodel.train_config import TrainConfig
 
 # GPT-3 175B as in the paper: h = 12288, a = 96, s = 2048, b = 1, t = 8.
@@ -21,7 +22,7 @@ TRAIN = TrainConfig(seq_len=S, global_batch=64)
 
 
 def _bytes(attention=Attention.MATERIALIZED, **layout):
-    return activation_bytes_per_layer(GPT3, TRAIN, Layout(attention=attention, micro_batch=B, **layout))
+    return activation_bytes_per_layer(GPT3, TRAIN, Layout(stack=stack_with("jax", attention=attention), micro_batch=B, **layout))
 
 
 def _logsumexp_bytes(t=1):
@@ -80,8 +81,8 @@ def test_selective_recompute_saves_seventy_percent_for_gpt3():
 def test_flash_attention_drops_the_quadratic_terms_and_gqa_shrinks_kv():
     llama = ModelConfig(name="l", hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, ffn_size=28672, vocab_size=128256)
     train = TrainConfig(seq_len=8192, global_batch=8)
-    flash = activation_bytes_per_layer(llama, train, Layout(attention=Attention.FLASH))
-    materialized = activation_bytes_per_layer(llama, train, Layout(attention=Attention.MATERIALIZED))
+    flash = activation_bytes_per_layer(llama, train, Layout(stack=stack_with("jax", attention=Attention.FLASH)))
+    materialized = activation_bytes_per_layer(llama, train, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED)))
     assert materialized - flash > 0.9 * 2 * 64 * 8192 * 8192  # the fp32-free bf16 score matrix at least
     names = {t.name: t.bytes for t in activation_table(llama, train, Layout())}
     assert names["k"] == names["q"] / 8

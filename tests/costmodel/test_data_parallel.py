@@ -5,6 +5,7 @@ import pytest
 from costmodel.collectives import Group, Tier, all_reduce_s
 from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
 from costmodel.layer_costs import layer_costs
+from costmodel.stack import stack_with
 from costmodel.layout import Layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
@@ -21,18 +22,18 @@ def _costs(layout):
 
 
 def test_plain_data_parallel_all_reduces_fp32_gradients_once():
-    lay = Layout(dp=32, dp_overlap=False)
+    lay = Layout(dp=32, stack=stack_with("jax", dp_overlap=False))
     expected = all_reduce_s(stage_params_per_device(MODEL, lay) * 4, Group(n=32, n_nodes=4, intra=NV, inter=IB))
     c = _costs(lay)
     assert c.total_s == pytest.approx(expected) and c.exposed_s == c.total_s
 
 
 def test_overlap_hides_part_of_the_reduction():
-    assert _costs(Layout(dp=32, dp_overlap=True)).exposed_s < _costs(Layout(dp=32, dp_overlap=False)).exposed_s
+    assert _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=True))).exposed_s < _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=False))).exposed_s
 
 
 def test_fsdp_moves_more_bytes_than_plain_data_parallel():
-    assert _costs(Layout(dp=32, zero_stage=3, dp_overlap=False)).total_s > _costs(Layout(dp=32, dp_overlap=False)).total_s
+    assert _costs(Layout(dp=32, zero_stage=3, stack=stack_with("jax", dp_overlap=False))).total_s > _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=False))).total_s
 
 
 def test_no_data_parallelism_costs_nothing():
@@ -46,8 +47,8 @@ def test_pipeline_and_tensor_parallel_shrink_the_stage():
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_fsdp2_copies_out_each_gathered_byte_once_overlapped_or_not(overlap):
-    lay = Layout(dp=32, zero_stage=3, dp_overlap=overlap, micro_batch=2)
-    copied = _costs(lay.model_copy(update={"fsdp_copy_out": True}))
+    lay = Layout(dp=32, zero_stage=3, micro_batch=2, stack=stack_with("jax", dp_overlap=overlap))
+    copied = _costs(lay.model_copy(update={"stack": stack_with(lay.stack, fsdp_copy_out=True)}))
     # Forward and backward gather the stage for each micro-batch; a copy reads and writes every bf16 byte.
     gathered_bytes = lay.micro_batches(TRAIN) * 2 * stage_params_per_device(MODEL, lay) * 2
     assert copied.copy_s == pytest.approx(2 * gathered_bytes / (HW.hbm_bytes_per_s * HW.efficiency.hbm))
@@ -55,7 +56,7 @@ def test_fsdp2_copies_out_each_gathered_byte_once_overlapped_or_not(overlap):
 
 
 def test_copy_out_needs_gathers():
-    assert _costs(Layout(dp=32, fsdp_copy_out=True)).copy_s == 0  # ZeRO 0: nothing gathered
+    assert _costs(Layout(dp=32, stack=stack_with("jax", fsdp_copy_out=True))).copy_s == 0  # ZeRO 0: nothing gathered
 
 
 def _quiet_and_slowed(layout, slowdown=0.2):

@@ -3,8 +3,9 @@
 import pytest
 
 from costmodel.kernels import KernelKind, head_forward_kernels, layer_forward_kernels
-from costmodel.layout import Attention, Layout
+from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
+from costmodel.stack import Attention, stack_with
 from costmodel.train_config import TrainConfig
 
 GPT = ModelConfig(name="gpt", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=5000,
@@ -24,20 +25,20 @@ def _named(kernels, name):
 def test_materialized_gpt_layer_matches_megatron_forward_flops():
     # Megatron: forward FLOPs per layer = 24·b·s·h² (1 + s / (6h)).
     b, s, h = 2, TRAIN.seq_len, GPT.hidden_size
-    kernels = layer_forward_kernels(GPT, TRAIN, Layout(micro_batch=b, attention=Attention.MATERIALIZED))
+    kernels = layer_forward_kernels(GPT, TRAIN, Layout(micro_batch=b, stack=stack_with("jax", attention=Attention.MATERIALIZED)))
     assert _matmul_flops(kernels) == pytest.approx(24 * b * s * h * h * (1 + s / (6 * h)), rel=1e-12)
 
 
 def test_tensor_and_context_parallel_divide_the_work():
-    one = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(attention=Attention.MATERIALIZED)))
-    tp4 = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(tp=4, attention=Attention.MATERIALIZED)))
-    cp2 = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(cp=2, attention=Attention.MATERIALIZED)))
+    one = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED))))
+    tp4 = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(tp=4, stack=stack_with("jax", attention=Attention.MATERIALIZED))))
+    cp2 = _matmul_flops(layer_forward_kernels(LLAMA, TRAIN, Layout(cp=2, stack=stack_with("jax", attention=Attention.MATERIALIZED))))
     assert tp4 == pytest.approx(one / 4) and cp2 == pytest.approx(one / 2)
 
 
 def test_flash_attention_has_no_score_traffic_and_skips_the_masked_half():
-    flash = layer_forward_kernels(GPT, TRAIN, Layout(attention=Attention.FLASH))
-    mat = layer_forward_kernels(GPT, TRAIN, Layout(attention=Attention.MATERIALIZED))
+    flash = layer_forward_kernels(GPT, TRAIN, Layout(stack=stack_with("jax", attention=Attention.FLASH)))
+    mat = layer_forward_kernels(GPT, TRAIN, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED)))
     flash_core = [k for k in flash if k.in_attention_core]
     mat_core = [k for k in mat if k.in_attention_core]
     assert _matmul_flops(flash_core) == pytest.approx(0.5 * _matmul_flops(mat_core))
@@ -69,8 +70,8 @@ def test_backward_traffic_follows_each_kernels_passes():
     assert gpt["attn_residual"].bytes == pytest.approx(3.5 * TRAIN.seq_len * GPT.hidden_size * 2)
     assert gpt["attn_residual"].backward_scale == pytest.approx(5.5 / 3.5)
     assert gpt["qkv"].backward_scale == 2 and gpt["flash_attention"].backward_scale == 2.5
-    eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(fused_elementwise=False, fused_norm=False))}
+    eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("jax", fused_elementwise=False, fused_norm=False)))}
     assert eager["attn_norm"].bytes == pytest.approx(7 * gpt["attn_norm"].bytes)  # 14 passes to 2
     fused = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout())}
-    fused_norm = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(fused_elementwise=False))}
+    fused_norm = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("jax", fused_elementwise=False)))}
     assert fused_norm["attn_norm"].bytes == fused["attn_norm"].bytes and fused_norm["rope"].bytes == eager["rope"].bytes

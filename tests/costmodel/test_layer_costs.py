@@ -5,10 +5,11 @@ import pytest
 from costmodel.collectives import Tier
 from costmodel.kernels import layer_forward_kernels
 from costmodel.layer_costs import layer_costs, phase_time
-from costmodel.layout import Attention, Layout, Recompute
+from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.roofline import Efficiency
+from costmodel.stack import Attention, stack_with
 from costmodel.train_config import TrainConfig
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=5632,
@@ -28,7 +29,7 @@ def test_recompute_policies_order_their_cost():
 
 
 def test_full_recompute_reruns_the_whole_forward_only_when_reentrant():
-    whole = layer_costs(DENSE, TRAIN, Layout(recompute=Recompute.FULL, reentrant_recompute=True), HW)
+    whole = layer_costs(DENSE, TRAIN, Layout(recompute=Recompute.FULL, stack=stack_with("jax", reentrant_recompute=True)), HW)
     assert whole.recompute.total_s == pytest.approx(whole.forward.total_s)
     # Otherwise it stops at the down projection's input: the down projection and residual are not re-run.
     kernels = {k.name: k for k in layer_forward_kernels(DENSE, TRAIN, Layout())}
@@ -40,7 +41,7 @@ def test_full_recompute_reruns_the_whole_forward_only_when_reentrant():
 def test_tensor_parallel_adds_collectives_and_full_recompute_repeats_them():
     none = layer_costs(DENSE, TRAIN, Layout(tp=4), HW)
     full = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL), HW)
-    reentrant = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL, reentrant_recompute=True), HW)
+    reentrant = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL, stack=stack_with("jax", reentrant_recompute=True)), HW)
     assert none.tp_forward_s > 0 and none.tp_backward_s == pytest.approx(none.tp_forward_s)
     # Megatron: 2 all-reduces forward, 2 backward, 2 again in the recompute; stopping early skips the layer's last.
     assert reentrant.tp_backward_s == pytest.approx(2 * reentrant.tp_forward_s)
@@ -49,7 +50,7 @@ def test_tensor_parallel_adds_collectives_and_full_recompute_repeats_them():
 
 
 def test_backward_doubles_gemms_and_costs_elementwise_kernels_by_their_passes():
-    c = layer_costs(DENSE, TRAIN, Layout(attention=Attention.MATERIALIZED), HW)
+    c = layer_costs(DENSE, TRAIN, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED)), HW)
     assert c.backward.compute_s == pytest.approx(2 * c.forward.compute_s)
     # Norms and activations read x and dy and write dx: 1.5 to 1.7 times forward's traffic; RoPE 1.
     assert c.forward.memory_s < c.backward.memory_s < 1.7 * c.forward.memory_s

@@ -4,9 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.layout import Attention, Layout, Recompute, Schedule
+from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.memory import in_flight_microbatches, memory_breakdown
 from costmodel.model_config import ModelConfig
+from costmodel.stack import Attention, stack_with
 from costmodel.train_config import Dtype, TrainConfig
 
 MODEL = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
@@ -77,32 +78,33 @@ def test_materialized_attention_holds_the_score_matrices_flash_does_not(tp, sp):
     gpt = ModelConfig(name="gpt", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000,
                       norm="layernorm", mlp="gelu", positions="learned")
     lay = Layout(tp=tp, sequence_parallel=sp, micro_batch=2)
-    flash, mat = (memory_breakdown(gpt, TRAIN, lay.model_copy(update={"attention": a})) for a in Attention)
+    flash, mat = (memory_breakdown(gpt, TRAIN, lay.model_copy(update={"stack": stack_with(lay.stack, attention=a)})) for a in Attention)
     b, s, a = 2, TRAIN.seq_len, gpt.num_heads
     per_layer = (5 * a * s * s * b - 4 * a * s * b) / tp
     assert mat.activations_bytes - flash.activations_bytes == pytest.approx(gpt.num_layers * per_layer, rel=1e-12)
 
 
 def test_full_recompute_keeps_the_same_activations_for_either_kernel():
-    lay = Layout(tp=4, recompute=Recompute.FULL, attention=Attention.FLASH)
+    lay = Layout(tp=4, recompute=Recompute.FULL, stack=stack_with("jax", attention=Attention.FLASH))
     flash = memory_breakdown(MODEL, TRAIN, lay)
-    mat = memory_breakdown(MODEL, TRAIN, lay.model_copy(update={"attention": Attention.MATERIALIZED}))
+    mat = memory_breakdown(MODEL, TRAIN, lay.model_copy(update={"stack": stack_with(lay.stack, attention=Attention.MATERIALIZED)}))
     assert mat.activations_bytes == flash.activations_bytes
     # Recomputing a layer materializes its scores once more: a transient, not a kept activation.
     assert mat.temporary_bytes > flash.temporary_bytes
 
 
 def test_gradient_accumulation_holds_one_micro_batch_gradient_in_compute_dtype():
-    def extra_temporary_bytes(micro_batch, **layout):
+    def extra_temporary_bytes(micro_batch, fused=False, **layout):
         """Temporaries beyond one micro-batch's logits and their gradient."""
-        mem = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=micro_batch, **layout))
+        stack = stack_with("jax", fused_grad_accumulation=fused)
+        mem = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=micro_batch, stack=stack, **layout))
         return mem.temporary_bytes - 2 * micro_batch * TRAIN.seq_len * MODEL.vocab_size * 4
 
     assert extra_temporary_bytes(8) - extra_temporary_bytes(32) == pytest.approx(2 * MODEL.total_params)
     zero2 = {mb: extra_temporary_bytes(mb, dp=4, zero_stage=2) for mb in (2, 8)}
     assert zero2[2] - zero2[8] == pytest.approx(2 * MODEL.total_params / 4)
     # GEMMs that add into the accumulator themselves leave no micro-batch gradient behind.
-    assert extra_temporary_bytes(8, fused_grad_accumulation=True) == pytest.approx(extra_temporary_bytes(32))
+    assert extra_temporary_bytes(8, fused=True) == pytest.approx(extra_temporary_bytes(32))
 
 
 def test_gpipe_last_stage_keeps_every_micro_batch_logits():
@@ -114,5 +116,5 @@ def test_gpipe_last_stage_keeps_every_micro_batch_logits():
 
 def test_reduction_buckets_exist_only_to_overlap_the_backward():
     overlapped = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8))
-    after_backward = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8, dp_overlap=False))
+    after_backward = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8, stack=stack_with("jax", dp_overlap=False)))
     assert overlapped.temporary_bytes - after_backward.temporary_bytes == pytest.approx(2 * 25e6)

@@ -3,9 +3,10 @@
 import pytest
 
 from costmodel.kernels import KernelKind, layer_forward_kernels
-from costmodel.layout import Attention, Layout, Recompute
+from costmodel.layout import Layout, Recompute
 from costmodel.model_config import ModelConfig
 from costmodel.recompute import LAYER_TAIL, every_second_matmul_share, recomputed_forward_comm_fraction, recomputed_kernels
+from costmodel.stack import Attention, stack_with
 from costmodel.train_config import TrainConfig
 
 LLAMA3_8B = ModelConfig(name="llama3-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336,
@@ -31,13 +32,13 @@ def test_every_second_mm_share_by_hand():
 
 
 def test_full_recompute_stops_before_the_layer_tail_unless_reentrant():
-    whole = _names(GPT, Layout(recompute=Recompute.FULL, reentrant_recompute=True))
+    whole = _names(GPT, Layout(recompute=Recompute.FULL, stack=stack_with("jax", reentrant_recompute=True)))
     assert whole == [k.name for k in layer_forward_kernels(GPT, TRAIN, Layout())]
     assert _names(GPT, Layout(recompute=Recompute.FULL)) == [n for n in whole if n not in LAYER_TAIL]
 
 
 def test_selective_recomputes_the_attention_core_only():
-    assert _names(GPT, Layout(recompute=Recompute.SELECTIVE, attention=Attention.MATERIALIZED)) == ["scores", "softmax_dropout", "attn_v"]
+    assert _names(GPT, Layout(recompute=Recompute.SELECTIVE, stack=stack_with("jax", attention=Attention.MATERIALIZED))) == ["scores", "softmax_dropout", "attn_v"]
     assert _names(GPT, Layout(recompute=Recompute.NONE)) == []
 
 
@@ -57,5 +58,5 @@ def test_per_op_checkpointing_keeps_attention_and_every_other_mm():
     (Recompute.SELECTIVE_OP, True, False, 0.5), (Recompute.SELECTIVE_OP, False, False, 0.0),
 ])
 def test_recompute_reissues_a_share_of_the_forward_collectives(recompute, sp, reentrant, fraction):
-    lay = Layout(tp=4, recompute=recompute, sequence_parallel=sp, reentrant_recompute=reentrant)
+    lay = Layout(tp=4, recompute=recompute, sequence_parallel=sp, stack=stack_with("jax", reentrant_recompute=reentrant))
     assert recomputed_forward_comm_fraction(lay) == fraction

@@ -7,11 +7,12 @@ from hypothesis import strategies as st
 from costmodel.collectives import Tier, all_gather_s, p2p_s
 from costmodel.data_parallel import stage_params_per_device
 from costmodel.errors import InvalidConfigError, InvalidPlanError
-from costmodel.layout import Attention, Layout, Recompute
+from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine, load_machine
 from costmodel.model_config import ModelConfig
-from costmodel.simulator import grad_accumulation_s, model_flops_per_step, simulate, stage_transfer_s
-from costmodel.train_config import Dtype, TrainConfig
+from costmodel.simulator import LOSS_SCALING_BYTES_PER_PARAM, grad_accumulation_s, model_flops_per_step, simulate, stage_transfer_s
+from costmodel.stack import STACKS, Attention, SoftwareStack, TpOverlap, stack_with
+from costmodel.train_config import Dtype, Precision, TrainConfig
 
 DETERMINISTIC = settings(derandomize=True, database=None, deadline=None, max_examples=40)
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
@@ -19,12 +20,15 @@ GPT = ModelConfig(name="gpt", hidden_size=2048, num_layers=16, num_heads=16, ffn
                   norm="layernorm", mlp="gelu", positions="learned", tie_embeddings=True, max_position_embeddings=2048)
 TRAIN = TrainConfig(seq_len=2048, global_batch=64)
 HW = load_machine("a100-80gb")
+STACKS_ = st.builds(
+    SoftwareStack, attention=st.sampled_from(list(Attention)), dp_overlap=st.booleans(), tp_overlap=st.sampled_from(list(TpOverlap)),
+    batch_major=st.booleans(), reentrant_recompute=st.booleans(), fsdp_copy_out=st.booleans(),
+    fused_grad_accumulation=st.booleans(), reduce_every_micro_batch=st.booleans(),
+)
 LAYOUTS = st.builds(
     Layout, dp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
     micro_batch=st.sampled_from([1, 2]), recompute=st.sampled_from(list(Recompute)), sequence_parallel=st.booleans(),
-    zero_stage=st.integers(0, 3), attention=st.sampled_from(list(Attention)), dp_overlap=st.booleans(),
-    tp_overlap=st.booleans(), batch_major=st.booleans(), reentrant_recompute=st.booleans(), fsdp_copy_out=st.booleans(),
-    fused_grad_accumulation=st.booleans(),
+    zero_stage=st.integers(0, 3), stack=st.one_of(st.sampled_from(list(STACKS.values())), STACKS_),
 )
 
 
@@ -66,23 +70,37 @@ def test_step_time_is_monotone_in_global_batch(layout, factor):
     assert large >= small
 
 
-def _step_s(model: ModelConfig, layout: Layout, **update: object) -> float:
-    return simulate(model, TRAIN, layout.model_copy(update=update), HW).step_time_s
+def _step_s(model: ModelConfig, layout: Layout, **facts: object) -> float:
+    return simulate(model, TRAIN, layout.model_copy(update={"stack": stack_with(layout.stack, **facts)}), HW).step_time_s
 
 
 def test_software_facts_move_step_time_the_right_way():
-    base = Layout(dp=8, micro_batch=2, attention=Attention.FLASH)
+    base = Layout(dp=8, micro_batch=2)
     assert _step_s(GPT, base, attention=Attention.MATERIALIZED) > _step_s(GPT, base)
     assert _step_s(GPT, base, dp_overlap=False) >= _step_s(GPT, base)
     assert _step_s(MODEL, base, fused_elementwise=False) > _step_s(MODEL, base)
     tp = Layout(dp=2, tp=4, micro_batch=2, sequence_parallel=True, recompute=Recompute.FULL)
-    assert _step_s(MODEL, tp, tp_overlap=True) < _step_s(MODEL, tp)
+    assert _step_s(MODEL, tp, tp_overlap=TpOverlap.GEMM) < _step_s(MODEL, tp, tp_overlap=TpOverlap.BACKWARD) < _step_s(MODEL, tp)
     assert _step_s(MODEL, tp, batch_major=True) > _step_s(MODEL, tp)
     assert _step_s(MODEL, tp, reentrant_recompute=True) > _step_s(MODEL, tp)
     fsdp = Layout(dp=8, zero_stage=3)
     assert _step_s(MODEL, fsdp, fsdp_copy_out=True) > _step_s(MODEL, fsdp)
     accumulating = Layout(dp=2, micro_batch=2)
     assert _step_s(MODEL, accumulating, fused_grad_accumulation=True) < _step_s(MODEL, accumulating)
+    zero2 = Layout(dp=2, micro_batch=2, zero_stage=2)
+    assert _step_s(MODEL, zero2, reduce_every_micro_batch=True) > _step_s(MODEL, zero2)
+
+
+def test_fp16_pays_for_loss_scaling_on_top_of_its_fp16_gradient_traffic():
+    layout = Layout(dp=8, micro_batch=8)  # one micro-batch: no accumulation kernel
+    bf16, fp16 = (TRAIN.with_precision(p) for p in Precision)
+    params = stage_params_per_device(MODEL, layout)
+    bandwidth = HW.hbm_bytes_per_s * HW.efficiency.hbm
+    bf16_as_fp16 = simulate(MODEL, bf16.model_copy(update={"grad_dtype": Dtype.FP16}), layout, HW)
+    # fp16 and bf16 share the A100's tensor-core peak: the difference is the unscaling pass.
+    assert (simulate(MODEL, fp16, layout, HW).breakdown.optimizer_s - bf16_as_fp16.breakdown.optimizer_s
+            == pytest.approx(params * LOSS_SCALING_BYTES_PER_PARAM / bandwidth))
+    assert simulate(MODEL, fp16, layout, HW).breakdown.comm_s_by_axis["dp"] < simulate(MODEL, bf16, layout, HW).breakdown.comm_s_by_axis["dp"]
 
 
 def test_unfused_gradient_accumulation_streams_the_gradient_and_the_accumulator_per_extra_micro_batch():
@@ -94,7 +112,8 @@ def test_unfused_gradient_accumulation_streams_the_gradient_and_the_accumulator_
     assert grad_accumulation_s(MODEL, fp16, layout, HW) == pytest.approx(expected)
     assert grad_accumulation_s(MODEL, fp16, layout.model_copy(update={"zero_stage": 2}), HW) == pytest.approx(expected / 2)
     assert grad_accumulation_s(MODEL, fp16, layout.model_copy(update={"micro_batch": 32}), HW) == 0  # one micro-batch
-    assert grad_accumulation_s(MODEL, fp16, layout.model_copy(update={"fused_grad_accumulation": True}), HW) == 0
+    fused = layout.model_copy(update={"stack": stack_with("jax", fused_grad_accumulation=True)})
+    assert grad_accumulation_s(MODEL, fp16, fused, HW) == 0
 
 
 def test_stage_transfer_sends_a_tensor_parallel_slice_and_regathers_it_without_sequence_parallelism():

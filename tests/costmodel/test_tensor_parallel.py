@@ -8,6 +8,7 @@ from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.roofline import Efficiency
+from costmodel.stack import SoftwareStack, TpOverlap, stack_with
 from costmodel.tensor_parallel import tensor_parallel_costs
 from costmodel.train_config import TrainConfig
 
@@ -20,7 +21,8 @@ ACT_BYTES = 2 * TRAIN.seq_len * MODEL.hidden_size * 2  # micro-batch 2, bf16
 
 
 def _costs(hw=HW, **layout):
-    lay = Layout(tp=8, micro_batch=2, **layout)
+    facts = {k: layout.pop(k) for k in list(layout) if k in SoftwareStack.model_fields}
+    lay = Layout(tp=8, micro_batch=2, stack=stack_with("jax", **facts), **layout)
     return tensor_parallel_costs(MODEL, TRAIN, lay, hw, layer_forward_kernels(MODEL, TRAIN, lay))
 
 
@@ -44,25 +46,36 @@ def test_batch_major_sequence_parallel_copies_every_buffer():
     assert _costs(batch_major=True).forward_s == _costs().forward_s  # all-reduces need no reorder
     one = Layout(tp=8, micro_batch=1, sequence_parallel=True)
     kernels = layer_forward_kernels(MODEL, TRAIN, one)
-    assert (tensor_parallel_costs(MODEL, TRAIN, one.model_copy(update={"batch_major": True}), HW, kernels).forward_s
+    assert (tensor_parallel_costs(MODEL, TRAIN, one.model_copy(update={"stack": stack_with("jax", batch_major=True)}), HW, kernels).forward_s
             == tensor_parallel_costs(MODEL, TRAIN, one, HW, kernels).forward_s)
 
 
 def test_overlap_hides_backward_collectives_behind_long_gradient_gemms():
-    plain = _costs(tp_overlap=True)
+    plain = _costs(tp_overlap=TpOverlap.BACKWARD)
     assert plain.backward_s == pytest.approx(plain.forward_s) and plain.backward_exposed_s == 0
     # Megatron's sequence parallelism re-gathers its input in backward: 1.5× the forward bytes,
     # of which the row-parallel output-gradient gathers stay exposed.
-    sp = _costs(tp_overlap=True, sequence_parallel=True)
+    sp = _costs(tp_overlap=TpOverlap.BACKWARD, sequence_parallel=True)
     assert sp.backward_s == pytest.approx(1.5 * sp.forward_s) and sp.backward_exposed_s == pytest.approx(sp.forward_s / 2)
 
 
 def test_overlap_leaves_what_the_gemms_cannot_cover():
     slow_link = HW.model_copy(update={"intra": Tier(bytes_per_s=2e9, latency_s=0.0)})
-    exposed = _costs(slow_link, tp_overlap=True)
+    exposed = _costs(slow_link, tp_overlap=TpOverlap.BACKWARD)
     assert 0 < exposed.backward_exposed_s < exposed.backward_s
 
 
 def test_recompute_collectives_are_never_hidden():
-    full = _costs(tp_overlap=True, recompute=Recompute.FULL, reentrant_recompute=True)
+    full = _costs(tp_overlap=TpOverlap.BACKWARD, recompute=Recompute.FULL, reentrant_recompute=True)
     assert full.backward_exposed_s == pytest.approx(full.forward_s)
+
+
+def test_gemm_overlap_hides_forward_collectives_too():
+    for sp in (False, True):
+        backward_only, gemm = (_costs(tp_overlap=o, sequence_parallel=sp) for o in (TpOverlap.BACKWARD, TpOverlap.GEMM))
+        assert backward_only.forward_exposed_s == backward_only.forward_s > 0
+        assert gemm.forward_s == backward_only.forward_s and gemm.forward_exposed_s < backward_only.forward_exposed_s / 2
+        assert gemm.backward_exposed_s <= backward_only.backward_exposed_s
+    slow_link = HW.model_copy(update={"intra": Tier(bytes_per_s=2e9, latency_s=0.0)})
+    exposed = _costs(slow_link, tp_overlap=TpOverlap.GEMM, sequence_parallel=True)
+    assert 0 < exposed.forward_exposed_s < exposed.forward_s

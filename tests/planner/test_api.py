@@ -160,3 +160,13 @@ def test_planning_time_does_not_grow_with_depth():
 
     shallow_s, deep_s = plan_s(32), plan_s(100_000)
     assert deep_s < 2.0 and deep_s < 3 * shallow_s + 0.2, (shallow_s, deep_s)
+
+
+def test_plan_is_chosen_for_the_named_stack_and_precision():
+    args = dict(mesh="2x4", hardware="a100-80gb", global_batch=64, seq_len=1024)
+    default, core = plan("gpt2", **args), plan("gpt2", stack="megatron-core", **args)
+    assert default.layout.stack.name == "jax" and core.layout.stack.name == "megatron-core"
+    fp16 = plan("gpt2", precision="fp16", **args)
+    assert fp16.train.compute_dtype.value == "float16" and fp16.train.grad_dtype.value == "float16"
+    with pytest.raises(InvalidConfigError, match="unknown software stack"):
+        plan("gpt2", stack="megatron", **args)

@@ -1,9 +1,12 @@
 """Tests `planner/commands/simulate_cmd.py`: the software-stack flags reach the simulated layout and move its step time."""
 
+import csv
 import json
 
 import pytest
 
+from benchmarks.simulator_accuracy import DEFAULT_DATA, evaluate, model_from_row
+from costmodel.stack import STACKS
 from planner.cli import main
 
 # Llama-3-8B on two H100 nodes: tp4 with sequence parallelism, FSDP, full recompute, micro-batch 2.
@@ -18,20 +21,55 @@ def _simulate(capsys, *flags):
     return json.loads(out)
 
 
-def test_stack_flags_default_to_off(capsys):
-    layout = _simulate(capsys)["layout"]
-    assert not any(layout[k] for k in ("tp_overlap", "batch_major", "reentrant_recompute", "fsdp_copy_out", "fused_grad_accumulation"))
+def test_default_stack_is_the_jax_program(capsys):
+    stack = _simulate(capsys)["layout"]["stack"]
+    assert stack["name"] == "jax"
+    assert not any(stack[k] for k in ("batch_major", "reentrant_recompute", "fsdp_copy_out", "fused_grad_accumulation"))
 
 
-@pytest.mark.parametrize(("flag", "field", "slower"), [
-    ("--tp-overlap", "tp_overlap", False),
-    ("--batch-major", "batch_major", True),
-    ("--reentrant-recompute", "reentrant_recompute", True),
-    ("--fsdp-copy-out", "fsdp_copy_out", True),
-    ("--fused-grad-accumulation", "fused_grad_accumulation", False),
+@pytest.mark.parametrize(("flag", "value", "field", "slower"), [
+    ("--tp-overlap", "backward", "tp_overlap", False),
+    ("--batch-major", "yes", "batch_major", True),
+    ("--reentrant-recompute", "yes", "reentrant_recompute", True),
+    ("--fsdp-copy-out", "yes", "fsdp_copy_out", True),
+    ("--fused-grad-accumulation", "yes", "fused_grad_accumulation", False),
 ])
-def test_each_stack_flag_sets_its_layout_field_and_moves_step_time(capsys, flag, field, slower):
+def test_each_fact_flag_overrides_one_fact_and_moves_step_time(capsys, flag, value, field, slower):
     base_s = _simulate(capsys)["step_time_s"]
-    flagged = _simulate(capsys, flag)
-    assert flagged["layout"][field] is True
+    flagged = _simulate(capsys, flag, value)
+    assert flagged["layout"]["stack"][field] == (value if field == "tp_overlap" else True)
+    assert flagged["layout"]["stack"]["name"] == "custom"
     assert (flagged["step_time_s"] > base_s) if slower else (flagged["step_time_s"] < base_s)
+
+
+def test_a_preset_sets_every_fact_and_a_flag_overrides_one(capsys):
+    titan = _simulate(capsys, "--stack", "torchtitan")["layout"]["stack"]
+    assert titan["name"] == "torchtitan" and titan["fsdp_copy_out"] and not titan["fused_norm"]
+    fused = _simulate(capsys, "--stack", "torchtitan", "--fused-norm", "yes")["layout"]["stack"]
+    assert fused["fused_norm"] and {k: v for k, v in fused.items() if k not in ("name", "fused_norm")} == {
+        k: v for k, v in titan.items() if k not in ("name", "fused_norm")}
+
+
+def test_help_lists_every_preset(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in STACKS)
+
+
+@pytest.mark.skipif(not DEFAULT_DATA.exists(), reason=f"no shared data at {DEFAULT_DATA}")
+def test_a_published_run_from_the_command_line_matches_the_benchmark(capsys, tmp_path):
+    """Narayanan et al. Table 1, GPT-18.4B (fp16, megatron-lm-2021): its columns as flags give the benchmark's prediction."""
+    with DEFAULT_DATA.open() as f:
+        row = next(r for r in csv.DictReader(f) if r["model"] == "GPT-18.4B")
+    path = tmp_path / "gpt-18.4b.json"
+    path.write_text(model_from_row(row).model_dump_json(exclude={"name"}))
+    code = main(["simulate", "--model", str(path), "--hardware", row["hardware"], "--devices", row["devices"],
+                 "--tp", row["tp"], "--pp", row["pp"], "--global-batch", row["global_batch_seqs"], "--micro-batch", row["micro_batch"],
+                 "--seq-len", row["seq_len"], "--recompute", row["recompute"], "--attention", row["attention"],
+                 "--dp-overlap", row["dp_overlap"], "--stack", row["stack"], "--precision", row["precision"], "--json"])
+    assert code == 0
+    est = json.loads(capsys.readouterr().out)
+    expected = evaluate([row])[0]["predicted_s"]
+    assert est["step_time_s"] == pytest.approx(expected, rel=1e-9)
+    assert abs(est["step_time_s"] - float(row["derived_step_time_s"])) / float(row["derived_step_time_s"]) < 0.08

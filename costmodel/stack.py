@@ -1,0 +1,210 @@
+"""`SoftwareStack`: what the training framework does, as facts the simulator reads.
+
+A layout says how work is split; a software stack says how the framework runs it: which
+kernels are fused, which collectives overlap compute, how recompute re-runs a layer, how
+ZeRO/FSDP gathers parameters and reduces gradients. Each preset in `STACKS` is a set of
+such facts read from one framework's code at one time; its description cites the
+repository, file and commit. A user names a preset (``--stack megatron-core``) and may
+override single facts (``--tp-overlap none``) with `stack_with`.
+
+>>> STACKS["megatron-core"].tp_overlap, STACKS["torchtitan"].fsdp_copy_out, STACKS["jax"].attention
+(<TpOverlap.GEMM: 'gemm'>, True, <Attention.FLASH: 'flash'>)
+>>> stack_with("torchtitan", fused_norm=True).fused_norm
+True
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from costmodel.errors import InvalidConfigError
+
+
+class Attention(StrEnum):
+    """Attention kernel: fused (never writes the S×S scores) or materialized scores."""
+
+    FLASH = "flash"
+    MATERIALIZED = "materialized"
+
+
+class TpOverlap(StrEnum):
+    """How far tensor-parallel collectives hide behind GEMMs.
+
+    ``none``: every collective waits on the GEMMs around it. ``backward``: the column-parallel
+    input gradient's reduction (and, with sequence parallelism, the input's re-gather) runs
+    behind the weight-gradient GEMM (Megatron-LM's asynchronous TP). ``gemm``: every
+    collective, forward and backward, is split into chunks pipelined with the GEMM that
+    produces or consumes it (TransformerEngine's userbuffer overlap, XLA's collective matmul).
+    """
+
+    NONE = "none"
+    BACKWARD = "backward"
+    GEMM = "gemm"
+
+
+class SelectiveRecompute(StrEnum):
+    """What a framework's "selective" activation recompute re-runs (see `costmodel.layout.Recompute`)."""
+
+    ATTENTION_CORE = "selective"
+    PER_OP = "selective-op"
+    PER_LAYER = "selective-layer"
+
+
+class SoftwareStack(BaseModel):
+    """The facts of one training framework that move step time (frozen)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field("custom", description="Preset name, or 'custom' once a fact is overridden.")
+    citation: str = Field("", description="Where each fact was read: repository, file and commit.")
+    attention: Attention = Field(Attention.FLASH, description="Attention kernel.")
+    dp_overlap: bool = Field(True, description="Gradient reduction and ZeRO/FSDP gathers overlap compute.")
+    fused_elementwise: bool = Field(
+        True, description="Activations, RoPE and residual adds run as fused kernels; False: one kernel per op (eager PyTorch).")
+    fused_norm: bool = Field(
+        True, description="Each normalisation is one fused kernel; False: op by op (eager RMSNorm: fp32 upcast, pow, mean, "
+        "rsqrt, two multiplies).")
+    tp_overlap: TpOverlap = Field(TpOverlap.NONE, description="Which tensor-parallel collectives hide behind GEMMs.")
+    batch_major: bool = Field(
+        False, description="Activations [batch, seq, hidden]: a sequence-parallel gather or reduce-scatter over the inner "
+        "sequence axis copies its buffer when micro_batch > 1. False: [seq, batch, hidden] or a compiler picks the layout.")
+    reentrant_recompute: bool = Field(
+        False, description="Recompute re-runs a layer's whole forward, last GEMM and collective included (reentrant "
+        "checkpointing); False: it stops at the last tensor backward needs (non-reentrant checkpointing, JAX remat).")
+    fsdp_copy_out: bool = Field(
+        False, description="With ZeRO-3, each gathered parameter is copied out of the all-gather buffer on the compute "
+        "stream (per-parameter FSDP2); False: compute reads the gathered buffer.")
+    fused_grad_accumulation: bool = Field(
+        False, description="Weight-gradient GEMMs add into the accumulator themselves; False: each micro-batch's gradient "
+        "is written, then added by an HBM-bound kernel.")
+    reduce_every_micro_batch: bool = Field(
+        False, description="With ZeRO-2, gradients are reduce-scattered after every micro-batch's backward, not only the "
+        "last (ZeRO-3 always does).")
+    selective_recompute: SelectiveRecompute = Field(
+        SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
+
+
+_MEGATRON = "NVIDIA/Megatron-LM"
+_TITAN = "pytorch/torchtitan"
+
+STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
+    SoftwareStack(
+        name="jax", citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
+        "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches; what `plan validate` lowers.",
+    ),
+    SoftwareStack(
+        name="maxtext", tp_overlap=TpOverlap.GEMM,
+        citation="AI-Hypercomputer/maxtext @e591f30: XLA GSPMD with the latency-hiding scheduler "
+        "(docs/run_maxtext/run_maxtext_single_host_gpu.md, --xla_gpu_enable_latency_hiding_scheduler=true; "
+        "benchmarks/xla_flags_library.py, --xla_tpu_enable_async_collective_fusion) and collective matmul "
+        "(benchmarks/maxtext_trillium_model_configs.py: configs with and without it); jax.checkpoint remat policies.",
+    ),
+    SoftwareStack(
+        name="megatron-lm-2021", attention=Attention.MATERIALIZED, reentrant_recompute=True,
+        citation=f"{_MEGATRON} @ec20274 (Aug 2021): megatron/mpu/random.py CheckpointFunction (reentrant "
+        "torch.autograd.Function: re-runs the whole layer); megatron/arguments.py --masked-softmax-fusion, "
+        "--bias-gelu-fusion, --bias-dropout-fusion (fused elementwise); [s, b, h] activations; no asynchronous TP "
+        "or gradient-accumulation fusion yet; --DDP-impl local (default) reduces after the last backward.",
+    ),
+    SoftwareStack(
+        name="megatron-lm-2022", attention=Attention.MATERIALIZED, reentrant_recompute=True, tp_overlap=TpOverlap.BACKWARD,
+        fused_grad_accumulation=True,
+        citation=f"{_MEGATRON} @2755bcb (Jun 2022): megatron/arguments.py --no-async-tensor-model-parallel-allreduce "
+        "and --no-gradient-accumulation-fusion (both on by default); megatron/mpu/layers.py "
+        "LinearWithGradAccumulationAndAsyncCommunication; reentrant CheckpointFunction as in 2021.",
+    ),
+    SoftwareStack(
+        name="megatron-core", reentrant_recompute=True, tp_overlap=TpOverlap.GEMM, fused_grad_accumulation=True,
+        citation=f"{_MEGATRON} @f2e5db4 (Jul 2024): megatron/core/model_parallel_config.py tp_comm_overlap "
+        "(ag/rs split pipelined with the GEMM, bulk dgrad/wgrad) via TransformerEngine userbuffers "
+        "(core/transformer/custom_layers/transformer_engine.py); training/arguments.py --overlap-grad-reduce, "
+        "--overlap-param-gather (requires --use-distributed-optimizer), bf16 accumulates and all-reduces gradients in "
+        "fp32; TE fused attention; core/tensor_parallel/random.py CheckpointFunction (reentrant).",
+    ),
+    SoftwareStack(
+        name="deepspeed", batch_major=True, reduce_every_micro_batch=True, fused_elementwise=False, fused_norm=False,
+        citation="deepspeedai/DeepSpeed @aecfec7 (Jun 2024): runtime/engine.py allreduce_gradients ('ZeRO stage >= 2 "
+        "communicates during non gradient accumulation boundaries as well'); runtime/zero/partitioned_param_coordinator.py "
+        "fetches ZeRO-3 parameters per submodule in trace order with prefetch (stage3_prefetch_bucket_size) into "
+        "buffers compute reads in place; overlap_comm; eager PyTorch kernels; activation checkpointing non-reentrant "
+        "in the models it wraps (Hugging Face).",
+    ),
+    SoftwareStack(
+        name="megatron-deepspeed", attention=Attention.MATERIALIZED, reentrant_recompute=True, reduce_every_micro_batch=True,
+        citation="deepspeedai/Megatron-DeepSpeed (Megatron-LM 2021 fork): Megatron's fused kernels and reentrant "
+        "CheckpointFunction, [s, b, h] activations; ZeRO from DeepSpeed @aecfec7 runtime/engine.py (ZeRO-2 reduces "
+        "every micro-batch); no asynchronous TP.",
+    ),
+    SoftwareStack(
+        name="pytorch-fsdp1", batch_major=True, fused_elementwise=False, fused_norm=False,
+        citation="pytorch/pytorch @v2.3.0 torch/distributed/fsdp/_flat_param.py: FlatParameter all-gathered into one flat "
+        "buffer whose views compute reads (no copy-out); backward_prefetch=BACKWARD_PRE, limit_all_gathers; "
+        "as Composer / llm-foundry wrap it: eager kernels, non-reentrant checkpoint_wrapper.",
+    ),
+    SoftwareStack(
+        name="torchtitan", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_copy_out=True,
+        selective_recompute=SelectiveRecompute.PER_OP,
+        citation=f"{_TITAN} @9dec370: torchtitan/parallelisms/parallelize_llama.py fully_shard (FSDP2, per-parameter: "
+        "pytorch/pytorch @v2.5.0 torch/distributed/_composable/fsdp/_fsdp_collectives.py copies each parameter out of the all-gather output), "
+        "ptd_checkpoint_wrapper (non-reentrant); train_configs/llama3_8b.toml compile=false, norm_type=rmsnorm, "
+        "selective_ac_option='op'; DTensor [batch, seq, hidden] sequence parallelism; vanilla (not async) TP.",
+    ),
+    SoftwareStack(
+        name="torchtitan-compile", batch_major=True, fsdp_copy_out=True, selective_recompute=SelectiveRecompute.PER_OP,
+        citation=f"{_TITAN} @9dec370: as 'torchtitan' with compile=true (train_configs/*.toml, parallelize_llama.py "
+        "torch.compile per TransformerBlock): Inductor fuses elementwise ops and norms; FSDP2 copy-out unchanged.",
+    ),
+)}
+
+# Per-run deviations from a preset, as the published-runs CSV's `stack_options` names them.
+STACK_OPTIONS: dict[str, dict[str, Any]] = {
+    # torchtitan's Triton fused RMSNorm (norm_type="fused_rmsnorm", train_configs/llama_7b.toml @395a526).
+    "fused_rmsnorm": {"fused_norm": True},
+}
+
+
+def stack_with(stack: str | SoftwareStack, **overrides: Any) -> SoftwareStack:
+    """A preset (by name) or a stack with single facts overridden; renamed 'custom' when any fact changes.
+
+    >>> stack_with("megatron-core", tp_overlap="none").name, stack_with("jax", attention="flash").name
+    ('custom', 'jax')
+    """
+    base = get_stack(stack) if isinstance(stack, str) else stack
+    changed = {k: v for k, v in overrides.items() if v is not None and v != getattr(base, k, None)}
+    if not changed:
+        return base
+    try:
+        return SoftwareStack.model_validate({**base.model_dump(), **changed, "name": "custom"})
+    except ValidationError as err:
+        raise InvalidConfigError(f"stack {base.name!r} with {changed}: {err.errors()[0]['msg']}",
+                                 fix="see `plan simulate --help` for each fact's values") from None
+
+
+def get_stack(name: str) -> SoftwareStack:
+    """The preset called ``name``.
+
+    >>> get_stack("deepspeed").reduce_every_micro_batch
+    True
+    """
+    if name not in STACKS:
+        raise InvalidConfigError(f"unknown software stack {name!r}", fix=f"use one of {', '.join(STACKS)}")
+    return STACKS[name]
+
+
+def apply_options(stack: SoftwareStack, options: str) -> SoftwareStack:
+    """``stack`` with the ';'-separated `STACK_OPTIONS` named in ``options`` applied.
+
+    >>> apply_options(STACKS["torchtitan"], "fused_rmsnorm").fused_norm
+    True
+    """
+    names = [o.strip() for o in options.split(";") if o.strip()]
+    unknown = [n for n in names if n not in STACK_OPTIONS]
+    if unknown:
+        raise InvalidConfigError(f"unknown stack options {unknown}", fix=f"use any of {', '.join(STACK_OPTIONS)}")
+    update: dict[str, Any] = {}
+    for n in names:
+        update.update(STACK_OPTIONS[n])
+    return stack_with(stack, **update)

@@ -1,0 +1,57 @@
+"""``--stack NAME`` and one flag per software fact, shared by ``plan`` and ``plan simulate``.
+
+A preset from `costmodel.stack.STACKS` sets every fact; each fact's own flag overrides it
+(``--stack megatron-core --tp-overlap none``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from costmodel.stack import STACKS, Attention, SoftwareStack, TpOverlap, stack_with
+
+# Fact → (flag values, help). yes/no facts are booleans of `SoftwareStack`.
+_FACT_FLAGS: dict[str, tuple[list[str], str]] = {
+    "attention": ([a.value for a in Attention], "attention kernel"),
+    "dp_overlap": (["yes", "no"], "data-parallel reduction and ZeRO/FSDP gathers overlap compute"),
+    "tp_overlap": ([o.value for o in TpOverlap], "tensor-parallel collectives hidden behind GEMMs: none, backward (Megatron "
+                   "async TP) or gemm (TransformerEngine / XLA collective matmul)"),
+    "fused_elementwise": (["yes", "no"], "activations, RoPE and residual adds fused (no: eager PyTorch)"),
+    "fused_norm": (["yes", "no"], "each norm one fused kernel (no: eager RMSNorm)"),
+    "batch_major": (["yes", "no"], "activations [batch, seq, hidden]: sequence-parallel collectives copy their buffers"),
+    "reentrant_recompute": (["yes", "no"], "recompute re-runs the layer's whole forward (Megatron-LM checkpointing)"),
+    "fsdp_copy_out": (["yes", "no"], "ZeRO-3 copies gathered parameters out of the all-gather buffer (PyTorch FSDP2)"),
+    "fused_grad_accumulation": (["yes", "no"], "weight-gradient GEMMs add into the accumulator (Megatron-LM)"),
+    "reduce_every_micro_batch": (["yes", "no"], "ZeRO-2 reduce-scatters after every micro-batch (DeepSpeed)"),
+}
+
+
+def stack_help() -> str:
+    """One line per preset for ``--help``: its name and the facts it sets apart from the JAX program's.
+
+    >>> "megatron-core: tp_overlap=gemm" in stack_help()
+    True
+    """
+    jax = STACKS["jax"]
+    lines = []
+    for name, stack in STACKS.items():
+        diff = [f"{k}={_show(v)}" for k, v in stack if k not in ("name", "citation") and v != getattr(jax, k)]
+        lines.append(f"{name}: {', '.join(diff) or 'the JAX program plan validate lowers'}")
+    return "; ".join(lines)
+
+
+def _show(value: object) -> str:
+    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", choices=list(STACKS), default="jax",
+                        help=f"software stack that runs the layout (default jax); presets: {stack_help()}")
+    for fact, (values, help_text) in _FACT_FLAGS.items():
+        parser.add_argument(f"--{fact.replace('_', '-')}", choices=values, help=f"{help_text} (default: the stack's)")
+
+
+def stack_from_args(args: argparse.Namespace) -> SoftwareStack:
+    """The ``--stack`` preset with every fact flag given applied over it."""
+    given = {fact: getattr(args, fact) for fact in _FACT_FLAGS if getattr(args, fact) is not None}
+    return stack_with(args.stack, **{k: v == "yes" if v in ("yes", "no") else v for k, v in given.items()})

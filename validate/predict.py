@@ -126,6 +126,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization keeps the
     layers' saved activations as fp32 (the compiled layer loop carries f32 stacks of them), so
     16-bit activations count twice their bytes there. GPUs and TPUs keep them as they are.
+    The CPU backend's dot also takes its operands in row-major order only, so the head's
+    weight gradient (hidden × tokens · tokens × vocabulary) reads a transposed copy of the
+    fp32 logits gradient, one more logits-sized buffer beside the logits and their gradient.
     """
     lay = plan.layout
     memory = plan.predicted.memory
@@ -143,6 +146,8 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
     if platform == "cpu":
         total += (memory.activations_bytes + bubble_activations) * (_F32 / plan.train.compute_dtype.bytes - 1)
+        tokens = lay.micro_batch * plan.train.seq_len / lay.cp
+        total += tokens * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * _F32
     return total
 
 

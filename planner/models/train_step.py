@@ -42,18 +42,43 @@ def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: An
     return cross_entropy(logits_BxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux
 
 
+@jax.custom_vjp
 def cross_entropy(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
-    """Mean next-token negative log-likelihood."""
+    """Mean next-token negative log-likelihood.
+
+    >>> logits = jnp.log(jnp.array([[[0.25, 0.75]]]))
+    >>> round(float(cross_entropy(logits, jnp.array([[1]]))), 4), jax.grad(cross_entropy)(logits, jnp.array([[1]])).tolist()
+    (0.2877, [[[0.25, -0.25]]])
+    """
+    return _cross_entropy_forward(logits_BxSxV, targets_BxS)[0]
+
+
+def _cross_entropy_forward(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     with jax.named_scope("loss"):
-        # log-sum-exp minus the target's logit, with no log-probabilities kept beside the logits:
-        # the backward forms the softmax from the logits and the log-sum-exp, so the logits and
-        # their gradient are the loss's only vocabulary-sized buffers. The target's logit is a
-        # masked sum over the vocabulary, as Megatron's vocab-parallel loss takes it: a gather
-        # there made XLA abort on a vocabulary-split head inside the pipeline's region manual
-        # over its axis (`validate.pipeline`).
-        is_target_BxSxV = jnp.arange(logits_BxSxV.shape[-1]) == targets_BxS[..., None]
-        target_BxS = jnp.where(is_target_BxSxV, logits_BxSxV, 0.0).sum(-1)
-        return (jax.nn.logsumexp(logits_BxSxV, axis=-1) - target_BxS).mean()
+        # The target's logit is a masked sum over the vocabulary, as Megatron's vocab-parallel
+        # loss takes it: a gather there made XLA abort on a vocabulary-split head inside the
+        # pipeline's region manual over its axis (`validate.pipeline`).
+        lse_BxS = jax.nn.logsumexp(logits_BxSxV, axis=-1)
+        target_BxS = jnp.where(_is_target(logits_BxSxV, targets_BxS), logits_BxSxV, 0.0).sum(-1)
+        return (lse_BxS - target_BxS).mean(), (logits_BxSxV, lse_BxS, targets_BxS)
+
+
+def _cross_entropy_backward(residuals: tuple[jax.Array, ...], g: jax.Array) -> tuple[jax.Array, None]:
+    # One elementwise pass from the saved logits and log-sum-exp to their gradient, as fused
+    # cross-entropy kernels do: the logits and their gradient are the loss's only
+    # vocabulary-sized buffers (automatic differentiation also kept the softmax's exponentials).
+    logits_BxSxV, lse_BxS, targets_BxS = residuals
+    with jax.named_scope("loss"):
+        softmax_BxSxV = jnp.exp(logits_BxSxV - lse_BxS[..., None])
+        grad_BxSxV = (softmax_BxSxV - _is_target(logits_BxSxV, targets_BxS)) * (g / lse_BxS.size)
+        return grad_BxSxV.astype(logits_BxSxV.dtype), None
+
+
+def _is_target(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
+    return jnp.arange(logits_BxSxV.shape[-1]) == targets_BxS[..., None]
+
+
+cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 
 
 def init_opt_state(params: Params) -> dict[str, Any]:

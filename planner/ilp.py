@@ -95,9 +95,10 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
             model.add(sum(y[p][c] for p in range(n_src)) == sum(members))
         objective += [(y[p][c], _units(edge.matrix[p, c])) for p in range(n_src) for c in range(n_dst) if edge.matrix[p, c] > 0]
     memory = [(v, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, xs in x.items() for v, b in zip(xs, space.node_memory_bytes[n]) if b > 0]
-    if memory:
+    bounded = math.isfinite(memory_budget_bytes)
+    if memory and bounded:
         model.add(sum(c * v for v, c in memory) <= int(memory_budget_bytes // _MEMORY_UNIT_BYTES))
-    for row in memory_rows:
+    for row in memory_rows if bounded else ():
         terms = [(v, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, bs in row.items() for v, b in zip(x[n], bs) if b > 0]
         if terms:
             model.add(sum(c * v for v, c in terms) <= int(memory_budget_bytes // _MEMORY_UNIT_BYTES))

@@ -8,9 +8,14 @@ module predicts the same three parts from an OpGraph and a choice of strategies:
 * outputs: every program output at its sharding (live from production to the end); an output
   with the shape, dtype and sharding of a donated argument reuses its buffer (aliased);
 * temporaries: the peak over program points of the live intermediate values. A value is live
-  from its producer to its last reader (graph nodes are in program order, so a remat
-  region's recomputed forward ops sit in the backward, where they are live). XLA fuses an
+  from its producer to its last reader (graph nodes are in program order). XLA fuses an
   elementwise producer into its single elementwise reader, so such a value is never a buffer.
+  A remat region's recomputed forward ops outside a loop are placed as early as their
+  operands allow (`scheduled_positions`): nothing but their saved inputs orders them, and
+  XLA's scheduler runs them early. Measured here: a Flax decoder of 16 ``nn.remat`` blocks
+  compiled for 8 CPU devices held all 16 blocks' recomputed attention probabilities at once
+  (31 GiB of temporaries per device where the backward needs one block's, 2 GiB). In a
+  loop (a scanned layer stack) the body orders them, and they stay where they are.
 
 Every value's bytes are linear in its owner's strategy (the free node it follows), so the
 live set at a program point is one linear row over the ILP's choice variables
@@ -98,6 +103,7 @@ class MemoryModel:
             for out_index, _ in data[USES_ATTR]:
                 readers.setdefault((src, out_index), []).append(dst)
         temporaries = []
+        placed = scheduled_positions(g)
         for n, op in ops.items():
             if op.is_input:
                 continue
@@ -108,7 +114,8 @@ class MemoryModel:
                 if _fused(op, [ops[u] for u in users]):
                     continue
                 scale = max([op.repeat / ops[u].repeat for u in users if ops[u].repeat < op.repeat], default=1.0)
-                temporaries.append(_Value(node=n, index=k, tensor=tensor, scale=scale, start=n, end=max(users, default=n)))
+                temporaries.append(_Value(node=n, index=k, tensor=tensor, scale=scale, start=placed[n],
+                                          end=max((placed[u] for u in users), default=placed[n])))
         return cls(inputs=tuple((n, op.outputs[0]) for n, op in ops.items() if op.is_input),
                    outputs=tuple((n, k, ops[n].outputs[k]) for n, k in outputs),
                    temporaries=tuple(temporaries), n_points=g.number_of_nodes())
@@ -183,6 +190,29 @@ class MemoryModel:
     def live_at(self, point: int) -> list[_Value]:
         """Temporaries live at graph node ``point``."""
         return [v for v in self.temporaries if v.start <= point <= v.end]
+
+
+def scheduled_positions(g: nx.DiGraph) -> dict[int, int]:
+    """Graph node → the program point where it runs: its own, or for a recomputed op of a remat
+    region outside any loop (scope ``…rematted_computation…``, one execution), the latest
+    point among its operands', as early as a scheduler may run it.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from planner.extract import extract_graph
+    >>> f = lambda x: jnp.sum(jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)))(x) * x)
+    >>> g = extract_graph(jax.grad(f), jax.ShapeDtypeStruct((8,), jnp.float32))
+    >>> placed = scheduled_positions(g)
+    >>> sum(placed[n] < n for n in g)  # the recomputed sine and both cosines move up to the input
+    3
+    """
+    placed: dict[int, int] = {}
+    for n in sorted(g):
+        op: OpNode = g.nodes[n][OP_ATTR]
+        if "rematted_computation" in op.scope and op.repeat == 1:
+            placed[n] = max((placed[p] for p in g.predecessors(n)), default=0)
+        else:
+            placed[n] = n
+    return placed
 
 
 def _sizes(space: StrategySpace) -> dict[str, int]:

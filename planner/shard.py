@@ -148,7 +148,10 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
             choice, score, solution = solve(name, pinned, time_limit_s=limit)
         except InfeasibleError as error:
             failures.append(error)
-            continue
+            if name == "planned":
+                continue
+            # A baseline that cannot fit is still reported, scored without the budget (fits=False).
+            choice, score, solution = solve(name, pinned, time_limit_s=limit, budget=float("inf"))
         scores.append(score)
         choices[name] = (choice, solution)
     if not scores:
@@ -172,17 +175,19 @@ class _Solver:
         self.full, self.memory_model, self.budget, self.backend, self.donated = full, memory_model, budget, backend, donated
         self.space_of: dict[str, StrategySpace] = {}
 
-    def __call__(self, name: str, pinned: dict[int, int], *, time_limit_s: float) -> tuple[dict[int, int], LayoutScore, IntraOpSolution]:
+    def __call__(self, name: str, pinned: dict[int, int], *, time_limit_s: float,
+                 budget: float | None = None) -> tuple[dict[int, int], LayoutScore, IntraOpSolution]:
+        budget = self.budget if budget is None else budget
         space = prune_dominated(restrict(self.full, {n: np.array([i]) for n, i in pinned.items()}))
         # The ILP's own knapsack row holds the arguments; the live sets come as rows.
         space = _with_memory(space, self.memory_model.row(space, None, temporaries=False, backend=self.backend))
         self.space_of[name] = space
         rows: list[dict[int, np.ndarray]] = []
         for _ in range(_LAZY_ROUNDS):
-            solution = solve_intra_op(space, memory_budget_bytes=self.budget, time_limit_s=time_limit_s, memory_rows=rows)
+            solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows)
             choice = _adopt_consumer_shardings(space, solution.choice, self.memory_model.input_nodes)
             memory = self.memory_model.of_choice(space, choice, donated=self.donated, backend=self.backend)
-            if memory.total_bytes <= self.budget:
+            if memory.total_bytes <= budget:
                 break
             rows.append(self.memory_model.row(space, memory.peak_node, backend=self.backend))
         score = LayoutScore(name=name, step_time_s=space.total_time_s(choice), memory=memory,

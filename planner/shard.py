@@ -154,7 +154,7 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
             choice, score, solution = solve(name, pinned, time_limit_s=limit, budget=float("inf"))
         scores.append(score)
         choices[name] = (choice, solution)
-    if not scores:
+    if failures and not any(s.fits for s in scores):
         raise failures[0]
     best = min(scores, key=lambda s: (not s.fits, s.step_time_s if s.fits else s.memory.total_bytes))
     specs = {s.name: _specs(graph, solve.space_of[s.name], choices[s.name][0], flat, tree, inputs, fn, abstract_args)

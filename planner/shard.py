@@ -136,8 +136,8 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
         if name == "dp":
             # XLA propagates shardings from the arguments: a batch the ILP leaves whole (slicing
             # it is free in the model) leaves every activation whole, so the batch is split as DP splits it.
-            candidates["planned"] = {**{n: i for p, n in inputs.items() if _argnum(p) in batch
-                                        for i in [pinned.get(n)] if i is not None}, **pins}
+            candidates["planned"] = {**{inputs[p]: i for p in paths if _argnum(p) in batch
+                                        for i in [pinned.get(inputs[p])] if i is not None}, **pins}
         if baselines:
             candidates[name] = {**{n: i for n, i in pinned.items() if i is not None}, **pins}
     solve = _Solver(full, memory_model, budget=budget, backend=backend, donated=donated)

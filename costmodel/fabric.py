@@ -157,13 +157,12 @@ class InterNodeFabric(BaseModel):
         per_device = self.bytes_per_s_per_device(devices_per_node, rail_aligned=rail_aligned)
         return Tier(bytes_per_s=per_device * self.efficiency, latency_s=self.latency_s)
 
-    def describe(self, *, rail_aligned: bool = True, unit: str = "node") -> str:
-        """``8× 400 Gb/s NICs per node (ib-ndr400), rail-aligned``, or where its traffic crosses the spine."""
-        text = f"{self._nics()} per {unit} ({self.name})"
+    def describe(self, *, rail_aligned: bool = True) -> str:
+        """``8× 400 Gb/s NICs each, rail-aligned``, or where the traffic crosses the spine."""
         if not self.through_spine(rail_aligned=rail_aligned):
-            return f"{text}, rail-aligned"
+            return f"{self._nics()} each, rail-aligned"
         why = "across rails" if self.rail_optimized else "not rail-optimised"
-        return f"{text}, through the spine ({why}{self._oversubscribed()})"
+        return f"{self._nics()} each, through the spine ({why}{self._oversubscribed()})"
 
     def summary(self, devices_per_node: int) -> str:
         """The NICs, their cabling and one device's share, e.g. ``8× 400 Gb/s NICs (ib-ndr400), rail-optimised, 50 GB/s per device``."""

@@ -136,7 +136,7 @@ class ClusterSpec(BaseModel):
             raise InvalidConfigError(f"--devices-per-node={n} must be between 1 and {MAX_PER_NODE:,}", fix="give a positive count")
         if nics * n % self.devices_per_node:
             raise InvalidConfigError(
-                f"--devices-per-node={n} would split {self.name}'s {nics} NICs per {self.devices_per_node} devices unevenly",
+                f"--devices-per-node={n} would split {self.name}'s NICs ({nics} per {self.devices_per_node} devices) unevenly",
                 fix=f"give a multiple of {self.devices_per_node // math.gcd(nics, self.devices_per_node)}, or describe "
                     "the nodes in a cluster JSON file (README: Describing a cluster)")
         network = self.inter_node.model_copy(update={"nics_per_node": nics * n // self.devices_per_node})

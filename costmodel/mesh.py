@@ -115,7 +115,7 @@ def axis_links(mesh: MeshSpec, cluster: ClusterSpec) -> dict[str, AxisLink]:
     >>> links["axis1"].tiers, links["axis0"].tiers
     (('nvlink4',), ('ib-ndr400',))
     >>> links["axis0"].crosses
-    'across 4 nodes over 8× 400 Gb/s NICs per node (ib-ndr400), rail-aligned'
+    'across 4 nodes over 8× 400 Gb/s NICs each, rail-aligned'
     """
     per_node, intra, inter = cluster.devices_per_node, cluster.intra_node, cluster.inter_node
     links, stride = {}, 1
@@ -130,7 +130,7 @@ def axis_links(mesh: MeshSpec, cluster: ClusterSpec) -> dict[str, AxisLink]:
                          else f"within a {intra.unit} over {intra.describe(pair=where.pair)}")
         if across:
             tiers.append(inter.name)
-            parts.append(f"across {where.n_nodes} {intra.unit}s over {inter.describe(rail_aligned=where.rail_aligned, unit=intra.unit)}")
+            parts.append(f"across {where.n_nodes} {intra.unit}s over {inter.describe(rail_aligned=where.rail_aligned)}")
         peak, latency_s = ((inter.bytes_per_s_per_device(per_node, rail_aligned=where.rail_aligned), inter.latency_s) if across
                            else (link.bytes_per_s, link.latency_s))
         links[name] = AxisLink(

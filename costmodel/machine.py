@@ -17,7 +17,7 @@ from costmodel.topology import layout_groups, mesh_groups
 
 
 class Machine(BaseModel):
-    """What the simulator needs of a cluster: one device's peaks and the two link tiers."""
+    """What the simulator needs of a cluster: one device's peaks and its link tiers (`costmodel.fabric` derives them)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -45,7 +45,7 @@ class Machine(BaseModel):
         """The group along each (name, size) axis of a device mesh, major axis first."""
         return mesh_groups(axes, **self._tiers())
 
-    def _tiers(self) -> dict:
+    def _tiers(self) -> dict[str, object]:
         return {"devices_per_node": self.devices_per_node, "intra": self.intra, "inter": self.inter, "intra_pair": self.intra_pair,
                 "inter_cross_rail": self.inter_cross_rail}
 

@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.model is None and args.mesh is None:
-        raise InvalidConfigError("plan inspect needs --model, --mesh or both", fix="e.g. --model llama3-8b, or --mesh 8x4 --hardware dgx-h100")
+        raise InvalidConfigError("plan inspect needs --model, --mesh or both",
+                                 fix="e.g. --model llama3-8b, or --mesh 8x4 --hardware dgx-h100")
     cluster = links = None
     if args.mesh:
         cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)

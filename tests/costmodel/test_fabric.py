@@ -78,7 +78,8 @@ def test_nvlink_pairs_bridge_a_pair_and_pcie_carries_the_rest():
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda d: d.update(device="h900"), r"device: Value error, unknown device 'h900' \(known: .*h100-sxm"),
-    (lambda d: d["intra_node"].update(kind="nvlink-pairs"), "intra_node: Value error, pair_link is given exactly when kind is nvlink-pairs"),
+    (lambda d: d["intra_node"].update(kind="nvlink-pairs"), "intra_node: Value error, pair_link is given exactly when kind is "
+                                                            "nvlink-pairs"),
     (lambda d: d["intra_node"].update(kind="ici-torus"), "torus_dims is given exactly when kind is ici-torus"),
     (lambda d: d["intra_node"].update(kind="nvlink"), "intra_node.kind: Input should be 'nvswitch', 'nvlink-pairs'"),
     (lambda d: d["inter_node"].update(nics_per_node=0), "inter_node.nics_per_node: Input should be greater than 0"),

@@ -62,6 +62,7 @@ class IntraNodeKind(StrEnum):
     SHARED_MEMORY = "shared-memory"
 
 
+# How each kind's `IntraNodeFabric.link` reads (for nvlink-pairs that link is PCIe; the bridge is pair_link).
 _KIND_WORDS = {IntraNodeKind.NVSWITCH: "NVSwitch", IntraNodeKind.NVLINK_PAIRS: "PCIe", IntraNodeKind.PCIE: "PCIe",
                IntraNodeKind.ICI_TORUS: "ICI torus", IntraNodeKind.SHARED_MEMORY: "host memory"}
 

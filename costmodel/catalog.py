@@ -13,7 +13,10 @@ their efficiencies fitted once over every published run on that hardware by
 
 from __future__ import annotations
 
-from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, LinkSpec
+import math
+
+from costmodel.fabric import InterNodeFabric, IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
+from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec
 from costmodel.roofline import Efficiency
 
 GB, GIB, TFLOPS = 1e9, 2**30, 1e12
@@ -28,12 +31,6 @@ NVLINK4 = LinkSpec(name="nvlink4", bytes_per_s=450 * GB, latency_s=1e-6, efficie
                    source="H100/H200 SXM: 900 GB/s bidirectional NVLink4 (H100 datasheet); nccl-tests busbw ~360 GB/s")
 PCIE3 = LinkSpec(name="pcie3-x16", bytes_per_s=16 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 3.0 x16: 15.75 GB/s per direction")
 PCIE4 = LinkSpec(name="pcie4-x16", bytes_per_s=32 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 4.0 x16: 31.5 GB/s per direction")
-IB_EDR = LinkSpec(name="ib-edr100", bytes_per_s=100 * _GBIT, latency_s=5e-6, efficiency=0.9, source="InfiniBand EDR 100 Gb/s NIC per GPU")
-IB_HDR = LinkSpec(name="ib-hdr200", bytes_per_s=200 * _GBIT, latency_s=5e-6, efficiency=0.9,
-                  source="DGX A100: 8× Mellanox ConnectX-6 HDR 200 Gb/s, one per GPU (DGX A100 user guide)")
-IB_NDR = LinkSpec(name="ib-ndr400", bytes_per_s=400 * _GBIT, latency_s=5e-6, efficiency=0.9,
-                  source="DGX H100: 8× ConnectX-7 NDR 400 Gb/s, one per GPU (DGX H100 user guide); torchtitan runs: 400 Gb/s RDMA per GPU")
-ETH_100 = LinkSpec(name="eth-100g", bytes_per_s=100 * _GBIT, latency_s=20e-6, efficiency=0.8, source="100 GbE per node, shared")
 LOOPBACK = LinkSpec(name="shared-memory", bytes_per_s=5 * GB, latency_s=20e-6, efficiency=0.5,
                     source="emulated devices on one host: copies through shared DRAM (placeholder, to calibrate)")
 
@@ -45,8 +42,32 @@ def _ici(name: str, per_chip_gbps: float, n_links: int) -> LinkSpec:
                     source=f"Cloud TPU system architecture: {per_chip_gbps:.0f} Gbps ICI per chip over {n_links} torus links")
 
 
-DCN = LinkSpec(name="dcn", bytes_per_s=50 * _GBIT, latency_s=20e-6, efficiency=0.8,
-               source="Data-centre network between TPU slices: ~200 Gb/s per host of 4 chips (Cloud TPU docs, multislice)")
+ICI_V4, ICI_V5P = _ici("ici-v4", 2400, 6), _ici("ici-v5p", 4800, 6)
+
+
+# --- networks ----------------------------------------------------------------------------
+def _one_nic_per_gpu(name: str, gbit_per_s: float, source: str) -> InterNodeFabric:
+    # The part-named profiles stand for the vendor's reference node: one compute NIC per GPU,
+    # rail-optimised and non-blocking as in NVIDIA's DGX SuperPOD reference architectures.
+    return InterNodeFabric(name=name, nics_per_node=8, nic_gbit_per_s=gbit_per_s, rail_optimized=True, latency_s=5e-6,
+                           efficiency=0.9, source=source)
+
+
+IB_EDR = _one_nic_per_gpu("ib-edr100", 100, "InfiniBand EDR 100 Gb/s NIC per GPU")
+IB_HDR = _one_nic_per_gpu("ib-hdr200", 200, "DGX A100: 8× Mellanox ConnectX-6 HDR 200 Gb/s, one per GPU (DGX A100 user guide)")
+IB_NDR = _one_nic_per_gpu("ib-ndr400", 400, "DGX H100: 8× ConnectX-7 NDR 400 Gb/s, one per GPU (DGX H100 user guide); "
+                                            "torchtitan runs: 400 Gb/s RDMA per GPU")
+ETH_100 = InterNodeFabric(name="eth-100g", nics_per_node=1, nic_gbit_per_s=100, rail_optimized=False, latency_s=20e-6,
+                          efficiency=0.8, source="100 GbE per node, shared by its GPUs")
+
+
+def dcn(chips_per_slice: int) -> InterNodeFabric:
+    """The data-centre network between TPU slices: one 200 Gb/s NIC per host of 4 chips."""
+    return InterNodeFabric(name="dcn", nics_per_node=max(1, chips_per_slice // 4), nic_gbit_per_s=200, rail_optimized=False,
+                           latency_s=20e-6, efficiency=0.8,
+                           source="Data-centre network between TPU slices: ~200 Gb/s per host of 4 chips, 50 Gbps per chip "
+                                  "(Cloud TPU docs: multislice; v5p system architecture)")
+
 
 # --- devices -----------------------------------------------------------------------------
 # NCCL runs its collectives as kernels of 16–32 thread blocks, one SM each, that also stream
@@ -100,6 +121,9 @@ A100_40GB = _gpu("a100-40gb", peaks=_AMPERE, hbm_gib=40, hbm_gbps=1555, power_w=
                  source="NVIDIA A100 datasheet (SXM4 40GB)")
 A100_80GB = _gpu("a100-80gb", peaks=_AMPERE, hbm_gib=80, hbm_gbps=2039, power_w=400, efficiency=_A100_EFF,
                  source="NVIDIA A100 datasheet (SXM4 80GB)")
+# No published runs on the PCIe card to fit: the SXM part's micro-benchmark efficiencies.
+A100_80GB_PCIE = _gpu("a100-80gb-pcie", peaks=_AMPERE, hbm_gib=80, hbm_gbps=1935, power_w=300, efficiency=_A100_MICROBENCH,
+                      source="NVIDIA A100 datasheet (PCIe 80GB: HBM2e 1,935 GB/s, 300 W)")
 H100_SXM = _gpu("h100-sxm", peaks=_HOPPER, hbm_gib=80, hbm_gbps=3350, power_w=700, efficiency=_H100_EFF,
                 source="NVIDIA H100 datasheet (SXM5 80GB HBM3)")
 H200 = _gpu("h200", peaks=_HOPPER, hbm_gib=141e9 / GIB, hbm_gbps=4800, power_w=700, efficiency=_H100_MICROBENCH,
@@ -135,10 +159,19 @@ CPU = DeviceSpec(name="cpu", kind=DeviceKind.CPU,
                         "replaced by the validator's micro-benchmarks")
 
 
-def _cluster(device: DeviceSpec, intra: LinkSpec, inter: LinkSpec, *, per_node: int = 8, torus: tuple[int, ...] = ()) -> ClusterSpec:
-    return ClusterSpec(name=device.name, device=device, devices_per_node=per_node, intra_node=intra, inter_node=inter, torus_dims=torus)
+def _cluster(device: DeviceSpec, intra: LinkSpec, inter: InterNodeFabric, *, per_node: int = 8,
+             kind: IntraNodeKind = IntraNodeKind.NVSWITCH) -> ClusterSpec:
+    return ClusterSpec(name=device.name, device=device, devices_per_node=per_node, intra_node=IntraNodeFabric(kind=kind, link=intra),
+                       inter_node=inter)
 
 
+def _tpu_slice(device: DeviceSpec, ici: LinkSpec, torus: tuple[int, ...]) -> ClusterSpec:
+    chips = math.prod(torus)
+    return ClusterSpec(name=device.name, device=device, devices_per_node=chips,
+                       intra_node=IntraNodeFabric(kind=IntraNodeKind.ICI_TORUS, link=ici, torus_dims=torus), inter_node=dcn(chips))
+
+
+# Named by their part; `costmodel.clusters` adds clusters named after reference architectures.
 CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
     _cluster(A100_40GB, NVLINK3, IB_HDR),
     _cluster(A100_80GB, NVLINK3, IB_HDR),
@@ -146,12 +179,15 @@ CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
     _cluster(H200, NVLINK4, IB_NDR),
     _cluster(H100_96GB_500W, NVLINK4, IB_NDR),
     _cluster(H100_95GB_LOWTDP, NVLINK4, IB_NDR),
-    _cluster(A40, PCIE4, IB_HDR),
+    _cluster(A40, PCIE4, IB_HDR, kind=IntraNodeKind.PCIE),
+    # Switched, as on a DGX-2's NVSwitch; a DGX-1's hybrid cube-mesh reaches some pairs more slowly.
     _cluster(V100, NVLINK2, IB_EDR),
-    _cluster(T4, PCIE3, ETH_100, per_node=4),
-    _cluster(TPU_V4, _ici("ici-v4", 2400, 6), DCN, per_node=64, torus=(4, 4, 4)),
-    _cluster(TPU_V5E, _ici("ici-v5e", 1600, 4), DCN, per_node=256, torus=(16, 16)),
-    _cluster(TPU_V5P, _ici("ici-v5p", 4800, 6), DCN, per_node=64, torus=(4, 4, 4)),
-    _cluster(TPU_V6E, _ici("ici-v6e", 3584, 4), DCN, per_node=256, torus=(16, 16)),
-    _cluster(CPU, LOOPBACK, LOOPBACK, per_node=1),
+    _cluster(T4, PCIE3, ETH_100, per_node=4, kind=IntraNodeKind.PCIE),
+    _tpu_slice(TPU_V4, ICI_V4, (4, 4, 4)),
+    _tpu_slice(TPU_V5E, _ici("ici-v5e", 1600, 4), (16, 16)),
+    _tpu_slice(TPU_V5P, ICI_V5P, (4, 4, 4)),
+    _tpu_slice(TPU_V6E, _ici("ici-v6e", 3584, 4), (16, 16)),
+    ClusterSpec(name="cpu", device=CPU, devices_per_node=1,
+                intra_node=IntraNodeFabric(kind=IntraNodeKind.SHARED_MEMORY, link=LOOPBACK),
+                inter_node=host_network(LOOPBACK, 1)),
 )}

@@ -1,7 +1,8 @@
-"""Hardware profiles: devices, links and how they form a cluster.
+"""Hardware profiles: a device, and the fabrics (`costmodel.fabric`) that make nodes of it a cluster.
 
 Units are SI and converted once, in `costmodel.catalog`: FLOP/s, bytes, bytes/s,
-seconds. A user adds a profile as a JSON file holding a `ClusterSpec`.
+seconds (NIC speeds in Gb/s, as vendors quote them). A user adds a profile as a JSON
+file holding a `ClusterSpec`.
 
 >>> cluster = load_hardware("a100-80gb")
 >>> cluster.device.peak_flops_per_s["bfloat16"], cluster.devices_per_node
@@ -10,6 +11,7 @@ seconds. A user adds a profile as a JSON file holding a `ClusterSpec`.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -22,16 +24,17 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
 )
 
 from costmodel.collectives import Tier
 from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
-from costmodel.roofline import MIN_EFFICIENCY, Efficiency
+from costmodel.fabric import MAX_PER_NODE, ByteRate, InterNodeFabric, IntraNodeFabric
+from costmodel.roofline import Efficiency
 
-# Floors no part comes near (a CPU core does GFLOP/s and GB/s), so that seconds computed from a
+# A floor no part comes near (a CPU core does GFLOP/s), so that seconds computed from a
 # profile stay finite: a fuzzed profile of 1e-300 rates divided by zero.
 FlopRate = Annotated[float, Field(ge=1e6)]
-ByteRate = Annotated[float, Field(ge=1e3)]
 
 
 class DeviceKind(StrEnum):
@@ -83,61 +86,99 @@ class DeviceSpec(BaseModel):
         return self.peak_flops_per_s[dtype]
 
 
-class LinkSpec(BaseModel):
-    """A link tier as one device sees it: bandwidth per direction, latency, NCCL/XLA efficiency."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
-
-    name: str = Field(description="e.g. 'nvlink3', 'ib-hdr200', 'ici-v5p', 'dcn'.")
-    bytes_per_s: ByteRate = Field(description="Peak bandwidth per device, per direction.")
-    latency_s: NonNegativeFloat = Field(description="Per-hop latency of a collective step (alpha).")
-    efficiency: float = Field(0.8, ge=MIN_EFFICIENCY, le=1, description="Fraction of bytes_per_s collectives reach on large messages.")
-    source: str = Field(description="Where the numbers come from.")
-
-    def tier(self, *, wraparound: bool = False) -> Tier:
-        """The collective model's view of this link."""
-        return Tier(bytes_per_s=self.bytes_per_s * self.efficiency, latency_s=self.latency_s, bidirectional_ring=wraparound)
-
-
 class ClusterSpec(BaseModel):
-    """A hardware profile: the device, how many share a node, and the links within and between nodes.
+    """A cluster: its device, how many share a node, the fabric inside a node and the network between nodes.
 
-    For TPUs a "node" is a slice: ``intra_node`` is its ICI torus (``torus_dims``, rings
-    with wrap-around) and ``inter_node`` the data-centre network between slices.
+    For TPUs a "node" is a slice: ``intra_node`` is its ICI torus and ``inter_node`` the
+    data-centre network (DCN) between slices. In a JSON file ``device`` may name a built-in
+    device (``"h100-sxm"``) instead of spelling it out; README "Describing a cluster" has an example.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
 
     name: str = Field(description="Profile name.")
-    device: DeviceSpec = Field(description="The accelerator.")
-    devices_per_node: PositiveInt = Field(description="Devices on one intra-node fabric (GPU node, TPU slice).")
-    intra_node: LinkSpec = Field(description="NVLink/NVSwitch, PCIe, or TPU ICI.")
-    inter_node: LinkSpec = Field(description="InfiniBand/RoCE NIC per device, or DCN.")
-    torus_dims: tuple[PositiveInt, ...] = Field((), description="TPU slice torus shape; empty for switched fabrics.")
+    description: str = Field("", description="What the cluster is, and the documents its facts come from.")
+    device: DeviceSpec = Field(description="The accelerator, or the name of a built-in one.")
+    devices_per_node: PositiveInt = Field(le=MAX_PER_NODE, description="Devices on one intra-node fabric (GPU node, TPU slice).")
+    intra_node: IntraNodeFabric = Field(description="NVSwitch, NVLink pairs, PCIe, a TPU ICI torus, or host memory.")
+    inter_node: InterNodeFabric = Field(description="The network between nodes: NICs, their speed, rail-optimised or not.")
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_by_name(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        devices = known_devices()
+        if value not in devices:
+            raise ValueError(f"unknown device {value!r} (known: {', '.join(sorted(devices))})")
+        return devices[value]
 
     @property
     def wraparound(self) -> bool:
-        return bool(self.torus_dims)
+        return self.intra_node.wraparound
+
+    def intra_tier(self, *, pair: bool = False) -> Tier:
+        """What the collective model uses inside a node (``pair``: between bridged neighbours)."""
+        return self.intra_node.tier(pair=pair)
+
+    def inter_tier(self, *, rail_aligned: bool = True) -> Tier:
+        """What the collective model uses across nodes, for one device (``rail_aligned``: same-rank members)."""
+        return self.inter_node.tier(self.devices_per_node, rail_aligned=rail_aligned)
+
+    def with_devices_per_node(self, n: int) -> ClusterSpec:
+        """This cluster with nodes of ``n`` devices, each device keeping its share of the NICs.
+
+        >>> load_hardware("dgx-h100").with_devices_per_node(4).inter_node.nics_per_node
+        4
+        """
+        nics = self.inter_node.nics_per_node
+        if not 1 <= n <= MAX_PER_NODE:
+            raise InvalidConfigError(f"--devices-per-node={n} must be between 1 and {MAX_PER_NODE:,}", fix="give a positive count")
+        if nics * n % self.devices_per_node:
+            raise InvalidConfigError(
+                f"--devices-per-node={n} would split {self.name}'s NICs ({nics} per {self.devices_per_node} devices) unevenly",
+                fix=f"give a multiple of {self.devices_per_node // math.gcd(nics, self.devices_per_node)}, or describe "
+                    "the nodes in a cluster JSON file (README: Describing a cluster)")
+        network = self.inter_node.model_copy(update={"nics_per_node": nics * n // self.devices_per_node})
+        return self.model_copy(update={"devices_per_node": n, "inter_node": network})
+
+    def summary(self) -> str:
+        """One line: devices per node, the fabric inside a node and the network between nodes.
+
+        >>> print(load_hardware("dgx-a100").summary())
+        dgx-a100: 8× a100-80gb per node; NVSwitch (nvlink3) at 300 GB/s; 8× 200 Gb/s NICs (ib-hdr200), rail-optimised, 25 GB/s per device
+        """
+        return (f"{self.name}: {self.devices_per_node}× {self.device.name} per {self.intra_node.unit}; {self.intra_node.summary()}; "
+                f"{self.inter_node.summary(self.devices_per_node)}")
+
+
+def _known() -> dict[str, ClusterSpec]:
+    from costmodel.clusters import HARDWARE  # the catalog is built from this module's types
+
+    return HARDWARE
 
 
 def list_hardware() -> list[str]:
-    """Names of the built-in profiles."""
-    from costmodel.catalog import CATALOG
+    """Names of the built-in profiles: part names (``h100-sxm``) and cluster presets (``dgx-h100``)."""
+    return sorted(_known())
 
-    return sorted(CATALOG)
+
+def known_devices() -> dict[str, DeviceSpec]:
+    """The built-in devices by name, for a cluster file's ``"device": "h100-sxm"``."""
+    return {cluster.device.name: cluster.device for cluster in _known().values()}
 
 
 def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> ClusterSpec:
-    """A built-in profile by name, or a `ClusterSpec` JSON file; ``devices_per_node`` overrides.
+    """A built-in profile by name, or a `ClusterSpec` JSON file; ``devices_per_node`` overrides
+    (see `ClusterSpec.with_devices_per_node`).
 
     Raises:
       InvalidConfigError: unknown name (the known ones are listed), missing file, or a
-        file that is not a valid profile.
+        file that is not a valid profile (the first problem named by its field).
     """
-    from costmodel.catalog import CATALOG
-
-    if name_or_path in CATALOG:
-        cluster = CATALOG[name_or_path]
+    known = _known()
+    if name_or_path in known:
+        cluster = known[name_or_path]
     else:
         path = Path(name_or_path)
         if not path.is_file():
@@ -148,9 +189,6 @@ def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> 
             cluster = ClusterSpec.model_validate_json(read_user_file(path, "hardware profile"))
         except ValidationError as err:
             where, msg, _ = first_problem(err)
-            raise InvalidConfigError(f"{name_or_path}: {where or 'profile'}: {msg}", fix="see costmodel.hardware.ClusterSpec") from None
-    if devices_per_node is not None:
-        if devices_per_node < 1:
-            raise InvalidConfigError(f"--devices-per-node={devices_per_node} must be positive", fix="give a positive count")
-        cluster = cluster.model_copy(update={"devices_per_node": devices_per_node})
-    return cluster
+            raise InvalidConfigError(f"{name_or_path}: {where or 'profile'}: {msg}",
+                                     fix="see README 'Describing a cluster' (costmodel.hardware.ClusterSpec)") from None
+    return cluster if devices_per_node is None else cluster.with_devices_per_node(devices_per_node)

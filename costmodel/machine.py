@@ -17,7 +17,7 @@ from costmodel.topology import layout_groups, mesh_groups
 
 
 class Machine(BaseModel):
-    """What the simulator needs of a cluster: one device's peaks and the two link tiers."""
+    """What the simulator needs of a cluster: one device's peaks and its link tiers (`costmodel.fabric` derives them)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -28,19 +28,26 @@ class Machine(BaseModel):
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
     step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
     devices_per_node: PositiveInt = Field(description="Devices sharing the intra-node link.")
-    intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, ICI).")
-    inter: Tier = Field(description="Inter-node link as one device sees it (its NIC, DCN).")
+    intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, PCIe, ICI).")
+    inter: Tier = Field(description="Inter-node link as one device sees it (its share of the NICs, DCN), rail-aligned.")
+    intra_pair: Tier | None = Field(None, description="NVLink bridge between neighbours 2k, 2k+1 where intra is PCIe; None: none.")
+    inter_cross_rail: Tier | None = Field(None, description="Inter-node link between different rails (through the spine); "
+                                                            "None: as inter.")
 
     def stream_s(self, n_bytes: float) -> float:
         """Seconds a memory-bound kernel takes to read and write ``n_bytes`` of HBM in all."""
         return n_bytes / (self.hbm_bytes_per_s * self.efficiency.hbm)
 
     def groups(self, layout: Layout) -> dict[str, Group]:
-        return layout_groups(layout, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
+        return layout_groups(layout, **self._tiers())
 
     def mesh_groups(self, axes: list[tuple[str, int]]) -> dict[str, Group]:
         """The group along each (name, size) axis of a device mesh, major axis first."""
-        return mesh_groups(axes, devices_per_node=self.devices_per_node, intra=self.intra, inter=self.inter)
+        return mesh_groups(axes, **self._tiers())
+
+    def _tiers(self) -> dict[str, object]:
+        return {"devices_per_node": self.devices_per_node, "intra": self.intra, "inter": self.inter, "intra_pair": self.intra_pair,
+                "inter_cross_rail": self.inter_cross_rail}
 
 
 def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Machine:
@@ -53,8 +60,10 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Mac
         efficiency=cluster.device.efficiency,
         step_allocator=cluster.device.step_allocator,
         devices_per_node=cluster.devices_per_node,
-        intra=cluster.intra_node.tier(wraparound=cluster.wraparound),
-        inter=cluster.inter_node.tier(),
+        intra=cluster.intra_tier(),
+        inter=cluster.inter_tier(),
+        intra_pair=cluster.intra_tier(pair=True) if cluster.intra_node.pair_link else None,
+        inter_cross_rail=cluster.inter_tier(rail_aligned=False),
     )
 
 

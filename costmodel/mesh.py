@@ -1,4 +1,4 @@
-"""Device meshes: parse ``8x4`` / ``data=8,tensor=4``, and tell which links each axis crosses.
+"""Device meshes: parse ``8x4`` / ``data=8,tensor=4``, and tell what each axis crosses.
 
 Devices are numbered row-major (the last axis varies fastest) and packed node by node,
 as ``jax.make_mesh`` lays out a host's devices. So on 8-GPU nodes the last axis of a
@@ -25,6 +25,7 @@ from pydantic import (
 
 from costmodel.errors import InvalidConfigError
 from costmodel.hardware import ClusterSpec
+from costmodel.topology import placement
 
 _EXAMPLE = "e.g. --mesh 8x4 or --mesh data=8,tensor=4"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -85,40 +86,60 @@ def _size(part: str, text: str) -> int:
 
 
 class AxisLink(BaseModel):
-    """How one mesh axis's groups are wired."""
+    """How one mesh axis's groups are wired, and the bandwidth the collective model gives them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tiers: tuple[str, ...] = Field(description="Link tiers its neighbours cross, fastest first.")
-    bottleneck_bytes_per_s: PositiveFloat = Field(description="Slowest crossed link's peak bandwidth per direction.")
+    crosses: str = Field(description="What its groups cross, in words: the fabric inside a node, then the NICs between nodes.")
+    bottleneck_bytes_per_s: PositiveFloat = Field(description="Slowest crossed link's peak bandwidth per device, per direction.")
     latency_s: float = Field(description="Latency of the slowest crossed link.")
     devices_per_group: PositiveInt = Field(description="Devices in one group along this axis.")
+    members_per_node: PositiveInt = Field(description="Members of one group that share a node.")
     nodes_per_group: PositiveInt = Field(description="Nodes (TPU slices) one group spans.")
+    rail_aligned: bool | None = Field(description="Across nodes: whether members that exchange data have the same local rank "
+                                                  "(one rail); None within a node.")
+    intra_bytes_per_s: float | None = Field(description="Bandwidth per device per direction the collective model uses inside a "
+                                                        "node (peak × efficiency); None if no two members share a node.")
+    inter_bytes_per_s: float | None = Field(description="Bandwidth per device per direction the collective model uses across "
+                                                        "nodes (NIC share × efficiency, ÷ spine oversubscription where it "
+                                                        "crosses the spine); None within a node.")
     wraparound: bool = Field(description="A TPU torus ring with wrap-around links.")
 
 
 def axis_links(mesh: MeshSpec, cluster: ClusterSpec) -> dict[str, AxisLink]:
-    """For each axis of ``mesh`` on ``cluster``, the link tiers its groups use.
+    """For each axis of ``mesh`` on ``cluster``, the links its groups cross (as `costmodel.topology` places them).
 
     >>> from costmodel.hardware import load_hardware
     >>> links = axis_links(parse_mesh("4x8"), load_hardware("h100-sxm"))
     >>> links["axis1"].tiers, links["axis0"].tiers
     (('nvlink4',), ('ib-ndr400',))
+    >>> links["axis0"].crosses
+    'across 4 nodes over 8× 400 Gb/s NICs each, rail-aligned'
     """
-    per_node = cluster.devices_per_node
+    per_node, intra, inter = cluster.devices_per_node, cluster.intra_node, cluster.inter_node
     links, stride = {}, 1
     for name, size in reversed(list(zip(mesh.axis_names, mesh.axis_sizes))):
-        in_node = max(1, min(size, per_node // stride)) if stride < per_node else 1
-        nodes = math.ceil(size / in_node)
-        tiers = []
-        if in_node > 1:
-            tiers.append(cluster.intra_node)
-        if nodes > 1:
-            tiers.append(cluster.inter_node)
-        slowest = tiers[-1] if tiers else cluster.intra_node
+        where = placement(size, stride, per_node)
+        in_node, across = where.per_node > 1, where.n_nodes > 1
+        link = intra.link_for(pair=where.pair)
+        parts, tiers = [], []
+        if in_node:
+            tiers.append(link.name)
+            parts.append(f"{where.per_node} per {intra.unit} over {intra.describe(pair=where.pair)}" if across
+                         else f"within a {intra.unit} over {intra.describe(pair=where.pair)}")
+        if across:
+            tiers.append(inter.name)
+            parts.append(f"across {where.n_nodes} {intra.unit}s over {inter.describe(rail_aligned=where.rail_aligned)}")
+        peak, latency_s = ((inter.bytes_per_s_per_device(per_node, rail_aligned=where.rail_aligned), inter.latency_s) if across
+                           else (link.bytes_per_s, link.latency_s))
         links[name] = AxisLink(
-            tiers=tuple(t.name for t in tiers), bottleneck_bytes_per_s=slowest.bytes_per_s, latency_s=slowest.latency_s,
-            devices_per_group=size, nodes_per_group=nodes, wraparound=cluster.wraparound and nodes == 1 and size > 1,
+            tiers=tuple(tiers), crosses=", then ".join(parts) or "nothing (one device)", bottleneck_bytes_per_s=peak,
+            latency_s=latency_s, devices_per_group=size, members_per_node=where.per_node, nodes_per_group=where.n_nodes,
+            rail_aligned=where.rail_aligned if across else None,
+            intra_bytes_per_s=cluster.intra_tier(pair=where.pair).bytes_per_s if in_node else None,
+            inter_bytes_per_s=cluster.inter_tier(rail_aligned=where.rail_aligned).bytes_per_s if across else None,
+            wraparound=cluster.wraparound and not across and size > 1,
         )
         stride *= size
     return {name: links[name] for name in mesh.axis_names}

@@ -164,7 +164,8 @@ def stage_transfer_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw:
     if layout.pp == 1:
         return 0.0
     act_bytes = layout.micro_batch * train.seq_len / layout.cp * model.hidden_size * train.compute_dtype.bytes
-    stage_tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter)
+    stage_tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter,
+                                     inter_cross_rail=hw.inter_cross_rail)
     regather_s = 0.0 if layout.sequence_parallel else all_gather_s(act_bytes, hw.groups(layout)["tp"])
     return p2p_s(act_bytes / layout.tp, stage_tier) + regather_s
 

@@ -6,6 +6,11 @@ dimension has stride = product of the faster dimensions; it keeps
 ``devices_per_node // stride`` members per node (at least one), so a tensor-parallel
 group of 8 fills an 8-GPU node and its data-parallel groups have one member per node.
 
+Two optional tiers refine the picture (`costmodel.fabric` says where they come from):
+``intra_pair``, an NVLink bridge that a group of two neighbours (devices 2k, 2k+1) uses
+instead of PCIe, and ``inter_cross_rail``, the spine path that a group's inter-node
+phase takes when its members in different nodes have different local ranks.
+
 >>> from costmodel.collectives import Tier
 >>> nv, ib = Tier(bytes_per_s=3e11, latency_s=0), Tier(bytes_per_s=2.5e10, latency_s=0)
 >>> g = layout_groups(Layout(dp=4, tp=8), devices_per_node=8, intra=nv, inter=ib)
@@ -15,6 +20,8 @@ group of 8 fills an 8-GPU node and its data-parallel groups have one member per 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from costmodel.collectives import Group, Tier
 from costmodel.layout import Layout
 
@@ -22,24 +29,60 @@ from costmodel.layout import Layout
 AXIS_ORDER = ("tp", "cp", "dp", "pp")
 
 
-def _group(size: int, stride: int, devices_per_node: int, intra: Tier, inter: Tier) -> Group:
+class Placement(NamedTuple):
+    """How one group of devices ``stride`` apart sits on the nodes."""
+
+    per_node: int  # members sharing a node
+    n_nodes: int  # nodes the group spans
+    rail_aligned: bool  # members in different nodes that exchange data have the same local rank
+    pair: bool  # the members in a node are neighbours 2k, 2k+1
+
+
+def placement(size: int, stride: int, devices_per_node: int) -> Placement:
+    """Where a group of ``size`` devices, ``stride`` apart, lands on nodes of ``devices_per_node``.
+
+    >>> placement(8, 4, 8)  # a data-parallel group beside tensor parallelism of 4
+    Placement(per_node=2, n_nodes=4, rail_aligned=True, pair=False)
+    >>> placement(4, 3, 8).rail_aligned  # ranks 0, 3 | 6, 9 = rank 1 of the next node
+    False
+    """
     per_node = max(1, min(size, devices_per_node // stride)) if stride < devices_per_node else 1
-    return Group(n=size, n_nodes=max(1, -(-size // per_node)), intra=intra, inter=inter)
+    # The inter-node phase pairs member j of one node with member j of the next, per_node·stride
+    # devices on: the same local rank exactly when that distance is whole nodes.
+    rail_aligned = per_node * stride % devices_per_node == 0
+    return Placement(per_node, max(1, -(-size // per_node)), rail_aligned, pair=per_node == 2 and stride == 1)
 
 
-def layout_groups(layout: Layout, *, devices_per_node: int, intra: Tier, inter: Tier) -> dict[str, Group]:
+class _Tiers(NamedTuple):
+    devices_per_node: int
+    intra: Tier
+    inter: Tier
+    intra_pair: Tier | None
+    inter_cross_rail: Tier | None
+
+    def group(self, size: int, stride: int) -> Group:
+        where = placement(size, stride, self.devices_per_node)
+        intra = self.intra_pair if where.pair and self.intra_pair else self.intra
+        inter = self.inter if where.rail_aligned or self.inter_cross_rail is None else self.inter_cross_rail
+        return Group(n=size, n_nodes=where.n_nodes, intra=intra, inter=inter)
+
+
+def layout_groups(layout: Layout, *, devices_per_node: int, intra: Tier, inter: Tier, intra_pair: Tier | None = None,
+                  inter_cross_rail: Tier | None = None) -> dict[str, Group]:
     """The communicating group of each parallel dimension (tp, cp, dp, pp, ep)."""
+    tiers = _Tiers(devices_per_node, intra, inter, intra_pair, inter_cross_rail)
     sizes = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
     groups, stride = {}, 1
     for axis in AXIS_ORDER:
-        groups[axis] = _group(sizes[axis], stride, devices_per_node, intra, inter)
+        groups[axis] = tiers.group(sizes[axis], stride)
         stride *= sizes[axis]
     # Experts are spread over the fastest ep devices of the data(·context) group.
-    groups["ep"] = _group(layout.ep, layout.tp, devices_per_node, intra, inter)
+    groups["ep"] = tiers.group(layout.ep, layout.tp)
     return groups
 
 
-def mesh_groups(axes: list[tuple[str, int]], *, devices_per_node: int, intra: Tier, inter: Tier) -> dict[str, Group]:
+def mesh_groups(axes: list[tuple[str, int]], *, devices_per_node: int, intra: Tier, inter: Tier, intra_pair: Tier | None = None,
+                inter_cross_rail: Tier | None = None) -> dict[str, Group]:
     """The group along each named axis of a device mesh, major axis first (the last varies fastest).
 
     >>> from costmodel.collectives import Tier
@@ -48,13 +91,19 @@ def mesh_groups(axes: list[tuple[str, int]], *, devices_per_node: int, intra: Ti
     >>> (g["tensor"].n_nodes, g["data"].n_nodes)
     (1, 4)
     """
+    tiers = _Tiers(devices_per_node, intra, inter, intra_pair, inter_cross_rail)
     groups, stride = {}, 1
     for name, size in reversed(axes):
-        groups[name] = _group(size, stride, devices_per_node, intra, inter)
+        groups[name] = tiers.group(size, stride)
         stride *= size
     return {name: groups[name] for name, _ in axes}
 
 
-def link_between_stages(layout: Layout, *, devices_per_node: int, intra: Tier, inter: Tier) -> Tier:
-    """The tier a pipeline send crosses: stages are tp·cp·dp devices apart."""
-    return intra if layout.tp * layout.cp * layout.dp < devices_per_node else inter
+def link_between_stages(layout: Layout, *, devices_per_node: int, intra: Tier, inter: Tier,
+                        inter_cross_rail: Tier | None = None) -> Tier:
+    """The tier a pipeline send crosses: stages are tp·cp·dp devices apart (a chain of stages
+    also crosses unbridged neighbours, so an NVLink bridge does not set its pace)."""
+    distance = layout.tp * layout.cp * layout.dp
+    if distance < devices_per_node:
+        return intra
+    return inter if distance % devices_per_node == 0 or inter_cross_rail is None else inter_cross_rail

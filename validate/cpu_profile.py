@@ -47,7 +47,7 @@ Measurements are cached per device count in ``~/.cache/jax-parallel-planner/cpu_
 ...                    first_touch_s_per_byte=1e-9, kernel_floor_s=2e-6, link_bytes_per_s=1e9, link_latency_s=1e-5,
 ...                    load_average=0.5, other_cpu_share=0.0, host="x", jax_version="0")
 >>> c = cpu_cluster(m)
->>> c.device.peak_flops_per_s["float32"], c.device.hbm_bytes_per_s, c.devices_per_node, c.intra_node.bytes_per_s
+>>> c.device.peak_flops_per_s["float32"], c.device.hbm_bytes_per_s, c.devices_per_node, c.intra_node.link.bytes_per_s
 (40000000000.0, 2000000000.0, 4, 1000000000.0)
 """
 
@@ -64,7 +64,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
-from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, LinkSpec, StepAllocator
+from costmodel.fabric import IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
+from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, StepAllocator
 from costmodel.roofline import Efficiency
 from validate.emulated import run_emulated
 
@@ -240,7 +241,9 @@ def cpu_cluster(measured: CpuMeasurement) -> ClusterSpec:
     )
     link = LinkSpec(name="shared-memory", bytes_per_s=measured.link_bytes_per_s, latency_s=measured.link_latency_s, efficiency=1.0,
                     source="psum over the emulated devices in a compiled loop, measured by validate.cpu_profile")
-    return ClusterSpec(name="cpu", device=device, devices_per_node=measured.n_devices, intra_node=link, inter_node=link)
+    return ClusterSpec(name="cpu", device=device, devices_per_node=measured.n_devices,
+                       intra_node=IntraNodeFabric(kind=IntraNodeKind.SHARED_MEMORY, link=link),
+                       inter_node=host_network(link, measured.n_devices))
 
 
 def measure_in_subprocess(n_devices: int, *, timeout_s: float = 300) -> CpuMeasurement:

@@ -31,6 +31,31 @@ def test_inspect_mesh_links(capsys):
     assert code == 0 and axes["axis1"]["tiers"] == ["nvlink4"] and axes["axis0"]["tiers"] == ["ib-ndr400"]
 
 
+def test_inspect_a_mesh_on_a_cluster_preset_without_a_model(capsys):
+    code, out, _ = _run(capsys, "inspect", "--mesh", "8x4", "--hardware", "dgx-h100", "--json")
+    data = json.loads(out)
+    data_axis, tensor_axis = data["mesh_axes"]["axis0"], data["mesh_axes"]["axis1"]
+    assert code == 0 and set(data) == {"cluster", "mesh_axes"} and data["cluster"].startswith("dgx-h100: 8× h100-sxm per node")
+    assert data_axis["crosses"] == "2 per node over NVSwitch (nvlink4), then across 4 nodes over 8× 400 Gb/s NICs each, rail-aligned"
+    assert (data_axis["rail_aligned"], data_axis["inter_bytes_per_s"]) == (True, 400e9 / 8 * 0.9)
+    assert tensor_axis["crosses"] == "within a node over NVSwitch (nvlink4)" and tensor_axis["inter_bytes_per_s"] is None
+    code, out, _ = _run(capsys, "inspect", "--mesh", "2x4x2", "--hardware", "a100-pcie-server")
+    assert code == 0 and "through the spine" in out and "NVLink bridge" in out  # table cells wrap at 80 columns
+
+
+def test_inspect_a_mesh_on_a_cluster_file(capsys, tmp_path):
+    from costmodel.clusters import HARDWARE
+
+    path = tmp_path / "mine.json"
+    doc = json.loads(HARDWARE["dgx-a100"].model_dump_json())
+    doc["inter_node"].update(nics_per_node=4, rail_optimized=False, spine_oversubscription=2)
+    path.write_text(json.dumps({**doc, "name": "mine", "device": "a100-80gb"}))
+    code, out, _ = _run(capsys, "inspect", "--mesh", "4x8", "--hardware", str(path), "--json")
+    axis = json.loads(out)["mesh_axes"]["axis0"]
+    assert code == 0 and axis["rail_aligned"] and "through the spine (not rail-optimised, spine 2:1 oversubscribed)" in axis["crosses"]
+    assert axis["inter_bytes_per_s"] == pytest.approx(4 * 200e9 / 8 / 8 / 2 * 0.9)
+
+
 def test_simulate_json_has_the_documented_keys(capsys):
     code, out, _ = _run(capsys, "simulate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--devices", "16", "--tp", "2",
                         "--global-batch", "32", "--micro-batch", "2", "--seq-len", "4096", "--recompute", "selective", "--json")
@@ -55,6 +80,8 @@ def test_simulate_table_and_timeline(capsys, tmp_path):
     (["inspect", "--model", "/nonexistent/config.json"], 2, "does not exist"),
     (["inspect", "--model", "gpt2", "--mesh", "0x4"], 2, "not a positive axis size"),
     (["inspect", "--model", "gpt2", "--mesh", "8x4", "--hardware", "h900"], 2, "unknown hardware 'h900'"),
+    (["inspect"], 2, "plan inspect needs --model, --mesh or both"),
+    (["inspect", "--mesh", "8x4", "--hardware", "t4", "--devices-per-node", "2"], 2, "would split t4's NICs"),
     (["inspect", "--model", "gpt2", "--seq-len", "4096"], 2, "learned positions"),
     (["inspect", "--model", "gpt2", "--global-batch", "0"], 2, "argument --global-batch: '0' is not a positive"),
     (["simulate", "--model", "llama3-8b", "--devices", "8", "--tp", "3", "--global-batch", "8"], 3, "not divisible by tp·pp·cp"),

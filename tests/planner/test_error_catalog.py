@@ -48,8 +48,8 @@ PRESETS = ("gpt2, gpt2-large, gpt2-medium, gpt2-xl, llama2-13b, llama2-70b, llam
            "megatron-gpt-1.7b, megatron-gpt-1008b, megatron-gpt-145.6b, megatron-gpt-175b, megatron-gpt-18.4b, megatron-gpt-1t, "
            "megatron-gpt-22b, megatron-gpt-3.6b, megatron-gpt-310.1b, megatron-gpt-39.1b, megatron-gpt-529.6b, megatron-gpt-530b, "
            "megatron-gpt-7.5b, megatron-gpt-76.1b, mixtral-8x7b")
-HARDWARE = ("a100-40gb, a100-80gb, a40, cpu, h100-95gb-hbm2e-lowtdp, h100-96gb-hbm2e-500w, h100-sxm, h200, t4, tpu-v4, tpu-v5e, "
-            "tpu-v5p, tpu-v6e, v100")
+HARDWARE = ("a100-40gb, a100-80gb, a100-pcie-server, a40, cpu, dgx-a100, dgx-h100, h100-95gb-hbm2e-lowtdp, h100-96gb-hbm2e-500w, "
+            "h100-sxm, h200, t4, tpu-v4, tpu-v4-pod, tpu-v5e, tpu-v5p, tpu-v5p-pod, tpu-v6e, v100")
 MESH_FIX = "e.g. --mesh 8x4 or --mesh data=8,tensor=4"
 
 # (catalog entry, argv, exit code, golden stderr line)
@@ -101,7 +101,8 @@ CATALOG = [
      "valid one nests that deep"),
     ("hardware profile with a newline in a key", ["simulate", "--model", "gpt2", "--hardware", "{tmp}/newline_key.json",
                                                   "--devices", "2", "--global-batch", "8"], 2,
-     "{tmp}/newline_key.json: '\\n': Extra inputs are not permitted; fix: see costmodel.hardware.ClusterSpec"),
+     "{tmp}/newline_key.json: '\\n': Extra inputs are not permitted; fix: see README 'Describing a cluster' "
+     "(costmodel.hardware.ClusterSpec)"),
     ("file name with a newline", ["--model", "{tmp}/new\nline.json", "--mesh", "2"], 2,
      "new\\nline: hidden_size: Input should be a valid integer (got True); fix: write 'hidden_size' as a JSON number (not true/false)"),
     ("file too large", ["--model", "{tmp}/huge.json", "--mesh", "2"], 2,

@@ -44,7 +44,7 @@ def test_cluster_holds_one_device_of_n():
     cluster = cpu_cluster(_fake(8))
     assert cluster.devices_per_node == 8 and cluster.device.peak_flops_per_s == {"float32": 8e10}
     assert cluster.device.efficiency.matmul(1e6) == 0.25 and cluster.device.efficiency.matmul(1e9) == 1.0
-    assert (cluster.device.hbm_bytes_per_s, cluster.intra_node.bytes_per_s, cluster.intra_node.latency_s) == (4e9, 1e9, 1e-5)
+    assert (cluster.device.hbm_bytes_per_s, cluster.intra_node.link.bytes_per_s, cluster.intra_node.link.latency_s) == (4e9, 1e9, 1e-5)
     assert cluster.device.step_allocator.first_touch_s_per_byte == 1e-9 and cluster.device.step_allocator.fresh_above_bytes == 32 * 2**20
 
 

@@ -93,6 +93,8 @@ class Kernel(BaseModel):
     backward_scale: NonNegativeFloat = Field(
         2.0, description="Backward work as a multiple of this forward's (a GEMM's: input and weight gradients, 2).")
     count: NonNegativeFloat = Field(1.0, description="Launches of this kernel (may be fractional: an average over layers).")
+    fused: bool = Field(False, description="Runs inside a kernel another op launches (an OpGraph op in a fusion, "
+                        "`costmodel.fusion`): its bytes count, the launch floor does not.")
 
     def scaled(self, factor: float) -> Kernel:
         """The same kernel launched ``factor`` times as often (same size per launch)."""

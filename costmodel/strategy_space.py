@@ -35,6 +35,7 @@ import networkx as nx
 import numpy as np
 
 from costmodel.errors import InfeasibleError
+from costmodel.fusion import HbmTraffic, fused_traffic
 from costmodel.machine import Machine
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
 from costmodel.strategies import MeshGroups, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
@@ -122,9 +123,11 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
 
     ``memory_factor(op)``: for a graph input, bytes held per byte of it (a parameter with its
     gradient and Adam moments holds several). Forward results read by the backward pass
-    count as live activations.
+    count as live activations. Ops are costed inside their fusions (`costmodel.fusion`), as
+    the step simulator costs fused kernels.
     """
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
+    traffic = fused_traffic(g)
     saved = {n for n, op in ops.items() if not op.is_input and not op.is_backward
              and any(ops[s].is_backward for s in g.successors(n))}
     strategies: dict[int, tuple[Strategy, ...]] = {}
@@ -136,12 +139,13 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
         op = ops[n]
         leader = _leader(g, n, op, strategies, followers)
         if leader is None:
-            strategies[n] = op_strategies(op, groups, machine, saved=n in saved, memory_factor=memory_factor(op))
+            strategies[n] = op_strategies(op, groups, machine, saved=n in saved, memory_factor=memory_factor(op),
+                                          traffic=traffic.get(n))
             continue
         producer, out_index, operand = leader
         root, producer_strategies = (producer, strategies[producer]) if producer in strategies else followers[producer]
-        induced = tuple(_induced(op, op.loops.operands[operand], s.results[out_index], groups, machine, saved=n in saved)
-                        for s in producer_strategies)
+        induced = tuple(_induced(op, op.loops.operands[operand], s.results[out_index], groups, machine, saved=n in saved,
+                                 traffic=traffic[n]) for s in producer_strategies)
         followers[n] = (root, induced)
     # Broadcasts and iotas take the sharding their first reader wants (readers come later, so go backwards).
     for n in sorted(consumer_led, reverse=True):
@@ -149,8 +153,8 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
         reader = min(g.successors(n))
         _, operand = g.edges[n, reader][USES_ATTR][0]
         root, reader_strategies = (reader, strategies[reader]) if reader in strategies else followers[reader]
-        followers[n] = (root, tuple(_induced(op, op.loops.results[0], s.operands[operand], groups, machine, saved=n in saved)
-                                    for s in reader_strategies))
+        followers[n] = (root, tuple(_induced(op, op.loops.results[0], s.operands[operand], groups, machine, saved=n in saved,
+                                             traffic=traffic[n]) for s in reader_strategies))
     time_s = {n: np.array([s.time_s for s in ss]) for n, ss in strategies.items()}
     memory = {n: np.array([s.memory_bytes for s in ss]) for n, ss in strategies.items()}
     for n, (root, induced) in followers.items():
@@ -185,7 +189,7 @@ def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict
 
 
 def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tuple[str, ...], ...], groups: MeshGroups,
-             machine: Machine, *, saved: bool) -> Strategy:
+             machine: Machine, *, saved: bool, traffic: HbmTraffic) -> Strategy:
     """``op``'s strategy when the tensor whose dimensions index ``dim_loops`` is sharded as ``sharding``
     (its main operand, or for a broadcast its result as its reader wants it); indivisible splits are dropped."""
     nest = op.loops
@@ -200,7 +204,7 @@ def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tupl
     for k, axes in enumerate(loop_axes):
         if not loop_divisible(op, nest, k, math.prod(sizes[a] for a in axes)):
             loop_axes[k] = ()
-    return strategy_for(op, tuple(loop_axes), groups, machine, saved=saved)
+    return strategy_for(op, tuple(loop_axes), groups, machine, saved=saved, traffic=traffic)
 
 
 def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strategies: dict, followers: dict,

@@ -8,13 +8,14 @@ groups fusible ops into fusions and charges each op only for the tensors its fus
 from or writes to HBM, and one launch per fusion.
 
 A fusion is a connected set of fusible ops of one loop body and one pass (forward, or
-backward with its recompute), none reading another's output through a kernel of its own
-(a matmul, a gather) or a pass boundary. Ops are placed as late as their consumers allow
-(producers sink into consumers, as XLA's producer-consumer fusion does) and ops of a
-fusion share that place, which keeps the graph of fusions acyclic. Reshapes and other
-pure renamings (`ALIASES`) move no data.
+backward with its recompute) that reach one another through no kernel of their own (a
+matmul, a gather). Ops are placed as late as their readers allow (producers sink into
+consumers, as in XLA's producer-consumer fusion) and a fusion's ops share one place, so
+the graph of fusions stays acyclic. Reshapes and other renamings (`ALIASES`) move no
+data; broadcasts, iotas, widening converts and what is computed from them alone are
+recomputed inside every fusion that reads them (`recomputed`), as XLA duplicates them.
 
->>> from costmodel.opgraph import LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
+>>> from costmodel.opgraph import OpNode, TensorSpec, add_input, add_op, new_op_graph
 >>> t = TensorSpec(shape=(64, 256), dtype="float32")
 >>> g = new_op_graph("chain")
 >>> x = add_input(g, t, label="x")
@@ -42,6 +43,8 @@ OWN_KERNEL = frozenset({
 })
 # Ops that only rename their operand's buffer: they move no data.
 ALIASES = frozenset({"reshape", "squeeze", "expand_dims", "name", "stop_gradient", "optimization_barrier"})
+# Ops that make a large tensor from a small one or none.
+_EXPANDING = frozenset({"broadcast_in_dim", "iota"})
 
 
 @dataclass(frozen=True)
@@ -67,63 +70,139 @@ class HbmTraffic:
 def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
     """Each op node's HBM traffic once ``g``'s fusible ops are fused (graph inputs are left out).
 
-    A graph output (``g.graph["outputs"]``, or a result nothing reads) is written.
+    Graph outputs (``g.graph["outputs"]``; without it, every result nothing reads) are
+    written. A recomputed op costs its reading fusions the reads of its own operands
+    (charged to it, once) and is written only where a kernel of its own reads it.
     """
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
-    fusion = _fusions(g, ops)
+    again = recomputed(g)
+    fusion = _fusions(g, ops, again)
+    listed = g.graph.get("outputs")
+    outputs = {tuple(o) for o in listed if o is not None} if listed is not None else {
+        (n, i) for n, op in ops.items() if not g.out_degree(n) for i in range(len(op.outputs))}
+    # The fusions a recomputed op is recomputed in ("own": a kernel of its own reads it, or it is an output).
+    homes: dict[int, set] = {}
+    for n in sorted(again, reverse=True):
+        homes[n] = {"own"} if any((n, i) in outputs for i in range(len(ops[n].outputs))) else set()
+        for dst in g.successors(n):
+            homes[n] |= homes[dst] if dst in again else {fusion[dst]} if dst in fusion else {"own"}
+
+    def kept(dst: int, group: int) -> bool:
+        """Whether ``dst`` reads a tensor of fusion ``group`` on chip."""
+        return fusion.get(dst) == group or (dst in again and homes[dst] == {group})
+
+    def written(n: int, out_index: int, group: int | None) -> bool:
+        readers = [dst for dst in g.successors(n) if any(o == out_index for o, _ in g.edges[n, dst][USES_ATTR])]
+        return (n, out_index) in outputs or not all(kept(dst, group) for dst in readers)
+
+    traffic: dict[int, HbmTraffic] = {}
+    for n, op in ops.items():
+        if op.is_input or n in fusion:
+            continue
+        if n not in again:
+            traffic[n] = HbmTraffic.unfused(op)
+            continue
+        # Read by the fusions it is recomputed in: what they do not hold already.
+        reads = _operands_read(g, n, lambda src: bool(homes[n]) and src not in again and homes[n] != {fusion.get(src)})
+        writes = tuple("own" in homes[n] and written(n, i, None) for i in range(len(op.outputs)))
+        traffic[n] = HbmTraffic(reads=reads, writes=writes, launches=any(writes))
     members: dict[int, list[int]] = {}
     for n in sorted(fusion):
         members.setdefault(fusion[n], []).append(n)
-    outputs = {tuple(o) for o in g.graph.get("outputs", ()) if o is not None}
-    traffic = {n: HbmTraffic.unfused(op) for n, op in ops.items() if not op.is_input and n not in fusion}
-    for group in members.values():
-        if all(ops[n].primitive in ALIASES for n in group):
-            for n in group:
+    for group, nodes in members.items():
+        if all(ops[n].primitive in ALIASES for n in nodes):
+            for n in nodes:
                 traffic[n] = HbmTraffic(reads=(False,) * len(ops[n].inputs), writes=(False,) * len(ops[n].outputs), launches=False)
             continue
-        read: set[tuple[int, int]] = set()
-        launcher = next(n for n in group if ops[n].primitive not in ALIASES)
-        for n in group:
-            reads = [False] * len(ops[n].inputs)
-            for src in g.predecessors(n):
-                for out_index, operand in g.edges[src, n][USES_ATTR]:
-                    if fusion.get(src) != fusion[n] and (src, out_index) not in read:
-                        read.add((src, out_index))
-                        reads[operand] = True
-            writes = [(n, i) in outputs for i in range(len(ops[n].outputs))]
-            for dst in g.successors(n):
-                if fusion.get(dst) != fusion[n]:
-                    for out_index, _ in g.edges[n, dst][USES_ATTR]:
-                        writes[out_index] = True
-            if not g.out_degree(n):
-                writes = [True] * len(writes)
-            traffic[n] = HbmTraffic(reads=tuple(reads), writes=tuple(writes), launches=n == launcher)
+        seen: set[int] = set()  # a fusion reads each outside tensor once
+
+        def counts(src: int) -> bool:
+            if src in again or fusion.get(src) == group or src in seen:
+                return False
+            seen.add(src)
+            return True
+
+        launcher = next(n for n in nodes if ops[n].primitive not in ALIASES)
+        for n in nodes:
+            writes = tuple(written(n, i, group) for i in range(len(ops[n].outputs)))
+            traffic[n] = HbmTraffic(reads=_operands_read(g, n, counts), writes=writes, launches=n == launcher)
     return traffic
+
+
+def recomputed(g: nx.DiGraph) -> frozenset[int]:
+    """Fusible ops every fusion reading them recomputes rather than reads: broadcasts, iotas,
+    widening converts, and what is computed from them alone (a causal mask from iotas).
+
+    >>> from costmodel.opgraph import TensorSpec, add_op, new_op_graph
+    >>> t = TensorSpec(shape=(8, 8), dtype="int32")
+    >>> g = new_op_graph("mask")
+    >>> i = add_op(g, OpNode(primitive="iota", outputs=(t,)), [])
+    >>> j = add_op(g, OpNode(primitive="iota", outputs=(t,)), [])
+    >>> m = add_op(g, OpNode(primitive="ge", inputs=(t, t), outputs=(TensorSpec(shape=(8, 8), dtype="bool"),)), [(i, 0), (j, 0)])
+    >>> sorted(recomputed(g))
+    [0, 1, 2]
+    """
+    constant: set[int] = set()  # computed from no tensor at all
+    out: set[int] = set()
+    for n in sorted(g.nodes):
+        op = g.nodes[n][OP_ATTR]
+        if not _fusible(op):
+            continue
+        if all(p in constant for p in g.predecessors(n)):
+            constant.add(n)
+        widening = op.primitive == "convert_element_type" and op.outputs[0].nbytes > op.inputs[0].nbytes
+        if n in constant or op.primitive in _EXPANDING or widening:
+            out.add(n)
+    return frozenset(out)
+
+
+def _operands_read(g: nx.DiGraph, n: int, counts) -> tuple[bool, ...]:
+    """Per operand of ``n``: whether it is read from HBM, ``counts(producer)`` deciding."""
+    reads = [False] * len(g.nodes[n][OP_ATTR].inputs)
+    for src in sorted(g.predecessors(n)):
+        for _, operand in g.edges[src, n][USES_ATTR]:
+            reads[operand] = counts(src) or reads[operand]
+    return tuple(reads)
 
 
 def _fusible(op: OpNode) -> bool:
     return not op.is_input and op.primitive not in OWN_KERNEL
 
 
-def _boundary(u: OpNode, v: OpNode) -> bool:
+def _boundary(u: OpNode, v: OpNode, recomputed_u: bool) -> bool:
     """Whether the tensor ``u`` passes ``v`` must be in HBM whatever is fused: a kernel of its
-    own on either side, a pass boundary (a saved activation) or a loop boundary."""
-    return not (_fusible(u) and _fusible(v)) or u.is_backward != v.is_backward or u.repeat != v.repeat
+    own on either side, or (unless ``v`` recomputes ``u``) a pass or loop boundary."""
+    if not (_fusible(u) and _fusible(v)):
+        return True
+    return not recomputed_u and (u.is_backward != v.is_backward or u.repeat != v.repeat)
 
 
-def _fusions(g: nx.DiGraph, ops: dict[int, OpNode]) -> dict[int, int]:
-    """Fusible op → its fusion's id (its least member).
+def _fusions(g: nx.DiGraph, ops: dict[int, OpNode], again: frozenset[int]) -> dict[int, int]:
+    """Fusible, not recomputed op → its fusion's id (its least member).
 
-    Each node gets the latest place its consumers allow (a step before a consumer across a
-    boundary); fusible neighbours not across a boundary with the same place are one fusion.
-    Places never decrease along an edge and rise across every boundary, so a path leaving
-    a fusion can never come back into it.
+    Each node gets the latest place its readers allow (a step before a reader across a
+    boundary); fusible neighbours not across a boundary with the same place are one
+    fusion, also where they meet through ops recomputed between them. Places never
+    decrease along an edge and rise across every boundary, so a path leaving a fusion
+    can never come back into it.
     """
     place: dict[int, int] = {}
     for n in reversed(list(nx.topological_sort(g))):
-        place[n] = min((place[v] - _boundary(ops[n], ops[v]) for v in g.successors(n)), default=0)
+        place[n] = min((place[v] - _boundary(ops[n], ops[v], n in again) for v in g.successors(n)), default=0)
     joined = nx.Graph()
-    joined.add_nodes_from(n for n, op in ops.items() if _fusible(op))
-    joined.add_edges_from((u, v) for u, v in g.edges if u in joined and v in joined
-                          and not _boundary(ops[u], ops[v]) and place[u] == place[v])
+    joined.add_nodes_from(n for n, op in ops.items() if _fusible(op) and n not in again)
+    # Members each recomputed op reaches through recomputed ops alone, without a boundary.
+    sources: dict[int, set[int]] = {}
+    for n in sorted(again):
+        sources[n] = set()
+        for u in g.predecessors(n):
+            if u in again:
+                sources[n] |= sources[u]
+            elif u in joined and not _boundary(ops[u], ops[n], False):
+                sources[n].add(u)
+    for u, v in g.edges:
+        if v not in joined:
+            continue
+        near = sources[u] if u in again else {u} if u in joined and not _boundary(ops[u], ops[v], False) else set()
+        joined.add_edges_from((s, v) for s in near if place[s] == place[v])
     return {n: min(component) for component in nx.connected_components(joined) for n in component}

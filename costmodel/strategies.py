@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.collectives import Group, all_gather_s, all_reduce_s, all_to_all_s, combined, reduce_scatter_s
+from costmodel.collectives import Group, all_gather_s, all_reduce_s, all_to_all_s, combined, exposed_s, reduce_scatter_s
 from costmodel.fusion import HbmTraffic
 from costmodel.kernels import Kernel, KernelKind
 from costmodel.machine import Machine
@@ -43,7 +43,11 @@ MeshGroups = dict[str, Group]
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to shard an op: its tensors' shardings and its per-step cost on one device."""
+    """One way to shard an op: its tensors' shardings and its per-step cost on one device.
+
+    ``communication_s`` is what its collectives add to the step; ``overlapped_s`` what of
+    them runs hidden behind compute (a gradient's reduction), not counted in ``time_s``.
+    """
 
     name: str
     operands: tuple[Sharding, ...]
@@ -51,6 +55,7 @@ class Strategy:
     compute_s: float
     communication_s: float
     memory_bytes: float
+    overlapped_s: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -80,24 +85,26 @@ def input_nest(tensor: TensorSpec) -> LoopNest | None:
 
 
 def op_strategies(op: OpNode, groups: MeshGroups, machine: Machine, *, saved: bool = False,
-                  memory_factor: float = 1.0, traffic: HbmTraffic | None = None) -> tuple[Strategy, ...]:
+                  memory_factor: float = 1.0, traffic: HbmTraffic | None = None, gradient: bool = False) -> tuple[Strategy, ...]:
     """Every strategy of ``op`` on the mesh whose axes are ``groups``, replicated first.
 
     ``saved``: its results stay live until the backward pass (they count as memory);
     ``memory_factor``: for a graph input, bytes held per byte of the input (e.g. 2 for a
     parameter and its gradient); ``traffic``: what of its operands and results it moves
-    through HBM inside its fusion (default: all, a kernel of its own). Only divisible
-    splits are kept.
+    through HBM inside its fusion (default: all, a kernel of its own); ``gradient``: its
+    results only feed the update, so their partial sums are reduced behind compute. Only
+    divisible splits are kept.
     """
-    return _cached_strategies(op, tuple(groups.items()), machine, saved, memory_factor, traffic)
+    return _cached_strategies(op, tuple(groups.items()), machine, saved, memory_factor, traffic, gradient)
 
 
 @lru_cache(maxsize=65536)
 def _cached_strategies(op: OpNode, groups: tuple[tuple[str, Group], ...], machine: Machine, saved: bool,
-                       memory_factor: float, traffic: HbmTraffic | None) -> tuple[Strategy, ...]:
+                       memory_factor: float, traffic: HbmTraffic | None, gradient: bool) -> tuple[Strategy, ...]:
     nest = input_nest(op.outputs[0]) if op.is_input else op.loops
     if nest is None:
-        return (strategy_for(op, (), dict(groups), machine, saved=saved, memory_factor=memory_factor, traffic=traffic),)
+        return (strategy_for(op, (), dict(groups), machine, saved=saved, memory_factor=memory_factor, traffic=traffic,
+                             gradient=gradient),)
     names = [name for name, _ in groups]
     sizes = {name: g.n for name, g in groups}
     out = []
@@ -106,19 +113,22 @@ def _cached_strategies(op: OpNode, groups: tuple[tuple[str, Group], ...], machin
         if _divisible(op, nest, loop_axes, sizes):
             for scatter in _scatter_choices(nest, loop_axes, op, sizes):
                 out.append(strategy_for(op, loop_axes, dict(groups), machine, saved=saved, memory_factor=memory_factor,
-                                        scatter=scatter, traffic=traffic))
+                                        scatter=scatter, traffic=traffic, gradient=gradient))
     unique = {(s.operands, s.results): s for s in out}
     return tuple(unique.values())
 
 
 def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: MeshGroups, machine: Machine, *,
                  saved: bool = False, memory_factor: float = 1.0, scatter: tuple[tuple[str, int], ...] = (),
-                 traffic: HbmTraffic | None = None) -> Strategy:
+                 traffic: HbmTraffic | None = None, gradient: bool = False) -> Strategy:
     """The strategy that shards loop ``k`` of ``op`` on the axes ``loop_axes[k]`` (empty: replicated).
 
     ``scatter`` lists (axis, result dimension) pairs: partial sums over that axis are
     reduce-scattered onto that dimension instead of all-reduced. Its kernel moves the
-    operands and results ``traffic`` says through HBM (default: all of them).
+    operands and results ``traffic`` says through HBM (default: all of them). A
+    ``gradient``'s reduction runs behind compute as the simulator's data-parallel
+    reduction does (`costmodel.collectives.exposed_s`), with its own kernel as the compute
+    it hides behind: the window of the backward it overlaps, per op.
     """
     nest = input_nest(op.outputs[0]) if op.is_input else op.loops
     sizes = {name: g.n for name, g in groups.items()}
@@ -148,6 +158,10 @@ def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: Mes
                             for t, s in zip(op.outputs, results))
     communication_s = op.repeat * partial_sums_s(unscattered_bytes, [groups[a] for a in partial if a in scattered],
                                                  [groups[a] for a in partial if a not in scattered])
+    overlapped_s = 0.0
+    if gradient:
+        exposed = exposed_s(communication_s, compute_s, machine.efficiency.overlap_slowdown)
+        communication_s, overlapped_s = exposed, communication_s - exposed
     if op.is_input:
         memory = memory_factor * result_bytes
     else:
@@ -158,7 +172,7 @@ def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: Mes
     reductions = [f"{'reduce-scatter' if a in scattered else 'all-reduce'}({a})" for a in partial]
     name = " ".join([described, *reductions])
     return Strategy(name=name, operands=operands, results=results, compute_s=compute_s, communication_s=communication_s,
-                    memory_bytes=memory)
+                    memory_bytes=memory, overlapped_s=overlapped_s)
 
 
 def partial_sums_s(size_bytes: float, scattered: list[Group], reduced: list[Group]) -> float:

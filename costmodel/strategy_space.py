@@ -35,7 +35,8 @@ import networkx as nx
 import numpy as np
 
 from costmodel.errors import InfeasibleError
-from costmodel.fusion import HbmTraffic, fused_traffic
+from costmodel.collectives import exposed_s
+from costmodel.fusion import OWN_KERNEL, HbmTraffic, fused_traffic
 from costmodel.machine import Machine
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
 from costmodel.strategies import MeshGroups, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
@@ -124,10 +125,13 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
     ``memory_factor(op)``: for a graph input, bytes held per byte of it (a parameter with its
     gradient and Adam moments holds several). Forward results read by the backward pass
     count as live activations. Ops are costed inside their fusions (`costmodel.fusion`), as
-    the step simulator costs fused kernels.
+    the step simulator costs fused kernels; collectives off the critical path (gradient
+    reductions, parameter gathers) hide behind compute as the simulator's data-parallel
+    ones do.
     """
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
     traffic = fused_traffic(g)
+    gradients = _update_only(g, ops)
     saved = {n for n, op in ops.items() if not op.is_input and not op.is_backward
              and any(ops[s].is_backward for s in g.successors(n))}
     strategies: dict[int, tuple[Strategy, ...]] = {}
@@ -140,7 +144,7 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
         leader = _leader(g, n, op, strategies, followers)
         if leader is None:
             strategies[n] = op_strategies(op, groups, machine, saved=n in saved, memory_factor=memory_factor(op),
-                                          traffic=traffic.get(n))
+                                          traffic=traffic.get(n), gradient=n in gradients)
             continue
         producer, out_index, operand = leader
         root, producer_strategies = (producer, strategies[producer]) if producer in strategies else followers[producer]
@@ -160,10 +164,19 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
     for n, (root, induced) in followers.items():
         time_s[root] = time_s[root] + np.array([s.time_s for s in induced])
         memory[root] = memory[root] + np.array([s.memory_bytes for s in induced])
-    edges = _edge_costs(g, ops, groups, strategies, followers, time_s)
+    edges = _edge_costs(g, ops, groups, strategies, followers, time_s, machine.efficiency.overlap_slowdown)
     labels = {n: ops[n].label or f"{ops[n].primitive}@{ops[n].scope}" for n in strategies}
     return StrategySpace(groups=groups, strategies=strategies, followers=followers, node_time_s=time_s,
                          node_memory_bytes=memory, edges=edges, labels=labels)
+
+
+def _update_only(g: nx.DiGraph, ops: dict[int, OpNode]) -> set[int]:
+    """Backward ops whose results only feed the update (every path from them reaches the
+    outputs through fusible ops): the gradients, reduced behind the rest of the backward."""
+    feeds_kernel: dict[int, bool] = {}
+    for n in sorted(ops, reverse=True):
+        feeds_kernel[n] = any(ops[v].primitive in OWN_KERNEL or feeds_kernel[v] for v in g.successors(n))
+    return {n for n, op in ops.items() if op.is_backward and not feeds_kernel[n]}
 
 
 def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict) -> tuple[int, int, int] | None:
@@ -208,8 +221,13 @@ def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tupl
 
 
 def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strategies: dict, followers: dict,
-                time_s: dict[int, np.ndarray]) -> tuple[EdgeCost, ...]:
-    """Resharding costs between free nodes; edges inside one merged group go to the group's node cost."""
+                time_s: dict[int, np.ndarray], slowdown: float) -> tuple[EdgeCost, ...]:
+    """Resharding costs between free nodes; edges inside one merged group go to the group's node cost.
+
+    A graph input's resharding (a parameter's gather) is prefetched behind the op that
+    reads it: it costs what `exposed_s` leaves of it beside that op's least compute among
+    the strategies asking for that sharding.
+    """
     def owner(n: int) -> tuple[int, tuple[Strategy, ...]]:
         return (n, strategies[n]) if n in strategies else followers[n]
 
@@ -222,6 +240,9 @@ def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strat
             src_keys, src_class = _classes([s.results[out_index] for s in su])
             dst_keys, dst_class = _classes([s.operands[operand] for s in sv])
             table = consumer.repeat * np.array([[reshard_s(tensor, a, b, groups) for b in dst_keys] for a in src_keys])
+            if ops[ru].is_input:
+                window_s = [min(s.compute_s for s, c in zip(sv, dst_class) if c == b) for b in range(len(dst_keys))]
+                table = np.array([[exposed_s(t, w, slowdown) for t, w in zip(row, window_s)] for row in table])
             if ru == rv:
                 time_s[ru] = time_s[ru] + table[src_class, dst_class]
                 continue

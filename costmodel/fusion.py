@@ -71,8 +71,8 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
     """Each op node's HBM traffic once ``g``'s fusible ops are fused (graph inputs are left out).
 
     Graph outputs (``g.graph["outputs"]``; without it, every result nothing reads) are
-    written. A recomputed op costs its reading fusions the reads of its own operands
-    (charged to it, once) and is written only where a kernel of its own reads it.
+    written. A recomputed op is charged (once) the reads of its operands the fusions it is
+    recomputed in do not hold, and written only where a kernel of its own reads it.
     """
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
     again = recomputed(g)
@@ -80,20 +80,18 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
     listed = g.graph.get("outputs")
     outputs = {tuple(o) for o in listed if o is not None} if listed is not None else {
         (n, i) for n, op in ops.items() if not g.out_degree(n) for i in range(len(op.outputs))}
-    # The fusions a recomputed op is recomputed in ("own": a kernel of its own reads it, or it is an output).
-    homes: dict[int, set] = {}
+
+    def readers(n: int, out_index: int) -> list[int]:
+        return [dst for dst in g.successors(n) if any(o == out_index for o, _ in g.edges[n, dst][USES_ATTR])]
+
+    # The fusions each recomputed op is recomputed in.
+    homes: dict[int, set[int]] = {}
     for n in sorted(again, reverse=True):
-        homes[n] = {"own"} if any((n, i) in outputs for i in range(len(ops[n].outputs))) else set()
-        for dst in g.successors(n):
-            homes[n] |= homes[dst] if dst in again else {fusion[dst]} if dst in fusion else {"own"}
+        homes[n] = set().union(*(homes[v] if v in again else {fusion[v]} for v in g.successors(n) if v in again or v in fusion))
 
     def kept(dst: int, group: int) -> bool:
         """Whether ``dst`` reads a tensor of fusion ``group`` on chip."""
         return fusion.get(dst) == group or (dst in again and homes[dst] == {group})
-
-    def written(n: int, out_index: int, group: int | None) -> bool:
-        readers = [dst for dst in g.successors(n) if any(o == out_index for o, _ in g.edges[n, dst][USES_ATTR])]
-        return (n, out_index) in outputs or not all(kept(dst, group) for dst in readers)
 
     traffic: dict[int, HbmTraffic] = {}
     for n, op in ops.items():
@@ -102,9 +100,10 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
         if n not in again:
             traffic[n] = HbmTraffic.unfused(op)
             continue
-        # Read by the fusions it is recomputed in: what they do not hold already.
-        reads = _operands_read(g, n, lambda src: bool(homes[n]) and src not in again and homes[n] != {fusion.get(src)})
-        writes = tuple("own" in homes[n] and written(n, i, None) for i in range(len(op.outputs)))
+        # Written only for a kernel of its own; read by the fusions it is recomputed in, once.
+        writes = tuple((n, i) in outputs or any(v not in fusion and v not in again for v in readers(n, i))
+                       for i in range(len(op.outputs)))
+        reads = _operands_read(g, n, lambda src: src not in again and (any(writes) or bool(homes[n]) and homes[n] != {fusion.get(src)}))
         traffic[n] = HbmTraffic(reads=reads, writes=writes, launches=any(writes))
     members: dict[int, list[int]] = {}
     for n in sorted(fusion):
@@ -124,7 +123,7 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
 
         launcher = next(n for n in nodes if ops[n].primitive not in ALIASES)
         for n in nodes:
-            writes = tuple(written(n, i, group) for i in range(len(ops[n].outputs)))
+            writes = tuple((n, i) in outputs or not all(kept(v, group) for v in readers(n, i)) for i in range(len(ops[n].outputs)))
             traffic[n] = HbmTraffic(reads=_operands_read(g, n, counts), writes=writes, launches=n == launcher)
     return traffic
 

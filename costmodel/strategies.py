@@ -247,8 +247,8 @@ def reshard_s(tensor: TensorSpec, src: Sharding, dst: Sharding, groups: MeshGrou
 @lru_cache(maxsize=262144)
 def _reshard_s(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding, groups: tuple[tuple[str, Group], ...]) -> float:
     rank = len(shape)
-    src_dims = _axis_dims(src, rank)
-    dst_dims = _axis_dims(dst, rank)
+    src_dims = axis_dims(src, rank)
+    dst_dims = axis_dims(dst, rank)
     sizes = {name: g.n for name, g in groups}
     nbytes = math.prod(shape) * dtype_bytes(dtype)
     total = 0.0
@@ -270,7 +270,11 @@ def _reshard_s(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding,
     return total
 
 
-def _axis_dims(sharding: Sharding, rank: int) -> dict[str, int]:
-    """Axis → the dimension (of a rank-``rank`` tensor, trailing-aligned) it splits; -1 for a dropped leading one."""
+def axis_dims(sharding: Sharding, rank: int) -> dict[str, int]:
+    """Axis → the dimension (of a rank-``rank`` tensor, trailing-aligned) it splits; -1 for a dropped leading one.
+
+    >>> axis_dims((("pipe",), (), ("tensor",)), 2)  # a stacked [layers, d, f] parameter read one layer at a time
+    {'pipe': -1, 'tensor': 1}
+    """
     offset = len(sharding) - rank
     return {a: (d - offset if d >= offset else -1) for d, axes in enumerate(sharding) for a in axes}

@@ -206,26 +206,30 @@ def loop_divisible(op: OpNode, nest: LoopNest, loop: int, parts: int) -> bool:
 
 def _scatter_choices(nest: LoopNest, loop_axes: tuple[tuple[str, ...], ...], op: OpNode,
                      sizes: dict[str, int]) -> list[tuple[tuple[str, int], ...]]:
-    """For each axis on a summed loop: all-reduce, or reduce-scatter onto the first free result dimension.
+    """For each axis on a summed loop: all-reduce, or reduce-scatter onto the first or last
+    free result dimension; or all of them at once onto one of those (ZeRO over several axes).
 
-    One scatter target per axis keeps the space small; the first free dimension is the
-    batch (or sequence) dimension of an activation and the leading dimension of a weight
-    gradient, where Megatron's sequence parallelism and ZeRO put it.
+    Two scatter targets keep the space small: the first free dimension is the batch (or
+    sequence) dimension of an activation, and the first or last is the model-width
+    dimension of a weight gradient, where Megatron's sequence parallelism and ZeRO put them.
     """
     partial = [a for k, axes in enumerate(loop_axes) if nest.reduced[k] for a in axes]
     if not partial or not nest.results:
         return [()]
     result = op.outputs[0].shape
     taken = {d for d, k in enumerate(nest.results[0]) if k is not None and loop_axes[k]}
-    options = []
-    for axis in partial:
-        free = [d for d in range(len(result)) if d not in taken and result[d] > 1 and result[d] % sizes[axis] == 0]
-        options.append([None, *free[:1]])
+
+    def ends(parts: int) -> list[int]:
+        free = [d for d in range(len(result)) if d not in taken and result[d] > 1 and result[d] % parts == 0]
+        return list(dict.fromkeys(free[:1] + free[-1:]))
+
     out = []
-    for pick in itertools.product(*options):
+    for pick in itertools.product(*([None, *ends(sizes[axis])] for axis in partial)):
         dims = [d for d in pick if d is not None]
         if len(dims) == len(set(dims)):
             out.append(tuple((a, d) for a, d in zip(partial, pick) if d is not None))
+    if len(partial) > 1:
+        out += [tuple((a, d) for a in partial) for d in ends(math.prod(sizes[a] for a in partial))]
     return out
 
 

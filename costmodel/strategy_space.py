@@ -180,7 +180,12 @@ def _update_only(g: nx.DiGraph, ops: dict[int, OpNode]) -> set[int]:
 
 
 def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict) -> tuple[int, int, int] | None:
-    """(producer, its output index, operand index) that ``op`` follows, or None if it is free."""
+    """(producer, its output index, operand index) that ``op`` follows, or None if it is free.
+
+    It follows its largest operand; among equals, one computed rather than a graph input's
+    (a replicated input is sliced for free, so ``p - lr * update`` runs where ``update`` is,
+    as ZeRO's sharded update does).
+    """
     nest = op.loops
     if op.is_input or nest is None or any(nest.reduced):
         return None
@@ -188,10 +193,11 @@ def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict
     for src in g.predecessors(n):
         if src not in strategies and src not in followers:
             continue
+        root = src if src in strategies else followers[src][0]
         for out_index, operand in g.edges[src, n][USES_ATTR]:
-            size = op.inputs[operand].nbytes
-            if best is None or size > best[0]:
-                best = (size, src, out_index, operand)
+            key = (op.inputs[operand].nbytes, not g.nodes[root][OP_ATTR].is_input)
+            if best is None or key > best[0]:
+                best = (key, src, out_index, operand)
     if best is None:
         return None
     _, src, out_index, operand = best

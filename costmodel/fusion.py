@@ -29,6 +29,7 @@ recomputed inside every fusion that reads them (`recomputed`), as XLA duplicates
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 
@@ -103,7 +104,8 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
         # Written only for a kernel of its own; read by the fusions it is recomputed in, once.
         writes = tuple((n, i) in outputs or any(v not in fusion and v not in again for v in readers(n, i))
                        for i in range(len(op.outputs)))
-        reads = _operands_read(g, n, lambda src: src not in again and (any(writes) or bool(homes[n]) and homes[n] != {fusion.get(src)}))
+        reads = _operands_read(g, n, lambda src, _: src not in again and (
+            any(writes) or bool(homes[n]) and homes[n] != {fusion.get(src)}))
         traffic[n] = HbmTraffic(reads=reads, writes=writes, launches=any(writes))
     members: dict[int, list[int]] = {}
     for n in sorted(fusion):
@@ -113,12 +115,12 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
             for n in nodes:
                 traffic[n] = HbmTraffic(reads=(False,) * len(ops[n].inputs), writes=(False,) * len(ops[n].outputs), launches=False)
             continue
-        seen: set[int] = set()  # a fusion reads each outside tensor once
+        seen: set[tuple[int, int]] = set()  # a fusion reads each outside tensor once
 
-        def counts(src: int) -> bool:
-            if src in again or fusion.get(src) == group or src in seen:
+        def counts(src: int, out_index: int) -> bool:
+            if src in again or fusion.get(src) == group or (src, out_index) in seen:
                 return False
-            seen.add(src)
+            seen.add((src, out_index))
             return True
 
         launcher = next(n for n in nodes if ops[n].primitive not in ALIASES)
@@ -155,12 +157,12 @@ def recomputed(g: nx.DiGraph) -> frozenset[int]:
     return frozenset(out)
 
 
-def _operands_read(g: nx.DiGraph, n: int, counts) -> tuple[bool, ...]:
-    """Per operand of ``n``: whether it is read from HBM, ``counts(producer)`` deciding."""
+def _operands_read(g: nx.DiGraph, n: int, counts: Callable[[int, int], bool]) -> tuple[bool, ...]:
+    """Per operand of ``n``: whether it is read from HBM, ``counts(producer, its output index)`` deciding."""
     reads = [False] * len(g.nodes[n][OP_ATTR].inputs)
     for src in sorted(g.predecessors(n)):
-        for _, operand in g.edges[src, n][USES_ATTR]:
-            reads[operand] = counts(src) or reads[operand]
+        for out_index, operand in g.edges[src, n][USES_ATTR]:
+            reads[operand] = counts(src, out_index) or reads[operand]
     return tuple(reads)
 
 

@@ -2,10 +2,12 @@
 
 A strategy assigns each mesh axis to one loop of the op's `LoopNest` (or to none: the op
 is replicated along that axis). That fixes how every operand and result is sharded, the
-per-device FLOPs and bytes (costed by the roofline), and the collectives the op needs
-inside: an axis on a summed loop leaves partial results, completed by an all-reduce
-(result replicated on that axis) or a reduce-scatter (result sharded on it). As in Alpa,
-several axes may shard one loop, so 32 devices of an 8x4 mesh can all split the batch.
+per-device FLOPs and bytes (costed by the simulator's roofline; an op inside a fusion moves
+only what its fusion reads and writes, `costmodel.fusion`), and the collectives the op
+needs inside: an axis on a summed loop leaves partial results, completed by an all-reduce
+(result replicated on that axis) or a reduce-scatter (result sharded on it), over several
+axes at once on the group they form. As in Alpa, several axes may shard one loop, so 32
+devices of an 8x4 mesh can all split the batch.
 
 A sharding is, per tensor dimension, the tuple of mesh axes splitting it (major first).
 
@@ -43,11 +45,8 @@ MeshGroups = dict[str, Group]
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to shard an op: its tensors' shardings and its per-step cost on one device.
-
-    ``communication_s`` is what its collectives add to the step; ``overlapped_s`` what of
-    them runs hidden behind compute (a gradient's reduction), not counted in ``time_s``.
-    """
+    """One way to shard an op: its tensors' shardings and its per-step cost on one device
+    (``communication_s``: what its collectives add to the step, hidden ones' remainder only)."""
 
     name: str
     operands: tuple[Sharding, ...]
@@ -55,7 +54,6 @@ class Strategy:
     compute_s: float
     communication_s: float
     memory_bytes: float
-    overlapped_s: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -158,10 +156,8 @@ def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: Mes
                             for t, s in zip(op.outputs, results))
     communication_s = op.repeat * partial_sums_s(unscattered_bytes, [groups[a] for a in partial if a in scattered],
                                                  [groups[a] for a in partial if a not in scattered])
-    overlapped_s = 0.0
     if gradient:
-        exposed = exposed_s(communication_s, compute_s, machine.efficiency.overlap_slowdown)
-        communication_s, overlapped_s = exposed, communication_s - exposed
+        communication_s = exposed_s(communication_s, compute_s, machine.efficiency.overlap_slowdown)
     if op.is_input:
         memory = memory_factor * result_bytes
     else:
@@ -172,7 +168,7 @@ def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: Mes
     reductions = [f"{'reduce-scatter' if a in scattered else 'all-reduce'}({a})" for a in partial]
     name = " ".join([described, *reductions])
     return Strategy(name=name, operands=operands, results=results, compute_s=compute_s, communication_s=communication_s,
-                    memory_bytes=memory, overlapped_s=overlapped_s)
+                    memory_bytes=memory)
 
 
 def partial_sums_s(size_bytes: float, scattered: list[Group], reduced: list[Group]) -> float:

@@ -34,8 +34,8 @@ from typing import Callable
 import networkx as nx
 import numpy as np
 
-from costmodel.errors import InfeasibleError
 from costmodel.collectives import exposed_s
+from costmodel.errors import InfeasibleError
 from costmodel.fusion import OWN_KERNEL, HbmTraffic, fused_traffic
 from costmodel.machine import Machine
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode

@@ -130,7 +130,7 @@ def test_a_gradients_reduction_hides_behind_its_kernel_save_the_overlap_slowdown
     name = "[-,data]×[data,-] → [-,-] all-reduce(data)"
     comm_s, kernel_s = on_path[name].communication_s, behind[name].compute_s
     assert behind[name].communication_s == pytest.approx(exposed_s(comm_s, kernel_s, MACHINE.efficiency.overlap_slowdown))
-    assert behind[name].communication_s + behind[name].overlapped_s == pytest.approx(comm_s)
+    assert 0 < behind[name].communication_s < comm_s
 
 
 def test_fused_traffic_charges_only_what_reaches_hbm_and_no_launch_inside_a_fusion():

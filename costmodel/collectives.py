@@ -17,7 +17,9 @@ for reduce-scatter the input, for all-reduce the buffer reduced.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
+from typing import Sequence
 
 from pydantic import (
     BaseModel,
@@ -62,6 +64,20 @@ class Group(BaseModel):
     @property
     def per_node(self) -> int:
         return max(1, self.n // self.n_nodes)
+
+
+def combined(groups: Sequence[Group]) -> Group:
+    """The group that groups along different mesh axes form together (one collective over
+    several axes at once runs on it, hierarchically across its nodes, as the simulator's
+    data-parallel group spanning several mesh axes does).
+
+    >>> tier = Tier(bytes_per_s=1e11, latency_s=0)
+    >>> both = combined([Group(n=8, n_nodes=4, intra=tier, inter=tier), Group(n=4, n_nodes=1, intra=tier, inter=tier)])
+    >>> both.n, both.n_nodes, both.per_node
+    (32, 4, 8)
+    """
+    n = math.prod(g.n for g in groups)
+    return Group(n=n, n_nodes=min(n, math.prod(g.n_nodes for g in groups)), intra=groups[0].intra, inter=groups[0].inter)
 
 
 def _ring_s(size_bytes: float, n: int, tier: Tier, *, passes: int) -> float:

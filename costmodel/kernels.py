@@ -1,9 +1,10 @@
 """The kernels of one transformer layer, one micro-batch, on one device, under a layout.
 
 This is the fused-kernel view the step simulator costs (GEMMs, the attention core,
-and the memory-bound fused elementwise kernels as Megatron-LM and XLA run them), not
-the primitive-level OpGraph: an unfused primitive graph would count every elementwise
-op's HBM round trip. Its matmul FLOPs equal the OpGraph's (checked in tests).
+and the memory-bound fused elementwise kernels as Megatron-LM and XLA run them). The
+op-level model costs the primitive-level OpGraph inside the same kind of fusions
+(`costmodel.fusion`), so neither counts an elementwise intermediate's HBM round trip.
+Its matmul FLOPs equal the OpGraph's (checked in tests).
 
 Dimension letters: b micro-batch, s sequence on this device (seq_len / cp), h width,
 a query heads, k kv heads, d head width, f MLP width, t tensor-parallel degree.
@@ -93,6 +94,8 @@ class Kernel(BaseModel):
     backward_scale: NonNegativeFloat = Field(
         2.0, description="Backward work as a multiple of this forward's (a GEMM's: input and weight gradients, 2).")
     count: NonNegativeFloat = Field(1.0, description="Launches of this kernel (may be fractional: an average over layers).")
+    fused: bool = Field(False, description="Runs inside a kernel another op launches (an OpGraph op in a fusion, "
+                        "`costmodel.fusion`): its bytes count, the launch floor does not.")
 
     def scaled(self, factor: float) -> Kernel:
         """The same kernel launched ``factor`` times as often (same size per launch)."""

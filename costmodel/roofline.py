@@ -93,4 +93,5 @@ def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: f
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.flash_attention)
     else:
         compute_s = 0.0
-    return kernel.count * (max(compute_s, memory_s) + efficiency.kernel_floor_s)
+    floor_s = 0.0 if kernel.fused else efficiency.kernel_floor_s
+    return kernel.count * (max(compute_s, memory_s) + floor_s)

@@ -2,10 +2,12 @@
 
 A strategy assigns each mesh axis to one loop of the op's `LoopNest` (or to none: the op
 is replicated along that axis). That fixes how every operand and result is sharded, the
-per-device FLOPs and bytes (costed by the roofline), and the collectives the op needs
-inside: an axis on a summed loop leaves partial results, completed by an all-reduce
-(result replicated on that axis) or a reduce-scatter (result sharded on it). As in Alpa,
-several axes may shard one loop, so 32 devices of an 8x4 mesh can all split the batch.
+per-device FLOPs and bytes (costed by the simulator's roofline; an op inside a fusion moves
+only what its fusion reads and writes, `costmodel.fusion`), and the collectives the op
+needs inside: an axis on a summed loop leaves partial results, completed by an all-reduce
+(result replicated on that axis) or a reduce-scatter (result sharded on it), over several
+axes at once on the group they form. As in Alpa, several axes may shard one loop, so 32
+devices of an 8x4 mesh can all split the batch.
 
 A sharding is, per tensor dimension, the tuple of mesh axes splitting it (major first).
 
@@ -30,7 +32,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.collectives import Group, all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
+from costmodel.collectives import Group, all_gather_s, all_reduce_s, all_to_all_s, combined, exposed_s, reduce_scatter_s
+from costmodel.fusion import HbmTraffic
 from costmodel.kernels import Kernel, KernelKind
 from costmodel.machine import Machine
 from costmodel.opgraph import LoopNest, OpNode, TensorSpec, dtype_bytes
@@ -42,7 +45,8 @@ MeshGroups = dict[str, Group]
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to shard an op: its tensors' shardings and its per-step cost on one device."""
+    """One way to shard an op: its tensors' shardings and its per-step cost on one device
+    (``communication_s``: what its collectives add to the step, hidden ones' remainder only)."""
 
     name: str
     operands: tuple[Sharding, ...]
@@ -79,22 +83,26 @@ def input_nest(tensor: TensorSpec) -> LoopNest | None:
 
 
 def op_strategies(op: OpNode, groups: MeshGroups, machine: Machine, *, saved: bool = False,
-                  memory_factor: float = 1.0) -> tuple[Strategy, ...]:
+                  memory_factor: float = 1.0, traffic: HbmTraffic | None = None, gradient: bool = False) -> tuple[Strategy, ...]:
     """Every strategy of ``op`` on the mesh whose axes are ``groups``, replicated first.
 
     ``saved``: its results stay live until the backward pass (they count as memory);
     ``memory_factor``: for a graph input, bytes held per byte of the input (e.g. 2 for a
-    parameter and its gradient). Only divisible splits are kept.
+    parameter and its gradient); ``traffic``: what of its operands and results it moves
+    through HBM inside its fusion (default: all, a kernel of its own); ``gradient``: its
+    results only feed the update, so their partial sums are reduced behind compute. Only
+    divisible splits are kept.
     """
-    return _cached_strategies(op, tuple(groups.items()), machine, saved, memory_factor)
+    return _cached_strategies(op, tuple(groups.items()), machine, saved, memory_factor, traffic, gradient)
 
 
 @lru_cache(maxsize=65536)
 def _cached_strategies(op: OpNode, groups: tuple[tuple[str, Group], ...], machine: Machine, saved: bool,
-                       memory_factor: float) -> tuple[Strategy, ...]:
+                       memory_factor: float, traffic: HbmTraffic | None, gradient: bool) -> tuple[Strategy, ...]:
     nest = input_nest(op.outputs[0]) if op.is_input else op.loops
     if nest is None:
-        return (strategy_for(op, (), dict(groups), machine, saved=saved, memory_factor=memory_factor),)
+        return (strategy_for(op, (), dict(groups), machine, saved=saved, memory_factor=memory_factor, traffic=traffic,
+                             gradient=gradient),)
     names = [name for name, _ in groups]
     sizes = {name: g.n for name, g in groups}
     out = []
@@ -103,17 +111,22 @@ def _cached_strategies(op: OpNode, groups: tuple[tuple[str, Group], ...], machin
         if _divisible(op, nest, loop_axes, sizes):
             for scatter in _scatter_choices(nest, loop_axes, op, sizes):
                 out.append(strategy_for(op, loop_axes, dict(groups), machine, saved=saved, memory_factor=memory_factor,
-                                        scatter=scatter))
+                                        scatter=scatter, traffic=traffic, gradient=gradient))
     unique = {(s.operands, s.results): s for s in out}
     return tuple(unique.values())
 
 
 def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: MeshGroups, machine: Machine, *,
-                 saved: bool = False, memory_factor: float = 1.0, scatter: tuple[tuple[str, int], ...] = ()) -> Strategy:
+                 saved: bool = False, memory_factor: float = 1.0, scatter: tuple[tuple[str, int], ...] = (),
+                 traffic: HbmTraffic | None = None, gradient: bool = False) -> Strategy:
     """The strategy that shards loop ``k`` of ``op`` on the axes ``loop_axes[k]`` (empty: replicated).
 
     ``scatter`` lists (axis, result dimension) pairs: partial sums over that axis are
-    reduce-scattered onto that dimension instead of all-reduced.
+    reduce-scattered onto that dimension instead of all-reduced. Its kernel moves the
+    operands and results ``traffic`` says through HBM (default: all of them). A
+    ``gradient``'s reduction runs behind compute as the simulator's data-parallel
+    reduction does (`costmodel.collectives.exposed_s`), with its own kernel as the compute
+    it hides behind: the window of the backward it overlaps, per op.
     """
     nest = input_nest(op.outputs[0]) if op.is_input else op.loops
     sizes = {name: g.n for name, g in groups.items()}
@@ -127,21 +140,24 @@ def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: Mes
     scattered = dict(scatter)
     results = tuple(tuple(axes + tuple(a for a, d in scatter if d == dim) for dim, axes in enumerate(r)) for r in results)
     split = math.prod(sizes[a] for axes in loop_axes for a in axes)
-    operand_bytes = sum(t.nbytes / shard_factor(s, sizes) for t, s in zip(op.inputs, operands))
     result_bytes = sum(t.nbytes / shard_factor(s, sizes) for t, s in zip(op.outputs, results))
     compute_s = 0.0
     if not op.is_input:
+        traffic = traffic or HbmTraffic.unfused(op)
+        hbm_bytes = (sum(t.nbytes / shard_factor(s, sizes) for t, s, r in zip(op.inputs, operands, traffic.reads) if r)
+                     + sum(t.nbytes / shard_factor(s, sizes) for t, s, w in zip(op.outputs, results, traffic.writes) if w))
         kind = KernelKind.MATMUL if op.primitive == "dot_general" else KernelKind.MEMORY
-        kernel = Kernel(name=op.primitive, kind=kind, flops=op.flops / split, bytes=operand_bytes + result_bytes, count=op.repeat)
+        kernel = Kernel(name=op.primitive, kind=kind, flops=op.flops / split, bytes=hbm_bytes, count=op.repeat,
+                        fused=not traffic.launches)
         compute_s = kernel_time_s(kernel, peak_flops_per_s=machine.peak_flops_per_s, hbm_bytes_per_s=machine.hbm_bytes_per_s,
                                   efficiency=machine.efficiency)
-    communication_s = 0.0
     partial = [a for k, axes in enumerate(loop_axes) if nest is not None and nest.reduced[k] for a in axes]
     unscattered_bytes = sum(t.nbytes / shard_factor(tuple(tuple(a for a in axes if a not in scattered) for axes in s), sizes)
                             for t, s in zip(op.outputs, results))
-    for axis in partial:
-        collective = reduce_scatter_s if axis in scattered else all_reduce_s
-        communication_s += op.repeat * collective(unscattered_bytes, groups[axis])
+    communication_s = op.repeat * partial_sums_s(unscattered_bytes, [groups[a] for a in partial if a in scattered],
+                                                 [groups[a] for a in partial if a not in scattered])
+    if gradient:
+        communication_s = exposed_s(communication_s, compute_s, machine.efficiency.overlap_slowdown)
     if op.is_input:
         memory = memory_factor * result_bytes
     else:
@@ -153,6 +169,21 @@ def strategy_for(op: OpNode, loop_axes: tuple[tuple[str, ...], ...], groups: Mes
     name = " ".join([described, *reductions])
     return Strategy(name=name, operands=operands, results=results, compute_s=compute_s, communication_s=communication_s,
                     memory_bytes=memory)
+
+
+def partial_sums_s(size_bytes: float, scattered: list[Group], reduced: list[Group]) -> float:
+    """Seconds to complete partial sums of a ``size_bytes`` result over several mesh axes:
+    one reduce-scatter over the ``scattered`` axes together, then one all-reduce of the
+    scattered piece over the ``reduced`` axes together (each a `combined` group).
+
+    >>> from costmodel.collectives import Tier
+    >>> tier = Tier(bytes_per_s=1e9, latency_s=0)
+    >>> partial_sums_s(8e9, [], [Group(n=2, n_nodes=1, intra=tier, inter=tier), Group(n=4, n_nodes=1, intra=tier, inter=tier)])
+    14.0
+    """
+    scatter_s = reduce_scatter_s(size_bytes, combined(scattered)) if scattered else 0.0
+    piece_bytes = size_bytes / math.prod(g.n for g in scattered)
+    return scatter_s + (all_reduce_s(piece_bytes, combined(reduced)) if reduced else 0.0)
 
 
 def _tensor_sharding(dims: tuple[int | None, ...], loop_axes: tuple[tuple[str, ...], ...]) -> Sharding:
@@ -171,26 +202,30 @@ def loop_divisible(op: OpNode, nest: LoopNest, loop: int, parts: int) -> bool:
 
 def _scatter_choices(nest: LoopNest, loop_axes: tuple[tuple[str, ...], ...], op: OpNode,
                      sizes: dict[str, int]) -> list[tuple[tuple[str, int], ...]]:
-    """For each axis on a summed loop: all-reduce, or reduce-scatter onto the first free result dimension.
+    """For each axis on a summed loop: all-reduce, or reduce-scatter onto the first or last
+    free result dimension; or all of them at once onto one of those (ZeRO over several axes).
 
-    One scatter target per axis keeps the space small; the first free dimension is the
-    batch (or sequence) dimension of an activation and the leading dimension of a weight
-    gradient, where Megatron's sequence parallelism and ZeRO put it.
+    Two scatter targets keep the space small: the first free dimension is the batch (or
+    sequence) dimension of an activation, and the first or last is the model-width
+    dimension of a weight gradient, where Megatron's sequence parallelism and ZeRO put them.
     """
     partial = [a for k, axes in enumerate(loop_axes) if nest.reduced[k] for a in axes]
     if not partial or not nest.results:
         return [()]
     result = op.outputs[0].shape
     taken = {d for d, k in enumerate(nest.results[0]) if k is not None and loop_axes[k]}
-    options = []
-    for axis in partial:
-        free = [d for d in range(len(result)) if d not in taken and result[d] > 1 and result[d] % sizes[axis] == 0]
-        options.append([None, *free[:1]])
+
+    def ends(parts: int) -> list[int]:
+        free = [d for d in range(len(result)) if d not in taken and result[d] > 1 and result[d] % parts == 0]
+        return list(dict.fromkeys(free[:1] + free[-1:]))
+
     out = []
-    for pick in itertools.product(*options):
+    for pick in itertools.product(*([None, *ends(sizes[axis])] for axis in partial)):
         dims = [d for d in pick if d is not None]
         if len(dims) == len(set(dims)):
             out.append(tuple((a, d) for a, d in zip(partial, pick) if d is not None))
+    if len(partial) > 1:
+        out += [tuple((a, d) for a in partial) for d in ends(math.prod(sizes[a] for a in partial))]
     return out
 
 
@@ -212,24 +247,34 @@ def reshard_s(tensor: TensorSpec, src: Sharding, dst: Sharding, groups: MeshGrou
 @lru_cache(maxsize=262144)
 def _reshard_s(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding, groups: tuple[tuple[str, Group], ...]) -> float:
     rank = len(shape)
-    src_dims = _axis_dims(src, rank)
-    dst_dims = _axis_dims(dst, rank)
+    src_dims = axis_dims(src, rank)
+    dst_dims = axis_dims(dst, rank)
     sizes = {name: g.n for name, g in groups}
     nbytes = math.prod(shape) * dtype_bytes(dtype)
     total = 0.0
+    gathered = []
     for name, group in groups:
         s, d = src_dims.get(name), dst_dims.get(name)
         if s == d or s is None:
             continue
-        others = math.prod(sizes[a] for a, dim in dst_dims.items() if a != name and dim is not None)
-        size_bytes = nbytes / others
         # A slice of a stacked tensor lives on one member (s == -1): every member must receive it.
-        gather = d is None or s == -1
-        total += all_gather_s(size_bytes, group) if gather else all_to_all_s(size_bytes / sizes[name], group)
+        if d is None or s == -1:
+            gathered.append(name)
+            continue
+        others = math.prod(sizes[a] for a, dim in dst_dims.items() if a != name and dim is not None)
+        total += all_to_all_s(nbytes / others / sizes[name], group)
+    if gathered:
+        # One all-gather over the gathered axes together.
+        others = math.prod(sizes[a] for a, dim in dst_dims.items() if a not in gathered and dim is not None)
+        total += all_gather_s(nbytes / others, combined([dict(groups)[a] for a in gathered]))
     return total
 
 
-def _axis_dims(sharding: Sharding, rank: int) -> dict[str, int]:
-    """Axis → the dimension (of a rank-``rank`` tensor, trailing-aligned) it splits; -1 for a dropped leading one."""
+def axis_dims(sharding: Sharding, rank: int) -> dict[str, int]:
+    """Axis → the dimension (of a rank-``rank`` tensor, trailing-aligned) it splits; -1 for a dropped leading one.
+
+    >>> axis_dims((("pipe",), (), ("tensor",)), 2)  # a stacked [layers, d, f] parameter read one layer at a time
+    {'pipe': -1, 'tensor': 1}
+    """
     offset = len(sharding) - rank
     return {a: (d - offset if d >= offset else -1) for d, axes in enumerate(sharding) for a in axes}

@@ -34,7 +34,9 @@ from typing import Callable
 import networkx as nx
 import numpy as np
 
+from costmodel.collectives import exposed_s
 from costmodel.errors import InfeasibleError
+from costmodel.fusion import OWN_KERNEL, HbmTraffic, fused_traffic
 from costmodel.machine import Machine
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
 from costmodel.strategies import MeshGroups, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
@@ -122,9 +124,14 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
 
     ``memory_factor(op)``: for a graph input, bytes held per byte of it (a parameter with its
     gradient and Adam moments holds several). Forward results read by the backward pass
-    count as live activations.
+    count as live activations. Ops are costed inside their fusions (`costmodel.fusion`), as
+    the step simulator costs fused kernels; collectives off the critical path (gradient
+    reductions, parameter gathers) hide behind compute as the simulator's data-parallel
+    ones do.
     """
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
+    traffic = fused_traffic(g)
+    gradients = _update_only(g, ops)
     saved = {n for n, op in ops.items() if not op.is_input and not op.is_backward
              and any(ops[s].is_backward for s in g.successors(n))}
     strategies: dict[int, tuple[Strategy, ...]] = {}
@@ -136,12 +143,13 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
         op = ops[n]
         leader = _leader(g, n, op, strategies, followers)
         if leader is None:
-            strategies[n] = op_strategies(op, groups, machine, saved=n in saved, memory_factor=memory_factor(op))
+            strategies[n] = op_strategies(op, groups, machine, saved=n in saved, memory_factor=memory_factor(op),
+                                          traffic=traffic.get(n), gradient=n in gradients)
             continue
         producer, out_index, operand = leader
         root, producer_strategies = (producer, strategies[producer]) if producer in strategies else followers[producer]
-        induced = tuple(_induced(op, op.loops.operands[operand], s.results[out_index], groups, machine, saved=n in saved)
-                        for s in producer_strategies)
+        induced = tuple(_induced(op, op.loops.operands[operand], s.results[out_index], groups, machine, saved=n in saved,
+                                 traffic=traffic[n]) for s in producer_strategies)
         followers[n] = (root, induced)
     # Broadcasts and iotas take the sharding their first reader wants (readers come later, so go backwards).
     for n in sorted(consumer_led, reverse=True):
@@ -149,21 +157,35 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
         reader = min(g.successors(n))
         _, operand = g.edges[n, reader][USES_ATTR][0]
         root, reader_strategies = (reader, strategies[reader]) if reader in strategies else followers[reader]
-        followers[n] = (root, tuple(_induced(op, op.loops.results[0], s.operands[operand], groups, machine, saved=n in saved)
-                                    for s in reader_strategies))
+        followers[n] = (root, tuple(_induced(op, op.loops.results[0], s.operands[operand], groups, machine, saved=n in saved,
+                                             traffic=traffic[n]) for s in reader_strategies))
     time_s = {n: np.array([s.time_s for s in ss]) for n, ss in strategies.items()}
     memory = {n: np.array([s.memory_bytes for s in ss]) for n, ss in strategies.items()}
     for n, (root, induced) in followers.items():
         time_s[root] = time_s[root] + np.array([s.time_s for s in induced])
         memory[root] = memory[root] + np.array([s.memory_bytes for s in induced])
-    edges = _edge_costs(g, ops, groups, strategies, followers, time_s)
+    edges = _edge_costs(g, ops, groups, strategies, followers, time_s, machine.efficiency.overlap_slowdown)
     labels = {n: ops[n].label or f"{ops[n].primitive}@{ops[n].scope}" for n in strategies}
     return StrategySpace(groups=groups, strategies=strategies, followers=followers, node_time_s=time_s,
                          node_memory_bytes=memory, edges=edges, labels=labels)
 
 
+def _update_only(g: nx.DiGraph, ops: dict[int, OpNode]) -> set[int]:
+    """Backward ops whose results only feed the update (every path from them reaches the
+    outputs through fusible ops): the gradients, reduced behind the rest of the backward."""
+    feeds_kernel: dict[int, bool] = {}
+    for n in sorted(ops, reverse=True):
+        feeds_kernel[n] = any(ops[v].primitive in OWN_KERNEL or feeds_kernel[v] for v in g.successors(n))
+    return {n for n, op in ops.items() if op.is_backward and not feeds_kernel[n]}
+
+
 def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict) -> tuple[int, int, int] | None:
-    """(producer, its output index, operand index) that ``op`` follows, or None if it is free."""
+    """(producer, its output index, operand index) that ``op`` follows, or None if it is free.
+
+    It follows its largest operand; among equals, one computed rather than a graph input's
+    (a replicated input is sliced for free, so ``p - lr * update`` runs where ``update`` is,
+    as ZeRO's sharded update does).
+    """
     nest = op.loops
     if op.is_input or nest is None or any(nest.reduced):
         return None
@@ -171,10 +193,11 @@ def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict
     for src in g.predecessors(n):
         if src not in strategies and src not in followers:
             continue
+        root = src if src in strategies else followers[src][0]
         for out_index, operand in g.edges[src, n][USES_ATTR]:
-            size = op.inputs[operand].nbytes
-            if best is None or size > best[0]:
-                best = (size, src, out_index, operand)
+            key = (op.inputs[operand].nbytes, not g.nodes[root][OP_ATTR].is_input)
+            if best is None or key > best[0]:
+                best = (key, src, out_index, operand)
     if best is None:
         return None
     _, src, out_index, operand = best
@@ -185,7 +208,7 @@ def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict
 
 
 def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tuple[str, ...], ...], groups: MeshGroups,
-             machine: Machine, *, saved: bool) -> Strategy:
+             machine: Machine, *, saved: bool, traffic: HbmTraffic) -> Strategy:
     """``op``'s strategy when the tensor whose dimensions index ``dim_loops`` is sharded as ``sharding``
     (its main operand, or for a broadcast its result as its reader wants it); indivisible splits are dropped."""
     nest = op.loops
@@ -200,12 +223,17 @@ def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tupl
     for k, axes in enumerate(loop_axes):
         if not loop_divisible(op, nest, k, math.prod(sizes[a] for a in axes)):
             loop_axes[k] = ()
-    return strategy_for(op, tuple(loop_axes), groups, machine, saved=saved)
+    return strategy_for(op, tuple(loop_axes), groups, machine, saved=saved, traffic=traffic)
 
 
 def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strategies: dict, followers: dict,
-                time_s: dict[int, np.ndarray]) -> tuple[EdgeCost, ...]:
-    """Resharding costs between free nodes; edges inside one merged group go to the group's node cost."""
+                time_s: dict[int, np.ndarray], slowdown: float) -> tuple[EdgeCost, ...]:
+    """Resharding costs between free nodes; edges inside one merged group go to the group's node cost.
+
+    A graph input's resharding (a parameter's gather) is prefetched behind the op that
+    reads it: it costs what `exposed_s` leaves of it beside that op's least compute among
+    the strategies asking for that sharding.
+    """
     def owner(n: int) -> tuple[int, tuple[Strategy, ...]]:
         return (n, strategies[n]) if n in strategies else followers[n]
 
@@ -218,6 +246,9 @@ def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strat
             src_keys, src_class = _classes([s.results[out_index] for s in su])
             dst_keys, dst_class = _classes([s.operands[operand] for s in sv])
             table = consumer.repeat * np.array([[reshard_s(tensor, a, b, groups) for b in dst_keys] for a in src_keys])
+            if ops[ru].is_input:
+                window_s = [min(s.compute_s for s, c in zip(sv, dst_class) if c == b) for b in range(len(dst_keys))]
+                table = np.array([[exposed_s(t, w, slowdown) for t, w in zip(row, window_s)] for row in table])
             if ru == rv:
                 time_s[ru] = time_s[ru] + table[src_class, dst_class]
                 continue

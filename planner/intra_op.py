@@ -25,10 +25,12 @@ import jax
 import networkx as nx
 
 from costmodel.errors import InfeasibleError
+from costmodel.estimate import StepEstimate
 from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.opgraph import OP_ATTR, OpNode
+from costmodel.simulator import simulate
 from costmodel.strategy_space import StrategySpace, build_space, format_bytes, prune_dominated
 from costmodel.train_config import TrainConfig
 from planner.extract import extract_graph
@@ -57,15 +59,36 @@ def stage_model(cfg: ModelConfig, layout: Layout) -> ModelConfig:
     return cfg.model_copy(update={"num_layers": max(layout.layers_on_stage(cfg.num_layers, s) for s in range(layout.pp))})
 
 
-def stage_space(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]],
-                machine: Machine) -> tuple[nx.DiGraph, StrategySpace, Any]:
-    """The graph, pruned strategy space and abstract inputs of the largest stage's training step."""
+def stage_graph(cfg: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[nx.DiGraph, Any]:
+    """The graph and abstract inputs of the largest stage's training step on one micro-batch per data-parallel replica."""
     stage = stage_model(cfg, layout)
     step = make_train_step(stage, train, remat=_REMAT.get(layout.recompute, "selective"))
     abstract = abstract_train_inputs(stage, train, micro_batch=layout.micro_batch * layout.dp)
-    graph = extract_graph(step, *abstract)
+    return extract_graph(step, *abstract), abstract
+
+
+def stage_space(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: list[tuple[str, int]],
+                machine: Machine) -> tuple[nx.DiGraph, StrategySpace, Any]:
+    """The graph, pruned strategy space and abstract inputs of the largest stage's training step."""
+    graph, abstract = stage_graph(cfg, train, layout)
     space = prune_dominated(build_space(graph, machine.mesh_groups(axes), machine, memory_factor=train_step_memory_factor))
     return graph, space, abstract
+
+
+def stage_estimate(cfg: ModelConfig, train: TrainConfig, layout: Layout, machine: Machine) -> StepEstimate:
+    """The simulator's prediction for the step `stage_graph` traces: the largest stage alone,
+    one micro-batch per data-parallel replica. It is what an intra-op objective predicts.
+
+    >>> from costmodel.machine import load_machine
+    >>> cfg = ModelConfig(name="m", hidden_size=256, num_layers=4, num_heads=4, ffn_size=1024, vocab_size=512)
+    >>> est = stage_estimate(cfg, TrainConfig(seq_len=128, global_batch=16), Layout(dp=2, pp=2, micro_batch=2),
+    ...                      load_machine("a100-80gb"))
+    >>> est.layout.pp, est.layout.micro_batches(TrainConfig(seq_len=128, global_batch=4))
+    (1, 1)
+    """
+    one_stage = layout.model_copy(update={"pp": 1, "interleave": 1, "stage_layers": None})
+    return simulate(stage_model(cfg, layout), train.model_copy(update={"global_batch": layout.micro_batch * layout.dp}),
+                    one_stage, machine)
 
 
 def solve_space(space: StrategySpace, *, planner: str, memory_budget_bytes: float, time_limit_s: float,

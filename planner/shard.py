@@ -132,7 +132,7 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
     candidates = {}
     for name, specs in layouts.items():
         leaf_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
-        pinned = {inputs[p]: _match(full, inputs[p], s) for p, s in zip(paths, leaf_specs)}
+        pinned = {inputs[p]: strategy_of_spec(full, inputs[p], s) for p, s in zip(paths, leaf_specs)}
         if name == "dp":
             # XLA propagates shardings from the arguments: a batch the ILP leaves whole (slicing
             # it is free in the model) leaves every activation whole, so the batch is split as DP splits it.
@@ -236,7 +236,7 @@ def _pins(space: StrategySpace, inputs: dict[str, int], paths: list[str], fixed:
             raise InvalidConfigError(f"fixed names {key!r}, which is no input leaf path",
                                      fix=f"use a path as jax.tree_util.keystr gives it, e.g. {paths[0]!r}")
         for p in matched:
-            index = _match(space, inputs[p], spec)
+            index = strategy_of_spec(space, inputs[p], spec)
             if index is None:
                 raise InvalidConfigError(f"fixed spec {spec} of {p} does not divide its shape on this mesh",
                                          fix="pin a spec whose axes divide the dimensions they split")
@@ -244,8 +244,16 @@ def _pins(space: StrategySpace, inputs: dict[str, int], paths: list[str], fixed:
     return pins
 
 
-def _match(space: StrategySpace, node: int, spec: PartitionSpec) -> int | None:
-    """Index of the strategy of input ``node`` whose result is sharded as ``spec``, or None."""
+def strategy_of_spec(space: StrategySpace, node: int, spec: PartitionSpec) -> int | None:
+    """Index of the strategy of input ``node`` whose result is sharded as ``spec``, or None.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from costmodel.machine import load_machine
+    >>> g = extract_graph(lambda x: x * 2, jax.ShapeDtypeStruct((8, 4), jnp.float32))
+    >>> space = build_space(g, load_machine("a100-80gb").mesh_groups([("data", 2)]), load_machine("a100-80gb"))
+    >>> space.strategies[0][strategy_of_spec(space, 0, PartitionSpec("data"))].results
+    ((('data',), ()),)
+    """
     strategies = space.strategies[node]
     rank = len(strategies[0].results[0])
     wanted = _sharding(spec, rank)

@@ -2,10 +2,11 @@
 
 import pytest
 
-from costmodel.collectives import Group, Tier, all_gather_s, all_reduce_s, all_to_all_s
+from costmodel.collectives import Group, Tier, all_gather_s, all_reduce_s, all_to_all_s, combined, exposed_s, reduce_scatter_s
+from costmodel.fusion import HbmTraffic
 from costmodel.machine import load_machine
 from costmodel.opgraph import LoopNest, OpNode, TensorSpec
-from costmodel.strategies import input_nest, op_strategies, reshard_s, shard_factor
+from costmodel.strategies import input_nest, op_strategies, partial_sums_s, reshard_s, shard_factor
 
 MACHINE = load_machine("a100-80gb")
 TIER = Tier(bytes_per_s=1e11, latency_s=1e-6)
@@ -91,3 +92,51 @@ def test_a_stacked_layer_dimension_must_be_gathered_for_each_slice():
     stacked_on_layers = (("data",), (), ())
     assert reshard_s(layer, stacked_on_layers, ((), ()), groups) == pytest.approx(all_gather_s(1024 * 1024 * 4, groups["data"]))
     assert reshard_s(layer, ((), ("data",), ()), (("data",), ()), groups) == 0
+
+
+def test_a_gather_over_two_axes_is_one_collective_on_the_group_they_form():
+    tier = Tier(bytes_per_s=1e11, latency_s=0)
+    slow = Tier(bytes_per_s=1e10, latency_s=0)
+    groups = {"across": Group(n=4, n_nodes=4, intra=tier, inter=slow), "within": Group(n=8, n_nodes=1, intra=tier, inter=slow)}
+    x = TensorSpec(shape=(1024, 1024), dtype="float32")
+    both = combined(list(groups.values()))
+    assert (both.n, both.n_nodes) == (32, 4)
+    assert reshard_s(x, (("across", "within"), ()), ((), ()), groups) == pytest.approx(all_gather_s(1024 * 1024 * 4, both))
+    # Hierarchically: the slow tier carries an eighth of the bytes, not all of them.
+    assert reshard_s(x, (("across", "within"), ()), ((), ()), groups) < (
+        all_gather_s(1024 * 1024 * 4, groups["across"]) + all_gather_s(1024 * 1024 * 4, groups["within"]))
+
+
+def test_partial_sums_over_two_axes_reduce_scatter_first_then_all_reduce_the_piece():
+    groups = {"data": group(2), "tensor": group(4)}
+    assert partial_sums_s(8e6, [groups["tensor"]], [groups["data"]]) == pytest.approx(
+        reduce_scatter_s(8e6, groups["tensor"]) + all_reduce_s(2e6, groups["data"]))
+    assert partial_sums_s(8e6, [], [groups["data"], groups["tensor"]]) == pytest.approx(
+        all_reduce_s(8e6, combined([groups["data"], groups["tensor"]])))
+
+
+def test_zero_over_two_axes_reduce_scatters_a_gradient_onto_one_dimension():
+    groups = {"data": group(2), "fsdp": group(4)}
+    dw = matmul(m=1024, k=4096, n=512)  # the summed loop k is the batch: a weight gradient
+    names = by_name(op_strategies(dw, groups, MACHINE))
+    assert "[-,data·fsdp]×[data·fsdp,-] → [data·fsdp,-] reduce-scatter(data) reduce-scatter(fsdp)" in names
+    assert "[-,data·fsdp]×[data·fsdp,-] → [-,data·fsdp] reduce-scatter(data) reduce-scatter(fsdp)" in names
+
+
+def test_a_gradients_reduction_hides_behind_its_kernel_save_the_overlap_slowdown():
+    groups = {"data": group(4)}
+    on_path = by_name(op_strategies(matmul(), groups, MACHINE))
+    behind = by_name(op_strategies(matmul(), groups, MACHINE, gradient=True))
+    name = "[-,data]×[data,-] → [-,-] all-reduce(data)"
+    comm_s, kernel_s = on_path[name].communication_s, behind[name].compute_s
+    assert behind[name].communication_s == pytest.approx(exposed_s(comm_s, kernel_s, MACHINE.efficiency.overlap_slowdown))
+    assert 0 < behind[name].communication_s < comm_s
+
+
+def test_fused_traffic_charges_only_what_reaches_hbm_and_no_launch_inside_a_fusion():
+    op = OpNode(primitive="tanh", inputs=(t(1024, 1024),), outputs=(t(1024, 1024),),
+                loops=LoopNest(sizes=(1024, 1024), reduced=(False, False), operands=((0, 1),), results=((0, 1),)))
+    alone = op_strategies(op, {"data": group(4)}, MACHINE)[0]
+    inside = op_strategies(op, {"data": group(4)}, MACHINE, traffic=HbmTraffic(reads=(False,), writes=(True,), launches=False))[0]
+    floor_s = MACHINE.efficiency.kernel_floor_s
+    assert alone.compute_s - floor_s == pytest.approx(2 * (inside.compute_s))

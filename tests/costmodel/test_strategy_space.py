@@ -4,9 +4,10 @@ import itertools
 
 import pytest
 
-from costmodel.collectives import Group, Tier
+from costmodel.collectives import Group, Tier, exposed_s
 from costmodel.machine import load_machine
-from costmodel.opgraph import LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
+from costmodel.opgraph import OP_ATTR, LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
+from costmodel.strategies import op_strategies, reshard_s
 from costmodel.strategy_space import build_space, prune_dominated
 
 MACHINE = load_machine("a100-80gb")
@@ -85,3 +86,43 @@ def test_memory_counts_inputs_by_factor():
     space = build_space(g, GROUPS, MACHINE, memory_factor=lambda op: 4.0 if op.label.startswith("w") else 1.0)
     replicated = {v: 0 for v in space.free_nodes}
     assert space.memory_bytes(replicated) == pytest.approx(4.0 * 2 * (256 * 1024 * 2) + 512 * 256 * 2 + 1024 * 2)
+
+
+def test_a_parameter_gather_hides_behind_the_matmul_reading_it():
+    g, n = mlp_graph()
+    space = build_space(g, GROUPS, MACHINE)
+    x_rows = next(i for i, s in enumerate(space.strategies[n["x"]]) if s.results[0] == (("data",), ()))
+    w1_rows = next(i for i, s in enumerate(space.strategies[n["w1"]]) if s.results[0] == (("tensor",), ()))
+    dot = next(i for i, s in enumerate(space.strategies[n["h"]]) if s.operands == ((("data",), ()), ((), ())))
+    choice = {v: 0 for v in space.free_nodes} | {n["x"]: x_rows, n["w1"]: w1_rows, n["h"]: dot}
+    edge = next(e for e in space.edges if (e.src, e.dst) == (n["w1"], n["h"]))
+    gather_s = reshard_s(t(256, 1024), (("tensor",), ()), ((), ()), GROUPS)
+    window_s = min(s.compute_s for j, s in enumerate(space.strategies[n["h"]])
+                   if edge.dst_class[j] == edge.dst_class[dot])
+    assert edge.cost_s(choice[n["w1"]], dot) == pytest.approx(exposed_s(gather_s, window_s, MACHINE.efficiency.overlap_slowdown))
+    assert 0 < edge.cost_s(choice[n["w1"]], dot) < gather_s
+
+
+def test_a_weight_gradient_reduces_behind_compute_and_an_activation_gradient_does_not():
+    g = new_op_graph("backward")
+    x, dy, w = (add_input(g, t(512, 256), label=name) for name in ("x", "dy", "w"))
+    nest = LoopNest(sizes=(256, 256, 512), reduced=(False, False, True), operands=((2, 0), (2, 1)), results=((0, 1),))
+    dw = add_op(g, OpNode(primitive="dot_general", inputs=(t(512, 256), t(512, 256)), outputs=(t(256, 256),),
+                          flops=2 * 512 * 256 * 256, loops=nest, scope="transpose(jvp())"), [(x, 0), (dy, 0)])
+    update = add_op(g, OpNode(primitive="sub", inputs=(t(256, 256), t(256, 256)), outputs=(t(256, 256),), scope="optimizer",
+                              loops=LoopNest(sizes=(256, 256), reduced=(False, False), operands=((0, 1), (0, 1)),
+                                             results=((0, 1),))), [(w, 0), (dw, 0)])
+    space = build_space(g, {"data": GROUPS["data"]}, MACHINE)
+    reduced = [s for s in space.strategies[dw] if "all-reduce(data)" in s.name]
+    on_path = [s for s in op_strategies(g.nodes[dw][OP_ATTR], {"data": GROUPS["data"]}, MACHINE) if "all-reduce(data)" in s.name]
+    assert reduced and all(0 < s.communication_s < t.communication_s for s, t in zip(reduced, on_path))
+    assert space.followers[update][0] == dw  # w - dw runs where the gradient is, not where the input w is
+
+
+def test_a_fused_chain_costs_less_than_its_ops_one_by_one():
+    g, n = mlp_graph()
+    fused = build_space(g, GROUPS, MACHINE)
+    replicated = {v: 0 for v in fused.free_nodes}
+    elementwise = [n["hb"], n["a"]]
+    one_by_one = sum(op_strategies(g.nodes[v][OP_ATTR], GROUPS, MACHINE)[0].compute_s for v in elementwise)
+    assert sum(fused.chosen(v, replicated).compute_s for v in elementwise) < one_by_one

@@ -3,7 +3,9 @@
 Tracing uses abstract inputs (``jax.ShapeDtypeStruct``), so nothing is allocated and any
 model size works. Nested jaxprs are inlined: ``pjit``, ``checkpoint``, custom-derivative
 calls and ``shard_map`` once; a ``scan`` body once with ``repeat`` multiplied by its
-length, so a stack of identical layers costs one layer's worth of nodes.
+length, so a stack of identical layers costs one layer's worth of nodes. A scan's stacked
+results (a layer loop's saved activations) are listed in ``g.graph["stacked"]``: (node,
+output index) → how many slices of it the stack holds.
 
 >>> import jax, jax.numpy as jnp
 >>> from costmodel.opgraph import ops, total_flops
@@ -57,7 +59,7 @@ def extract_graph(fn: Callable[..., Any], *abstract_args: Any, name: str | None 
     paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(abstract_args)[0]]
     for path, var in zip(paths, closed.jaxpr.invars, strict=True):
         env[var] = (add_input(g, _tensor(var.aval), label=path), 0)
-    g.graph["eqn_nodes"] = {}
+    g.graph["eqn_nodes"], g.graph["stacked"] = {}, {}
     _walk(g, closed.jaxpr, env, repeat=1, scope="", path=())
     # One entry per output leaf; None for a constant (literal) output.
     g.graph["outputs"] = [None if isinstance(v, jex_core.Literal) else env.get(v) for v in closed.jaxpr.outvars]
@@ -96,9 +98,13 @@ def _inline(g: nx.DiGraph, eqn: Any, sub: Any, env: dict[Any, _Producer], *, rep
         if not isinstance(outer, jex_core.Literal) and outer in env:
             inner_env[var] = env[outer]
     _walk(g, inner, inner_env, repeat=repeat, scope=scope, path=path)
-    for outer, var in zip(eqn.outvars, inner.outvars):
+    stacked_from = eqn.params["num_carry"] if eqn.primitive.name == "scan" else len(inner.outvars)
+    for position, (outer, var) in enumerate(zip(eqn.outvars, inner.outvars)):
         if not isinstance(var, jex_core.Literal) and var in inner_env:
             env[outer] = inner_env[var]
+            if position >= stacked_from:
+                # A scan's per-iteration results are stacked: one slice per trip stays live after it.
+                g.graph["stacked"][inner_env[var]] = g.graph["stacked"].get(inner_env[var], 1) * eqn.params["length"]
 
 
 def _sub_jaxpr(eqn: Any) -> Any | None:

@@ -79,7 +79,7 @@ class _Value:
     node: int
     index: int
     tensor: TensorSpec
-    scale: float  # stacked copies: a loop body's value read after the loop holds one slice per trip
+    scale: float  # stacked copies: a scan's stacked result holds one slice per trip
     start: int
     end: int
 
@@ -104,16 +104,20 @@ class MemoryModel:
                 readers.setdefault((src, out_index), []).append(dst)
         temporaries = []
         placed = scheduled_positions(g)
+        stacked = g.graph.get("stacked")
         for n, op in ops.items():
-            if op.is_input:
-                continue
             for k, tensor in enumerate(op.outputs):
-                if (n, k) in output_set:
+                # A scan's stack of a value is a buffer of its own, also of a loop-carried input's (its trips' copies).
+                in_stack = stacked is not None and (n, k) in stacked
+                if (n, k) in output_set or (op.is_input and not in_stack):
                     continue
                 users = readers.get((n, k), [])
-                if _fused(op, [ops[u] for u in users]):
+                if not in_stack and _fused(op, [ops[u] for u in users]):
                     continue
-                scale = max([op.repeat / ops[u].repeat for u in users if ops[u].repeat < op.repeat], default=1.0)
+                if stacked is not None:
+                    scale = float(stacked.get((n, k), 1))
+                else:  # a graph built by hand: a loop body's value read by fewer trips is stacked
+                    scale = max([op.repeat / ops[u].repeat for u in users if ops[u].repeat < op.repeat], default=1.0)
                 temporaries.append(_Value(node=n, index=k, tensor=tensor, scale=scale, start=placed[n],
                                           end=max((placed[u] for u in users), default=placed[n])))
         return cls(inputs=tuple((n, op.outputs[0]) for n, op in ops.items() if op.is_input),

@@ -101,3 +101,12 @@ def test_any_jittable_function_with_integer_and_scatter_ops():
 
     g = extract_graph(fn, _sds(10, 4), _sds(3, dtype=jnp.int32))
     assert total_flops(g) > 0 and g.number_of_nodes() > 3
+
+
+def test_a_scans_stacked_results_are_listed_with_their_slices():
+    def stack(ws, x):
+        return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), c * 2.0), x, ws)
+
+    g = extract_graph(stack, _sds(6, 8, 8), _sds(4, 8))
+    (node, k), = g.graph["stacked"]
+    assert g.graph["stacked"][(node, k)] == 6 and g.nodes[node]["op"].primitive == "mul"

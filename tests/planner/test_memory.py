@@ -53,3 +53,17 @@ def test_live_at_names_the_values_between_their_producer_and_last_reader():
     for v in model.temporaries:
         assert v in model.live_at(v.start) and v in model.live_at(v.end)
         assert v not in model.live_at(v.end + 1)
+
+
+def test_a_layer_loop_keeps_every_layer_s_saved_activations_as_compiled():
+    # The forward scan stacks what the backward scan reads, one slice per layer: the carried
+    # input and tanh's result, 8 MiB each per layer here. Counted once, this read 72 MiB
+    # against XLA's 233 MiB of temporaries.
+    def loss(ws, x):
+        return jnp.sum(jax.lax.scan(lambda c, w: (c + jnp.tanh(c @ w), None), x, ws)[0] ** 2)
+
+    args = jax.ShapeDtypeStruct((8, 512, 512), jnp.float32), jax.ShapeDtypeStruct((8, 512, 512), jnp.float32)
+    predicted = _model(jax.grad(loss), *args).replicated("cpu").peak_temporaries_bytes
+    compiled = jax.jit(jax.grad(loss)).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    assert predicted > 8 * 2 * 8 * MIB
+    assert abs(predicted / compiled - 1) < 0.15

@@ -18,6 +18,7 @@ What the program then does follows from the choice (`validate.intra_op_predict`)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable
 
 import jax
@@ -72,6 +73,18 @@ class IntraOpProgram:
 
 
 def intra_op_program(plan: Plan) -> IntraOpProgram | None:
+    """`build_intra_op_program`, once per plan."""
+    if plan.solver is None or plan.solver.intra_op is None or plan.solver.intra_op.choice is None or plan.layout.pp > 1:
+        return None
+    return _cached_program(plan.model_dump_json())
+
+
+@lru_cache(maxsize=4)
+def _cached_program(plan_json: str) -> IntraOpProgram | None:
+    return build_intra_op_program(Plan.model_validate_json(plan_json))
+
+
+def build_intra_op_program(plan: Plan) -> IntraOpProgram | None:
     """The plan's intra-op program, or None when the plan has no intra-op choice to lower
     (grid plans, pipelines) or its parameter specs were edited after the choice was made.
 

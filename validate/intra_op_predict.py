@@ -47,8 +47,9 @@ def predicted_matmul_flops(program: IntraOpProgram) -> float:
     return total
 
 
-def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...]) -> list[PredictedCollective]:
-    """Every collective of one step, grouped by kind and mesh axes."""
+def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], *, platform: str = "gpu") -> list[PredictedCollective]:
+    """Every collective of one step, grouped by kind and mesh axes. The CPU backend reduces
+    whole and slices where a reduce-scatter was asked for (``FACTS.md``): all-reduces there."""
     sizes = {name: g.n for name, g in program.space.groups.items()}
     total: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(lambda: [0.0, 0])
     order = {a: i for i, a in enumerate(mesh_order)}
@@ -68,7 +69,7 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...]) 
         scattered = [a for a in partial if any(a in axes for r in strategy.results for axes in r)]
         unscattered = sum(t.nbytes / shard_factor(tuple(tuple(a for a in axes if a not in scattered) for axes in r), sizes)
                           for t, r in zip(op.outputs, strategy.results))
-        add("reduce-scatter", scattered, unscattered, calls)
+        add("all-reduce" if platform == "cpu" else "reduce-scatter", scattered, unscattered, calls)
         add("all-reduce", [a for a in partial if a not in scattered], unscattered / math.prod(sizes[a] for a in scattered), calls)
         for src, _, data in graph.in_edges(node, data=True):
             for out_index, operand in data[USES_ATTR]:

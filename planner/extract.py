@@ -59,30 +59,36 @@ def extract_graph(fn: Callable[..., Any], *abstract_args: Any, name: str | None 
     paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(abstract_args)[0]]
     for path, var in zip(paths, closed.jaxpr.invars, strict=True):
         env[var] = (add_input(g, _tensor(var.aval), label=path), 0)
-    g.graph["stacked"] = {}
-    _walk(g, closed.jaxpr, env, repeat=1, scope="")
+    g.graph["eqn_nodes"], g.graph["stacked"] = {}, {}
+    _walk(g, closed.jaxpr, env, repeat=1, scope="", path=())
     # One entry per output leaf; None for a constant (literal) output.
     g.graph["outputs"] = [None if isinstance(v, jex_core.Literal) else env.get(v) for v in closed.jaxpr.outvars]
     return g
 
 
-def _walk(g: nx.DiGraph, jaxpr: Any, env: dict[Any, _Producer], *, repeat: int, scope: str) -> None:
-    """Add the equations of ``jaxpr`` to ``g``; ``env`` maps its variables to producers."""
-    for eqn in jaxpr.eqns:
+def _walk(g: nx.DiGraph, jaxpr: Any, env: dict[Any, _Producer], *, repeat: int, scope: str, path: tuple[int, ...]) -> None:
+    """Add the equations of ``jaxpr`` to ``g``; ``env`` maps its variables to producers.
+
+    ``g.graph["eqn_nodes"]`` maps each leaf equation's path (its index in each enclosing
+    jaxpr, outermost first) to its node, so a program can be rebuilt with a node's choice
+    applied at its equation (`validate.intra_op`)."""
+    for index, eqn in enumerate(jaxpr.eqns):
         eqn_scope = _join(scope, str(eqn.source_info.name_stack))
         sub = _sub_jaxpr(eqn)
         if sub is not None:
             inner_repeat = repeat * (eqn.params["length"] if eqn.primitive.name == "scan" else 1)
-            _inline(g, eqn, sub, env, repeat=inner_repeat, scope=eqn_scope)
+            _inline(g, eqn, sub, env, repeat=inner_repeat, scope=eqn_scope, path=(*path, index))
             continue
         operands = [v for v in eqn.invars if hasattr(v.aval, "shape")]
         producers = [(*env[v], i) for i, v in enumerate(operands) if not isinstance(v, jex_core.Literal) and v in env]
         node = add_op(g, _op_node(eqn, repeat=repeat, scope=eqn_scope), producers)
+        g.graph["eqn_nodes"][(*path, index)] = node
         for i, out in enumerate(eqn.outvars):
             env[out] = (node, i)
 
 
-def _inline(g: nx.DiGraph, eqn: Any, sub: Any, env: dict[Any, _Producer], *, repeat: int, scope: str) -> None:
+def _inline(g: nx.DiGraph, eqn: Any, sub: Any, env: dict[Any, _Producer], *, repeat: int, scope: str,
+            path: tuple[int, ...]) -> None:
     inner = sub.jaxpr if hasattr(sub, "jaxpr") else sub
     inner_env: dict[Any, _Producer] = {}
     for i, var in enumerate(inner.constvars):
@@ -91,7 +97,7 @@ def _inline(g: nx.DiGraph, eqn: Any, sub: Any, env: dict[Any, _Producer], *, rep
     for outer, var in zip(eqn.invars, inner.invars):
         if not isinstance(outer, jex_core.Literal) and outer in env:
             inner_env[var] = env[outer]
-    _walk(g, inner, inner_env, repeat=repeat, scope=scope)
+    _walk(g, inner, inner_env, repeat=repeat, scope=scope, path=path)
     stacked_from = eqn.params["num_carry"] if eqn.primitive.name == "scan" else len(inner.outvars)
     for position, (outer, var) in enumerate(zip(eqn.outvars, inner.outvars)):
         if not isinstance(var, jex_core.Literal) and var in inner_env:

@@ -19,7 +19,7 @@ dimension. Its parameter shardings replace the rule-based (Megatron) ones in the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import networkx as nx
@@ -59,11 +59,16 @@ def stage_model(cfg: ModelConfig, layout: Layout) -> ModelConfig:
     return cfg.model_copy(update={"num_layers": max(layout.layers_on_stage(cfg.num_layers, s) for s in range(layout.pp))})
 
 
-def stage_graph(cfg: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[nx.DiGraph, Any]:
-    """The graph and abstract inputs of the largest stage's training step on one micro-batch per data-parallel replica."""
+def stage_step(cfg: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[Callable[..., Any], Any]:
+    """The largest stage's training step on one micro-batch per data-parallel replica, and its abstract inputs."""
     stage = stage_model(cfg, layout)
     step = make_train_step(stage, train, remat=_REMAT.get(layout.recompute, "selective"))
-    abstract = abstract_train_inputs(stage, train, micro_batch=layout.micro_batch * layout.dp)
+    return step, abstract_train_inputs(stage, train, micro_batch=layout.micro_batch * layout.dp)
+
+
+def stage_graph(cfg: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[nx.DiGraph, Any]:
+    """The graph and abstract inputs of `stage_step`."""
+    step, abstract = stage_step(cfg, train, layout)
     return extract_graph(step, *abstract), abstract
 
 
@@ -117,12 +122,18 @@ def intra_op_specs(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: l
     graph, space, abstract = stage_space(cfg, train, layout, axes, machine)
     choice, fields = solve_space(space, planner=planner, memory_budget_bytes=machine.hbm_bytes, time_limit_s=time_limit_s,
                                  seed=seed)
+    info = IntraOpInfo(planner=planner, axes=tuple(name for name, _ in axes), ops=graph.number_of_nodes(),
+                       free_nodes=len(space.strategies), choice={str(n): space.strategies[n][i].name for n, i in choice.items()},
+                       **fields)
+    return param_specs_of(graph, space, choice, abstract), info
+
+
+def param_specs_of(graph: nx.DiGraph, space: StrategySpace, choice: dict[int, int], abstract: Any) -> dict[str, tuple[Any, ...]]:
+    """Parameter path → per-dimension mesh axes (a ``PartitionSpec`` as a tuple) under ``choice``."""
     inputs = {d[OP_ATTR].label: n for n, d in graph.nodes(data=True) if d[OP_ATTR].is_input}
     specs = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract[0])[0]:
         sharding = space.chosen(inputs["[0]" + jax.tree_util.keystr(path)], choice).results[0]
         spec = tuple(to_partition_spec(sharding))
         specs["/".join(str(p.key) for p in path)] = spec + (None,) * (len(leaf.shape) - len(spec))
-    info = IntraOpInfo(planner=planner, axes=tuple(name for name, _ in axes), ops=graph.number_of_nodes(),
-                       free_nodes=len(space.strategies), **fields)
-    return specs, info
+    return specs

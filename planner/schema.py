@@ -63,6 +63,8 @@ class IntraOpInfo(BaseModel):
     free_nodes: int = Field(description="Decisions left after merging followers.")
     variables: int = Field(0, description="Boolean variables of the ILP.")
     evaluations: int = Field(0, description="Candidates a search planner evaluated.")
+    choice: dict[str, str] | None = Field(None, description="Free graph node → the name of its chosen strategy: what "
+                                          "`plan validate` lowers (`validate.intra_op`).")
 
     @model_validator(mode="before")
     @classmethod

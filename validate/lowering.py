@@ -28,7 +28,9 @@ from planner.models.params import abstract_params
 from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
 from planner.models.transformer import Experts
 from planner.schema import Plan
+from planner.shard import to_partition_spec
 from planner.shardings import partition_spec_tree, zero_sharded_specs
+from validate.intra_op import constrained, intra_op_program
 
 # The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
 # are closest to Megatron's selective policy (keep the weight matmuls).
@@ -95,7 +97,12 @@ mesh axes data, tensor (or null), one per dimension of shape (12, 768, 3072)
 
 
 def input_specs(plan: Plan) -> tuple[Any, Any, Any]:
-    """``PartitionSpec`` trees of ``(params, opt_state, batch)``."""
+    """``PartitionSpec`` trees of ``(params, opt_state, batch)``: an intra-op plan's chosen
+    ones (`validate.intra_op`), else the layout's."""
+    program = intra_op_program(plan)
+    if program is not None:
+        flat = [to_partition_spec(s) for s in program.input_shardings()]
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(program.abstract), flat)
     param_specs = partition_spec_tree(plan.model, plan.param_specs)
     data_axes = plan.axes_of("dp")
     moment_specs = param_specs
@@ -244,10 +251,13 @@ def tensor_parallel_experts(plan: Plan, mesh: Mesh) -> Experts:
 def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """`train_step` under ``jax.jit`` with the plan's input shardings kept on the outputs
     (a step is a fixed point of its layout) and the parameters and optimizer state donated,
-    as a training loop runs it."""
+    as a training loop runs it. An intra-op plan runs the program it chose, every equation
+    pinned (`validate.intra_op.constrained`)."""
     specs = input_specs(plan)
     named = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
-    return jax.jit(train_step(plan, mesh), in_shardings=named, out_shardings=(named[0], named[1], NamedSharding(mesh, PartitionSpec())),
+    program = intra_op_program(plan)
+    step = constrained(program, mesh) if program is not None else train_step(plan, mesh)
+    return jax.jit(step, in_shardings=named, out_shardings=(named[0], named[1], NamedSharding(mesh, PartitionSpec())),
                    donate_argnums=(0, 1))
 
 

@@ -16,6 +16,10 @@ run's) value, their ratio and whether it is within tolerance. Items:
   Where the plan uses a feature whose collectives are not predicted, the row carries the
   compiled value with ``predicted`` None and ``ok`` None (not a failure). A difference of
   under 0.01 % of the module's collective bytes passes whatever its ratio.
+
+An intra-op plan (``--planner ilp`` and the search planners) is compiled as the program it
+chose, every equation pinned (`validate.intra_op`), and each item is predicted from that
+choice (`validate.intra_op_predict`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from collections import defaultdict
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from planner.schema import Plan
+from validate import intra_op_predict
 from validate.compile_check import CompileReport
+from validate.intra_op import IntraOpProgram, intra_op_program
 from validate.predict import (
     parameters_per_device,
     predicted_collectives,
@@ -98,10 +104,35 @@ def _collective_checks(plan: Plan, report: CompileReport, tolerance: float) -> l
 
 def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> list[Check]:
     """Every comparison a compile-only validation makes (see the module docstring)."""
+    program = intra_op_program(plan)
+    if program is not None:
+        return _intra_op_checks(plan, program, report, tolerance)
     return [
         Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
         Check(item="memory per device", predicted=predicted_memory_bytes(plan, platform=report.platform), actual=report.peak_bytes,
               tolerance=max(tolerance, MEMORY_TOLERANCE)),
         Check(item="flops", predicted=predicted_matmul_flops(plan), actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
         *_collective_checks(plan, report, tolerance),
+    ]
+
+
+def _intra_op_checks(plan: Plan, program: IntraOpProgram, report: CompileReport, tolerance: float) -> list[Check]:
+    """The same items for an intra-op plan, predicted from its choice (`validate.intra_op_predict`)."""
+    actual: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+    for c in report.collectives:
+        if c.axes:
+            actual[(c.kind, c.axes)] += c.total_bytes
+    predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+    for p in intra_op_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh), platform=report.platform):
+        predicted[(p.kind, p.axes)] += p.total_bytes
+    floor = NEGLIGIBLE_TRAFFIC_SHARE * sum(actual.values())
+    return [
+        Check(item="memory arguments", predicted=intra_op_predict.predicted_argument_bytes(program), actual=report.argument_bytes,
+              tolerance=tolerance),
+        Check(item="memory per device", predicted=intra_op_predict.predicted_memory_bytes(program, platform=report.platform),
+              actual=report.peak_bytes, tolerance=max(tolerance, MEMORY_TOLERANCE)),
+        Check(item="flops", predicted=intra_op_predict.predicted_matmul_flops(program), actual=report.matmul_flops,
+              tolerance=FLOPS_TOLERANCE, unit="flops"),
+        *[Check(item=f"{kind} bytes", axis="+".join(axes), actual=actual.get((kind, axes), 0.0), predicted=predicted.get((kind, axes), 0.0),
+                tolerance=tolerance, floor=floor) for kind, axes in sorted(set(actual) | set(predicted))],
     ]

@@ -1,0 +1,232 @@
+"""An intra-op plan (``plan --planner ilp`` and the search planners) as the program it chose.
+
+The intra-op planner shards every node of the stage's training-step graph, not only the
+parameters: an op's operands, its results and the collectives that complete its partial
+sums. Lowered with the parameters' specs alone, XLA propagates its own choice between them
+(gathers and all-to-alls the plan never chose), and the Megatron rules of `validate.predict`
+do not describe what it chose. So the validator rebuilds the graph's program, the training
+step on one micro-batch per data-parallel replica that `planner.intra_op` traced, and
+re-binds its jaxpr equation by equation (`constrained`): every leaf equation's operands and
+results are pinned by ``with_sharding_constraint`` to the chosen strategy's shardings (nested
+jit calls and custom-derivative calls inlined, scans and remat regions rebuilt around the
+pinned body). With M micro-batches the gradient part runs M times under a ``lax.scan`` that
+sums its results, and the optimizer part once, as the reference program accumulates.
+
+What the program then does follows from the choice (`validate.intra_op_predict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import networkx as nx
+from jax.extend import core as jex_core
+from jax.sharding import Mesh, NamedSharding
+
+from costmodel.opgraph import OP_ATTR
+from costmodel.strategies import Sharding
+from costmodel.strategy_space import StrategySpace
+from planner.extract import extract_graph
+from planner.schema import Plan
+from planner.shard import to_partition_spec
+
+# Call-like primitives evaluated inline: after differentiation their custom rules no longer matter.
+_INLINE = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
+_REMAT = ("remat2", "checkpoint")
+_OPTIMIZER_SCOPE = "optimizer"
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class IntraOpProgram:
+    """A plan's intra-op choice on the graph it was made on."""
+
+    graph: nx.DiGraph
+    space: StrategySpace
+    choice: dict[int, int]
+    closed_jaxpr: Any
+    abstract: tuple[Any, ...]
+    out_tree: Any
+    micro_batches: int
+
+    def strategy(self, node: int) -> Any:
+        return self.space.chosen(node, self.choice)
+
+    def input_shardings(self) -> list[Sharding]:
+        """The chosen sharding of each flat input of the program, in order."""
+        nodes = [n for n, d in self.graph.nodes(data=True) if d[OP_ATTR].is_input and not d[OP_ATTR].label.startswith("const")]
+        by_label = {self.graph.nodes[n][OP_ATTR].label: n for n in nodes}
+        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(self.abstract)[0]]
+        return [self.strategy(by_label[p]).results[0] if p in by_label else () for p in paths]
+
+    def gradient_part_end(self) -> int:
+        """Index of the first top-level equation of the optimizer (the part run once per step)."""
+        for i, eqn in enumerate(self.closed_jaxpr.jaxpr.eqns):
+            if str(eqn.source_info.name_stack).startswith(_OPTIMIZER_SCOPE):
+                return i
+        return len(self.closed_jaxpr.jaxpr.eqns)
+
+
+def intra_op_program(plan: Plan) -> IntraOpProgram | None:
+    """`build_intra_op_program`, once per plan."""
+    if plan.solver is None or plan.solver.intra_op is None or plan.solver.intra_op.choice is None or plan.layout.pp > 1:
+        return None
+    return _cached_program(plan.model_dump_json())
+
+
+@lru_cache(maxsize=4)
+def _cached_program(plan_json: str) -> IntraOpProgram | None:
+    return build_intra_op_program(Plan.model_validate_json(plan_json))
+
+
+def build_intra_op_program(plan: Plan) -> IntraOpProgram | None:
+    """The plan's intra-op program, or None when the plan has no intra-op choice to lower
+    (grid plans, pipelines) or its parameter specs were edited after the choice was made.
+
+    The strategy space is rebuilt unpruned, so what it holds does not depend on the
+    hardware's costs; the choice is looked up by strategy name."""
+    info = plan.solver.intra_op if plan.solver else None
+    if info is None or info.choice is None or plan.layout.pp > 1:
+        return None
+    from costmodel.machine import load_machine
+    from costmodel.strategy_space import build_space
+    from planner.intra_op import param_specs_of, stage_step, train_step_memory_factor
+
+    sizes = {a.name: a.size for a in plan.mesh}
+    machine = load_machine(plan.hardware, compute_dtype=plan.train.compute_dtype.value)
+    step, abstract = stage_step(plan.model, plan.train, plan.layout)
+    closed, out_shape = jax.make_jaxpr(step, return_shape=True)(*abstract)
+    graph = extract_graph(step, *abstract)
+    space = build_space(graph, machine.mesh_groups([(a, sizes[a]) for a in info.axes]), machine,
+                        memory_factor=train_step_memory_factor)
+    names = {int(n): name for n, name in info.choice.items()}
+    if set(names) != set(space.strategies):
+        return None
+    index = {n: {s.name: i for i, s in enumerate(space.strategies[n])} for n in names}
+    if any(names[n] not in index[n] for n in names):
+        return None
+    choice = {n: index[n][names[n]] for n in names}
+    if param_specs_of(graph, space, choice, abstract) != _as_tuples(plan.param_specs):
+        return None
+    return IntraOpProgram(graph=graph, space=space, choice=choice, closed_jaxpr=closed, abstract=abstract,
+                          out_tree=jax.tree_util.tree_structure(out_shape), micro_batches=plan.layout.micro_batches(plan.train))
+
+
+def _as_tuples(specs: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    return {k: tuple(tuple(d) if isinstance(d, list) else d for d in v) for k, v in specs.items()}
+
+
+def constrained(program: IntraOpProgram, mesh: Mesh) -> Callable[..., Any]:
+    """The plan's whole training step ``(params, opt_state, batch) -> outputs`` with every
+    equation pinned to its chosen shardings; the batch holds all M micro-batches."""
+    eqn_nodes: dict[Path, int] = program.graph.graph["eqn_nodes"]
+    region_mesh = mesh
+
+    def pin(x: Any, sharding: Sharding) -> Any:
+        if not hasattr(x, "shape") or len(sharding) < x.ndim:
+            return x
+        # Trailing-aligned: a stacked input [L, ...] is read one [...] slice at a time in the layer loop.
+        spec = to_partition_spec(tuple(sharding)[len(sharding) - x.ndim:])
+        return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh, spec))
+
+    def run(jaxpr: Any, consts: list[Any], args: list[Any], prefix: Path, eqns: range | None = None,
+            env: dict[Any, Any] | None = None) -> dict[Any, Any]:
+        env = {} if env is None else env
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+        for var, val in zip(jaxpr.constvars, consts):
+            env[var] = val
+        for var, val in zip(jaxpr.invars, args):
+            env[var] = val
+        for index in eqns if eqns is not None else range(len(jaxpr.eqns)):
+            eqn = jaxpr.eqns[index]
+            path = (*prefix, index)
+            invals = [read(v) for v in eqn.invars]
+            outs = _bind(eqn, invals, path)
+            for var, val in zip(eqn.outvars, outs):
+                env[var] = val
+        return env
+
+    def call(jaxpr: Any, consts: list[Any], args: list[Any], prefix: Path) -> list[Any]:
+        env = run(jaxpr, consts, args, prefix)
+        return [v.val if isinstance(v, jex_core.Literal) else env[v] for v in jaxpr.outvars]
+
+    def _bind(eqn: Any, invals: list[Any], path: Path) -> list[Any]:
+        name, params = eqn.primitive.name, eqn.params
+        if name in _INLINE:
+            sub = params.get("jaxpr", params.get("call_jaxpr"))
+            if len(sub.jaxpr.outvars) == len(eqn.outvars):
+                return call(sub.jaxpr, list(sub.consts), invals, path)
+        if name in _REMAT:
+            sub = params["jaxpr"]
+            fn = jax.checkpoint(lambda *a: call(sub, [], list(a), path), prevent_cse=params["prevent_cse"], policy=params["policy"])
+            return fn(*invals)
+        if name == "scan":
+            return _scan(eqn, invals, path)
+        node = eqn_nodes.get(path)
+        strategy = program.strategy(node) if node is not None else None
+        if strategy is not None:
+            operands = [v for v in invals if hasattr(v, "shape")]
+            pinned = iter(pin(x, s) for x, s in zip(operands, strategy.operands))
+            invals = [next(pinned, v) if hasattr(v, "shape") else v for v in invals]
+        out = eqn.primitive.bind(*invals, **params)
+        outs = list(out) if eqn.primitive.multiple_results else [out]
+        if strategy is not None:
+            outs = [pin(x, s) for x, s in zip(outs, strategy.results)] + outs[len(strategy.results):]
+        return outs
+
+    def _scan(eqn: Any, invals: list[Any], path: Path) -> list[Any]:
+        params = eqn.params
+        body, n_consts, n_carry = params["jaxpr"], params["num_consts"], params["num_carry"]
+        consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+
+        def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            outs = call(body.jaxpr, list(body.consts), [*consts, *carry, *x], path)
+            return outs[:n_carry], outs[n_carry:]
+
+        carry, ys = jax.lax.scan(step, init, xs, length=params["length"], reverse=params["reverse"], unroll=params["unroll"])
+        return [*carry, *ys]
+
+    closed = program.closed_jaxpr
+    jaxpr, consts = closed.jaxpr, list(closed.consts)
+    split = program.gradient_part_end()
+    micro_batches = program.micro_batches
+
+    def step(*args: Any) -> Any:
+        flat, tree = jax.tree_util.tree_flatten(args)
+        n_batch = len(jax.tree_util.tree_leaves(args[2]))
+        if micro_batches == 1:
+            return jax.tree_util.tree_unflatten(program.out_tree, call(jaxpr, consts, flat, ()))
+        head, batch = flat[:-n_batch], flat[-n_batch:]
+        cut = cut_vars(jaxpr, split)
+        # Micro-batch index minor within each sequence block, as `make_loss_and_grads` cuts it.
+        micro = [jnp.moveaxis(b.reshape(b.shape[0] // micro_batches, micro_batches, *b.shape[1:]), 1, 0) for b in batch]
+
+        def accumulate(totals: list[Any], mb: list[Any]) -> tuple[list[Any], None]:
+            env = run(jaxpr, consts, [*head, *mb], (), eqns=range(split))
+            return [t + env[v].astype(t.dtype) for t, v in zip(totals, cut)], None
+
+        zeros = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in cut]
+        totals, _ = jax.lax.scan(accumulate, zeros, micro)
+        env = dict(zip(jaxpr.invars, flat))
+        env.update((v, t / micro_batches) for v, t in zip(cut, totals))
+        env = run(jaxpr, consts, flat, (), eqns=range(split, len(jaxpr.eqns)), env=env)
+        outs = [v.val if isinstance(v, jex_core.Literal) else env[v] for v in jaxpr.outvars]
+        return jax.tree_util.tree_unflatten(program.out_tree, outs)
+
+    return step
+
+
+def cut_vars(jaxpr: Any, split: int) -> list[Any]:
+    """Variables the gradient part (equations before ``split``) hands the rest: the loss and gradients."""
+    defined = {v for eqn in jaxpr.eqns[:split] for v in eqn.outvars}
+    used = [v for eqn in jaxpr.eqns[split:] for v in eqn.invars if not isinstance(v, jex_core.Literal)]
+    used += [v for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)]
+    return list(dict.fromkeys(v for v in used if v in defined))

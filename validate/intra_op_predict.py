@@ -21,6 +21,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import jax
+
 from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode, TensorSpec
 from costmodel.strategies import Sharding, axis_dims, shard_factor
 from planner.memory import MemoryModel, temporary_bytes
@@ -48,8 +50,7 @@ def predicted_matmul_flops(program: IntraOpProgram) -> float:
 
 
 def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], *, platform: str = "gpu") -> list[PredictedCollective]:
-    """Every collective of one step, grouped by kind and mesh axes. The CPU backend reduces
-    whole and slices where a reduce-scatter was asked for (``FACTS.md``): all-reduces there."""
+    """Every collective of one step, grouped by kind and mesh axes (see the module docstring)."""
     sizes = {name: g.n for name, g in program.space.groups.items()}
     total: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(lambda: [0.0, 0])
     order = {a: i for i, a in enumerate(mesh_order)}
@@ -61,23 +62,68 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
             total[key][1] += calls
 
     graph = program.graph
+    hoisted: set[tuple[int, int, Sharding]] = set()
     for node, runs in _runs(program).items():
         op: OpNode = graph.nodes[node][OP_ATTR]
         strategy = program.strategy(node)
         calls = op.repeat * runs
-        partial = _partial_axes(op, strategy.operands)
-        scattered = [a for a in partial if any(a in axes for r in strategy.results for axes in r)]
-        unscattered = sum(t.nbytes / shard_factor(tuple(tuple(a for a in axes if a not in scattered) for axes in r), sizes)
-                          for t, r in zip(op.outputs, strategy.results))
-        add("all-reduce" if platform == "cpu" else "reduce-scatter", scattered, unscattered, calls)
-        add("all-reduce", [a for a in partial if a not in scattered], unscattered / math.prod(sizes[a] for a in scattered), calls)
+        for kind, axes, nbytes in _partial_sums(op, strategy, sizes, platform):
+            add(kind, axes, nbytes, calls)
         for src, _, data in graph.in_edges(node, data=True):
+            source: OpNode = graph.nodes[src][OP_ATTR]
             for out_index, operand in data[USES_ATTR]:
-                have = program.strategy(src).results[out_index]
-                for kind, axes, nbytes in _reshard(op.inputs[operand], have, strategy.operands[operand], sizes):
+                have, want = program.strategy(src).results[out_index], strategy.operands[operand]
+                if source.is_input:
+                    # A step's input is the same in every loop trip: XLA reshards it whole, once, before the loops.
+                    hoisted.add((src, out_index, ((),) * (len(have) - len(want)) + tuple(want)))
+                    continue
+                for kind, axes, nbytes in _reshard(op.inputs[operand], have, want, sizes):
                     add(kind, axes, nbytes, calls)
+    for src, out_index, want in hoisted:
+        tensor, have = graph.nodes[src][OP_ATTR].outputs[out_index], program.strategy(src).results[out_index]
+        for kind, axes, nbytes in _reshard(tensor, have, want, sizes):
+            add(kind, axes, nbytes, 1)
+    for (src, out_index), want in _output_shardings(program):
+        have = program.strategy(src).results[out_index]
+        for kind, axes, nbytes in _reshard(graph.nodes[src][OP_ATTR].outputs[out_index], have, want, sizes):
+            add(kind, axes, nbytes, 1)
     return [PredictedCollective(kind=kind, axes=axes, bytes_per_call=b / max(calls, 1), calls=int(calls),
                                 why="the intra-op plan's choice") for (kind, axes), (b, calls) in sorted(total.items())]
+
+
+def _partial_sums(op: OpNode, strategy: Any, sizes: dict[str, int], platform: str) -> list[tuple[str, list[str], float]]:
+    """(kind, axes, bytes per device) completing an op's partial sums. The axes scattered
+    onto one result dimension reduce-scatter together, dimension after dimension; the CPU
+    backend all-reduces the whole result for each instead (``FACTS.md``: it reduces, then
+    slices). The axes left reduce the scattered piece together."""
+    partial = _partial_axes(op, strategy.operands)
+    if not partial:
+        return []
+    by_dim: dict[int, list[str]] = defaultdict(list)
+    for result in strategy.results[:1]:
+        for dim, axes in enumerate(result):
+            by_dim[dim] += [a for a in axes if a in partial]
+    scattered = [a for axes in by_dim.values() for a in axes]
+    whole = sum(t.nbytes / shard_factor(tuple(tuple(a for a in axes if a not in scattered) for axes in r), sizes)
+                for t, r in zip(op.outputs, strategy.results))
+    out, piece = [], whole
+    for dim in sorted(by_dim, reverse=True):
+        if by_dim[dim]:
+            out.append(("all-reduce", by_dim[dim], whole) if platform == "cpu" else ("reduce-scatter", by_dim[dim], piece))
+            piece /= math.prod(sizes[a] for a in by_dim[dim])
+    rest = [a for a in partial if a not in scattered]
+    if rest:
+        out.append(("all-reduce", rest, whole if platform == "cpu" else piece))
+    return out
+
+
+def _output_shardings(program: IntraOpProgram) -> list[tuple[tuple[int, int], Sharding]]:
+    """(producer, output index) of each updated parameter and optimizer leaf, with the sharding
+    its input has: a step returns its state as it took it (``out_shardings``)."""
+    inputs = program.input_shardings()
+    outputs = program.graph.graph["outputs"]
+    state = len(jax.tree_util.tree_leaves(program.abstract[:2]))
+    return [(produced, inputs[i]) for i, produced in enumerate(outputs[:state]) if produced is not None]
 
 
 def _partial_axes(op: OpNode, operands: tuple[Sharding, ...]) -> list[str]:
@@ -94,19 +140,34 @@ def _partial_axes(op: OpNode, operands: tuple[Sharding, ...]) -> list[str]:
 
 
 def _reshard(tensor: TensorSpec, src: Sharding, dst: Sharding, sizes: dict[str, int]) -> list[tuple[str, list[str], float]]:
-    """(kind, axes, bytes per device) of the collectives that turn ``src`` into ``dst``, as
-    `costmodel.strategies.reshard_s` costs them (shardings trailing-aligned on ``tensor``)."""
+    """(kind, axes, bytes per device) of the collectives that turn ``src`` into ``dst``
+    (shardings trailing-aligned on ``tensor``): a collective-permute where the same axes split
+    a dimension in another order, an all-to-all per axis that moves to another dimension, and
+    an all-gather per dimension that loses axes, the last dimension first as XLA gathers,
+    each counted at its result."""
     rank = len(tensor.shape)
+    src, dst = _aligned(src, rank), _aligned(dst, rank)
     src_dims, dst_dims = axis_dims(src, rank), axis_dims(dst, rank)
-    piece = tensor.nbytes / math.prod(sizes[a] for a, d in dst_dims.items() if d is not None)
-    gathered = [a for a, d in src_dims.items() if d != dst_dims.get(a) and (a not in dst_dims or d == -1)]
-    moved = [a for a, d in src_dims.items() if a in dst_dims and d != dst_dims[a] and d != -1]
-    out = [("all-gather", gathered, piece)] if gathered else []
+    out: list[tuple[str, list[str], float]] = []
+    moved = [a for a, d in src_dims.items() if a in dst_dims and d != dst_dims[a]]
+    piece = tensor.nbytes / math.prod(sizes[a] for a in src_dims)
     out += [("all-to-all", [a], piece) for a in moved]
-    src_aligned, dst_aligned = src[len(src) - rank:], dst[len(dst) - rank:]
-    if not gathered and not moved and any(set(s) == set(d) and s != d for s, d in zip(src_aligned, dst_aligned)):
-        out.append(("collective-permute", [a for s, d in zip(src_aligned, dst_aligned) if s != d for a in s], piece))
+    for s, d in zip(src, dst):
+        if s != d and set(s) == set(d):
+            out.append(("collective-permute", list(s), piece))
+    for dim in reversed(range(rank)):
+        dropped = [a for a in src[dim] if a not in dst_dims]
+        if dropped:
+            piece *= math.prod(sizes[a] for a in dropped)
+            out.append(("all-gather", dropped, piece))
     return out
+
+
+def _aligned(sharding: Sharding, rank: int) -> Sharding:
+    """``sharding`` on a rank-``rank`` tensor, trailing dimensions aligned: a stacked tensor's
+    slice drops its leading dimensions, a stack of slices adds unsplit ones."""
+    sharding = tuple(sharding)
+    return sharding[len(sharding) - rank:] if len(sharding) >= rank else ((),) * (rank - len(sharding)) + sharding
 
 
 def predicted_argument_bytes(program: IntraOpProgram) -> float:

@@ -15,6 +15,7 @@ from rich.table import Table
 from costmodel.errors import InvalidConfigError
 from costmodel.memory import MemoryBreakdown
 from costmodel.train_config import Precision, TrainConfig
+from costmodel.workload import adapter_params_per_layer
 from planner.commands.arg_types import non_negative_int, positive_float, positive_int
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.commands.workload_args import add_workload_arguments, workload_from_args
@@ -180,6 +181,11 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         *memory_rows(mem, lora=p.train.is_lora, digits=1),
     ):
         pred.add_row(name, value)
+    if p.train.is_lora:
+        trained = p.model.num_layers * adapter_params_per_layer(p.model, p.train.lora)
+        pred.add_row("workload", f"{workload_label(p.train)}: {trained / 1e6:,.1f} M adapter parameters train "
+                                 f"({trained / p.model.total_params:.2%} of {p.model.total_params / 1e9:.2f} B); the frozen weights "
+                                 "have no gradients or optimizer state, and their backward computes input gradients only")
     if est.time_to_train_s is not None:
         tokens = est.time_to_train_s * est.tokens_per_s
         pred.add_row("time to train", f"{est.time_to_train_s / 86400:,.1f} days, {est.device_hours:,.0f} device-hours for "

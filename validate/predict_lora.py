@@ -9,6 +9,12 @@ takes as arguments, computes and communicates per device: the LoRA branch of `va
   its forward, not three times), the head's too; attention as in pretraining; every adapter
   GEMM three times its forward (its ``A`` is whole on each tensor-parallel device of a
   column-parallel matrix, its ``B`` of a row-parallel one, so that half is not divided).
+- Memory per device: the simulator's (`validate.predict.predicted_memory_bytes`), and on the
+  CPU backend, which has no 16-bit or integer matmuls, an fp32 copy of every frozen layer
+  weight: XLA converts the stacked weights once, outside the layer loop (the compiled module
+  holds ``f32[layers, ...]`` copies of them), where a GPU reads them as stored. Frozen int8/int4
+  weights are not copied so; their CPU peak is not predicted well yet (llama3-70b, int4, one
+  device: 0.50 of the compiled peak).
 - Collectives, over the tensor axes: pretraining's (`validate.predict`), with the head's
   input gradient in the compute dtype (the head's weight is stored so), three ``[tokens]``
   loss reductions rather than four, and a ``[tokens, r]`` sum per adapter: of a
@@ -28,10 +34,10 @@ import math
 import jax.numpy as jnp
 
 from costmodel.layout import Recompute
-from costmodel.workload import adapted_matrices
+from costmodel.workload import FrozenDtype, adapted_matrices
 from planner.models.lora import adapter_shapes, adapter_specs, frozen_dtype_of
 from planner.schema import Plan
-from validate.predict import PredictedCollective, _per_device, predicted_collectives, predicted_matmul_flops
+from validate.predict import PredictedCollective, _per_device, predicted_collectives, predicted_matmul_flops, predicted_memory_bytes
 
 _F32 = 4
 
@@ -75,6 +81,14 @@ def lora_argument_bytes(plan: Plan) -> float:
     moments = adapters * 2 * train.optimizer_dtype.bytes / (lay.dp if lay.zero_stage in (1, 2) else 1)
     batch = 2 * train.global_batch * train.seq_len * 4 / (lay.dp * lay.cp)  # int32 tokens and targets
     return frozen + adapters * train.param_dtype.bytes + moments + batch
+
+
+def lora_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
+    """The per-device memory the LoRA program should peak at on ``platform`` (see the module docstring)."""
+    total = predicted_memory_bytes(plan, platform=platform)
+    if platform == "cpu" and plan.train.lora.frozen_dtype is FrozenDtype.BF16:
+        total += sum(el for path, (el, _, _) in _per_device(plan).items() if path.startswith("layers/")) * _F32
+    return total
 
 
 def _pretraining_twin(plan: Plan) -> Plan:

@@ -35,7 +35,7 @@ from validate.predict import (
     predicted_memory_bytes,
     unpredicted_features,
 )
-from validate.predict_lora import lora_argument_bytes, lora_collectives, lora_matmul_flops, lora_unpredicted_features
+from validate.predict_lora import lora_argument_bytes, lora_collectives, lora_matmul_flops, lora_memory_bytes, lora_unpredicted_features
 
 MEMORY_TOLERANCE = 0.15
 FLOPS_TOLERANCE = 0.02
@@ -86,6 +86,11 @@ def predicted_argument_bytes(plan: Plan) -> float:
     return params + moments + batch
 
 
+def features_not_predicted(plan: Plan) -> list[str]:
+    """Features of ``plan`` whose collectives are not predicted (`validate.predict`, or `validate.predict_lora` for LoRA)."""
+    return (lora_unpredicted_features if plan.train.is_lora else unpredicted_features)(plan)
+
+
 def _collective_checks(plan: Plan, report: CompileReport, tolerance: float) -> list[Check]:
     actual: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     for c in report.collectives:
@@ -95,7 +100,7 @@ def _collective_checks(plan: Plan, report: CompileReport, tolerance: float) -> l
     lora = plan.train.is_lora
     for p in (lora_collectives if lora else predicted_collectives)(plan, platform=report.platform):
         predicted[(p.kind, p.axes)] += p.total_bytes
-    unmodelled = bool((lora_unpredicted_features if lora else unpredicted_features)(plan))
+    unmodelled = bool(features_not_predicted(plan))
     floor = NEGLIGIBLE_TRAFFIC_SHARE * sum(actual.values())
     return [Check(item=f"{kind} bytes", axis="+".join(axes), actual=actual.get((kind, axes), 0.0),
                   predicted=None if unmodelled else predicted.get((kind, axes), 0.0), tolerance=tolerance, floor=floor)
@@ -106,7 +111,8 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
     """Every comparison a compile-only validation makes (see the module docstring)."""
     return [
         Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
-        Check(item="memory per device", predicted=predicted_memory_bytes(plan, platform=report.platform), actual=report.peak_bytes,
+        Check(item="memory per device", predicted=(lora_memory_bytes if plan.train.is_lora else predicted_memory_bytes)(
+            plan, platform=report.platform), actual=report.peak_bytes,
               tolerance=max(tolerance, MEMORY_TOLERANCE)),
         Check(item="flops", predicted=(lora_matmul_flops if plan.train.is_lora else predicted_matmul_flops)(plan),
               actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),

@@ -15,7 +15,7 @@ from rich.table import Table
 from costmodel.errors import InvalidConfigError
 from costmodel.memory import MemoryBreakdown
 from costmodel.train_config import Precision, TrainConfig
-from costmodel.workload import adapter_params_per_layer
+from costmodel.workload import WorkloadKind, adapter_params_per_layer
 from planner.commands.arg_types import non_negative_int, positive_float, positive_int
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.commands.workload_args import add_workload_arguments, workload_from_args
@@ -149,6 +149,11 @@ def workload_label(train: TrainConfig) -> str:
     return f"{train.workload.value}: rank {lora.rank} on {'+'.join(lora.targets)}, frozen weights {lora.frozen_dtype.value}"
 
 
+def titled_workload(train: TrainConfig) -> str:
+    """`` (workload ...)`` after a model's name in a title; nothing for pretraining, the default."""
+    return "" if train.workload is WorkloadKind.PRETRAIN else f" ({workload_label(train)})"
+
+
 def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "params / grads / optimizer") -> list[tuple[str, str]]:
     """The memory breakdown's rows of a summary, in GiB; LoRA's frozen weights, adapters and their state apart."""
     def gib(*values: float) -> str:
@@ -163,7 +168,7 @@ def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "
 def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     """Rich tables: mesh axes, prediction and memory, alternatives; the run's wall time in the title."""
     est, lay, mem, b = p.predicted, p.layout, p.predicted.memory, p.predicted.breakdown
-    axes = Table(title=f"{p.model.name} ({workload_label(p.train)}) on {lay.n_devices}× {p.hardware}: plan found in {plan_time_s:.2f} s "
+    axes = Table(title=f"{p.model.name}{titled_workload(p.train)} on {lay.n_devices}× {p.hardware}: plan found in {plan_time_s:.2f} s "
                        f"({p.solver.planner}, {p.solver.status}, {p.solver.evaluated} layouts costed)")
     for col in ("mesh axis", "size", "carries", "links"):
         axes.add_column(col)

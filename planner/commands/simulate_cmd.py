@@ -16,7 +16,7 @@ from costmodel.machine import load_machine
 from costmodel.simulator import simulate
 from costmodel.train_config import Precision
 from planner.commands.arg_types import non_negative_int, positive_int
-from planner.commands.plan_cmd import memory_rows, workload_label
+from planner.commands.plan_cmd import memory_rows, titled_workload
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.commands.workload_args import add_workload_arguments, workload_from_args
 from planner.config import default_seq_len, load_model, train_config
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(estimate_json(estimate), sort_keys=True))
     else:
-        Console().print(_table(estimate, f"{model.name} ({workload_label(train)})", lora=train.is_lora))
+        Console().print(_table(estimate, f"{model.name}{titled_workload(train)}", lora=train.is_lora))
     return 0
 
 

@@ -14,7 +14,7 @@ takes as arguments, computes and communicates per device: the LoRA branch of `va
   weight: XLA converts the stacked weights once, outside the layer loop (the compiled module
   holds ``f32[layers, ...]`` copies of them), where a GPU reads them as stored. Frozen int8/int4
   weights are not copied so; their CPU peak is not predicted well yet (llama3-70b, int4, one
-  device: 0.50 of the compiled peak).
+  device: 0.57 of the compiled peak).
 - Collectives, over the tensor axes: pretraining's (`validate.predict`), with the head's
   input gradient in the compute dtype (the head's weight is stored so), three ``[tokens]``
   loss reductions rather than four, and a ``[tokens, r]`` sum per adapter: of a

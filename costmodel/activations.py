@@ -20,6 +20,12 @@ the layer input only, whatever the kernel.
 Each stored tensor is a row of a table (`activation_table`), so the same rules extend to
 GQA (smaller K/V), gated MLPs of any width, models without dropout and mixture-of-experts.
 
+LoRA fine-tuning (`costmodel.workload`) keeps what the backward through frozen layers needs
+(`lora_activation_terms`): the input gradient of a frozen matmul needs only its weight, so
+a matmul input kept only for its weight gradient is dropped unless an adapter reads the same
+input (the adapter's ``A`` gradient needs it); norms, attention and activation functions keep
+their inputs as before; each adapter keeps its ``x·A`` (``r`` wide) for ``B``'s gradient.
+
 >>> from costmodel.model_config import ModelConfig
 >>> gpt = ModelConfig(name="g", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288,
 ...                   vocab_size=51200, norm="layernorm", mlp="gelu", positions="learned")
@@ -43,6 +49,7 @@ from costmodel.layout import Layout, Recompute
 from costmodel.model_config import ModelConfig
 from costmodel.stack import Attention, stack_with
 from costmodel.train_config import TrainConfig
+from costmodel.workload import LoraTarget, adapted_matrices
 
 
 class Role(StrEnum):
@@ -90,7 +97,34 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     if dropout:
         terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
                   ActivationTerm(name="mlp_dropout_mask", bytes=mask, role=Role.ELEMENTWISE)]
-    return terms
+    return lora_activation_terms(terms, model, train, layout) if train.is_lora else terms
+
+
+# Matmul inputs a layer keeps only for weight gradients, by the adapter group whose ``A``
+# gradient would also need them (the attention output also feeds the flash kernel's backward).
+_WEIGHT_GRADIENT_INPUTS = {"qkv_input": LoraTarget.ATTN, "attn_out_proj_input": LoraTarget.ATTN, "mlp_input": LoraTarget.MLP,
+                           "mlp_down_input": LoraTarget.MLP, "expert_inputs": LoraTarget.MLP, "shared_expert": LoraTarget.MLP}
+
+
+def lora_activation_terms(terms: list[ActivationTerm], model: ModelConfig, train: TrainConfig,
+                          layout: Layout) -> list[ActivationTerm]:
+    """``terms`` of a pretraining layer as LoRA fine-tuning keeps them: inputs of frozen
+    matmuls without an adapter dropped, each adapter's ``x·A`` added (tokens × r, whole on
+    every tensor-parallel device: a row-parallel adapter's is summed over them first).
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> names = [t.name for t in activation_table(m, TrainConfig(seq_len=512, workload="finetune-lora"), Layout())]
+    >>> "mlp_input" in names, "qkv_input" in names, "lora_wq_down_output" in names
+    (False, True, True)
+    """
+    flash = layout.stack.attention is Attention.FLASH
+    targets = train.lora.targets
+    kept = [t for t in terms if _WEIGHT_GRADIENT_INPUTS.get(t.name, targets[0]) in targets
+            or (flash and t.name == "attn_out_proj_input")]
+    tokens = layout.micro_batch * train.seq_len / layout.cp
+    return kept + [ActivationTerm(name=f"lora_{a.name}_down_output", bytes=tokens * train.lora.rank * train.compute_dtype.bytes,
+                                  role=Role.MATMUL_OUTPUT) for a in adapted_matrices(model, train.lora)]
 
 
 def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout, *, dropout: bool) -> list[ActivationTerm]:

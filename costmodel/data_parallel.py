@@ -14,6 +14,10 @@ overlap all of it is on the critical path. PyTorch's FSDP2
 (``SoftwareStack.fsdp_copy_out``) also copies each gathered parameter out of the all-gather
 buffer on the compute stream: HBM time that no overlap hides.
 
+LoRA fine-tuning reduces only the adapters' gradients (and ZeRO 1/2 gathers only the
+adapters back); ZeRO 3 gathers the frozen weights as stored (int8/int4 too) with the
+adapters, and reduce-scatters the adapters' gradients alone.
+
 >>> from costmodel.collectives import Tier
 >>> from costmodel.layer_costs import layer_costs
 >>> from costmodel.machine import Machine
@@ -38,6 +42,7 @@ from costmodel.layout import Layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import TrainConfig
+from costmodel.workload import adapter_params_per_layer, norm_params_per_layer
 
 
 class DataParallelCost(BaseModel):
@@ -76,6 +81,41 @@ def stage_params_per_device(model: ModelConfig, layout: Layout) -> float:
     return max(stage_params(model, layout, s) for s in range(layout.pp))
 
 
+def stage_trainable_params(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:
+    """Parameters one device of pipeline stage ``stage`` trains, before ZeRO sharding: all it
+    holds, or under LoRA its layers' adapters.
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> stage_trainable_params(m, TrainConfig(workload="finetune-lora"), Layout(), 0)  # 4 layers · 16 · 4 · 2048
+    524288.0
+    """
+    if not train.is_lora:
+        return stage_params(model, layout, stage)
+    return layout.layers_on_stage(model.num_layers, stage) * adapter_params_per_layer(model, train.lora, tp=layout.tp)
+
+
+def trainable_params_per_device(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    """Trained parameters on the most loaded pipeline stage, per device, before ZeRO sharding."""
+    if not train.is_lora:
+        return stage_params_per_device(model, layout)
+    return max(stage_trainable_params(model, train, layout, s) for s in range(layout.pp))
+
+
+def frozen_layer_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    """Bytes of one layer's frozen base weights on one device under LoRA: the weight matrices
+    as `costmodel.workload.FrozenDtype` stores them, the norms in the compute dtype."""
+    norms = norm_params_per_layer(model) / layout.tp
+    return (layer_params_per_device(model, layout) - norms) * train.lora.frozen_dtype.bytes + norms * train.compute_dtype.bytes
+
+
+def frozen_stage_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:
+    """Bytes of the frozen base weights one device of stage ``stage`` holds under LoRA, before
+    ZeRO sharding: its layers (`frozen_layer_bytes`), the embedding and head in the compute dtype."""
+    layers = layout.layers_on_stage(model.num_layers, stage)
+    outer = stage_params(model, layout, stage) - layers * layer_params_per_device(model, layout)
+    return layers * frozen_layer_bytes(model, train, layout) + outer * train.compute_dtype.bytes
+
+
 def data_parallel_costs(
     model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts
 ) -> DataParallelCost:
@@ -87,7 +127,7 @@ def data_parallel_costs(
     group = hw.groups(layout)["dp"]
     grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
-    params = stage_params_per_device(model, layout)
+    params = trainable_params_per_device(model, train, layout)
     if layout.zero_stage == 0:
         reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
     else:
@@ -113,13 +153,20 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     n_micro = layout.micro_batches(train)
     per_layer = layer_params_per_device(model, layout)
-    gather_s = all_gather_s(per_layer * param_bytes, group)
-    scatter_s = reduce_scatter_s(per_layer * grad_bytes, group)
-    other = stage_params_per_device(model, layout) - layers * per_layer
-    ends_s = 2 * all_gather_s(other * param_bytes, group) + reduce_scatter_s(other * grad_bytes, group)
+    if train.is_lora:
+        gather, other_gather = _lora_fsdp_bytes(model, train, layout)
+        gather_s = all_gather_s(gather, group)
+        scatter_s = reduce_scatter_s(adapter_params_per_layer(model, train.lora, tp=layout.tp) * grad_bytes, group)
+        ends_s = 2 * all_gather_s(other_gather, group)
+        gathered_bytes = n_micro * 2 * (layers * gather + other_gather)
+    else:
+        gather_s = all_gather_s(per_layer * param_bytes, group)
+        scatter_s = reduce_scatter_s(per_layer * grad_bytes, group)
+        other = stage_params_per_device(model, layout) - layers * per_layer
+        ends_s = 2 * all_gather_s(other * param_bytes, group) + reduce_scatter_s(other * grad_bytes, group)
+        # Two gathers of the stage per micro-batch; a copy-out reads and writes each gathered byte once.
+        gathered_bytes = n_micro * 2 * stage_params_per_device(model, layout) * param_bytes
     total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
-    # Two gathers of the stage per micro-batch; a copy-out reads and writes each gathered byte once.
-    gathered_bytes = n_micro * 2 * stage_params_per_device(model, layout) * param_bytes
     copy_s = hw.stream_s(2 * gathered_bytes) if layout.stack.fsdp_copy_out else 0.0
     if not layout.stack.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s, copy_s=copy_s)
@@ -129,3 +176,13 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     per_layer_s = exposed_s(gather_s, layer.forward_s, slowdown) + exposed_s(gather_s + scatter_s, layer.backward_s, slowdown)
     exposed = n_micro * (layers * per_layer_s + gather_s + ends_s)
     return DataParallelCost(total_s=total_s, exposed_s=min(total_s, exposed), copy_s=copy_s)
+
+
+def _lora_fsdp_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[float, float]:
+    """ZeRO 3 under LoRA: bytes one layer's gather moves (frozen weights as stored, adapters in
+    the compute dtype) and the embedding's and head's (frozen, so they have no gradient to scatter)."""
+    adapters = adapter_params_per_layer(model, train.lora, tp=layout.tp) * train.compute_dtype.bytes
+    stage = max(range(layout.pp), key=lambda s: frozen_stage_bytes(model, train, layout, s))
+    frozen_layer = frozen_layer_bytes(model, train, layout)
+    other = frozen_stage_bytes(model, train, layout, stage) - layout.layers_on_stage(model.num_layers, stage) * frozen_layer
+    return frozen_layer + adapters, other

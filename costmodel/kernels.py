@@ -6,6 +6,11 @@ op-level model costs the primitive-level OpGraph inside the same kind of fusions
 (`costmodel.fusion`), so neither counts an elementwise intermediate's HBM round trip.
 Its matmul FLOPs equal the OpGraph's (checked in tests).
 
+LoRA fine-tuning (`costmodel.workload`): a frozen weight's GEMM computes only the input
+gradient in backward (``backward_scale`` 1, not 2: the step's frozen matmuls cost 4·N·tokens
+instead of 6·N·tokens), and each adapted matrix adds its adapter's two thin GEMMs, ``x·A``
+and ``(x·A)·B``, which train like any weight.
+
 Dimension letters: b micro-batch, s sequence on this device (seq_len / cp), h width,
 a query heads, k kv heads, d head width, f MLP width, t tensor-parallel degree.
 
@@ -26,6 +31,7 @@ from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig, Norm, Positions
 from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
+from costmodel.workload import adapted_matrices
 
 # HBM passes (reads plus writes of one compute-dtype tensor; a one-byte dropout mask is half
 # a pass) of each memory-bound kernel, forward and backward, fused into one kernel
@@ -148,7 +154,7 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     ]
     if model.positions is Positions.ROPE:
         kernels.append(_memory("rope", tokens * (q_width + kv_width), _passes("rope", layout), elem_bytes=e))
-    return kernels + [
+    kernels += [
         *_attention_core(model, train, layout),
         _matmul("attn_out", tokens, h, q_width, elem_bytes=e),
         _memory("attn_residual", residual_tokens * h, residual_passes, elem_bytes=e),
@@ -156,6 +162,33 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
         *_mlp(model, tokens, layout, elem_bytes=e),
         _memory("mlp_residual", residual_tokens * h, residual_passes, elem_bytes=e),
     ]
+    return lora_kernels(kernels, model, train, layout) if train.is_lora else kernels
+
+
+def _frozen(k: Kernel) -> Kernel:
+    """A weight GEMM of a frozen matrix: its backward computes the input gradient only."""
+    return k.model_copy(update={"backward_scale": 1.0}) if k.kind is KernelKind.MATMUL and not k.in_attention_core else k
+
+
+def lora_kernels(kernels: list[Kernel], model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
+    """A layer's forward ``kernels`` under LoRA: weight GEMMs frozen, each adapter's down
+    (``x·A``) and up (``(x·A)·B``) GEMMs added. Under tensor parallelism a column-parallel
+    matrix's ``A`` is whole on every device and its ``B`` split; a row-parallel one's ``A``
+    split (its ``x·A`` a partial sum) and ``B`` whole.
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> ks = layer_forward_kernels(m, TrainConfig(seq_len=512, workload="finetune-lora"), Layout())
+    >>> [k.name for k in ks if k.name.startswith("lora")][:2], next(k.backward_scale for k in ks if k.name == "qkv")
+    (['lora_wq_down', 'lora_wq_up'], 1.0)
+    """
+    e, t, r = train.compute_dtype.bytes, layout.tp, train.lora.rank
+    tokens = layout.micro_batch * train.seq_len / layout.cp
+    adapters = []
+    for a in adapted_matrices(model, train.lora):
+        d_in, d_out = (a.d_in, a.d_out / t) if a.split == "column" else (a.d_in / t, a.d_out)
+        adapters += [_matmul(f"lora_{a.name}_down", tokens, r, d_in, elem_bytes=e), _matmul(f"lora_{a.name}_up", tokens, d_out, r, elem_bytes=e)]
+    return [_frozen(k) for k in kernels] + adapters
 
 
 def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
@@ -218,9 +251,10 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
     v = model.vocab_size / model.vocab_shards(layout.tp)
+    head = _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e)
     return [
         _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
-        _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e),
+        _frozen(head) if train.is_lora else head,
         _memory("cross_entropy", tokens * v, _passes("cross_entropy", layout), elem_bytes=4),
     ]
 
@@ -229,4 +263,6 @@ def embedding_forward_kernels(model: ModelConfig, train: TrainConfig, layout: La
     """Token (and position) embedding lookup: a gather writing the residual stream."""
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
-    return [_memory("embedding", tokens * model.hidden_size, _passes("embedding", layout), elem_bytes=e)]
+    lookup = _memory("embedding", tokens * model.hidden_size, _passes("embedding", layout), elem_bytes=e)
+    # A frozen table needs no gradient: nothing of the lookup runs backward.
+    return [lookup.model_copy(update={"backward_scale": 0.0}) if train.is_lora else lookup]

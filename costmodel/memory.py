@@ -18,11 +18,21 @@ the compute dtype besides the accumulator; with ZeRO ≥ 2 it is reduce-scattere
 layer, so only its dp shard stays. Where the weight-gradient GEMMs add into the
 accumulator themselves (`SoftwareStack.fused_grad_accumulation`) there is no such buffer.
 
+LoRA fine-tuning (`costmodel.workload`): the frozen base weights are held as stored (16-bit,
+or int8/int4) with no gradient, no optimizer state and no master copy (``frozen_params_bytes``,
+part of ``params_bytes``); the adapters are accounted as any trained weight (compute-dtype
+copy, fp32 gradient, fp32 master and moments). ZeRO shards what exists: stage 3 the frozen
+weights too, stages 1–2 only the adapters' state. Activations follow
+`costmodel.activations.lora_activation_terms`.
+
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
 >>> mem = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout())
 >>> (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / m.total_params
 18.0
+>>> lora = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8, workload="finetune-lora"), Layout())
+>>> lora.frozen_params_bytes / m.total_params, lora.optimizer_bytes / lora.grads_bytes  # 2 B frozen; 12 B state per 4 B gradient
+(2.0, 3.0)
 """
 
 from __future__ import annotations
@@ -30,11 +40,12 @@ from __future__ import annotations
 from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.activations import activation_bytes_per_layer
-from costmodel.data_parallel import layer_params_per_device, stage_params
+from costmodel.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_params, stage_trainable_params
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.model_config import ModelConfig
 from costmodel.schema import Record
 from costmodel.train_config import TrainConfig
+from costmodel.workload import adapter_params_per_layer
 
 # Gradient-reduction buckets in flight (PyTorch DDP's default bucket is 25 MB, two in flight).
 _REDUCTION_BUCKETS_BYTES = 2 * 25e6
@@ -44,7 +55,9 @@ class MemoryBreakdown(Record):
     """Bytes one device holds at its peak, by kind."""
 
     stage: str = Field(description="Which pipeline stage this is ('first', 'last' or 'only').")
-    params_bytes: NonNegativeFloat = Field(description="Compute-dtype parameters held.")
+    params_bytes: NonNegativeFloat = Field(description="Compute-dtype parameters held (frozen base weights included).")
+    frozen_params_bytes: NonNegativeFloat = Field(0.0, description="Of params_bytes, the frozen base weights as stored (LoRA); "
+                                                  "0 when every weight trains.")
     grads_bytes: NonNegativeFloat = Field(description="Gradients held.")
     optimizer_bytes: NonNegativeFloat = Field(description="Master weights and optimizer moments held.")
     activations_bytes: NonNegativeFloat = Field(description="Activations kept for backward, all in-flight micro-batches.")
@@ -87,6 +100,9 @@ def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices
     mixed = train.param_dtype != train.compute_dtype
     per_param = ((train.compute_dtype.bytes + train.param_dtype.bytes) if mixed else train.param_dtype.bytes) \
         + train.grad_dtype.bytes + 2 * train.optimizer_dtype.bytes
+    if train.is_lora:  # the frozen weights, at most 2 B each, and the adapters' state
+        adapters = model.num_layers * adapter_params_per_layer(model, train.lora)
+        return (model.total_params * train.compute_dtype.bytes + adapters * per_param) / n_devices
     return model.total_params * per_param / n_devices
 
 
@@ -107,10 +123,11 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
                   recompute_temporary: float) -> dict[str, float]:
     dp, zero = layout.dp, layout.zero_stage
     first, last = stage == 0, stage == layout.pp - 1
-    n = stage_params(model, layout, stage)
+    n = stage_trainable_params(model, train, layout, stage)
     mixed = train.param_dtype != train.compute_dtype
     optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
     params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
+    frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
     grads = n * train.grad_dtype.bytes / (dp if zero >= 2 else 1)
     optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
 
@@ -126,19 +143,22 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         temporary += n * train.compute_dtype.bytes / (dp if zero >= 2 else 1)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
+        trained_layer = layer_params if not train.is_lora else adapter_params_per_layer(model, train.lora, tp=layout.tp)
         if zero >= 2:
             # One layer's full gradient exists until it is reduce-scattered.
-            temporary += layer_params * train.grad_dtype.bytes
+            temporary += trained_layer * train.grad_dtype.bytes
         elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends
-            temporary += _REDUCTION_BUCKETS_BYTES
+            temporary += _REDUCTION_BUCKETS_BYTES if not train.is_lora else min(_REDUCTION_BUCKETS_BYTES, n * train.grad_dtype.bytes)
         if zero >= 3:
             # FSDP gathers the layer being computed and prefetches the next.
-            temporary += min(2, layers) * layer_params * train.compute_dtype.bytes
+            gathered = layer_params * train.compute_dtype.bytes if not train.is_lora else \
+                frozen_layer_bytes(model, train, layout) + trained_layer * train.compute_dtype.bytes
+            temporary += min(2, layers) * gathered
     temporary += recompute_temporary
     if last:
         logits = sb * model.vocab_size / model.vocab_shards(layout.tp) * 4  # fp32
         temporary += (in_flight + 1) * logits
-    return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optimizer,
+    return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary}
 
 
@@ -158,5 +178,5 @@ def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
     names = {0: "first", layout.pp - 1: "last"}
     costed = range(layout.pp) if layout.stage_layers else (0, layout.pp - 1)
     totals = {s: _stage_memory(model, train, layout, s, per_layer, recompute_temporary) for s in costed}
-    busiest = max(totals, key=lambda s: (sum(totals[s].values()), -s))
+    busiest = max(totals, key=lambda s: (sum(v for k, v in totals[s].items() if k != "frozen_params_bytes"), -s))
     return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **totals[busiest])

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.collectives import all_gather_s, p2p_s
-from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
+from costmodel.data_parallel import data_parallel_costs, trainable_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
 from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
@@ -40,6 +40,7 @@ from costmodel.recompute import recomputed_kernels
 from costmodel.stage_split import identical_stage_layers
 from costmodel.topology import link_between_stages
 from costmodel.train_config import TrainConfig
+from costmodel.workload import adapter_params_per_layer
 
 # Optimizer-step HBM traffic per parameter, Megatron-LM's and torchtitan's alike: Adam reads
 # the fp32 param, grad, m and v and writes param, m and v (28 B); the gradient norm for
@@ -114,9 +115,20 @@ def balanced_layout(model: ModelConfig, train: TrainConfig, layout: Layout, hw: 
 
 def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
     """Model FLOPs of one step: 3 × forward matmul FLOPs with full (non-causal) attention,
-    no recompute (the convention of Narayanan et al. 2021 and PaLM's MFU)."""
+    no recompute (the convention of Narayanan et al. 2021 and PaLM's MFU). Under LoRA the
+    frozen weights' backward has no weight gradient: 2 × their forward FLOPs (4·N per token),
+    the attention 3 ×, the adapters 3 × their own.
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> lora, full = TrainConfig(seq_len=128, workload="finetune-lora"), TrainConfig(seq_len=128)
+    >>> 0.66 < model_flops_per_step(m, lora) / model_flops_per_step(m, full) < 0.7
+    True
+    """
     matmul_params = model.num_layers * model.active_params_per_layer + model.hidden_size * model.vocab_size
     attention = 4 * model.num_layers * train.seq_len * model.num_heads * model.head_dim
+    if train.is_lora:
+        adapters = model.num_layers * adapter_params_per_layer(model, train.lora)
+        return train.tokens_per_step * (2 * 2 * matmul_params + 3 * attention + 3 * 2 * adapters)
     return 3 * train.tokens_per_step * (2 * matmul_params + attention)
 
 
@@ -141,7 +153,7 @@ def grad_accumulation_s(model: ModelConfig, train: TrainConfig, layout: Layout, 
     n_micro = layout.micro_batches(train)
     if layout.stack.fused_grad_accumulation or n_micro <= 1:
         return 0.0
-    params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 2 else 1)
+    params = trainable_params_per_device(model, train, layout) / (layout.dp if layout.zero_stage >= 2 else 1)
     bytes_per_param = train.compute_dtype.bytes + 2 * train.grad_dtype.bytes
     return hw.stream_s((n_micro - 1) * params * bytes_per_param)
 
@@ -184,7 +196,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     else:
         pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)
     dp = data_parallel_costs(model, train, layout, hw, layer)
-    optimizer_params = stage_params_per_device(model, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
+    optimizer_params = trainable_params_per_device(model, train, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
     optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM + (LOSS_SCALING_BYTES_PER_PARAM if train.loss_scaled else 0)
     optimizer_s = hw.stream_s(optimizer_params * optimizer_bytes)
     accumulate_s = grad_accumulation_s(model, train, layout, hw)

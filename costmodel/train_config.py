@@ -3,11 +3,15 @@
 >>> t = TrainConfig(seq_len=2048, global_batch=512)
 >>> t.tokens_per_step, t.param_dtype.bytes, t.compute_dtype.bytes
 (1048576, 4, 2)
+>>> TrainConfig(workload="finetune-lora").lora.rank
+16
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -16,7 +20,10 @@ from pydantic import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    model_validator,
 )
+
+from costmodel.workload import LoraConfig, WorkloadKind
 
 
 class Dtype(StrEnum):
@@ -69,6 +76,27 @@ class TrainConfig(BaseModel):
     grad_dtype: Dtype = Field(Dtype.FP32, description="Gradients as reduced and accumulated.")
     optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
     optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
+    workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="pretrain, finetune-full (the same step) or finetune-lora.")
+    lora: LoraConfig | None = Field(None, description="LoRA's settings; set exactly when workload is finetune-lora.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_lora(cls, data: Any) -> Any:
+        """A LoRA workload without settings gets the defaults (rank 16 on the attention projections)."""
+        if isinstance(data, dict) and data.get("workload") == WorkloadKind.FINETUNE_LORA and data.get("lora") is None:
+            return {**data, "lora": LoraConfig()}
+        return data
+
+    @model_validator(mode="after")
+    def _lora_only_for_lora(self) -> TrainConfig:
+        if self.lora is not None and self.workload is not WorkloadKind.FINETUNE_LORA:
+            raise ValueError(f"LoRA settings given for workload {self.workload.value}; they apply to finetune-lora only")
+        return self
+
+    @property
+    def is_lora(self) -> bool:
+        """Whether the base weights are frozen and only LoRA adapters train."""
+        return self.lora is not None
 
     @property
     def tokens_per_step(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from costmodel.errors import InfeasibleError, InvalidConfigError
+from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import Layout, check_sequence
@@ -21,6 +21,7 @@ from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.stack import Attention, SoftwareStack, get_stack, stack_with
 from costmodel.train_config import Precision, TrainConfig
+from costmodel.workload import LoraConfig, WorkloadKind
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
@@ -38,7 +39,8 @@ def plan(
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
     planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0, attention: Attention | None = None,
     progress: Report | None = None, tokens: float | None = None, stack: str | SoftwareStack = "jax",
-    precision: Precision | str = Precision.BF16,
+    precision: Precision | str = Precision.BF16, workload: WorkloadKind | str = WorkloadKind.PRETRAIN,
+    lora: LoraConfig | None = None,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -62,12 +64,24 @@ def plan(
       progress: called as ``progress(phase, done, total)`` while the search runs.
       tokens: training tokens; the plan's prediction then says how long training takes
         (``time_to_train_s`` = tokens / tokens_per_s at the chosen layout) and ``device_hours``.
+      workload: "pretrain", "finetune-full" (the same step) or "finetune-lora" (frozen base
+        weights, trained adapters; ``lora`` sets rank, targets and the frozen weights' storage,
+        default `costmodel.workload.LoraConfig`). LoRA plans use the grid planner, without
+        pipeline stages (the validator lowers LoRA without them).
 
     The plan holds no wall times, so the same inputs give the same plan bytes.
+
+    >>> p = plan("llama3-8b", mesh="8", workload="finetune-lora", global_batch=64)
+    >>> p.workload, p.train.lora.rank, p.predicted.memory.frozen_params_bytes > p.predicted.memory.optimizer_bytes
+    ('finetune-lora', 16, True)
     """
     _check_arguments(planner=planner, devices=devices, time_limit_s=time_limit_s)
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
-    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch).with_precision(Precision(precision))
+    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch, workload=workload,
+                         lora=lora).with_precision(Precision(precision))
+    if train.is_lora and planner != "grid":
+        raise UnsupportedError(f"--planner {planner} shards the pretraining step only; LoRA plans use the grid planner",
+                               fix="drop --planner or use --planner grid")
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
     machine = machine_for(cluster, compute_dtype=train.compute_dtype.value)
@@ -120,6 +134,7 @@ def plan(
 def layout_plan(
     model: str | ModelConfig, layout: Layout, *, mesh: str | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
+    workload: WorkloadKind | str = WorkloadKind.PRETRAIN, lora: LoraConfig | None = None,
 ) -> Plan:
     """The plan for a layout chosen by hand: mesh roles, Megatron shardings, simulated prediction.
 
@@ -131,7 +146,7 @@ def layout_plan(
     ([('data', 2, 'dp'), ('tensor', 4, 'tp')], (None, None, 'tensor'))
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
-    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch)
+    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch, workload=workload, lora=lora)
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
     machine = machine_for(cluster)

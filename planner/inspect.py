@@ -4,6 +4,8 @@
 >>> report = inspect_model(load_model("gpt2"), TrainConfig(seq_len=128, global_batch=2))
 >>> report.params, report.ops > 0
 (124439808, True)
+>>> inspect_model(load_model("gpt2"), TrainConfig(seq_len=128, global_batch=2, workload="finetune-lora")).trainable_params
+1179648
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from costmodel.model_config import ModelConfig
 from costmodel.opgraph import ops, primitive_counts, total_bytes_accessed, total_flops
 from costmodel.train_config import TrainConfig
 from planner.extract import extract_graph
+from planner.models.lora import adapter_elements
 from planner.models.train_step import abstract_train_inputs, make_train_step
 
 
@@ -25,7 +28,9 @@ class InspectReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(description="Model name.")
+    workload: str = Field("pretrain", description="pretrain, finetune-full or finetune-lora (the step traced).")
     params: int = Field(description="Total parameters.")
+    trainable_params: int = Field(description="Parameters the step trains: all, or under LoRA the adapters.")
     embedding_params: int = Field(description="Token/position embeddings and an untied head.")
     params_per_layer: int = Field(description="Parameters of one transformer layer.")
     layers: int = Field(description="Transformer layers.")
@@ -49,7 +54,9 @@ def inspect_model(cfg: ModelConfig, train: TrainConfig) -> InspectReport:
     flops = total_flops(g)
     return InspectReport(
         model=cfg.name,
+        workload=train.workload.value,
         params=cfg.total_params,
+        trainable_params=adapter_elements(cfg, train.lora) if train.is_lora else cfg.total_params,
         embedding_params=cfg.embedding_params,
         params_per_layer=cfg.params_per_layer,
         layers=cfg.num_layers,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from costmodel.estimate import StepEstimate
 from costmodel.layout import Layout
@@ -104,7 +104,13 @@ class Plan(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_plan_time(cls, data: Any) -> Any:
-        return _without(data, "plan_time_s")
+        # ``workload`` is written from ``train`` (a computed field), so it is dropped on reading.
+        return _without(_without(data, "plan_time_s"), "workload")
+
+    @computed_field(description="What the step does: pretrain, finetune-full or finetune-lora (train.lora has LoRA's settings).")
+    @property
+    def workload(self) -> str:
+        return self.train.workload.value
 
     def axes_of(self, parallelism: str) -> tuple[str, ...]:
         """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp or cp)."""

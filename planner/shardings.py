@@ -80,10 +80,20 @@ def zero_sharded_specs(model: ModelConfig, specs: dict[str, tuple[Any, ...]], da
     The first dimension that is not yet sharded and that the data axes divide takes them;
     an array with none stays as it was.
     """
-    if not data_axes:
-        return dict(specs)
     shapes = {"/".join(str(p.key) for p in path): leaf.shape
               for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(model))[0]}
+    return split_over_data(specs, shapes, data_axes, mesh_shape)
+
+
+def split_over_data(specs: dict[str, tuple[Any, ...]], shapes: dict[str, tuple[int, ...]], data_axes: tuple[str, ...],
+                    mesh_shape: dict[str, int]) -> dict[str, tuple[Any, ...]]:
+    """`zero_sharded_specs` for arrays of the given ``shapes`` (path → shape), e.g. LoRA's adapters.
+
+    >>> split_over_data({"a": (None, "tensor")}, {"a": (8, 4)}, ("data",), {"data": 2, "tensor": 4})
+    {'a': ('data', 'tensor')}
+    """
+    if not data_axes:
+        return dict(specs)
     n_data = math.prod(mesh_shape[a] for a in data_axes)
     out = {}
     for path, dims in specs.items():

@@ -44,6 +44,7 @@ PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not l
 PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
+LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -67,7 +68,7 @@ class SearchSpace(BaseModel):
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
     lowered_only: bool = Field(False, description="Only layouts the validator lowers to the program they describe (no "
                                "interleaved or uneven stages, no sequence parallelism inside pipeline stages, no ZeRO-3 and no MoE "
-                               "layers with tensor parallelism inside pipelines, no ZeRO with tensor parallelism over a vocabulary it "
+                               "layers with tensor parallelism inside pipelines, no LoRA with pipeline stages, no ZeRO with tensor parallelism over a vocabulary it "
                                "does not divide yet), so that "
                                "every plan emitted can be compiled and checked.")
 
@@ -154,6 +155,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         if pp > 1 and tp > 1 and model.is_moe and space.lowered_only:
             pruned[PIPELINE_MOE_TP_RULE] += 1
+            continue
+        if pp > 1 and train.is_lora and space.lowered_only:
+            pruned[LORA_PIPELINE_RULE] += 1
             continue
         if tp > 1 and model.vocab_shards(tp) == 1 and zero >= 1 and space.lowered_only:
             pruned[UNSPLIT_VOCAB_ZERO_TP_RULE] += 1

@@ -10,6 +10,12 @@ split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). 
 all-reduces each micro-batch's gradients inside the accumulation loop, where the partial
 sums appear; `validate.predict` counts them there. Pipeline plans run the GPipe schedule
 of `validate.pipeline`.
+
+A LoRA plan (``train.workload == "finetune-lora"``) takes ``(frozen, adapters, opt_state,
+batch)`` and returns ``(adapters, opt_state, metrics)``: the frozen base weights carry the
+plan's ``param_specs`` and are neither donated nor updated; each adapter is sharded like
+the matrix it adapts (`planner.models.lora.adapter_specs`), its moments over the data axes
+too with ZeRO ≥ 1. Pipelined LoRA plans are not lowered.
 """
 
 from __future__ import annotations
@@ -22,14 +28,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from costmodel.errors import InvalidPlanError
+from costmodel.errors import InvalidPlanError, UnsupportedError
 from costmodel.layout import Recompute
+from planner.models.lora import adapter_shapes, adapter_specs, adapter_tree
 from planner.models.params import abstract_params
 from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
 from planner.models.transformer import Experts
 from planner.schema import Plan
 from planner.shard import to_partition_spec
-from planner.shardings import partition_spec_tree, zero_sharded_specs
+from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
 from validate.intra_op import constrained, intra_op_program
 
 # The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
@@ -96,15 +103,18 @@ mesh axes data, tensor (or null), one per dimension of shape (12, 768, 3072)
                                fix="regenerate the plan with plan ... --out")
 
 
-def input_specs(plan: Plan) -> tuple[Any, Any, Any]:
+def input_specs(plan: Plan) -> tuple[Any, ...]:
     """``PartitionSpec`` trees of ``(params, opt_state, batch)``: an intra-op plan's chosen
-    ones (`validate.intra_op`), else the layout's."""
+    ones (`validate.intra_op`), else the layout's; of ``(frozen, adapters, opt_state, batch)``
+    for a LoRA plan."""
     program = intra_op_program(plan)
     if program is not None:
         flat = [to_partition_spec(s) for s in program.input_shardings()]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(program.abstract), flat)
     param_specs = partition_spec_tree(plan.model, plan.param_specs)
     data_axes = plan.axes_of("dp")
+    if plan.train.is_lora:
+        return (param_specs, *_lora_specs(plan, data_axes))
     moment_specs = param_specs
     if plan.layout.zero_stage >= 1:
         shape = {a.name: a.size for a in plan.mesh}
@@ -115,15 +125,27 @@ def input_specs(plan: Plan) -> tuple[Any, Any, Any]:
     return param_specs, opt_specs, {"tokens": token_spec, "targets": token_spec}
 
 
-def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, Any, Any]:
-    """``(params, opt_state, batch)`` as ``jax.ShapeDtypeStruct``s with the plan's shardings."""
-    params, opt_state, batch = abstract_train_inputs(plan.model, plan.train)
-    specs = input_specs(plan)
+def _lora_specs(plan: Plan, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
+    """``PartitionSpec`` trees of a LoRA plan's adapters, their AdamW state and the batch."""
+    model, lora = plan.model, plan.train.lora
+    flat = adapter_specs(model, lora, plan.param_specs)
+    moments = flat
+    if plan.layout.zero_stage >= 1:
+        moments = split_over_data(flat, adapter_shapes(model, lora), data_axes, {a.name: a.size for a in plan.mesh})
 
+    def tree(specs: dict[str, tuple[Any, ...]]) -> Any:
+        return adapter_tree(model, lora, {path: PartitionSpec(*spec) for path, spec in specs.items()})
+
+    token_spec = PartitionSpec(data_axes or None, plan.axes_of("cp") or None)
+    return tree(flat), {"m": tree(moments), "v": tree(moments), "step": PartitionSpec()}, {"tokens": token_spec, "targets": token_spec}
+
+
+def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
+    """The step's inputs (`input_specs`) as ``jax.ShapeDtypeStruct``s with the plan's shardings."""
     def sharded(tree: Any, spec_tree: Any) -> Any:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)), tree, spec_tree)
 
-    return sharded(params, specs[0]), sharded(opt_state, specs[1]), sharded(batch, specs[2])
+    return tuple(sharded(t, s) for t, s in zip(abstract_train_inputs(plan.model, plan.train), input_specs(plan)))
 
 
 def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, Any]:
@@ -133,13 +155,19 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
     (also under ``jax.distributed``)."""
     import numpy as np
 
+    from planner.models.lora import init_adapters, init_frozen
     from planner.models.params import init_params
     from planner.models.train_step import init_opt_state
 
-    params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
     sequence_BxS = np.random.default_rng(seed).integers(0, plan.model.vocab_size, (plan.train.global_batch, plan.train.seq_len + 1),
                                                         dtype=np.int32)
-    host = jax.device_get((params, init_opt_state(params), {"tokens": sequence_BxS[:, :-1], "targets": sequence_BxS[:, 1:]}))
+    batch = {"tokens": sequence_BxS[:, :-1], "targets": sequence_BxS[:, 1:]}
+    if plan.train.is_lora:
+        adapters = init_adapters(plan.model, plan.train.lora, jax.random.key(seed + 1), dtype=np.dtype(plan.train.param_dtype.value))
+        host = jax.device_get((init_frozen(plan.model, plan.train, jax.random.key(seed)), adapters, init_opt_state(adapters), batch))
+    else:
+        params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
+        host = jax.device_get((params, init_opt_state(params), batch))
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), input_specs(plan))
     return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), host, shardings)
 
@@ -193,7 +221,7 @@ def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array],
     if vocab is None:
         return lambda table_VxD, tokens_BxS: jnp.take(table_VxD, tokens_BxS, axis=0)
     vocab_axes = (vocab,) if isinstance(vocab, str) else tuple(vocab)
-    token_spec = input_specs(plan)[2]["tokens"]
+    token_spec = input_specs(plan)[-1]["tokens"]
 
     def local(table_vxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
         start = jax.lax.axis_index(vocab_axes) * table_vxD.shape[0]
@@ -257,8 +285,10 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     named = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
     program = intra_op_program(plan)
     step = constrained(program, mesh) if program is not None else train_step(plan, mesh)
-    return jax.jit(step, in_shardings=named, out_shardings=(named[0], named[1], NamedSharding(mesh, PartitionSpec())),
-                   donate_argnums=(0, 1))
+    # What the step updates (the parameters, or a LoRA plan's adapters, and the optimizer state) is donated.
+    updated = (1, 2) if plan.train.is_lora else (0, 1)
+    return jax.jit(step, in_shardings=named, out_shardings=(*(named[i] for i in updated), NamedSharding(mesh, PartitionSpec())),
+                   donate_argnums=updated)
 
 
 def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
@@ -266,6 +296,8 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     attention kernel, recompute policy, micro-batches, activation constraints and vocab-parallel embedding,
     and for ``pp > 1`` the pipeline schedule of `validate.pipeline`."""
     lay = plan.layout
+    if lay.pp > 1 and plan.train.is_lora:
+        raise UnsupportedError("a LoRA plan with pipeline stages is not lowered yet", fix="plan it again (plan never emits one)")
     if lay.pp > 1:
         from validate.pipeline import pipeline_loss_and_grads
 
@@ -289,8 +321,18 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """
     lay, train = plan.layout, plan.train
     grads_of = loss_and_grads(plan, mesh)
-    _, opt_specs, _ = input_specs(plan)
+    opt_specs = input_specs(plan)[-2]
     grad_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), opt_specs["m"])
+    if train.is_lora:
+        def lora_step(frozen: Any, adapters: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
+            loss, grads = grads_of(adapters, batch, frozen)
+            if lay.zero_stage >= 1:
+                grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
+            with jax.named_scope("optimizer"):
+                adapters, opt_state = adamw_update(adapters, grads, opt_state, train.optimizer)
+            return adapters, opt_state, {"loss": loss}
+
+        return lora_step
 
     def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
         loss, grads = grads_of(params, batch)

@@ -19,7 +19,8 @@ run's) value, their ratio and whether it is within tolerance. Items:
 
 An intra-op plan (``--planner ilp`` and the search planners) is compiled as the program it
 chose, every equation pinned (`validate.intra_op`), and each item is predicted from that
-choice (`validate.intra_op_predict`).
+choice (`validate.intra_op_predict`). A LoRA plan's arguments, FLOPs and collectives are
+predicted by `validate.predict_lora`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from validate.predict import (
     predicted_memory_bytes,
     unpredicted_features,
 )
+from validate.predict_lora import lora_argument_bytes, lora_collectives, lora_matmul_flops, lora_memory_bytes, lora_unpredicted_features
 
 MEMORY_TOLERANCE = 0.15
 FLOPS_TOLERANCE = 0.02
@@ -80,11 +82,18 @@ def predicted_argument_bytes(plan: Plan) -> float:
     """What the step takes as input on one device: master parameters (as the plan's specs
     split them), Adam moments (also split over the data axes with ZeRO ≥ 1), the batch."""
     lay, train = plan.layout, plan.train
+    if train.is_lora:
+        return lora_argument_bytes(plan)
     n = parameters_per_device(plan)
     params = n * train.param_dtype.bytes
     moments = n * 2 * train.optimizer_dtype.bytes / (lay.dp if lay.zero_stage in (1, 2) else 1)
     batch = 2 * train.global_batch * train.seq_len * 4 / (lay.dp * lay.cp)  # int32 tokens and targets
     return params + moments + batch
+
+
+def features_not_predicted(plan: Plan) -> list[str]:
+    """Features of ``plan`` whose collectives are not predicted (`validate.predict`, or `validate.predict_lora` for LoRA)."""
+    return (lora_unpredicted_features if plan.train.is_lora else unpredicted_features)(plan)
 
 
 def _collective_checks(plan: Plan, report: CompileReport, tolerance: float) -> list[Check]:
@@ -93,9 +102,10 @@ def _collective_checks(plan: Plan, report: CompileReport, tolerance: float) -> l
         if c.axes:
             actual[(c.kind, c.axes)] += c.total_bytes
     predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-    for p in predicted_collectives(plan, platform=report.platform):
+    lora = plan.train.is_lora
+    for p in (lora_collectives if lora else predicted_collectives)(plan, platform=report.platform):
         predicted[(p.kind, p.axes)] += p.total_bytes
-    unmodelled = bool(unpredicted_features(plan))
+    unmodelled = bool(features_not_predicted(plan))
     floor = NEGLIGIBLE_TRAFFIC_SHARE * sum(actual.values())
     return [Check(item=f"{kind} bytes", axis="+".join(axes), actual=actual.get((kind, axes), 0.0),
                   predicted=None if unmodelled else predicted.get((kind, axes), 0.0), tolerance=tolerance, floor=floor)
@@ -109,9 +119,11 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
         return _intra_op_checks(plan, program, report, tolerance)
     return [
         Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
-        Check(item="memory per device", predicted=predicted_memory_bytes(plan, platform=report.platform), actual=report.peak_bytes,
+        Check(item="memory per device", predicted=(lora_memory_bytes if plan.train.is_lora else predicted_memory_bytes)(
+            plan, platform=report.platform), actual=report.peak_bytes,
               tolerance=max(tolerance, MEMORY_TOLERANCE)),
-        Check(item="flops", predicted=predicted_matmul_flops(plan), actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
+        Check(item="flops", predicted=(lora_matmul_flops if plan.train.is_lora else predicted_matmul_flops)(plan),
+              actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
         *_collective_checks(plan, report, tolerance),
     ]
 

@@ -15,6 +15,7 @@ from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import check_sequence
 from costmodel.mesh import AxisLink, axis_links, parse_mesh
 from planner.commands.arg_types import positive_int
+from planner.commands.workload_args import add_workload_arguments, workload_from_args
 from planner.config import default_seq_len, load_model, train_config
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=positive_int,
                         help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
+    add_workload_arguments(parser)
     parser.add_argument("--mesh", help="show what each axis of this device mesh crosses (NVSwitch, NICs, rails) and the "
                                        "bandwidth the model gives it, e.g. 8x4 or data=8,tensor=4")
     parser.add_argument("--hardware", default="h100-sxm",
@@ -63,7 +65,7 @@ def _inspect(args: argparse.Namespace) -> InspectReport:
     from planner.inspect import inspect_model
 
     cfg = load_model(args.model)
-    train = train_config(seq_len=args.seq_len or default_seq_len(cfg), global_batch=args.global_batch)
+    train = train_config(seq_len=args.seq_len or default_seq_len(cfg), global_batch=args.global_batch, **workload_from_args(args))
     check_sequence(cfg, train)
     return inspect_model(cfg, train)
 
@@ -83,9 +85,10 @@ def _gb_per_s(bytes_per_s: float | None) -> str:
 
 
 def _table(r: InspectReport) -> Table:
-    table = Table(title=f"{r.model}: one training step, seq {r.seq_len} × batch {r.global_batch}", show_header=False)
+    table = Table(title=f"{r.model}: one {r.workload} step, seq {r.seq_len} × batch {r.global_batch}", show_header=False)
     rows = [
         ("parameters", f"{r.params:,} ({r.params / 1e9:.3f} B)"),
+        *([("  trained (LoRA adapters)", f"{r.trainable_params:,} ({r.trainable_params / r.params:.2%})")] if r.trainable_params != r.params else []),
         ("  embedding + head", f"{r.embedding_params:,}"),
         ("  per layer × layers", f"{r.params_per_layer:,} × {r.layers}"),
         ("FLOPs per step", f"{r.flops_per_step:.4g}"),

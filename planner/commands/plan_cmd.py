@@ -13,9 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
-from costmodel.train_config import Precision
+from costmodel.memory import MemoryBreakdown
+from costmodel.train_config import Precision, TrainConfig
+from costmodel.workload import WorkloadKind, adapter_params_per_layer
 from planner.commands.arg_types import non_negative_int, positive_float, positive_int
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
+from planner.commands.workload_args import add_workload_arguments, workload_from_args
 from planner.progress import progress_display, wanted
 from planner.schema import Plan
 
@@ -41,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "planners on the ILP's strategy space")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
                         help="bf16 (fp32 gradients) or fp16 (fp16 gradients, dynamic loss scaling)")
+    add_workload_arguments(parser)
     add_stack_arguments(parser)
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
     parser.add_argument("--time-limit-s", type=positive_float, default=20.0,
@@ -62,12 +66,13 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_out(Path(args.out), force=args.force)  # before planning, which may take a while
     fmt = "json" if args.json else args.format
+    workload = workload_from_args(args)
     start = time.perf_counter()
     with progress_display(enabled=wanted(fmt)) as report:
         result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
                       global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
                       time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens,
-                      stack=stack_from_args(args), attention=args.attention, precision=args.precision)
+                      stack=stack_from_args(args), attention=args.attention, precision=args.precision, **workload)
     plan_time_s = time.perf_counter() - start
     page = _html(result, args) if fmt == "html" else None
     if args.out:
@@ -132,10 +137,38 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def workload_label(train: TrainConfig) -> str:
+    """``pretrain``, or LoRA's settings in a few words.
+
+    >>> workload_label(TrainConfig(workload="finetune-lora"))
+    'finetune-lora: rank 16 on attn, frozen weights bf16'
+    """
+    if not train.is_lora:
+        return train.workload.value
+    lora = train.lora
+    return f"{train.workload.value}: rank {lora.rank} on {'+'.join(lora.targets)}, frozen weights {lora.frozen_dtype.value}"
+
+
+def titled_workload(train: TrainConfig) -> str:
+    """`` (workload ...)`` after a model's name in a title; nothing for pretraining, the default."""
+    return "" if train.workload is WorkloadKind.PRETRAIN else f" ({workload_label(train)})"
+
+
+def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "params / grads / optimizer") -> list[tuple[str, str]]:
+    """The memory breakdown's rows of a summary, in GiB; LoRA's frozen weights, adapters and their state apart."""
+    def gib(*values: float) -> str:
+        return " / ".join(f"{v / _GIB:.{digits}f}" for v in values) + " GiB"
+
+    row = (("  frozen weights / adapters / adapter grads / optimizer",
+            gib(mem.frozen_params_bytes, mem.params_bytes - mem.frozen_params_bytes, mem.grads_bytes, mem.optimizer_bytes))
+           if lora else (f"  {state}", gib(mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes)))
+    return [row, ("  activations / temporary", gib(mem.activations_bytes, mem.temporary_bytes))]
+
+
 def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     """Rich tables: mesh axes, prediction and memory, alternatives; the run's wall time in the title."""
     est, lay, mem, b = p.predicted, p.layout, p.predicted.memory, p.predicted.breakdown
-    axes = Table(title=f"{p.model.name} on {lay.n_devices}× {p.hardware}: plan found in {plan_time_s:.2f} s "
+    axes = Table(title=f"{p.model.name}{titled_workload(p.train)} on {lay.n_devices}× {p.hardware}: plan found in {plan_time_s:.2f} s "
                        f"({p.solver.planner}, {p.solver.status}, {p.solver.evaluated} layouts costed)")
     for col in ("mesh axis", "size", "carries", "links"):
         axes.add_column(col)
@@ -150,11 +183,14 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         ("  compute / memory-bound / recompute", f"{b.compute_s:.3f} / {b.memory_bound_s:.3f} / {b.recompute_s:.3f} s"),
         ("  bubble / exposed comm / optimizer", f"{b.bubble_s:.3f} / {b.exposed_comm_s:.3f} / {b.optimizer_s:.3f} s"),
         ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
-        ("  params / grads / optimizer",
-         f"{mem.params_bytes / _GIB:.1f} / {mem.grads_bytes / _GIB:.1f} / {mem.optimizer_bytes / _GIB:.1f} GiB"),
-        ("  activations / temporary", f"{mem.activations_bytes / _GIB:.1f} / {mem.temporary_bytes / _GIB:.1f} GiB"),
+        *memory_rows(mem, lora=p.train.is_lora, digits=1),
     ):
         pred.add_row(name, value)
+    if p.train.is_lora:
+        trained = p.model.num_layers * adapter_params_per_layer(p.model, p.train.lora)
+        pred.add_row("workload", f"{workload_label(p.train)}: {trained / 1e6:,.1f} M adapter parameters train "
+                                 f"({trained / p.model.total_params:.2%} of {p.model.total_params / 1e9:.2f} B); the frozen weights "
+                                 "have no gradients or optimizer state, and their backward computes input gradients only")
     if est.time_to_train_s is not None:
         tokens = est.time_to_train_s * est.tokens_per_s
         pred.add_row("time to train", f"{est.time_to_train_s / 86400:,.1f} days, {est.device_hours:,.0f} device-hours for "

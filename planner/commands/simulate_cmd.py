@@ -16,7 +16,9 @@ from costmodel.machine import load_machine
 from costmodel.simulator import simulate
 from costmodel.train_config import Precision
 from planner.commands.arg_types import non_negative_int, positive_int
+from planner.commands.plan_cmd import memory_rows, titled_workload
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
+from planner.commands.workload_args import add_workload_arguments, workload_from_args
 from planner.config import default_seq_len, load_model, train_config
 from planner.timeline import write_timeline
 
@@ -44,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
                         help="bf16 (fp32 gradients) or fp16 (fp16 gradients accumulated and all-reduced, dynamic loss scaling)")
+    add_workload_arguments(parser)
     add_stack_arguments(parser)
     parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -68,7 +71,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    train = train_config(seq_len=args.seq_len or default_seq_len(model), global_batch=args.global_batch)
+    train = train_config(seq_len=args.seq_len or default_seq_len(model), global_batch=args.global_batch, **workload_from_args(args))
     train = train.with_precision(Precision(args.precision))
     layout = layout_from_args(args)
     if layout.n_devices != args.devices:
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(estimate_json(estimate), sort_keys=True))
     else:
-        Console().print(_table(estimate, model.name))
+        Console().print(_table(estimate, f"{model.name}{titled_workload(train)}", lora=train.is_lora))
     return 0
 
 
@@ -92,7 +95,7 @@ def estimate_json(est: StepEstimate) -> dict[str, object]:
     return est.model_dump(mode="json", exclude={"timeline"})
 
 
-def _table(est: StepEstimate, model: str) -> Table:
+def _table(est: StepEstimate, model: str, *, lora: bool) -> Table:
     lay, b, m = est.layout, est.breakdown, est.memory
     table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} "
                         f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}, stack {lay.stack.name}",
@@ -106,9 +109,7 @@ def _table(est: StepEstimate, model: str) -> Table:
         ("  exposed communication", f"{b.exposed_comm_s:.3f} s"), ("  optimizer", f"{b.optimizer_s:.3f} s"),
         *((f"  {axis} collectives (total)", f"{t:.3f} s") for axis, t in b.comm_s_by_axis.items() if t > 0),
         ("memory per device", f"{m.total_bytes / _GIB:.2f} GiB{hbm}"),
-        ("  parameters / gradients / optimizer",
-         f"{m.params_bytes / _GIB:.2f} / {m.grads_bytes / _GIB:.2f} / {m.optimizer_bytes / _GIB:.2f} GiB"),
-        ("  activations / temporary", f"{m.activations_bytes / _GIB:.2f} / {m.temporary_bytes / _GIB:.2f} GiB"),
+        *memory_rows(m, lora=lora, digits=2, state="parameters / gradients / optimizer"),
         ("fits", "yes" if est.fits else "NO" if est.fits is False else "unknown"),
     ]
     for name, value in rows:

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.schema import Plan
     from validate.compile_check import CompileReport, compile_in_subprocess
     from validate.multihost import run_processes, validate_processes
-    from validate.predict import unpredicted_features
+    from validate.report import features_not_predicted
     from validate.report import checks
     from validate.timed import step_time_check
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         step, timed = step_time_check(plan, compiled_peak_bytes=report.peak_bytes, steps=args.steps, repeats=args.repeats,
                                       tolerance=args.time_tolerance)
         results.insert(0, step)
-    unpredicted = unpredicted_features(plan)
+    unpredicted = features_not_predicted(plan)
     if args.json:
         print(json.dumps({"checks": [c.model_dump() for c in results], "unpredicted": unpredicted,
                           "compile": report.model_dump(exclude={"collectives"}) | {"peak_bytes": report.peak_bytes},

@@ -5,6 +5,12 @@ logits and loss. `make_train_step` gives a function of ``(params, opt_state, bat
 ``jax.jit``; `abstract_train_inputs` gives its inputs as ``jax.ShapeDtypeStruct``s at any
 size without allocating.
 
+LoRA fine-tuning (``train.workload == "finetune-lora"``): the step is a function of
+``(frozen, adapters, opt_state, batch)`` returning ``(adapters, opt_state, metrics)``. Only
+the adapters are differentiated and have AdamW state; the frozen base weights
+(`planner.models.lora.abstract_frozen`: compute dtype, or int8/int4 layer weights) are an
+argument that is read, never updated.
+
 >>> import jax
 >>> from costmodel.model_config import ModelConfig
 >>> cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=50)
@@ -13,6 +19,11 @@ size without allocating.
 >>> out = jax.eval_shape(make_train_step(cfg, train), params, opt_state, batch)
 >>> out[2]["loss"].shape
 ()
+>>> lora = TrainConfig(seq_len=8, global_batch=2, workload="finetune-lora")
+>>> frozen, adapters, opt_state, batch = abstract_train_inputs(cfg, lora)
+>>> out = jax.eval_shape(make_train_step(cfg, lora), frozen, adapters, opt_state, batch)
+>>> out[0]["layers"]["attn"]["wq_lora_b"].shape, opt_state["m"]["layers"]["attn"]["wq_lora_a"].shape
+((2, 16, 4, 8), (2, 32, 16))
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import jax.numpy as jnp
 
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import AdamW, TrainConfig
+from planner.models.lora import abstract_adapters, abstract_frozen, merge_adapters
 from planner.models.params import Params, abstract_params
 from planner.models.transformer import forward
 
@@ -34,11 +46,11 @@ Batch = dict[str, jax.Array]
 
 
 def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
-            attention: str = "materialized", hooks: dict[str, Any] | None = None) -> jax.Array:
+            attention: str = "materialized", hooks: dict[str, Any] | None = None, lora_scale: float = 1.0) -> jax.Array:
     """Mean next-token cross-entropy (plus the MoE balancing loss); ``hooks`` are `forward`'s
     ``constrain`` and ``lookup``."""
     logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, attention=attention,
-                                **(hooks or {}))
+                                lora_scale=lora_scale, **(hooks or {}))
     return cross_entropy(logits_BxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux
 
 
@@ -112,7 +124,8 @@ def _decays(path: tuple[Any, ...]) -> bool:
 
 def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
                         attention: str = "materialized", hooks: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """A function ``(params, batch) -> (mean loss, fp32 gradients)``.
+    """A function ``(params, batch) -> (mean loss, fp32 gradients)``; under LoRA
+    ``(adapters, batch, frozen) -> (mean loss, the adapters' fp32 gradients)``.
 
     With ``micro_batches`` > 1 the batch is cut into that many micro-batches whose
     gradients accumulate in fp32 under a ``lax.scan`` (gradient accumulation), so only one
@@ -120,9 +133,17 @@ def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "n
     ``hooks`` go to `forward` (sharding constraints, the embedding lookup).
     """
     compute_dtype = jnp.dtype(train.compute_dtype.value)
-    grad_fn = jax.value_and_grad(partial(loss_fn, attention=attention, hooks=hooks))
+    lora_scale = train.lora.alpha / train.lora.rank if train.is_lora else 1.0
+    loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale)
 
-    def loss_and_grads(params: Params, batch: Batch) -> tuple[jax.Array, Params]:
+    def trained_loss(params: Params, batch: Batch, cfg: ModelConfig, frozen: Params | None, **kwargs: Any) -> jax.Array:
+        # Under LoRA ``params`` are the adapters, merged beside the frozen weights they adapt.
+        return loss(params if frozen is None else merge_adapters(frozen, params), batch, cfg, **kwargs)
+
+    value_and_grad = jax.value_and_grad(trained_loss)
+
+    def loss_and_grads(params: Params, batch: Batch, frozen: Params | None = None) -> tuple[jax.Array, Params]:
+        grad_fn = partial(value_and_grad, frozen=frozen)
         if micro_batches == 1:
             return grad_fn(params, batch, cfg, compute_dtype=compute_dtype, remat=remat)
         # Micro-batch index minor within each sequence block, so a batch split over data
@@ -145,6 +166,15 @@ def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none"
     """A function ``(params, opt_state, batch) -> (params, opt_state, {"loss": ...})``: loss and
     gradients by `make_loss_and_grads`, then the AdamW update."""
     loss_and_grads = make_loss_and_grads(cfg, train, remat=remat, micro_batches=micro_batches, attention=attention)
+    if train.is_lora:
+        def lora_step(frozen: Params, adapters: Params, opt_state: dict[str, Any],
+                      batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
+            loss, grads = loss_and_grads(adapters, batch, frozen)
+            with jax.named_scope("optimizer"):
+                adapters, opt_state = adamw_update(adapters, grads, opt_state, train.optimizer)
+            return adapters, opt_state, {"loss": loss}
+
+        return lora_step
 
     def train_step(params: Params, opt_state: dict[str, Any], batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
         loss, grads = loss_and_grads(params, batch)
@@ -155,9 +185,13 @@ def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none"
     return train_step
 
 
-def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: int | None = None) -> tuple[Params, dict[str, Any], Batch]:
-    """``(params, opt_state, batch)`` as ``jax.ShapeDtypeStruct`` trees, allocating nothing."""
-    params = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
-    opt_state = jax.eval_shape(init_opt_state, params)
+def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: int | None = None) -> tuple[Any, ...]:
+    """``(params, opt_state, batch)`` as ``jax.ShapeDtypeStruct`` trees, allocating nothing;
+    under LoRA ``(frozen, adapters, opt_state, batch)``."""
     tokens = jax.ShapeDtypeStruct((micro_batch or train.global_batch, train.seq_len), jnp.int32)
-    return params, opt_state, {"tokens": tokens, "targets": tokens}
+    batch = {"tokens": tokens, "targets": tokens}
+    if train.is_lora:
+        adapters = abstract_adapters(cfg, train.lora, dtype=jnp.dtype(train.param_dtype.value))
+        return abstract_frozen(cfg, train), adapters, jax.eval_shape(init_opt_state, adapters), batch
+    params = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
+    return params, jax.eval_shape(init_opt_state, params), batch

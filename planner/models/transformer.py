@@ -45,7 +45,7 @@ MOE_CAPACITY_FACTOR = 1.25
 # are recomputed in the backward, as fused kernels do, rather than kept in fp32.
 SAVED = ("attn_norm_input", "qkv_input", "q", "k", "v", "softmax_output", "softmax_logsumexp", "attn_out_proj_input",
          "mlp_norm_input", "mlp_input", "mlp_up_output", "mlp_gate_output", "mlp_down_input", "expert_inputs", "router_probs",
-         "shared_expert")
+         "shared_expert", "lora_down_output")
 _REMAT_POLICIES = {
     "none": jax.checkpoint_policies.save_only_these_names(*SAVED),
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -86,13 +86,31 @@ def _take(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
     return jnp.take(table_VxD, tokens_BxS, axis=0)
 
 
-def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, kernel: str = "materialized") -> jax.Array:
+def _project(equation: str, x: jax.Array, p: Params, name: str, dt: Any, lora_scale: float) -> jax.Array:
+    """``x·W`` for the weight ``p[name]`` (``equation`` as for ``jnp.einsum``), plus its LoRA
+    adapter's ``(x·A)·B · lora_scale`` where the layer has one (`planner.models.lora`)."""
+    y = jnp.einsum(equation, x, p[name].astype(dt))
+    if f"{name}_lora_a" not in p:
+        return y
+    operands, out = equation.split("->")
+    x_letters, w_letters = operands.split(",")
+    rows = "".join(c for c in x_letters if c not in w_letters)  # x's dims the weight does not contract
+    w_out = "".join(c for c in w_letters if c not in x_letters)
+    # The rank's letter: one the equation does not use.
+    r = next(c for c in "rqpoz" if c not in equation)
+    down = jnp.einsum(f"{x_letters},{w_letters.replace(w_out, '')}{r}->{rows}{r}", x, p[f"{name}_lora_a"].astype(dt))
+    down = checkpoint_name(down * jnp.asarray(lora_scale, dt), "lora_down_output")
+    return y + jnp.einsum(f"{rows}{r},{r}{w_out}->{out}", down, p[f"{name}_lora_b"].astype(dt))
+
+
+def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, kernel: str = "materialized",
+               lora_scale: float = 1.0) -> jax.Array:
     b, s, _ = x_BxSxD.shape
     k_heads, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
     x_BxSxD = checkpoint_name(x_BxSxD, "qkv_input")
-    q_BxSxNxH = constrain("attention_heads_BxSxNxH", jnp.einsum("bsd,dnh->bsnh", x_BxSxD, p["wq"].astype(dt)))
-    k_BxSxKxH = constrain("kv_heads_BxSxKxH", jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wk"].astype(dt)))
-    v_BxSxKxH = constrain("kv_heads_BxSxKxH", jnp.einsum("bsd,dkh->bskh", x_BxSxD, p["wv"].astype(dt)))
+    q_BxSxNxH = constrain("attention_heads_BxSxNxH", _project("bsd,dnh->bsnh", x_BxSxD, p, "wq", dt, lora_scale))
+    k_BxSxKxH = constrain("kv_heads_BxSxKxH", _project("bsd,dkh->bskh", x_BxSxD, p, "wk", dt, lora_scale))
+    v_BxSxKxH = constrain("kv_heads_BxSxKxH", _project("bsd,dkh->bskh", x_BxSxD, p, "wv", dt, lora_scale))
     if "bq" in p:
         q_BxSxNxH, k_BxSxKxH, v_BxSxKxH = q_BxSxNxH + p["bq"].astype(dt), k_BxSxKxH + p["bk"].astype(dt), v_BxSxKxH + p["bv"].astype(dt)
     if cfg.positions is Positions.ROPE:
@@ -106,7 +124,7 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
     else:
         out_BxSxKxGxH = checkpoint_name(_materialized(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, cfg, dt, constrain), "attn_out_proj_input")
     out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
-    y_BxSxD = jnp.einsum("bsnh,nhd->bsd", out_BxSxNxH, p["wo"].astype(dt))
+    y_BxSxD = _project("bsnh,nhd->bsd", out_BxSxNxH, p, "wo", dt, lora_scale)
     return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
 
 
@@ -155,15 +173,16 @@ def _activation(h: jax.Array, gate: jax.Array | None, kind: MlpKind) -> jax.Arra
     return checkpoint_name(out, "mlp_down_input")
 
 
-def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str = "", constrain: Constrain = _keep) -> jax.Array:
+def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str = "", constrain: Constrain = _keep,
+               lora_scale: float = 1.0) -> jax.Array:
     """MLP on any leading shape ``[..., D]`` (also one expert's slice ``[..., C, D]``)."""
     x = checkpoint_name(x, "mlp_input" if not prefix else "shared_expert")
-    h = constrain("mlp_hidden_BxSxF", jnp.einsum("...d,df->...f", x, p[f"{prefix}w_in"].astype(dt)))
-    gate = constrain("mlp_hidden_BxSxF", jnp.einsum("...d,df->...f", x, p[f"{prefix}w_gate"].astype(dt))) if cfg.mlp.gated else None
+    h = constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_in", dt, lora_scale))
+    gate = constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_gate", dt, lora_scale)) if cfg.mlp.gated else None
     if "b_in" in p and not prefix:
         h = h + p["b_in"].astype(dt)
         gate = gate + p["b_gate"].astype(dt) if gate is not None else None
-    y = jnp.einsum("...f,fd->...d", _activation(h, gate, cfg.mlp), p[f"{prefix}w_out"].astype(dt))
+    y = _project("...f,fd->...d", _activation(h, gate, cfg.mlp), p, f"{prefix}w_out", dt, lora_scale)
     return y + p["b_out"].astype(dt) if "b_out" in p and not prefix else y
 
 
@@ -237,10 +256,10 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, experts: Expe
 
 
 def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain = _keep,
-           attention: str = "materialized", experts: Experts = _run) -> tuple[jax.Array, jax.Array]:
+           attention: str = "materialized", experts: Experts = _run, lora_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
     with jax.named_scope("attention"):
         x_BxSxD = checkpoint_name(x_BxSxD, "attn_norm_input")
-        attended_BxSxD = _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain, attention)
+        attended_BxSxD = _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain, attention, lora_scale)
         x_BxSxD = checkpoint_name(constrain("residual_BxSxD", x_BxSxD + attended_BxSxD), "mlp_norm_input")
     h_BxSxD = _norm(x_BxSxD, p["mlp_norm"], cfg)
     if cfg.is_moe:
@@ -248,13 +267,14 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
             y_BxSxD, aux = _moe(h_BxSxD, p["moe"], cfg, dt, experts)
     else:
         with jax.named_scope("mlp"):
-            y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain), jnp.zeros((), jnp.float32)
+            y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain, lora_scale=lora_scale), jnp.zeros((), jnp.float32)
     return constrain("residual_BxSxD", x_BxSxD + y_BxSxD), aux
 
 
 def forward(
     params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
     constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized", experts: Experts = _run,
+    lora_scale: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
@@ -268,9 +288,12 @@ def forward(
     ``lookup(table_VxD, tokens_BxS)`` gathers embedding rows (the validator passes a
     vocab-parallel one for a vocabulary-sharded table). ``experts(fn)`` wraps the experts'
     computation of an MoE layer (the validator runs it manual over the tensor axes).
+    ``lora_scale`` (alpha / rank) multiplies the LoRA adapters' output where the layers carry
+    adapters (`planner.models.lora`).
     """
     x_BxSxD = embed(params, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
-    x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention, experts=experts)
+    x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention, experts=experts,
+                                lora_scale=lora_scale)
     return head(x_BxSxD, params, cfg, constrain=constrain), aux_L.mean()
 
 
@@ -285,7 +308,8 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
 
 
 def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
-               constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run) -> tuple[jax.Array, jax.Array]:
+               constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run,
+               lora_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
     output and each layer's MoE balancing loss."""
     if remat not in _REMAT_POLICIES:
@@ -295,7 +319,7 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, layer_params, cfg, x.dtype, constrain, attention, experts)
+            return _layer(x, layer_params, cfg, x.dtype, constrain, attention, experts, lora_scale)
 
     body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
     return jax.lax.scan(body, x_BxSxD, layers)

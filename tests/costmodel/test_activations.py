@@ -93,3 +93,18 @@ def test_torchtitan_policies_sit_between_none_and_full():
     none, full = _bytes(), _bytes(recompute=Recompute.FULL)
     for policy in (Recompute.SELECTIVE_OP, Recompute.SELECTIVE_LAYER):
         assert full < _bytes(recompute=policy) < none
+
+
+def test_lora_keeps_inputs_only_where_an_adapter_reads_them():
+    m = ModelConfig(name="l", hidden_size=1024, num_layers=2, num_heads=16, num_kv_heads=4, ffn_size=2816, vocab_size=1000)
+    materialized = Layout(stack=stack_with("jax", attention="materialized"))
+    attn = {t.name for t in activation_table(m, TrainConfig(seq_len=S, workload="finetune-lora"), materialized)}
+    both = {t.name for t in activation_table(m, TrainConfig(seq_len=S, workload="finetune-lora", lora={"targets": ["attn", "mlp"]}),
+                                             materialized)}
+    full = {t.name for t in activation_table(m, TrainConfig(seq_len=S), materialized)}
+    assert full - attn == {"mlp_input", "mlp_down_input"}  # only weight gradients of frozen MLP matrices read them
+    assert full <= both and {"lora_w_out_down_output", "lora_wq_down_output"} <= both
+    assert {"mlp_norm_input", "mlp_up_output", "mlp_gate_output", "q", "k", "v"} <= attn  # the backward through frozen layers
+    no_adapters_on_attn = TrainConfig(seq_len=S, workload="finetune-lora", lora={"targets": ["mlp"]})
+    flash = {t.name for t in activation_table(m, no_adapters_on_attn, Layout(stack=stack_with("jax", attention="flash")))}
+    assert "attn_out_proj_input" in flash and "qkv_input" not in flash  # the flash backward reads its output

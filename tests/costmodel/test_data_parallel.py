@@ -75,3 +75,22 @@ def test_hidden_fsdp_traffic_slows_the_layers_it_overlaps():
     quiet, slowed = _quiet_and_slowed(Layout(dp=32, zero_stage=3, micro_batch=2))
     # Every layer's gathers and scatter overlap its neighbour; only the first gather and the ends wait alone.
     assert quiet.exposed_s < slowed.exposed_s <= quiet.exposed_s + 0.2 * quiet.total_s
+
+
+def test_lora_reduces_only_adapter_gradients():
+    from costmodel.workload import adapter_params_per_layer
+
+    lora = TrainConfig(seq_len=2048, global_batch=64, workload="finetune-lora")
+    lay = Layout(dp=32, stack=stack_with("jax", dp_overlap=False))
+    c = data_parallel_costs(MODEL, lora, lay, HW, layer_costs(MODEL, lora, lay, HW))
+    adapters = MODEL.num_layers * adapter_params_per_layer(MODEL, lora.lora)
+    assert c.total_s == pytest.approx(all_reduce_s(adapters * 4, Group(n=32, n_nodes=4, intra=NV, inter=IB)))
+    assert c.total_s < _costs(lay).total_s / 50
+
+
+def test_lora_fsdp_gathers_the_frozen_weights_as_stored():
+    int4 = TrainConfig(seq_len=2048, global_batch=64, workload="finetune-lora", lora={"frozen_dtype": "int4"})
+    bf16 = TrainConfig(seq_len=2048, global_batch=64, workload="finetune-lora")
+    lay = Layout(dp=8, zero_stage=3, stack=stack_with("jax", dp_overlap=False))
+    small, big = (data_parallel_costs(MODEL, t, lay, HW, layer_costs(MODEL, t, lay, HW)).total_s for t in (int4, bf16))
+    assert small < big < _costs(lay).total_s

@@ -75,3 +75,17 @@ def test_backward_traffic_follows_each_kernels_passes():
     fused = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout())}
     fused_norm = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("jax", fused_elementwise=False)))}
     assert fused_norm["attn_norm"].bytes == fused["attn_norm"].bytes and fused_norm["rope"].bytes == eager["rope"].bytes
+
+
+def test_lora_freezes_weight_gemms_and_adds_thin_adapter_gemms():
+    lora = TrainConfig(**{**TRAIN.model_dump(), "workload": "finetune-lora"})
+    base = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(tp=2))}
+    tuned = {k.name: k for k in layer_forward_kernels(LLAMA, lora, Layout(tp=2))}
+    assert tuned["qkv"].backward_scale == 1.0 and tuned["attn_out"].backward_scale == 1.0
+    assert tuned["flash_attention"].backward_scale == base["flash_attention"].backward_scale
+    tokens, r = 512, 16
+    # wq: A whole (1024 x 16), B split over tp (16 x 1024/2): 2·tokens·(1024·16 + 16·512).
+    assert tuned["lora_wq_down"].flops + tuned["lora_wq_up"].flops == 2 * tokens * (1024 * r + r * 512)
+    assert {n for n in tuned if n.startswith("lora_")} == {f"lora_{w}_{p}" for w in ("wq", "wk", "wv", "wo") for p in ("down", "up")}
+    head = {k.name: k for k in head_forward_kernels(LLAMA, lora, Layout())}
+    assert head["lm_head"].backward_scale == 1.0

@@ -118,3 +118,41 @@ def test_reduction_buckets_exist_only_to_overlap_the_backward():
     overlapped = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8))
     after_backward = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8, stack=stack_with("jax", dp_overlap=False)))
     assert overlapped.temporary_bytes - after_backward.temporary_bytes == pytest.approx(2 * 25e6)
+
+
+LORA = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora")
+
+
+def test_lora_memory_is_frozen_weights_plus_adapter_state_napkin():
+    from costmodel.workload import adapter_params_per_layer
+
+    mem = memory_breakdown(MODEL, LORA, Layout(micro_batch=1))
+    adapters = MODEL.num_layers * adapter_params_per_layer(MODEL, LORA.lora)
+    assert mem.frozen_params_bytes == pytest.approx(2 * MODEL.total_params)  # bf16, no master copy
+    assert mem.params_bytes - mem.frozen_params_bytes == pytest.approx(2 * adapters)
+    assert mem.grads_bytes == pytest.approx(4 * adapters) and mem.optimizer_bytes == pytest.approx(12 * adapters)
+    assert mem.activations_bytes < memory_breakdown(MODEL, TRAIN, Layout(micro_batch=1)).activations_bytes
+
+
+@pytest.mark.parametrize("frozen, bytes_per_matrix_param", [("int8", 1.0), ("int4", 0.5)])
+def test_quantized_frozen_layer_weights_shrink_only_the_layers(frozen, bytes_per_matrix_param):
+    from costmodel.workload import norm_params_per_layer
+
+    train = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora", lora={"frozen_dtype": frozen})
+    mem = memory_breakdown(MODEL, train, Layout(micro_batch=1))
+    matrices = MODEL.num_layers * (MODEL.params_per_layer - norm_params_per_layer(MODEL))
+    rest = MODEL.total_params - matrices
+    assert mem.frozen_params_bytes == pytest.approx(matrices * bytes_per_matrix_param + 2 * rest)
+
+
+def test_zero_shards_what_exists_under_lora():
+    plain = memory_breakdown(MODEL, LORA, Layout(dp=8, micro_batch=1))
+    zero1 = memory_breakdown(MODEL, LORA, Layout(dp=8, micro_batch=1, zero_stage=1))
+    zero3 = memory_breakdown(MODEL, LORA, Layout(dp=8, micro_batch=1, zero_stage=3))
+    assert zero1.frozen_params_bytes == plain.frozen_params_bytes  # ZeRO 1 has no optimizer state of frozen weights to shard
+    assert zero1.optimizer_bytes == pytest.approx(plain.optimizer_bytes / 8)
+    assert zero3.frozen_params_bytes == pytest.approx(plain.frozen_params_bytes / 8)
+
+
+def test_pretraining_has_no_frozen_weights():
+    assert memory_breakdown(MODEL, TRAIN, Layout()).frozen_params_bytes == 0

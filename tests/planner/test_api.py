@@ -10,7 +10,7 @@ import time
 import pytest
 from jax.sharding import PartitionSpec
 
-from costmodel.errors import InfeasibleError, InvalidConfigError
+from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedError
 from costmodel.mesh import parse_mesh
 from planner.api import plan
 from planner.config import from_hf_config
@@ -170,3 +170,18 @@ def test_plan_is_chosen_for_the_named_stack_and_precision():
     assert fp16.train.compute_dtype.value == "float16" and fp16.train.grad_dtype.value == "float16"
     with pytest.raises(InvalidConfigError, match="unknown software stack"):
         plan("gpt2", stack="megatron", **args)
+
+
+def test_lora_plan_carries_its_workload_and_prefers_less_zero_than_pretraining():
+    lora = plan("llama3-8b", mesh="8x4", workload="finetune-lora")
+    pretrain = plan("llama3-8b", mesh="8x4")
+    data = json.loads(lora.model_dump_json())
+    assert data["workload"] == "finetune-lora" and data["train"]["lora"]["rank"] == 16
+    assert data["predicted"]["memory"]["per_device_bytes"] > data["predicted"]["memory"]["frozen_params_bytes"] > 0
+    assert lora.layout.pp == 1 and lora.layout.zero_stage < pretrain.layout.zero_stage
+    assert Plan.model_validate_json(lora.model_dump_json()) == lora
+
+
+def test_lora_with_an_intra_op_planner_is_refused():
+    with pytest.raises(UnsupportedError, match="LoRA plans use the grid planner"):
+        plan("gpt2", mesh="2", workload="finetune-lora", planner="ilp")

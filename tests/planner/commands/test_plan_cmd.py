@@ -96,3 +96,23 @@ def test_tokens_gives_days_to_train_as_the_6NT_arithmetic_at_the_plans_mfu(capsy
 def test_without_tokens_the_training_time_is_absent(capsys):
     code, plan, _, _ = _plan(capsys, "--model", "gpt2", "--devices", "8")
     assert code == 0 and plan["predicted"]["time_to_train_s"] is None and plan["predicted"]["device_hours"] is None
+
+
+def test_lora_summary_names_the_workload_and_itemizes_frozen_weights_and_adapters():
+    from planner.api import plan
+    from planner.commands.plan_cmd import memory_rows, titled_workload
+
+    p = plan("llama3-8b", mesh="8", global_batch=64, workload="finetune-lora", lora={"frozen_dtype": "int8"})
+    assert titled_workload(p.train) == " (finetune-lora: rank 16 on attn, frozen weights int8)"
+    (label, values), _ = memory_rows(p.predicted.memory, lora=True, digits=1)
+    # 7.0 B layer weights at 1 B, embedding and head (1.05 B) at 2 B: 9.1 GB.
+    assert label.strip() == "frozen weights / adapters / adapter grads / optimizer" and values.startswith("8.5 / 0.0 / 0.1")
+    assert titled_workload(plan("gpt2", mesh="2", global_batch=16).train) == ""
+
+
+def test_plan_json_contract_for_lora(capsys):
+    assert main(["--model", "gpt2", "--mesh", "2", "--global-batch", "16", "--workload", "finetune-lora", "--lora-rank", "8",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workload"] == "finetune-lora" and data["train"]["lora"]["rank"] == 8
+    assert data["predicted"]["memory"]["per_device_bytes"] > 0

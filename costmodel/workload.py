@@ -1,0 +1,125 @@
+"""What a step does with the model: pretraining, full fine-tuning or LoRA fine-tuning.
+
+A workload is one of the three typed inputs (cluster, software stack, workload). Pretraining
+and full fine-tuning run the same step (every weight trains, AdamW state for all of them), so
+the cost model treats them alike. LoRA fine-tuning (Hu et al. 2021) freezes every base weight
+and trains, beside each targeted matrix ``W`` (``d_in × d_out``), two small matrices
+``A`` (``d_in × r``) and ``B`` (``r × d_out``): ``y = x·W + (x·A)·B · alpha / r``. Frozen
+weights have no gradient, no optimizer state and no fp32 master copy, and may be stored
+quantized (weight-only int8 or int4, as QLoRA stores them); the adapters train in fp32
+with AdamW like any weight. Inference workloads (prefill, decode) are meant to join this
+enum later; nothing here assumes a backward pass exists for them.
+
+>>> lora = LoraConfig(rank=16)
+>>> m = ModelConfig(name="m", hidden_size=4096, num_layers=1, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=8)
+>>> [(a.name, a.d_in, a.d_out, a.split) for a in adapted_matrices(m, lora)]
+[('wq', 4096, 4096, 'column'), ('wk', 4096, 1024, 'column'), ('wv', 4096, 1024, 'column'), ('wo', 4096, 4096, 'row')]
+>>> int(adapter_params_per_layer(m, lora))  # 16 · (8192 + 5120 + 5120 + 8192)
+425984
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+
+from costmodel.errors import UnsupportedError
+from costmodel.model_config import ModelConfig, Norm
+
+
+class WorkloadKind(StrEnum):
+    """Which step is planned (``--workload``)."""
+
+    PRETRAIN = "pretrain"
+    FINETUNE_FULL = "finetune-full"
+    FINETUNE_LORA = "finetune-lora"
+
+
+class LoraTarget(StrEnum):
+    """Groups of matrices that get adapters: the attention projections (q, k, v, o) or the MLP's."""
+
+    ATTN = "attn"
+    MLP = "mlp"
+
+
+class FrozenDtype(StrEnum):
+    """How the frozen base weight matrices are stored: 16-bit, or weight-only int8/int4 (QLoRA
+    style, cast to the compute dtype on use). Scales of the quantized formats are not counted
+    (per-channel: under 0.1 % of the weights; QLoRA's block-64 scales: about 3 % of int4)."""
+
+    BF16 = "bf16"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    @property
+    def bytes(self) -> float:
+        """Bytes per stored element (int4 packs two in a byte)."""
+        return {FrozenDtype.BF16: 2.0, FrozenDtype.INT8: 1.0, FrozenDtype.INT4: 0.5}[self]
+
+    @property
+    def jax_name(self) -> str:
+        """The numpy/JAX dtype name the reference program stores them in."""
+        return {FrozenDtype.BF16: "bfloat16", FrozenDtype.INT8: "int8", FrozenDtype.INT4: "int4"}[self]
+
+
+class LoraConfig(BaseModel):
+    """LoRA's settings: rank, which matrices get adapters, how the frozen weights are stored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: PositiveInt = Field(16, description="Adapter rank r (inner width of A and B).")
+    targets: tuple[LoraTarget, ...] = Field((LoraTarget.ATTN,), description="Matrix groups with adapters: attn (q, k, v, o), mlp.")
+    alpha: PositiveFloat = Field(32.0, description="Adapter scale numerator: the adapter's output is multiplied by alpha / rank.")
+    frozen_dtype: FrozenDtype = Field(FrozenDtype.BF16, description="Storage of the frozen base weight matrices.")
+
+    @field_validator("targets")
+    @classmethod
+    def _distinct_targets(cls, targets: tuple[LoraTarget, ...]) -> tuple[LoraTarget, ...]:
+        if not targets:
+            raise ValueError("LoRA needs at least one target group (attn, mlp)")
+        return tuple(t for t in LoraTarget if t in targets)  # canonical order, no repeats
+
+
+class AdaptedMatrix(BaseModel):
+    """One weight matrix of a layer that carries an adapter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group: LoraTarget = Field(description="attn or mlp.")
+    name: str = Field(description="The reference model's weight name (wq, wk, wv, wo, w_in, w_gate, w_out).")
+    d_in: PositiveInt = Field(description="Input width of the matrix (A's rows).")
+    d_out: PositiveInt = Field(description="Output width of the matrix (B's columns).")
+    split: str = Field(description="How tensor parallelism splits the matrix: column (its output) or row (its input).")
+
+
+def adapted_matrices(model: ModelConfig, lora: LoraConfig) -> list[AdaptedMatrix]:
+    """The matrices of one layer that get adapters, in the layer's order; MLP targets of a
+    mixture-of-experts model are refused (one adapter per expert is not modelled)."""
+    d, q, kv = model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    out = []
+    if LoraTarget.ATTN in lora.targets:
+        out += [AdaptedMatrix(group=LoraTarget.ATTN, name=n, d_in=i, d_out=o, split=s)
+                for n, i, o, s in (("wq", d, q, "column"), ("wk", d, kv, "column"), ("wv", d, kv, "column"), ("wo", q, d, "row"))]
+    if LoraTarget.MLP in lora.targets:
+        if model.is_moe:
+            raise UnsupportedError(f"LoRA on the MLP of {model.name}, a mixture-of-experts model, is not modelled",
+                                   fix="use --lora-targets attn")
+        f = model.ffn_size
+        mlp = [("w_in", d, f, "column"), *([("w_gate", d, f, "column")] if model.mlp.gated else []), ("w_out", f, d, "row")]
+        out += [AdaptedMatrix(group=LoraTarget.MLP, name=n, d_in=i, d_out=o, split=s) for n, i, o, s in mlp]
+    return out
+
+
+def adapter_params_per_layer(model: ModelConfig, lora: LoraConfig, *, tp: int = 1) -> float:
+    """Adapter parameters of one layer held by one device: ``r·(d_in + d_out)`` per adapted
+    matrix, where tensor parallelism splits the half that meets the matrix's split dimension
+    (B of a column-parallel matrix, A of a row-parallel one) and each device keeps the other whole."""
+    r = lora.rank
+    return sum(r * (a.d_in + a.d_out / tp) if a.split == "column" else r * (a.d_in / tp + a.d_out)
+               for a in adapted_matrices(model, lora))
+
+
+def norm_params_per_layer(model: ModelConfig) -> int:
+    """Parameters of one layer's two norms (kept in the compute dtype, never quantized)."""
+    return 2 * model.hidden_size * (2 if model.norm is Norm.LAYERNORM else 1)

@@ -1,0 +1,56 @@
+"""Tests `costmodel/workload.py` and the workload fields of `costmodel/train_config.py`."""
+
+import pytest
+from pydantic import ValidationError
+
+from costmodel.errors import UnsupportedError
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import TrainConfig
+from costmodel.workload import FrozenDtype, LoraConfig, adapted_matrices, adapter_params_per_layer
+
+LLAMA = ModelConfig(name="l", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=128256)
+MOE = ModelConfig(name="moe", hidden_size=256, num_layers=2, num_heads=4, ffn_size=512, vocab_size=100, num_experts=4,
+                  experts_per_token=2)
+
+
+def test_adapters_of_the_attention_and_mlp_match_hand_counts():
+    r = 16
+    attn = r * ((4096 + 4096) + 2 * (4096 + 1024) + (4096 + 4096))
+    mlp = r * 3 * (4096 + 14336)
+    assert adapter_params_per_layer(LLAMA, LoraConfig(rank=r)) == attn
+    assert adapter_params_per_layer(LLAMA, LoraConfig(rank=r, targets=("mlp", "attn"))) == attn + mlp
+
+
+def test_tensor_parallelism_splits_one_half_of_each_adapter():
+    lora = LoraConfig(rank=8)
+    whole = adapter_params_per_layer(LLAMA, lora)
+    split = adapter_params_per_layer(LLAMA, lora, tp=4)
+    # wq: A whole, B split; wo: A split, B whole.
+    assert split == 8 * ((4096 + 4096 / 4) + 2 * (4096 + 1024 / 4) + (4096 / 4 + 4096))
+    assert whole / 4 < split < whole
+
+
+def test_mlp_adapters_on_experts_are_refused_in_one_line():
+    assert [a.name for a in adapted_matrices(MOE, LoraConfig())] == ["wq", "wk", "wv", "wo"]
+    with pytest.raises(UnsupportedError, match="mixture-of-experts.*fix: use --lora-targets attn"):
+        adapted_matrices(MOE, LoraConfig(targets=("attn", "mlp")))
+
+
+def test_frozen_formats_bytes():
+    assert [FrozenDtype(d).bytes for d in ("bf16", "int8", "int4")] == [2.0, 1.0, 0.5]
+
+
+def test_train_config_fills_lora_defaults_and_refuses_lora_settings_elsewhere():
+    assert TrainConfig().lora is None and not TrainConfig().is_lora
+    assert TrainConfig(workload="finetune-lora").lora == LoraConfig()
+    assert not TrainConfig(workload="finetune-full").is_lora
+    with pytest.raises(ValidationError, match="apply to finetune-lora only"):
+        TrainConfig(workload="pretrain", lora=LoraConfig())
+    with pytest.raises(ValidationError):
+        LoraConfig(targets=())
+
+
+def test_workload_round_trips_through_json():
+    t = TrainConfig(workload="finetune-lora", lora=LoraConfig(rank=64, frozen_dtype="int4", targets=("mlp", "attn", "mlp")))
+    assert TrainConfig.model_validate_json(t.model_dump_json()) == t
+    assert t.lora.targets == ("attn", "mlp")

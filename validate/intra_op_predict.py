@@ -77,7 +77,7 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
                     # A step's input is the same in every loop trip: XLA reshards it whole, once, before the loops.
                     hoisted.add((src, out_index, ((),) * (len(have) - len(want)) + tuple(want)))
                     continue
-                for kind, axes, nbytes in _reshard(op.inputs[operand], have, want, sizes):
+                for kind, axes, nbytes in _reshard(_moved_as(source, op.inputs[operand]), have, want, sizes):
                     add(kind, axes, nbytes, calls)
     for src, out_index, want in hoisted:
         tensor, have = graph.nodes[src][OP_ATTR].outputs[out_index], program.strategy(src).results[out_index]
@@ -89,6 +89,14 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
             add(kind, axes, nbytes, 1)
     return [PredictedCollective(kind=kind, axes=axes, bytes_per_call=b / max(calls, 1), calls=int(calls),
                                 why="the intra-op plan's choice") for (kind, axes), (b, calls) in sorted(total.items())]
+
+
+def _moved_as(source: OpNode, tensor: TensorSpec) -> TensorSpec:
+    """What a reshard of ``tensor`` moves: the narrower input of a widening convert (XLA
+    converts after moving the data)."""
+    if source.primitive == "convert_element_type" and source.inputs and source.inputs[0].nbytes < tensor.nbytes:
+        return TensorSpec(shape=tensor.shape, dtype=source.inputs[0].dtype)
+    return tensor
 
 
 def _partial_sums(op: OpNode, strategy: Any, sizes: dict[str, int], platform: str) -> list[tuple[str, list[str], float]]:
@@ -144,7 +152,9 @@ def _reshard(tensor: TensorSpec, src: Sharding, dst: Sharding, sizes: dict[str, 
     (shardings trailing-aligned on ``tensor``): a collective-permute where the same axes split
     a dimension in another order, an all-to-all per axis that moves to another dimension, and
     an all-gather per dimension that loses axes, the last dimension first as XLA gathers,
-    each counted at its result."""
+    each counted at its result (after a collective-permute where the axes it drops are not
+    the dimension's minor ones). A collective-permute where a dimension keeps its axes but
+    gains others ahead of them: a free slice keeps the kept axes major."""
     rank = len(tensor.shape)
     src, dst = _aligned(src, rank), _aligned(dst, rank)
     src_dims, dst_dims = axis_dims(src, rank), axis_dims(dst, rank)
@@ -153,10 +163,14 @@ def _reshard(tensor: TensorSpec, src: Sharding, dst: Sharding, sizes: dict[str, 
     piece = tensor.nbytes / math.prod(sizes[a] for a in src_dims)
     out += [("all-to-all", [a], piece) for a in moved]
     for s, d in zip(src, dst):
-        if s != d and set(s) == set(d):
-            out.append(("collective-permute", list(s), piece))
+        # Axes kept on a dimension stay major: slicing more axes in ahead of them reorders devices.
+        if s and set(s) <= set(d) and tuple(d[:len(s)]) != tuple(s):
+            out.append(("collective-permute", list(d), tensor.nbytes / math.prod(sizes[a] for a in dst_dims)))
     for dim in reversed(range(rank)):
         dropped = [a for a in src[dim] if a not in dst_dims]
+        if dropped and list(src[dim][len(src[dim]) - len(dropped):]) != dropped:
+            # XLA gathers minor axes: it first reorders the devices so the dropped axes are.
+            out.append(("collective-permute", list(src[dim]), piece))
         if dropped:
             piece *= math.prod(sizes[a] for a in dropped)
             out.append(("all-gather", dropped, piece))

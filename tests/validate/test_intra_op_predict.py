@@ -37,4 +37,6 @@ def test_reshards_gather_dropped_axes_and_exchange_moved_ones():
     assert _reshard(t, (("data",), ()), ((), ()), sizes) == [("all-gather", ["data"], 512.0)]
     assert _reshard(t, (("data",), ()), ((), ("data",)), sizes) == [("all-to-all", ["data"], 256.0)]
     assert _reshard(t, ((), ()), (("data",), ()), sizes) == []
-    assert _reshard(t, (("data", "tensor"), ()), (("tensor", "data"), ()), sizes) == [("collective-permute", ["data", "tensor"], 64.0)]
+    assert _reshard(t, (("data", "tensor"), ()), (("tensor", "data"), ()), sizes) == [("collective-permute", ["tensor", "data"], 64.0)]
+    assert _reshard(t, (("tensor",), ()), (("data", "tensor"), ()), sizes) == [("collective-permute", ["data", "tensor"], 64.0)]
+    assert _reshard(t, (("tensor",), ()), (("tensor", "data"), ()), sizes) == []

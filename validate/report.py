@@ -34,6 +34,7 @@ from validate import intra_op_predict
 from validate.compile_check import CompileReport
 from validate.intra_op import IntraOpProgram, intra_op_program
 from validate.predict import (
+    PredictedCollective,
     parameters_per_device,
     predicted_collectives,
     predicted_matmul_flops,
@@ -92,24 +93,26 @@ def predicted_argument_bytes(plan: Plan) -> float:
 
 
 def features_not_predicted(plan: Plan) -> list[str]:
-    """Features of ``plan`` whose collectives are not predicted (`validate.predict`, or `validate.predict_lora` for LoRA)."""
+    """Features of ``plan`` whose collectives are not predicted (`validate.predict`, or
+    `validate.predict_lora` for LoRA); none for an intra-op plan, predicted from its choice."""
+    if intra_op_program(plan) is not None:
+        return []
     return (lora_unpredicted_features if plan.train.is_lora else unpredicted_features)(plan)
 
 
-def _collective_checks(plan: Plan, report: CompileReport, tolerance: float) -> list[Check]:
+def _collective_checks(report: CompileReport, predicted: list[PredictedCollective] | None, tolerance: float) -> list[Check]:
+    """One row per collective kind and mesh axes; ``predicted`` None where the plan's collectives are not predicted."""
     actual: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     for c in report.collectives:
         if c.axes:
             actual[(c.kind, c.axes)] += c.total_bytes
-    predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-    lora = plan.train.is_lora
-    for p in (lora_collectives if lora else predicted_collectives)(plan, platform=report.platform):
-        predicted[(p.kind, p.axes)] += p.total_bytes
-    unmodelled = bool(features_not_predicted(plan))
+    totals: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+    for p in predicted or []:
+        totals[(p.kind, p.axes)] += p.total_bytes
     floor = NEGLIGIBLE_TRAFFIC_SHARE * sum(actual.values())
     return [Check(item=f"{kind} bytes", axis="+".join(axes), actual=actual.get((kind, axes), 0.0),
-                  predicted=None if unmodelled else predicted.get((kind, axes), 0.0), tolerance=tolerance, floor=floor)
-            for kind, axes in sorted(set(actual) | set(predicted))]
+                  predicted=None if predicted is None else totals.get((kind, axes), 0.0), tolerance=tolerance, floor=floor)
+            for kind, axes in sorted(set(actual) | set(totals))]
 
 
 def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> list[Check]:
@@ -124,20 +127,14 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
               tolerance=max(tolerance, MEMORY_TOLERANCE)),
         Check(item="flops", predicted=(lora_matmul_flops if plan.train.is_lora else predicted_matmul_flops)(plan),
               actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
-        *_collective_checks(plan, report, tolerance),
+        *_collective_checks(report, None if features_not_predicted(plan) else
+                            (lora_collectives if plan.train.is_lora else predicted_collectives)(plan, platform=report.platform), tolerance),
     ]
 
 
 def _intra_op_checks(plan: Plan, program: IntraOpProgram, report: CompileReport, tolerance: float) -> list[Check]:
     """The same items for an intra-op plan, predicted from its choice (`validate.intra_op_predict`)."""
-    actual: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-    for c in report.collectives:
-        if c.axes:
-            actual[(c.kind, c.axes)] += c.total_bytes
-    predicted: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
-    for p in intra_op_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh), platform=report.platform):
-        predicted[(p.kind, p.axes)] += p.total_bytes
-    floor = NEGLIGIBLE_TRAFFIC_SHARE * sum(actual.values())
+    collectives = intra_op_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh), platform=report.platform)
     return [
         Check(item="memory arguments", predicted=intra_op_predict.predicted_argument_bytes(program), actual=report.argument_bytes,
               tolerance=tolerance),
@@ -145,6 +142,5 @@ def _intra_op_checks(plan: Plan, program: IntraOpProgram, report: CompileReport,
               actual=report.peak_bytes, tolerance=max(tolerance, MEMORY_TOLERANCE)),
         Check(item="flops", predicted=intra_op_predict.predicted_matmul_flops(program), actual=report.matmul_flops,
               tolerance=FLOPS_TOLERANCE, unit="flops"),
-        *[Check(item=f"{kind} bytes", axis="+".join(axes), actual=actual.get((kind, axes), 0.0), predicted=predicted.get((kind, axes), 0.0),
-                tolerance=tolerance, floor=floor) for kind, axes in sorted(set(actual) | set(predicted))],
+        *_collective_checks(report, collectives, tolerance),
     ]

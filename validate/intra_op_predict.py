@@ -12,7 +12,8 @@ gradient part once per micro-batch and the optimizer once per step. Per device:
   dimension, a collective-permute where the same axes split a dimension in another order;
 - memory: `planner.memory.MemoryModel` under the choice (arguments, peak temporaries,
   outputs less what the donated parameters and optimizer state alias), the M micro-batches'
-  accumulated loss and gradients beside it when M > 1.
+  accumulated loss and gradients beside it when M > 1, and each step input resharded
+  before the loops (a gathered parameter) held across them.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
             total[key][1] += calls
 
     graph = program.graph
-    hoisted: set[tuple[int, int, Sharding]] = set()
     for node, runs in _runs(program).items():
         op: OpNode = graph.nodes[node][OP_ATTR]
         strategy = program.strategy(node)
@@ -72,14 +72,11 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
         for src, _, data in graph.in_edges(node, data=True):
             source: OpNode = graph.nodes[src][OP_ATTR]
             for out_index, operand in data[USES_ATTR]:
-                have, want = program.strategy(src).results[out_index], strategy.operands[operand]
-                if source.is_input:
-                    # A step's input is the same in every loop trip: XLA reshards it whole, once, before the loops.
-                    hoisted.add((src, out_index, ((),) * (len(have) - len(want)) + tuple(want)))
-                    continue
-                for kind, axes, nbytes in _reshard(_moved_as(source, op.inputs[operand]), have, want, sizes):
-                    add(kind, axes, nbytes, calls)
-    for src, out_index, want in hoisted:
+                if not source.is_input:
+                    have, want = program.strategy(src).results[out_index], strategy.operands[operand]
+                    for kind, axes, nbytes in _reshard(_moved_as(source, op.inputs[operand]), have, want, sizes):
+                        add(kind, axes, nbytes, calls)
+    for src, out_index, want in _hoisted(program):
         tensor, have = graph.nodes[src][OP_ATTR].outputs[out_index], program.strategy(src).results[out_index]
         for kind, axes, nbytes in _reshard(tensor, have, want, sizes):
             add(kind, axes, nbytes, 1)
@@ -89,6 +86,21 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
             add(kind, axes, nbytes, 1)
     return [PredictedCollective(kind=kind, axes=axes, bytes_per_call=b / max(calls, 1), calls=int(calls),
                                 why="the intra-op plan's choice") for (kind, axes), (b, calls) in sorted(total.items())]
+
+
+def _hoisted(program: IntraOpProgram) -> set[tuple[int, int, Sharding]]:
+    """(input node, output index, sharding) of each way a step input is read otherwise than it
+    comes: the same in every loop trip, XLA reshards it whole, once, before the loops."""
+    graph, out = program.graph, set()
+    for node in program.graph.graph["eqn_nodes"].values():
+        strategy = program.strategy(node)
+        for src, _, data in graph.in_edges(node, data=True):
+            if graph.nodes[src][OP_ATTR].is_input:
+                for out_index, operand in data[USES_ATTR]:
+                    have, want = program.strategy(src).results[out_index], strategy.operands[operand]
+                    if _aligned(want, len(have)) != tuple(have):
+                        out.add((src, out_index, _aligned(want, len(have))))
+    return out
 
 
 def _moved_as(source: OpNode, tensor: TensorSpec) -> TensorSpec:
@@ -101,9 +113,10 @@ def _moved_as(source: OpNode, tensor: TensorSpec) -> TensorSpec:
 
 def _partial_sums(op: OpNode, strategy: Any, sizes: dict[str, int], platform: str) -> list[tuple[str, list[str], float]]:
     """(kind, axes, bytes per device) completing an op's partial sums. The axes scattered
-    onto one result dimension reduce-scatter together, dimension after dimension; the CPU
-    backend all-reduces the whole result for each instead (``FACTS.md``: it reduces, then
-    slices). The axes left reduce the scattered piece together."""
+    onto one result dimension reduce-scatter together, dimension after dimension; the axes
+    left reduce the scattered piece together. The CPU backend reduces, then slices
+    (``FACTS.md``): one all-reduce of the whole result over every axis, or, scattering onto
+    several dimensions, one per dimension."""
     partial = _partial_axes(op, strategy.operands)
     if not partial:
         return []
@@ -114,6 +127,9 @@ def _partial_sums(op: OpNode, strategy: Any, sizes: dict[str, int], platform: st
     scattered = [a for axes in by_dim.values() for a in axes]
     whole = sum(t.nbytes / shard_factor(tuple(tuple(a for a in axes if a not in scattered) for axes in r), sizes)
                 for t, r in zip(op.outputs, strategy.results))
+    groups = [axes for axes in by_dim.values() if axes]
+    if platform == "cpu" and len(groups) <= 1:
+        return [("all-reduce", partial, whole)]
     out, piece = [], whole
     for dim in sorted(by_dim, reverse=True):
         if by_dim[dim]:
@@ -203,6 +219,8 @@ def predicted_memory_bytes(program: IntraOpProgram, *, platform: str) -> float:
     memory = MemoryModel.of_graph(graph).of_choice(program.space, program.choice, donated=donated, backend=platform)
     total = memory.arguments_bytes + memory.peak_temporaries_bytes + memory.outputs_bytes - memory.aliased_bytes
     total += (program.micro_batches - 1) * _batch_bytes(program, sizes)
+    # A hoisted reshard's result stays live across the loops that read it.
+    total += sum(graph.nodes[src][OP_ATTR].outputs[k].nbytes / shard_factor(want, sizes) for src, k, want in _hoisted(program))
     if program.micro_batches > 1:
         total += sum(temporary_bytes(t, platform) / shard_factor(program.strategy(n).results[k], sizes)
                      for n, k, t in _cut_nodes(program))

@@ -6,10 +6,8 @@ sums. Lowered with the parameters' specs alone, XLA propagates its own choice be
 (gathers and all-to-alls the plan never chose), and the Megatron rules of `validate.predict`
 do not describe what it chose. So the validator rebuilds the graph's program, the training
 step on one micro-batch per data-parallel replica that `planner.intra_op` traced, and
-re-binds its jaxpr equation by equation (`constrained`): every leaf equation's operands and
-results are pinned by ``with_sharding_constraint`` to the chosen strategy's shardings (nested
-jit calls and custom-derivative calls inlined, scans and remat regions rebuilt around the
-pinned body). With M micro-batches the gradient part runs M times under a ``lax.scan`` that
+re-binds its jaxpr equation by equation (`constrained`, by `planner.pinned`): every leaf
+equation's operands and results are pinned to the chosen strategy's shardings. With M micro-batches the gradient part runs M times under a ``lax.scan`` that
 sums its results, and the optimizer part once, as the reference program accumulates.
 
 What the program then does follows from the choice (`validate.intra_op_predict`).
@@ -25,21 +23,17 @@ import jax
 import jax.numpy as jnp
 import networkx as nx
 from jax.extend import core as jex_core
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from costmodel.opgraph import OP_ATTR
 from costmodel.strategies import Sharding
 from costmodel.strategy_space import StrategySpace
 from planner.extract import extract_graph
 from planner.schema import Plan
-from planner.shard import to_partition_spec
+from planner.pinned import PinnedInterpreter
 
-# Call-like primitives evaluated inline: after differentiation their custom rules no longer matter.
-_INLINE = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
-_REMAT = ("remat2", "checkpoint")
 _OPTIMIZER_SCOPE = "optimizer"
 
-Path = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -123,77 +117,9 @@ def _as_tuples(specs: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
 
 def constrained(program: IntraOpProgram, mesh: Mesh) -> Callable[..., Any]:
     """The plan's whole training step ``(params, opt_state, batch) -> outputs`` with every
-    equation pinned to its chosen shardings; the batch holds all M micro-batches."""
-    eqn_nodes: dict[Path, int] = program.graph.graph["eqn_nodes"]
-    region_mesh = mesh
-
-    def pin(x: Any, sharding: Sharding) -> Any:
-        if not hasattr(x, "shape") or len(sharding) < x.ndim:
-            return x
-        # Trailing-aligned: a stacked input [L, ...] is read one [...] slice at a time in the layer loop.
-        spec = to_partition_spec(tuple(sharding)[len(sharding) - x.ndim:])
-        return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh, spec))
-
-    def run(jaxpr: Any, consts: list[Any], args: list[Any], prefix: Path, eqns: range | None = None,
-            env: dict[Any, Any] | None = None) -> dict[Any, Any]:
-        env = {} if env is None else env
-
-        def read(v: Any) -> Any:
-            return v.val if isinstance(v, jex_core.Literal) else env[v]
-
-        for var, val in zip(jaxpr.constvars, consts):
-            env[var] = val
-        for var, val in zip(jaxpr.invars, args):
-            env[var] = val
-        for index in eqns if eqns is not None else range(len(jaxpr.eqns)):
-            eqn = jaxpr.eqns[index]
-            path = (*prefix, index)
-            invals = [read(v) for v in eqn.invars]
-            outs = _bind(eqn, invals, path)
-            for var, val in zip(eqn.outvars, outs):
-                env[var] = val
-        return env
-
-    def call(jaxpr: Any, consts: list[Any], args: list[Any], prefix: Path) -> list[Any]:
-        env = run(jaxpr, consts, args, prefix)
-        return [v.val if isinstance(v, jex_core.Literal) else env[v] for v in jaxpr.outvars]
-
-    def _bind(eqn: Any, invals: list[Any], path: Path) -> list[Any]:
-        name, params = eqn.primitive.name, eqn.params
-        if name in _INLINE:
-            sub = params.get("jaxpr", params.get("call_jaxpr"))
-            if len(sub.jaxpr.outvars) == len(eqn.outvars):
-                return call(sub.jaxpr, list(sub.consts), invals, path)
-        if name in _REMAT:
-            sub = params["jaxpr"]
-            fn = jax.checkpoint(lambda *a: call(sub, [], list(a), path), prevent_cse=params["prevent_cse"], policy=params["policy"])
-            return fn(*invals)
-        if name == "scan":
-            return _scan(eqn, invals, path)
-        node = eqn_nodes.get(path)
-        strategy = program.strategy(node) if node is not None else None
-        if strategy is not None:
-            operands = [v for v in invals if hasattr(v, "shape")]
-            pinned = iter(pin(x, s) for x, s in zip(operands, strategy.operands))
-            invals = [next(pinned, v) if hasattr(v, "shape") else v for v in invals]
-        out = eqn.primitive.bind(*invals, **params)
-        outs = list(out) if eqn.primitive.multiple_results else [out]
-        if strategy is not None:
-            outs = [pin(x, s) for x, s in zip(outs, strategy.results)] + outs[len(strategy.results):]
-        return outs
-
-    def _scan(eqn: Any, invals: list[Any], path: Path) -> list[Any]:
-        params = eqn.params
-        body, n_consts, n_carry = params["jaxpr"], params["num_consts"], params["num_carry"]
-        consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
-
-        def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
-            outs = call(body.jaxpr, list(body.consts), [*consts, *carry, *x], path)
-            return outs[:n_carry], outs[n_carry:]
-
-        carry, ys = jax.lax.scan(step, init, xs, length=params["length"], reverse=params["reverse"], unroll=params["unroll"])
-        return [*carry, *ys]
-
+    equation pinned to its chosen shardings (`planner.pinned.PinnedInterpreter`); the batch holds all M micro-batches."""
+    interpreter = PinnedInterpreter(program.graph.graph["eqn_nodes"], program.strategy, mesh)
+    run, call = interpreter.run, interpreter.call
     closed = program.closed_jaxpr
     jaxpr, consts = closed.jaxpr, list(closed.consts)
     split = program.gradient_part_end()

@@ -37,7 +37,7 @@ from planner.extract import extract_graph
 from planner.ilp import solve_intra_op
 from planner.models.train_step import abstract_train_inputs, make_train_step
 from planner.schema import IntraOpInfo, MeshAxis
-from planner.shard import to_partition_spec
+from planner.pinned import to_partition_spec
 from search.strategy_search import SEARCH_PLANNERS
 
 _REMAT = {Recompute.NONE: "none", Recompute.FULL: "full"}

@@ -35,7 +35,7 @@ from planner.models.params import abstract_params
 from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
 from planner.models.transformer import Experts
 from planner.schema import Plan
-from planner.shard import to_partition_spec
+from planner.pinned import to_partition_spec
 from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
 from validate.intra_op import constrained, intra_op_program
 

@@ -1,6 +1,7 @@
 """Compile ``planner.shard``'s specs and compare the program with the prediction.
 
-The checks ``plan validate --compile-only`` makes, for a function the user wrote: per-device
+The checks ``plan validate --compile-only`` makes, for a function the user wrote, compiled as
+the choice pins it (``ShardResult.jit``): per-device
 memory from ``memory_analysis()`` against the predicted arguments, temporaries and outputs,
 the compiled matmul FLOPs, and the collectives of the partitioned HLO per mesh axis.
 """
@@ -48,8 +49,8 @@ def compiled_memory(fn: Callable[..., Any], abstract_args: Sequence[Any], in_spe
 
 def check_shard(result: Any, fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh,
                 donate_argnums: Sequence[int] = ()) -> ShardCheck:
-    """Compile ``result``'s specs (a ``planner.shard.ShardResult``) and compare with its prediction."""
-    compiled = compiled_memory(fn, abstract_args, result.in_specs, result.out_specs, mesh=mesh, donate_argnums=donate_argnums)
+    """Compile ``result``'s pinned program (``planner.shard.ShardResult.jit``) and compare with its prediction."""
+    compiled = result.jit(fn, *abstract_args, mesh=mesh, donate_argnums=donate_argnums).lower(*abstract_args).compile()
     m = compiled.memory_analysis()
     text = compiled.as_text()
     counts = Counter(f"{c.kind}({','.join(c.axes)})" for c in collectives(text, mesh_shape=result.mesh_axes) for _ in range(c.calls))

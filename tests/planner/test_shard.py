@@ -100,8 +100,10 @@ _RUN_SCRIPT = textwrap.dedent("""
     tokens = jax.random.randint(jax.random.key(1), (8, 64), 0, 256)
     args = jax.device_put((params, init_opt_state(params), {"tokens": tokens, "targets": tokens}), named(result.in_specs))
     new_params, _, metrics = jitted(*args)
+    _, _, pinned_metrics = result.jit(step, *abstract, mesh=mesh)(*args)  # every equation pinned to the choice
     sharded = [s for s in jax.tree.leaves(result.in_specs[0]) if any(a is not None for a in s)]
-    print("status", result.solution.status, "sharded", len(sharded), "loss", float(metrics["loss"]))
+    print("status", result.solution.status, "sharded", len(sharded), "loss", float(metrics["loss"]),
+          "pinned", float(pinned_metrics["loss"]))
 """)
 
 
@@ -114,6 +116,7 @@ def test_exported_shardings_compile_and_run_a_training_step_on_8_devices():
     assert words[words.index("status") + 1] in ("OPTIMAL", "FEASIBLE")
     assert int(words[words.index("sharded") + 1]) > 0  # the tight budget forced real sharding
     assert math.isfinite(float(words[words.index("loss") + 1]))
+    assert float(words[words.index("pinned") + 1]) == pytest.approx(float(words[words.index("loss") + 1]), rel=1e-5)
 
 
 _T4_FP32_SCRIPT = textwrap.dedent("""

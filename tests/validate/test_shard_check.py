@@ -1,4 +1,4 @@
-"""Tests `validate/shard_check.py`: a user's function compiled with given specs, read back per device."""
+"""Tests `validate/shard_check.py`: a user's function compiled as a shard result runs it, read back per device."""
 
 import json
 import os
@@ -16,7 +16,7 @@ _CHILD = textwrap.dedent("""
 
     import jax
     import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     from validate.shard_check import check_shard
 
@@ -24,7 +24,11 @@ _CHILD = textwrap.dedent("""
         return jax.grad(lambda w: jnp.sum((x_BxD @ w) ** 2))(w_DxF)
 
     w, x = jax.ShapeDtypeStruct((256, 512), jnp.float32), jax.ShapeDtypeStruct((64, 256), jnp.float32)
-    result = SimpleNamespace(in_specs=(P(), P("data", None)), out_specs=P(), mesh_axes=(("data", 8),), predicted_memory_bytes=2e6)
+    def jit(fn, *args, mesh, donate_argnums):  # ShardResult.jit with data-parallel specs
+        return jax.jit(fn, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("data", None))),
+                       out_shardings=NamedSharding(mesh, P()), donate_argnums=donate_argnums)
+
+    result = SimpleNamespace(jit=jit, mesh_axes=(("data", 8),), predicted_memory_bytes=2e6)
     print(json.dumps(check_shard(result, step, w, x, mesh=jax.make_mesh((8,), ("data",))).model_dump()))
 """)
 

@@ -11,7 +11,7 @@ included.
   sequence rounded up to whole blocks of the paged allocator (``kv_block_size`` tokens).
   Tensor parallelism splits the kv heads (each device keeps one when tp > kv_heads, so the
   cache is replicated ``tp / kv_heads`` times), pipeline parallelism the layers, data
-  parallelism (independent replicas) the batch.
+  parallelism (independent replicas) nothing: each replica holds its own batch's cache.
 - Weights: the layer matrices in ``InferenceConfig.weight_dtype``, norms, embedding and
   head in the compute dtype; split as in training (`costmodel.data_parallel.stage_params`).
 - Tensor parallelism: two all-reduces per layer of ``tokens × hidden`` (after the attention
@@ -20,8 +20,8 @@ included.
   stages (at most one per sequence, a divisor of the replica's batch); a token passes every
   stage in turn, so the time per output token is the sum over stages plus the hand-offs,
   and at least the busiest stage times the micro-batches it serves.
-- Data parallelism: replicas decode ``batch / dp`` sequences each; throughput is ``dp`` times
-  a replica's, latency a replica's.
+- Data parallelism: independent replicas, each serving the batch (``batch`` is sequences per
+  replica); throughput is ``dp`` times a replica's, latency a replica's.
 - Time to first token: a replica's prompts prefilled together, stage after stage.
 
 >>> from costmodel.collectives import Tier
@@ -71,8 +71,8 @@ def padded_context(train: TrainConfig) -> int:
 
 
 def replica_batch(train: TrainConfig, layout: Layout) -> int:
-    """Sequences one data-parallel replica serves."""
-    return train.global_batch // layout.dp
+    """Sequences one data-parallel replica serves: the workload's batch (``TrainConfig.global_batch``)."""
+    return train.global_batch
 
 
 def micro_batches(train: TrainConfig, layout: Layout) -> int:
@@ -174,11 +174,8 @@ def check_inference_layout(model: ModelConfig, train: TrainConfig, layout: Layou
     if layout.cp > 1 or layout.ep > 1 or layout.zero_stage > 0 or layout.interleave > 1:
         raise UnsupportedError("serving layouts use tensor, pipeline and data (replica) parallelism only",
                                fix="drop --cp, --ep, --zero-stage and --interleave")
-    if train.global_batch % layout.dp:
-        raise InvalidPlanError(f"batch {train.global_batch} does not split over dp={layout.dp} replicas",
-                               fix=f"use a batch that is a multiple of {layout.dp}, or fewer replicas")
     lay = layout.model_copy(update={"micro_batch": replica_batch(train, layout) // micro_batches(train, layout)})
-    check_layout(lay, model, train, n_devices=lay.n_devices)
+    check_layout(lay, model, train.model_copy(update={"global_batch": train.global_batch * lay.dp}), n_devices=lay.n_devices)
     return lay
 
 
@@ -225,13 +222,13 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
     busiest = max(runs[0], key=lambda t: t[0])
     compute_s, memory_s, tp_s = (runs[1] * x for x in busiest[1:])
     attn_per_token = 4 * model.num_layers * model.num_heads * model.head_dim
-    model_flops = (train.global_batch * (2 * model.total_params + attn_per_token * train.seq_len) if is_decode else
+    model_flops = lay.dp * (train.global_batch * (2 * model.total_params + attn_per_token * train.seq_len) if is_decode else
                    train.global_batch * prompt * (2 * model.total_params + attn_per_token * prompt / 2))
     utilisation = model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
     memory = inference_memory(model, train, lay, hbm_bytes=hw.hbm_bytes)
     return StepEstimate(
         layout=lay, hardware=hw.name, n_devices=lay.n_devices, step_time_s=step_s,
-        tokens_per_s=train.global_batch * (1 if is_decode else prompt) / step_s, mfu=utilisation, hfu=utilisation,
+        tokens_per_s=lay.dp * train.global_batch * (1 if is_decode else prompt) / step_s, mfu=utilisation, hfu=utilisation,
         model_flops=model_flops, memory=memory, fits=memory.total_bytes <= hw.hbm_bytes,
         breakdown=TimeBreakdown(compute_s=compute_s, memory_bound_s=memory_s, recompute_s=0.0, exposed_comm_s=tp_s,
                                 bubble_s=max(0.0, step_s - compute_s - memory_s - tp_s), optimizer_s=0.0,

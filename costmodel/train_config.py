@@ -79,7 +79,8 @@ class TrainConfig(BaseModel):
     optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
     optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
     workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="pretrain, finetune-full (the same step), finetune-lora, "
-                                   "or the inference workloads prefill and decode (batch: global_batch, context: seq_len).")
+                                   "or the inference workloads prefill and decode (global_batch: sequences per replica, "
+                                   "seq_len: context).")
     lora: LoraConfig | None = Field(None, description="LoRA's settings; set exactly when workload is finetune-lora.")
     inference: InferenceConfig | None = Field(None, description="Serving settings; set exactly when workload is prefill or decode.")
 

@@ -90,8 +90,8 @@ class LoraConfig(BaseModel):
 
 
 class InferenceConfig(BaseModel):
-    """Serving settings of a prefill or decode workload; the batch (sequences served together
-    over the whole mesh) and the context length (tokens each sequence's KV cache holds at the
+    """Serving settings of a prefill or decode workload; the batch (sequences each
+    data-parallel replica serves together) and the context length (tokens each sequence's KV cache holds at the
     step predicted) are `TrainConfig.global_batch` and `TrainConfig.seq_len`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

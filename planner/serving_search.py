@@ -13,7 +13,11 @@ latency reachable.
 >>> train = TrainConfig(workload="decode", global_batch=64, seq_len=4096)
 >>> choice = choose_serving_layout(load_model("llama3-8b"), train, load_machine("h100-sxm"), splits=None, n_devices=8)
 >>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.latency_bound
-((1, 8, 1), False)
+((8, 1, 1), False)
+>>> bounded = train.model_copy(update={"inference": train.inference.model_copy(update={"max_token_latency_ms": 5.0})})
+>>> choice = choose_serving_layout(load_model("llama3-8b"), bounded, load_machine("h100-sxm"), splits=None, n_devices=8)
+>>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.latency_bound
+((1, 8, 1), True)
 """
 
 from __future__ import annotations

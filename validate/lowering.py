@@ -18,7 +18,7 @@ the matrix it adapts (`planner.models.lora.adapter_specs`), its moments over the
 too with ZeRO ≥ 1. Pipelined LoRA plans are not lowered.
 
 A decode plan (``train.workload == "decode"``) takes ``(params, kv_cache, batch)`` and returns
-``(logits, kv_cache)`` (`planner.models.decode`): the weights as served with the plan's
+``(logits, kv_cache)`` (`planner.models.decode`), every replica's batch together: the weights as served with the plan's
 ``param_specs``, the cache ``[layers, batch, tokens, kv_heads, head_dim]`` split over the
 data axes by sequence and over the tensor axes by KV head (whole where the tensor axes do
 not divide the KV heads, as the plan's ``wk`` is), and donated. Prefill and pipelined decode
@@ -169,7 +169,7 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
     if plan.train.is_inference:
         from planner.models.decode import abstract_decode_inputs
 
-        inputs = abstract_decode_inputs(plan.model, plan.train)
+        inputs = abstract_decode_inputs(plan.model, plan.train, replicas=plan.layout.dp)
     else:
         inputs = abstract_train_inputs(plan.model, plan.train)
     return tuple(sharded(t, s) for t, s in zip(inputs, input_specs(plan)))

@@ -2,13 +2,13 @@
 computes and communicates per device: the decode branch of `validate.predict`.
 
 - Arguments: each weight as served (`planner.models.decode.served_dtype_of`) split by the
-  plan's spec, the K and V caches (``2 · layers · batch/dp · allocated tokens ·
-  kv_heads/tp · head_dim`` elements in the compute dtype; whole KV heads where the tensor
+  plan's spec, the K and V caches (``2 · layers · batch · allocated tokens ·
+  kv_heads/tp · head_dim`` elements  in the compute dtype; whole KV heads where the tensor
   axes do not divide them), the tokens (int32) and the position.
-- Matmul FLOPs: ``2 · batch/dp`` per weight element a device holds in the layers and the
+- Matmul FLOPs (batch: sequences per replica): ``2 · batch`` per weight element a device holds in the layers and the
   head (the embedding is a lookup), and the attention's two products over the whole
-  allocated cache: ``4 · batch/dp · tokens · heads/tp · head_dim`` per layer.
-- Collectives, over the tensor axes: two all-reduces per layer of ``batch/dp × hidden`` in
+  allocated cache: ``4 · batch · tokens · heads/tp · head_dim`` per layer.
+- Collectives, over the tensor axes: two all-reduces per layer of ``batch × hidden`` in
   the compute dtype (the row-parallel attention output and MLP down projections), and one of
   the vocab-parallel embedding's rows; none over the data axes (replicas are independent).
 
@@ -35,7 +35,7 @@ def decode_unpredicted_features(plan: Plan) -> list[str]:
 
 
 def _replica_batch(plan: Plan) -> int:
-    return plan.train.global_batch // plan.layout.dp
+    return plan.train.global_batch  # sequences per replica
 
 
 def _cache_elements_per_device(plan: Plan) -> float:

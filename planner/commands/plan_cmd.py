@@ -190,7 +190,7 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
                                   f"{srv.hbm_lower_bound_s * 1e3:.2f} ms; {srv.micro_batches} micro-batch(es) per replica)"),
         ("  compute / HBM / tp all-reduce / pp hand-off", f"{srv.decode_compute_s * 1e3:.2f} / {srv.decode_hbm_s * 1e3:.2f} / "
                                                        f"{srv.decode_tp_comm_s * 1e3:.2f} / {srv.decode_pp_handoff_s * 1e3:.2f} ms"),
-        ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch // lay.dp} × "
+        ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch} × "
                                 f"{train.prompt_len} tokens per replica)"),
         ("tokens/s", f"{est.tokens_per_s:,.0f} {'output' if decode else 'prompt'} tokens/s over {lay.dp} replica(s)"),
         ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),

@@ -43,8 +43,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frozen-dtype", choices=[d.value for d in FrozenDtype],
                         help="storage of the frozen base weight matrices: bf16 (default), or int8 / int4 weight-only "
                              "as QLoRA stores them (finetune-lora); for prefill and decode, the layer weights' storage")
-    parser.add_argument("--batch", type=positive_int, help="sequences served together over the whole mesh (prefill and decode; "
-                                                           "default 1)")
+    parser.add_argument("--batch", type=positive_int, help="sequences each replica serves together (prefill and decode; "
+                                                           "default 1); data parallelism adds replicas")
     parser.add_argument("--context-len", type=positive_int, help="tokens in each sequence's KV cache at the predicted decode step "
                                                                  "(prefill and decode; default as --seq-len)")
     parser.add_argument("--prompt-len", type=positive_int, help="prompt tokens prefilled per sequence (default the whole context)")

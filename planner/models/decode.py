@@ -43,17 +43,18 @@ def served_dtype_of(path: str, train: TrainConfig) -> Any:
     return jnp.dtype(train.inference.weight_dtype.jax_name if quantized else train.compute_dtype.value)
 
 
-def kv_cache_shape(cfg: ModelConfig, train: TrainConfig) -> tuple[int, int, int, int, int]:
-    """``(layers, batch, allocated tokens, kv_heads, head_dim)`` of the K (and of the V) cache."""
-    return cfg.num_layers, train.global_batch, padded_context(train), cfg.num_kv_heads, cfg.head_dim
+def kv_cache_shape(cfg: ModelConfig, train: TrainConfig, *, replicas: int = 1) -> tuple[int, int, int, int, int]:
+    """``(layers, batch, allocated tokens, kv_heads, head_dim)`` of the K (and of the V) cache of
+    ``replicas`` data-parallel replicas, each serving the workload's batch."""
+    return cfg.num_layers, train.global_batch * replicas, padded_context(train), cfg.num_kv_heads, cfg.head_dim
 
 
-def abstract_decode_inputs(cfg: ModelConfig, train: TrainConfig) -> tuple[Params, dict[str, Any], dict[str, Any]]:
-    """``(params, kv_cache, batch)`` of a decode step as ``jax.ShapeDtypeStruct``s."""
+def abstract_decode_inputs(cfg: ModelConfig, train: TrainConfig, *, replicas: int = 1) -> tuple[Params, dict[str, Any], dict[str, Any]]:
+    """``(params, kv_cache, batch)`` of a decode step as ``jax.ShapeDtypeStruct``s, the batch of ``replicas`` replicas."""
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: jax.ShapeDtypeStruct(x.shape, served_dtype_of("/".join(str(k.key) for k in path), train)), abstract_params(cfg))
-    cache = jax.ShapeDtypeStruct(kv_cache_shape(cfg, train), jnp.dtype(train.compute_dtype.value))
-    batch = {"tokens": jax.ShapeDtypeStruct((train.global_batch, 1), jnp.int32), "position": jax.ShapeDtypeStruct((), jnp.int32)}
+    cache = jax.ShapeDtypeStruct(kv_cache_shape(cfg, train, replicas=replicas), jnp.dtype(train.compute_dtype.value))
+    batch = {"tokens": jax.ShapeDtypeStruct((train.global_batch * replicas, 1), jnp.int32), "position": jax.ShapeDtypeStruct((), jnp.int32)}
     return params, {"k": cache, "v": cache}, batch
 
 

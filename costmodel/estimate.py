@@ -44,6 +44,24 @@ class TimeBreakdown(Record):
                 + self.first_touch_s)
 
 
+class ServingTimes(Record):
+    """Where an inference step's time goes (`costmodel.inference`): one decode step (one token
+    for every sequence) and one prefill, each per replica, pipeline stages summed."""
+
+    decode_compute_s: NonNegativeFloat = Field(description="Decode: matmul and attention kernels at the achievable compute peak.")
+    decode_hbm_s: NonNegativeFloat = Field(description="Decode: every weight byte and the whole KV cache read once, at the "
+                                           "achievable HBM bandwidth.")
+    decode_tp_comm_s: NonNegativeFloat = Field(description="Decode: tensor-parallel all-reduces, two per layer of batch × hidden.")
+    decode_pp_handoff_s: NonNegativeFloat = Field(description="Decode: activations passed between pipeline stages.")
+    decode_bound: str = Field(description="What limits the decode kernels: 'hbm' (bandwidth) or 'compute'.")
+    hbm_lower_bound_s: NonNegativeFloat = Field(description="Decode per-token floor: the busiest device's weight and KV-cache "
+                                                "bytes at the datasheet HBM bandwidth, summed over the stages in series (at least the busiest stage "
+                                                "times its micro-batches).")
+    prefill_compute_s: NonNegativeFloat = Field(description="Prefill: forward matmuls and causal attention of the prompts.")
+    prefill_comm_s: NonNegativeFloat = Field(description="Prefill: tensor-parallel all-reduces and pipeline hand-offs.")
+    micro_batches: int = Field(description="Micro-batches in flight per replica (as many as stages, at most one per sequence).")
+
+
 class StepEstimate(BaseModel):
     """Predicted step time, throughput, utilisation and memory of one layout."""
 
@@ -64,3 +82,8 @@ class StepEstimate(BaseModel):
     time_to_train_s: float | None = Field(None, description="Seconds to train on the requested tokens at this step time; "
                                                             "None when no token count was given.")
     device_hours: float | None = Field(None, description="time_to_train_s × devices / 3600; None when no token count was given.")
+    time_per_output_token_s: float | None = Field(None, description="Inference: seconds between a sequence's output tokens "
+                                                  "(one decode step); None for training.")
+    time_to_first_token_s: float | None = Field(None, description="Inference: seconds to prefill a replica's prompts and emit "
+                                                "their first tokens; None for training.")
+    serving: ServingTimes | None = Field(None, description="Inference: the decode and prefill times itemised; None for training.")

@@ -62,12 +62,15 @@ class MemoryBreakdown(Record):
     optimizer_bytes: NonNegativeFloat = Field(description="Master weights and optimizer moments held.")
     activations_bytes: NonNegativeFloat = Field(description="Activations kept for backward, all in-flight micro-batches.")
     temporary_bytes: NonNegativeFloat = Field(description="Transient buffers: FSDP gathers, recompute working set, logits, buckets.")
+    kv_cache_bytes: NonNegativeFloat = Field(0.0, description="Inference: the KV cache one device holds, in whole blocks of the "
+                                             "paged allocator (`costmodel.inference`); 0 for training.")
     hbm_bytes: NonNegativeFloat | None = Field(None, description="Device memory, when known.")
 
     @computed_field(description="Sum of all items.")
     @property
     def total_bytes(self) -> float:
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.temporary_bytes
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.temporary_bytes
+                + self.kv_cache_bytes)
 
     @computed_field(description="The same as total_bytes: what one device must hold.")
     @property

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from costmodel.collectives import all_gather_s, p2p_s
 from costmodel.data_parallel import data_parallel_costs, trainable_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
+from costmodel.inference import simulate_inference
 from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
 from costmodel.layout import Layout, check_layout
@@ -183,7 +184,10 @@ def stage_transfer_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw:
 
 
 def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
-    """Predict one training step of ``model`` under ``layout`` on ``hw``."""
+    """Predict one training step of ``model`` under ``layout`` on ``hw`` (a prefill or decode
+    workload: `costmodel.inference.simulate_inference`)."""
+    if train.is_inference:
+        return simulate_inference(model, train, layout, hw)
     check_layout(layout, model, train, n_devices=layout.n_devices)
     layer = layer_costs(model, train, layout, hw)
     stages = _stages(model, train, layout, hw, layer)

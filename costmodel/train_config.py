@@ -5,6 +5,8 @@
 (1048576, 4, 2)
 >>> TrainConfig(workload="finetune-lora").lora.rank
 16
+>>> TrainConfig(workload="decode", global_batch=8).inference.kv_block_size
+16
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from costmodel.workload import LoraConfig, WorkloadKind
+from costmodel.workload import InferenceConfig, LoraConfig, WorkloadKind
 
 
 class Dtype(StrEnum):
@@ -76,8 +78,11 @@ class TrainConfig(BaseModel):
     grad_dtype: Dtype = Field(Dtype.FP32, description="Gradients as reduced and accumulated.")
     optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
     optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
-    workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="pretrain, finetune-full (the same step) or finetune-lora.")
+    workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="pretrain, finetune-full (the same step), finetune-lora, "
+                                   "or the inference workloads prefill and decode (global_batch: sequences per replica, "
+                                   "seq_len: context).")
     lora: LoraConfig | None = Field(None, description="LoRA's settings; set exactly when workload is finetune-lora.")
+    inference: InferenceConfig | None = Field(None, description="Serving settings; set exactly when workload is prefill or decode.")
 
     @model_validator(mode="before")
     @classmethod
@@ -85,6 +90,8 @@ class TrainConfig(BaseModel):
         """A LoRA workload without settings gets the defaults (rank 16 on the attention projections)."""
         if isinstance(data, dict) and data.get("workload") == WorkloadKind.FINETUNE_LORA and data.get("lora") is None:
             return {**data, "lora": LoraConfig()}
+        if isinstance(data, dict) and data.get("workload") in (WorkloadKind.PREFILL, WorkloadKind.DECODE) and data.get("inference") is None:
+            return {**data, "inference": InferenceConfig()}
         return data
 
     @model_validator(mode="after")
@@ -92,6 +99,28 @@ class TrainConfig(BaseModel):
         if self.lora is not None and self.workload is not WorkloadKind.FINETUNE_LORA:
             raise ValueError(f"LoRA settings given for workload {self.workload.value}; they apply to finetune-lora only")
         return self
+
+    @model_validator(mode="after")
+    def _inference_settings_only_for_inference(self) -> TrainConfig:
+        if self.inference is not None and not self.workload.is_inference:
+            raise ValueError(f"serving settings given for workload {self.workload.value}; they apply to prefill and decode only")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_within_context(self) -> TrainConfig:
+        if self.inference is not None and (self.inference.prompt_len or 0) > self.seq_len:
+            raise ValueError(f"prompt_len={self.inference.prompt_len} exceeds the context length {self.seq_len}")
+        return self
+
+    @property
+    def is_inference(self) -> bool:
+        """Whether the step is a prefill or decode forward on weights alone."""
+        return self.inference is not None
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt tokens per sequence of an inference workload (the whole context by default)."""
+        return (self.inference.prompt_len if self.inference else None) or self.seq_len
 
     @property
     def is_lora(self) -> bool:

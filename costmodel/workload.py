@@ -7,8 +7,9 @@ and trains, beside each targeted matrix ``W`` (``d_in × d_out``), two small mat
 ``A`` (``d_in × r``) and ``B`` (``r × d_out``): ``y = x·W + (x·A)·B · alpha / r``. Frozen
 weights have no gradient, no optimizer state and no fp32 master copy, and may be stored
 quantized (weight-only int8 or int4, as QLoRA stores them); the adapters train in fp32
-with AdamW like any weight. Inference workloads (prefill, decode) are meant to join this
-enum later; nothing here assumes a backward pass exists for them.
+with AdamW like any weight. Inference workloads (prefill: one forward over whole prompts;
+decode: one token per sequence per step against a KV cache) hold weights only, no gradients
+or optimizer state; `InferenceConfig` has their settings and `costmodel.inference` their costs.
 
 >>> lora = LoraConfig(rank=16)
 >>> m = ModelConfig(name="m", hidden_size=4096, num_layers=1, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=8)
@@ -34,6 +35,13 @@ class WorkloadKind(StrEnum):
     PRETRAIN = "pretrain"
     FINETUNE_FULL = "finetune-full"
     FINETUNE_LORA = "finetune-lora"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @property
+    def is_inference(self) -> bool:
+        """Prefill and decode run the forward pass only, on weights alone."""
+        return self in (WorkloadKind.PREFILL, WorkloadKind.DECODE)
 
 
 class LoraTarget(StrEnum):
@@ -79,6 +87,23 @@ class LoraConfig(BaseModel):
         if not targets:
             raise ValueError("LoRA needs at least one target group (attn, mlp)")
         return tuple(t for t in LoraTarget if t in targets)  # canonical order, no repeats
+
+
+class InferenceConfig(BaseModel):
+    """Serving settings of a prefill or decode workload; the batch (sequences each
+    data-parallel replica serves together) and the context length (tokens each sequence's KV cache holds at the
+    step predicted) are `TrainConfig.global_batch` and `TrainConfig.seq_len`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_len: PositiveInt | None = Field(None, description="Prompt tokens prefilled per sequence (time to first token); "
+                                                             "None: the whole context.")
+    kv_block_size: PositiveInt = Field(16, description="Tokens per block of the paged KV-cache allocator (vLLM's default 16); "
+                                                       "each sequence's cache is rounded up to whole blocks.")
+    max_token_latency_ms: PositiveFloat | None = Field(None, description="Decode: the most milliseconds per output token a "
+                                                                         "layout may take; None: no bound.")
+    weight_dtype: FrozenDtype = Field(FrozenDtype.BF16, description="Storage of the layer weight matrices: bf16, or int8 / "
+                                                                    "int4 weight-only (cast to the compute dtype on use).")
 
 
 class AdaptedMatrix(BaseModel):

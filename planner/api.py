@@ -21,10 +21,11 @@ from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.stack import Attention, SoftwareStack, get_stack, stack_with
 from costmodel.train_config import Precision, TrainConfig
-from costmodel.workload import LoraConfig, WorkloadKind
+from costmodel.workload import InferenceConfig, LoraConfig, WorkloadKind
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
+from planner.serving_search import ServingChoice, choose_serving_layout
 from planner.shardings import logical_rules, param_specs
 from search.layouts import SearchSpace, grid_search
 
@@ -40,7 +41,7 @@ def plan(
     planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0, attention: Attention | None = None,
     progress: Report | None = None, tokens: float | None = None, stack: str | SoftwareStack = "jax",
     precision: Precision | str = Precision.BF16, workload: WorkloadKind | str = WorkloadKind.PRETRAIN,
-    lora: LoraConfig | None = None,
+    lora: LoraConfig | None = None, inference: InferenceConfig | None = None,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -67,20 +68,27 @@ def plan(
       workload: "pretrain", "finetune-full" (the same step) or "finetune-lora" (frozen base
         weights, trained adapters; ``lora`` sets rank, targets and the frozen weights' storage,
         default `costmodel.workload.LoraConfig`). LoRA plans use the grid planner, without
-        pipeline stages (the validator lowers LoRA without them).
+        pipeline stages (the validator lowers LoRA without them). "prefill" or "decode" serve
+        the model (`planner.serving_search`): ``global_batch`` sequences at a context of
+        ``seq_len`` tokens, ``inference`` the rest (prompt length, KV block size, the per-token
+        latency bound, weight storage; default `costmodel.workload.InferenceConfig`).
 
     The plan holds no wall times, so the same inputs give the same plan bytes.
 
     >>> p = plan("llama3-8b", mesh="8", workload="finetune-lora", global_batch=64)
     >>> p.workload, p.train.lora.rank, p.predicted.memory.frozen_params_bytes > p.predicted.memory.optimizer_bytes
     ('finetune-lora', 16, True)
+    >>> d = plan("llama3-8b", mesh="8", workload="decode", global_batch=64, seq_len=4096,
+    ...          inference=InferenceConfig(max_token_latency_ms=5))
+    >>> d.layout.tp, d.predicted.time_per_output_token_s < 0.01, d.predicted.memory.kv_cache_bytes / 2**30
+    (8, True, 4.0)
     """
     _check_arguments(planner=planner, devices=devices, time_limit_s=time_limit_s)
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch, workload=workload,
-                         lora=lora).with_precision(Precision(precision))
-    if train.is_lora and planner != "grid":
-        raise UnsupportedError(f"--planner {planner} shards the pretraining step only; LoRA plans use the grid planner",
+                         lora=lora, inference=inference).with_precision(Precision(precision))
+    if (train.is_lora or train.is_inference) and planner != "grid":
+        raise UnsupportedError(f"--planner {planner} shards the pretraining step only; {train.workload.value} plans use the grid planner",
                                fix="drop --planner or use --planner grid")
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
@@ -95,6 +103,8 @@ def plan(
     if n_devices > MAX_DEVICES:
         raise InvalidConfigError(f"{n_devices:,} devices exceed the {MAX_DEVICES:,} this planner supports",
                                  fix="plan one replica group and scale data parallelism by hand")
+    if train.is_inference:
+        return _serving_plan(cfg, train, cluster, machine, mesh_spec=mesh_spec, n_devices=n_devices, splits=splits)
     _check_any_cluster_holds(cfg, train, machine)
     # An intra-op planner shards the reference program, which materializes attention
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
@@ -131,10 +141,29 @@ def plan(
     )
 
 
+def _serving_plan(cfg: ModelConfig, train: TrainConfig, cluster: ClusterSpec, machine: Machine, *, mesh_spec: MeshSpec | None,
+                  n_devices: int, splits: tuple[tuple[int, int, int, int], ...] | None) -> Plan:
+    """The plan of a prefill or decode workload: the serving layout `choose_serving_layout` takes, Megatron shardings."""
+    choice: ServingChoice = choose_serving_layout(cfg, train, machine, splits=splits, n_devices=n_devices)
+    lay = choice.best.layout
+    if mesh_spec is None:
+        mesh_spec, kinds = _derived_mesh(lay.dp, lay.tp, lay.pp, lay.cp)
+    else:
+        kinds = next(k for k in assignments(mesh_spec) if degrees(mesh_spec, k) == (lay.dp, lay.tp, lay.pp, lay.cp))
+    axes = _mesh_axes(mesh_spec, kinds, cluster)
+    by_kind = _axes_by_kind(axes)
+    alternatives = tuple(Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes, why=why)
+                         for e, why in choice.runners_up)
+    return Plan(model=cfg, train=train, hardware=cluster.name, mesh=axes, layout=lay,
+                param_specs=param_specs(cfg, logical_rules(lay, by_kind, cfg), mesh_spec.shape),
+                activation_specs=_activation_specs(lay, by_kind), predicted=choice.best, alternatives=alternatives,
+                solver=SolverInfo(planner="grid", status="OPTIMAL", evaluated=choice.evaluated, pruned=choice.pruned))
+
+
 def layout_plan(
     model: str | ModelConfig, layout: Layout, *, mesh: str | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
-    workload: WorkloadKind | str = WorkloadKind.PRETRAIN, lora: LoraConfig | None = None,
+    workload: WorkloadKind | str = WorkloadKind.PRETRAIN, lora: LoraConfig | None = None, inference: InferenceConfig | None = None,
 ) -> Plan:
     """The plan for a layout chosen by hand: mesh roles, Megatron shardings, simulated prediction.
 
@@ -146,11 +175,13 @@ def layout_plan(
     ([('data', 2, 'dp'), ('tensor', 4, 'tp')], (None, None, 'tensor'))
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
-    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch, workload=workload, lora=lora)
+    train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch, workload=workload, lora=lora,
+                         inference=inference)
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
     machine = machine_for(cluster)
     estimate = simulate(cfg, train, layout, machine)
+    layout = estimate.layout if train.is_inference else layout  # serving sets the micro-batch itself
     wanted = (layout.dp, layout.tp, layout.pp, layout.cp)
     if mesh is None:
         mesh_spec, kinds = _derived_mesh(*wanted)

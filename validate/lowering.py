@@ -16,6 +16,13 @@ batch)`` and returns ``(adapters, opt_state, metrics)``: the frozen base weights
 plan's ``param_specs`` and are neither donated nor updated; each adapter is sharded like
 the matrix it adapts (`planner.models.lora.adapter_specs`), its moments over the data axes
 too with ZeRO ≥ 1. Pipelined LoRA plans are not lowered.
+
+A decode plan (``train.workload == "decode"``) takes ``(params, kv_cache, batch)`` and returns
+``(logits, kv_cache)`` (`planner.models.decode`), every replica's batch together: the weights as served with the plan's
+``param_specs``, the cache ``[layers, batch, tokens, kv_heads, head_dim]`` split over the
+data axes by sequence and over the tensor axes by KV head (whole where the tensor axes do
+not divide the KV heads, as the plan's ``wk`` is), and donated. Prefill and pipelined decode
+plans are not lowered.
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ def input_specs(plan: Plan) -> tuple[Any, ...]:
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(program.abstract), flat)
     param_specs = partition_spec_tree(plan.model, plan.param_specs)
     data_axes = plan.axes_of("dp")
+    if plan.train.is_inference:
+        return _decode_specs(plan, param_specs, data_axes)
     if plan.train.is_lora:
         return (param_specs, *_lora_specs(plan, data_axes))
     moment_specs = param_specs
@@ -123,6 +132,18 @@ def input_specs(plan: Plan) -> tuple[Any, ...]:
     token_spec = PartitionSpec(data_axes or None, context_axes or None)
     opt_specs = {"m": moment_specs, "v": moment_specs, "step": PartitionSpec()}
     return param_specs, opt_specs, {"tokens": token_spec, "targets": token_spec}
+
+
+def kv_cache_spec(plan: Plan) -> PartitionSpec:
+    """How the decode step's K (and V) cache ``[layers, batch, tokens, kv_heads, head_dim]`` is split."""
+    kv_split = plan.param_specs["layers/attn/wk"][2]
+    return PartitionSpec(None, plan.axes_of("dp") or None, None, kv_split, None)
+
+
+def _decode_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
+    """``PartitionSpec`` trees of a decode step's weights, KV cache and batch."""
+    cache = kv_cache_spec(plan)
+    return param_specs, {"k": cache, "v": cache}, {"tokens": PartitionSpec(data_axes or None, None), "position": PartitionSpec()}
 
 
 def _lora_specs(plan: Plan, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
@@ -145,7 +166,13 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
     def sharded(tree: Any, spec_tree: Any) -> Any:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)), tree, spec_tree)
 
-    return tuple(sharded(t, s) for t, s in zip(abstract_train_inputs(plan.model, plan.train), input_specs(plan)))
+    if plan.train.is_inference:
+        from planner.models.decode import abstract_decode_inputs
+
+        inputs = abstract_decode_inputs(plan.model, plan.train, replicas=plan.layout.dp)
+    else:
+        inputs = abstract_train_inputs(plan.model, plan.train)
+    return tuple(sharded(t, s) for t, s in zip(inputs, input_specs(plan)))
 
 
 def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, Any]:
@@ -283,12 +310,36 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     pinned (`validate.intra_op.constrained`)."""
     specs = input_specs(plan)
     named = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    if plan.train.is_inference:
+        logits = NamedSharding(mesh, PartitionSpec(plan.axes_of("dp") or None, plan.activation_specs["logits_BxSxV"][2]))
+        return jax.jit(decode_program(plan, mesh), in_shardings=named, out_shardings=(logits, named[1]), donate_argnums=(1,))
     program = intra_op_program(plan)
     step = constrained(program, mesh) if program is not None else train_step(plan, mesh)
     # What the step updates (the parameters, or a LoRA plan's adapters, and the optimizer state) is donated.
     updated = (1, 2) if plan.train.is_lora else (0, 1)
     return jax.jit(step, in_shardings=named, out_shardings=(*(named[i] for i in updated), NamedSharding(mesh, PartitionSpec())),
                    donate_argnums=updated)
+
+
+def decode_program(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
+    """The plan's decode step ``(params, kv_cache, batch) -> (logits, kv_cache)``, its activations
+    and cache pinned to the plan's specs and its embedding vocab-parallel as in training."""
+    from planner.models.decode import decode_step
+
+    if plan.train.workload.value != "decode" or plan.layout.pp > 1:
+        raise UnsupportedError(f"a {plan.train.workload.value} plan with {plan.layout.pp} pipeline stage(s) is not lowered yet; "
+                               "decode plans without pipeline stages are", fix="validate a decode plan on a mesh without a pipeline axis")
+    constrain_activation = activation_constraint(plan, mesh)
+    cache = NamedSharding(mesh, PartitionSpec(*(d for i, d in enumerate(kv_cache_spec(plan)) if i != 0)))
+
+    def constrain(name: str, x: jax.Array) -> jax.Array:
+        return jax.lax.with_sharding_constraint(x, cache) if name == "kv_cache_BxTxKxH" else constrain_activation(name, x)
+
+    def step(params: Any, kv_cache: Any, batch: Any) -> tuple[jax.Array, Any]:
+        return decode_step(params, kv_cache, batch, plan.model, compute_dtype=jnp.dtype(plan.train.compute_dtype.value),
+                           constrain=constrain, lookup=embedding_lookup(plan, mesh))
+
+    return step
 
 
 def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

@@ -20,7 +20,8 @@ run's) value, their ratio and whether it is within tolerance. Items:
 An intra-op plan (``--planner ilp`` and the search planners) is compiled as the program it
 chose, every equation pinned (`validate.intra_op`), and each item is predicted from that
 choice (`validate.intra_op_predict`). A LoRA plan's arguments, FLOPs and collectives are
-predicted by `validate.predict_lora`.
+predicted by `validate.predict_lora`; a decode plan's (weights and KV cache) by
+`validate.predict_decode`, without the compiled peak (see there).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from validate.predict import (
     predicted_memory_bytes,
     unpredicted_features,
 )
+from validate.predict_decode import decode_argument_bytes, decode_collectives, decode_matmul_flops, decode_unpredicted_features
 from validate.predict_lora import lora_argument_bytes, lora_collectives, lora_matmul_flops, lora_memory_bytes, lora_unpredicted_features
 
 MEMORY_TOLERANCE = 0.15
@@ -83,6 +85,8 @@ def predicted_argument_bytes(plan: Plan) -> float:
     """What the step takes as input on one device: master parameters (as the plan's specs
     split them), Adam moments (also split over the data axes with ZeRO ≥ 1), the batch."""
     lay, train = plan.layout, plan.train
+    if train.is_inference:
+        return decode_argument_bytes(plan)
     if train.is_lora:
         return lora_argument_bytes(plan)
     n = parameters_per_device(plan)
@@ -97,6 +101,8 @@ def features_not_predicted(plan: Plan) -> list[str]:
     `validate.predict_lora` for LoRA); none for an intra-op plan, predicted from its choice."""
     if intra_op_program(plan) is not None:
         return []
+    if plan.train.is_inference:
+        return decode_unpredicted_features(plan)
     return (lora_unpredicted_features if plan.train.is_lora else unpredicted_features)(plan)
 
 
@@ -120,6 +126,12 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
     program = intra_op_program(plan)
     if program is not None:
         return _intra_op_checks(plan, program, report, tolerance)
+    if plan.train.is_inference:
+        return [
+            Check(item="memory arguments", predicted=decode_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
+            Check(item="flops", predicted=decode_matmul_flops(plan), actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
+            *_collective_checks(report, None if features_not_predicted(plan) else decode_collectives(plan), tolerance),
+        ]
     return [
         Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
         Check(item="memory per device", predicted=(lora_memory_bytes if plan.train.is_lora else predicted_memory_bytes)(

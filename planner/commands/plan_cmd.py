@@ -18,7 +18,7 @@ from costmodel.train_config import Precision, TrainConfig
 from costmodel.workload import WorkloadKind, adapter_params_per_layer
 from planner.commands.arg_types import non_negative_int, positive_float, positive_int
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
-from planner.commands.workload_args import add_workload_arguments, workload_from_args
+from planner.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.progress import progress_display, wanted
 from planner.schema import Plan
 
@@ -69,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     workload = workload_from_args(args)
     start = time.perf_counter()
     with progress_display(enabled=wanted(fmt)) as report:
-        result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, seq_len=args.seq_len,
-                      global_batch=args.global_batch, devices_per_node=args.devices_per_node, planner=args.planner,
+        sizes = {"seq_len": args.seq_len, "global_batch": args.global_batch} | serving_sizes(args)
+        result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, **sizes,
+                      devices_per_node=args.devices_per_node, planner=args.planner,
                       time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens,
                       stack=stack_from_args(args), attention=args.attention, precision=args.precision, **workload)
     plan_time_s = time.perf_counter() - start
@@ -138,11 +139,17 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def workload_label(train: TrainConfig) -> str:
-    """``pretrain``, or LoRA's settings in a few words.
+    """``pretrain``, or LoRA's or serving's settings in a few words.
 
     >>> workload_label(TrainConfig(workload="finetune-lora"))
     'finetune-lora: rank 16 on attn, frozen weights bf16'
+    >>> workload_label(TrainConfig(workload="decode", global_batch=64, seq_len=4096))
+    'decode: batch 64, context 4096, weights bf16'
     """
+    if train.is_inference:
+        inf = train.inference
+        prompt = f", prompt {train.prompt_len}" if train.prompt_len != train.seq_len else ""
+        return f"{train.workload.value}: batch {train.global_batch}, context {train.seq_len}{prompt}, weights {inf.weight_dtype.value}"
     if not train.is_lora:
         return train.workload.value
     lora = train.lora
@@ -165,6 +172,34 @@ def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "
     return [row, ("  activations / temporary", gib(mem.activations_bytes, mem.temporary_bytes))]
 
 
+def serving_rows(p: Plan) -> list[tuple[str, str]]:
+    """The summary rows of a serving plan: latencies, throughput, memory with the KV cache, why this layout."""
+    est, mem, srv, train = p.predicted, p.predicted.memory, p.predicted.serving, p.train
+    lay = p.layout
+    bound_ms = train.inference.max_token_latency_ms
+    decode = train.workload is WorkloadKind.DECODE
+    rivals = [a for a in p.alternatives if "over the" in a.why]
+    if decode and rivals:
+        why = (f"latency-bound: dp{rivals[0].layout.dp} tp{rivals[0].layout.tp} pp{rivals[0].layout.pp} would serve more tokens/s "
+               f"but takes {rivals[0].step_time_s * 1e3:.2f} ms per token, over the {bound_ms:g} ms bound")
+    else:
+        why = (f"throughput: the most {'output' if decode else 'prompt'} tokens/s of the layouts that fit"
+               + (f", within {bound_ms:g} ms per token" if bound_ms else ""))
+    return [
+        ("time per output token", f"{est.time_per_output_token_s * 1e3:.2f} ms   ({srv.decode_bound}-bound; HBM floor "
+                                  f"{srv.hbm_lower_bound_s * 1e3:.2f} ms; {srv.micro_batches} micro-batch(es) per replica)"),
+        ("  compute / HBM / tp all-reduce / pp hand-off", f"{srv.decode_compute_s * 1e3:.2f} / {srv.decode_hbm_s * 1e3:.2f} / "
+                                                       f"{srv.decode_tp_comm_s * 1e3:.2f} / {srv.decode_pp_handoff_s * 1e3:.2f} ms"),
+        ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch} × "
+                                f"{train.prompt_len} tokens per replica)"),
+        ("tokens/s", f"{est.tokens_per_s:,.0f} {'output' if decode else 'prompt'} tokens/s over {lay.dp} replica(s)"),
+        ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
+        ("  weights / KV cache / activations + temporary", f"{mem.params_bytes / _GIB:.2f} / {mem.kv_cache_bytes / _GIB:.2f} / "
+                                                          f"{(mem.activations_bytes + mem.temporary_bytes) / _GIB:.2f} GiB"),
+        ("why this layout", why),
+    ]
+
+
 def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     """Rich tables: mesh axes, prediction and memory, alternatives; the run's wall time in the title."""
     est, lay, mem, b = p.predicted, p.layout, p.predicted.memory, p.predicted.breakdown
@@ -178,7 +213,7 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     chunks += f" · layers per stage {'/'.join(map(str, lay.stage_layers))}" if lay.stage_layers else ""
     pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
                        f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}", show_header=False)
-    for name, value in (
+    for name, value in serving_rows(p) if p.train.is_inference else (
         ("step time", f"{est.step_time_s:.3f} s   (MFU {est.mfu:.1%}, {est.tokens_per_s:,.0f} tokens/s)"),
         ("  compute / memory-bound / recompute", f"{b.compute_s:.3f} / {b.memory_bound_s:.3f} / {b.recompute_s:.3f} s"),
         ("  bubble / exposed comm / optimizer", f"{b.bubble_s:.3f} / {b.exposed_comm_s:.3f} / {b.optimizer_s:.3f} s"),
@@ -202,10 +237,10 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
                   else f"{ilp.evaluations:,} evaluations, no bound")
         pred.add_row(f"intra-op {ilp.planner}", f"{ilp.status} over {', '.join(ilp.axes)} ({ilp.free_nodes} decisions, {effort})")
     alts = Table(title="alternatives")
-    for col in ("layout", "step time", "why not"):
+    for col in ("layout", "per output token" if p.train.workload is WorkloadKind.DECODE else "step time", "why not"):
         alts.add_column(col)
     for alt in p.alternatives:
         a = alt.layout
         alts.add_row(f"dp{a.dp} tp{a.tp} pp{a.pp} v{a.interleave} mb{a.micro_batch} {a.recompute} z{a.zero_stage}",
-                     f"{alt.step_time_s:.3f} s", alt.why)
+                     f"{alt.step_time_s * 1e3:.2f} ms" if p.train.is_inference else f"{alt.step_time_s:.3f} s", alt.why)
     return [axes, pred, alts]

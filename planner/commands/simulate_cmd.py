@@ -14,11 +14,12 @@ from costmodel.estimate import StepEstimate
 from costmodel.layout import Layout, Recompute, Schedule, stack_recompute
 from costmodel.machine import load_machine
 from costmodel.simulator import simulate
-from costmodel.train_config import Precision
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import Precision, TrainConfig
 from planner.commands.arg_types import non_negative_int, positive_int
-from planner.commands.plan_cmd import memory_rows, titled_workload
+from planner.commands.plan_cmd import memory_rows, serving_rows, titled_workload
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
-from planner.commands.workload_args import add_workload_arguments, workload_from_args
+from planner.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.config import default_seq_len, load_model, train_config
 from planner.timeline import write_timeline
 
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             ("--ep", "expert parallel")):
         parser.add_argument(flag, type=positive_int, default=1, help=f"{help_text} degree (default 1)")
     parser.add_argument("--dp", type=positive_int, help="data parallel degree (default: devices / (tp·pp·cp))")
-    parser.add_argument("--global-batch", type=positive_int, required=True, help="sequences per step")
+    parser.add_argument("--global-batch", type=positive_int, help="sequences per step (training workloads; serving takes --batch)")
     parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch (default 1)")
     parser.add_argument("--seq-len", type=positive_int,
                         help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
@@ -71,7 +72,11 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    train = train_config(seq_len=args.seq_len or default_seq_len(model), global_batch=args.global_batch, **workload_from_args(args))
+    workload = workload_from_args(args)
+    sizes = {"seq_len": args.seq_len or default_seq_len(model), "global_batch": args.global_batch} | serving_sizes(args)
+    if sizes["global_batch"] is None:
+        raise InvalidPlanError("plan simulate needs the batch of the step", fix="add --global-batch N (or --batch N for prefill and decode)")
+    train = train_config(**sizes, **workload)
     train = train.with_precision(Precision(args.precision))
     layout = layout_from_args(args)
     if layout.n_devices != args.devices:
@@ -86,13 +91,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(estimate_json(estimate), sort_keys=True))
     else:
-        Console().print(_table(estimate, f"{model.name}{titled_workload(train)}", lora=train.is_lora))
+        Console().print(_serving_table(estimate, model, train) if train.is_inference else
+                        _table(estimate, f"{model.name}{titled_workload(train)}", lora=train.is_lora))
     return 0
 
 
 def estimate_json(est: StepEstimate) -> dict[str, object]:
     """The JSON object ``plan simulate --json`` prints."""
     return est.model_dump(mode="json", exclude={"timeline"})
+
+
+def _serving_table(est: StepEstimate, model: ModelConfig, train: TrainConfig) -> Table:
+    """A serving estimate's rows, as `plan` prints them for its choice."""
+    from planner.api import layout_plan  # mesh roles and shardings of the hand-written layout
+
+    lay = est.layout
+    p = layout_plan(model, lay, hardware=est.hardware, seq_len=train.seq_len, global_batch=train.global_batch, workload=train.workload,
+                    inference=train.inference).model_copy(update={"predicted": est})
+    table = Table(title=f"{model.name}{titled_workload(train)} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp}",
+                  show_header=False)
+    for name, value in serving_rows(p)[:-1] + [("fits", "yes" if est.fits else "NO")]:
+        table.add_row(name, value)
+    return table
 
 
 def _table(est: StepEstimate, model: str, *, lora: bool) -> Table:

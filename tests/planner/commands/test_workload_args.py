@@ -1,11 +1,11 @@
-"""Tests `planner/commands/workload_args.py`: --workload and LoRA's flags."""
+"""Tests `planner/commands/workload_args.py`: --workload, LoRA's flags and the serving flags."""
 
 import argparse
 
 import pytest
 
 from costmodel.errors import InvalidConfigError
-from planner.commands.workload_args import add_workload_arguments, workload_from_args
+from planner.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 
 
 def _parse(*argv):
@@ -21,7 +21,7 @@ def test_lora_flags_become_settings():
 
 
 def test_pretraining_has_no_lora_settings_and_refuses_lora_flags():
-    assert workload_from_args(_parse()) == {"workload": "pretrain", "lora": None}
+    assert workload_from_args(_parse()) == {"workload": "pretrain", "lora": None, "inference": None}
     with pytest.raises(InvalidConfigError, match="--lora-rank applies to --workload finetune-lora.*fix: add --workload"):
         workload_from_args(_parse("--lora-rank", "8"))
 
@@ -30,3 +30,21 @@ def test_unknown_target_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         _parse("--workload", "finetune-lora", "--lora-targets", "attn,ffn")
     assert "'ffn' is not a LoRA target group" in capsys.readouterr().err
+
+
+def test_serving_flags_become_settings_and_sizes():
+    args = _parse("--workload", "decode", "--batch", "8", "--context-len", "1024", "--kv-block-size", "32", "--frozen-dtype", "int8")
+    out = workload_from_args(args)
+    assert out["inference"].kv_block_size == 32 and out["inference"].weight_dtype == "int8" and out["lora"] is None
+    assert serving_sizes(args) == {"global_batch": 8, "seq_len": 1024}
+    assert serving_sizes(_parse("--workload", "prefill")) == {"global_batch": 1}
+    assert serving_sizes(_parse()) == {}
+
+
+def test_serving_flags_refused_for_training_and_latency_for_prefill():
+    with pytest.raises(InvalidConfigError, match="--batch applies to --workload decode.*fix: add --workload decode"):
+        workload_from_args(_parse("--batch", "8"))
+    with pytest.raises(InvalidConfigError, match="--max-token-latency-ms bounds decode steps"):
+        workload_from_args(_parse("--workload", "prefill", "--max-token-latency-ms", "10"))
+    with pytest.raises(InvalidConfigError, match="--frozen-dtype applies to finetune-lora, prefill and decode"):
+        workload_from_args(_parse("--frozen-dtype", "int8"))

@@ -183,5 +183,5 @@ def test_lora_plan_carries_its_workload_and_prefers_less_zero_than_pretraining()
 
 
 def test_lora_with_an_intra_op_planner_is_refused():
-    with pytest.raises(UnsupportedError, match="LoRA plans use the grid planner"):
+    with pytest.raises(UnsupportedError, match="finetune-lora plans use the grid planner"):
         plan("gpt2", mesh="2", workload="finetune-lora", planner="ilp")

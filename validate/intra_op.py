@@ -49,6 +49,7 @@ class IntraOpProgram:
     micro_batches: int
 
     def strategy(self, node: int) -> Any:
+        """The chosen strategy of any graph node."""
         return self.space.chosen(node, self.choice)
 
     def input_shardings(self) -> list[Sharding]:
@@ -67,7 +68,8 @@ class IntraOpProgram:
 
 
 def intra_op_program(plan: Plan) -> IntraOpProgram | None:
-    """`build_intra_op_program`, once per plan."""
+    """The plan's intra-op program (`build_intra_op_program`, once per plan), or None when the
+    plan has no intra-op choice to lower: grid plans, and pipelines (lowered by `validate.pipeline`)."""
     if plan.solver is None or plan.solver.intra_op is None or plan.solver.intra_op.choice is None or plan.layout.pp > 1:
         return None
     return _cached_program(plan.model_dump_json())
@@ -79,14 +81,12 @@ def _cached_program(plan_json: str) -> IntraOpProgram | None:
 
 
 def build_intra_op_program(plan: Plan) -> IntraOpProgram | None:
-    """The plan's intra-op program, or None when the plan has no intra-op choice to lower
-    (grid plans, pipelines) or its parameter specs were edited after the choice was made.
+    """The program of a plan with an intra-op choice, or None when its parameter specs were
+    edited after the choice was made.
 
     The strategy space is rebuilt unpruned, so what it holds does not depend on the
     hardware's costs; the choice is looked up by strategy name."""
-    info = plan.solver.intra_op if plan.solver else None
-    if info is None or info.choice is None or plan.layout.pp > 1:
-        return None
+    info = plan.solver.intra_op
     from costmodel.machine import load_machine
     from costmodel.strategy_space import build_space
     from planner.intra_op import param_specs_of, stage_step, train_step_memory_factor

@@ -2,10 +2,10 @@
 
 A training run reads its tokens from, and writes its checkpoints to, a shared parallel
 filesystem. Vendors size that filesystem with the cluster (NVIDIA's DGX SuperPOD guidance
-gives aggregate rates per scalable unit of 32 nodes, and four units get four times the
-rate), so a profile states the rates as each device's share of the aggregate and a job on
-``n`` devices gets ``n`` shares. Where no vendor figure exists the preset says it is an
-assumption (``assumed``), and every time-to-train line that uses it says so.
+states aggregate rates per scalable unit of 32 nodes), so a profile states the rates as each
+device's share of the aggregate and a job on ``n`` devices gets ``n`` shares. Every preset's
+rates are an assumption for now (``assumed``), and every time-to-train line that uses them
+says so: the SuperPOD figure below was recalled, not checked against NVIDIA's document.
 
 >>> SUPERPOD_H100_STANDARD.write_bytes_per_s(n_devices=256) / 1e9  # one scalable unit
 20.0
@@ -47,9 +47,9 @@ class StorageSpec(BaseModel):
 SUPERPOD_H100_STANDARD = StorageSpec(
     read_bytes_per_s_per_device=40 * _GB / _SUPERPOD_UNIT_GPUS,
     write_bytes_per_s_per_device=20 * _GB / _SUPERPOD_UNIT_GPUS,
-    assumed=False,
-    source="NVIDIA DGX SuperPOD reference architecture (DGX H100), storage performance guidelines, 'standard' tier: "
-           "40 GB/s read, 20 GB/s write per scalable unit of 32 nodes",
+    assumed=True,
+    source="40 GB/s read, 20 GB/s write per scalable unit of 32 DGX H100 nodes, recalled as the 'standard' tier of "
+           "NVIDIA's DGX SuperPOD storage guidelines (not checked against the document)",
 )
 
 # No vendor guidance for these parts: the SuperPOD H100 standard tier's per-GPU share, labelled an assumption.

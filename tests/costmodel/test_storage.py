@@ -12,10 +12,11 @@ def test_a_scalable_unit_gets_the_superpod_guideline_and_four_units_four_times_i
     assert SUPERPOD_H100_STANDARD.write_bytes_per_s(n_devices=4 * 256) == pytest.approx(4 * 20e9)
 
 
-def test_dgx_h100_profiles_cite_the_vendor_figure_and_others_say_they_assume():
+def test_every_profile_says_its_storage_rates_are_assumed():
+    # The SuperPOD figure was recalled, not checked against NVIDIA's document: labelled as such.
     assert load_hardware("h100-sxm").storage == load_hardware("dgx-h100").storage == SUPERPOD_H100_STANDARD
-    assert not SUPERPOD_H100_STANDARD.assumed and "SuperPOD" in SUPERPOD_H100_STANDARD.label()
-    for name in ("a100-80gb", "tpu-v5p-pod", "cpu"):
+    assert "SuperPOD" in SUPERPOD_H100_STANDARD.label() and "not checked" in SUPERPOD_H100_STANDARD.label()
+    for name in ("h100-sxm", "a100-80gb", "tpu-v5p-pod", "cpu"):
         storage = load_hardware(name).storage
         assert storage.assumed and storage.label().startswith("assumed: ")
 

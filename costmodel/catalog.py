@@ -18,6 +18,7 @@ import math
 from costmodel.fabric import InterNodeFabric, IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
 from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec
 from costmodel.roofline import Efficiency
+from costmodel.storage import ASSUMED_LOCAL_DISK, ASSUMED_SHARED_STORAGE, SUPERPOD_H100_STANDARD, StorageSpec
 
 GB, GIB, TFLOPS = 1e9, 2**30, 1e12
 _GBIT = 1e9 / 8
@@ -160,9 +161,9 @@ CPU = DeviceSpec(name="cpu", kind=DeviceKind.CPU,
 
 
 def _cluster(device: DeviceSpec, intra: LinkSpec, inter: InterNodeFabric, *, per_node: int = 8,
-             kind: IntraNodeKind = IntraNodeKind.NVSWITCH) -> ClusterSpec:
+             kind: IntraNodeKind = IntraNodeKind.NVSWITCH, storage: StorageSpec = ASSUMED_SHARED_STORAGE) -> ClusterSpec:
     return ClusterSpec(name=device.name, device=device, devices_per_node=per_node, intra_node=IntraNodeFabric(kind=kind, link=intra),
-                       inter_node=inter)
+                       inter_node=inter, storage=storage)
 
 
 def _tpu_slice(device: DeviceSpec, ici: LinkSpec, torus: tuple[int, ...]) -> ClusterSpec:
@@ -175,7 +176,7 @@ def _tpu_slice(device: DeviceSpec, ici: LinkSpec, torus: tuple[int, ...]) -> Clu
 CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
     _cluster(A100_40GB, NVLINK3, IB_HDR),
     _cluster(A100_80GB, NVLINK3, IB_HDR),
-    _cluster(H100_SXM, NVLINK4, IB_NDR),
+    _cluster(H100_SXM, NVLINK4, IB_NDR, storage=SUPERPOD_H100_STANDARD),  # h100-sxm stands for DGX H100 nodes
     _cluster(H200, NVLINK4, IB_NDR),
     _cluster(H100_96GB_500W, NVLINK4, IB_NDR),
     _cluster(H100_95GB_LOWTDP, NVLINK4, IB_NDR),
@@ -189,5 +190,5 @@ CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
     _tpu_slice(TPU_V6E, _ici("ici-v6e", 3584, 4), (16, 16)),
     ClusterSpec(name="cpu", device=CPU, devices_per_node=1,
                 intra_node=IntraNodeFabric(kind=IntraNodeKind.SHARED_MEMORY, link=LOOPBACK),
-                inter_node=host_network(LOOPBACK, 1)),
+                inter_node=host_network(LOOPBACK, 1), storage=ASSUMED_LOCAL_DISK),
 )}

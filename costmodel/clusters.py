@@ -26,6 +26,7 @@ from costmodel.catalog import (
 )
 from costmodel.fabric import InterNodeFabric, IntraNodeFabric, IntraNodeKind, LinkSpec
 from costmodel.hardware import ClusterSpec
+from costmodel.storage import SUPERPOD_H100_STANDARD
 
 _SUPERPOD_A100 = ("NVIDIA DGX SuperPOD reference architecture with DGX A100 (RA-09950-001, 2020): compute fabric "
                   "rail-optimised, a non-blocking full fat tree")
@@ -53,6 +54,7 @@ DGX_H100 = ClusterSpec(
     intra_node=IntraNodeFabric(kind=IntraNodeKind.NVSWITCH, link=NVLINK4),
     inter_node=InterNodeFabric(name="ib-ndr400", nics_per_node=8, nic_gbit_per_s=400, rail_optimized=True, latency_s=5e-6,
                                efficiency=0.9, source=f"DGX H100: 8× ConnectX-7 NDR 400 Gb/s; {_SUPERPOD_H100}"),
+    storage=SUPERPOD_H100_STANDARD,
 )
 
 NVLINK3_BRIDGE = LinkSpec(name="nvlink3-bridge", bytes_per_s=300e9, latency_s=1e-6, efficiency=0.77,

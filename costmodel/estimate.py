@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, computed_fi
 from costmodel.layout import Layout
 from costmodel.memory import MemoryBreakdown
 from costmodel.pipeline import TimelineEvent
+from costmodel.run_overheads import RunOverheads
 from costmodel.schema import Record
 
 
@@ -79,8 +80,14 @@ class StepEstimate(BaseModel):
     memory: MemoryBreakdown = Field(description="Per-device memory, itemised.")
     fits: bool | None = Field(description="Whether the memory fits the device's HBM.")
     timeline: tuple[TimelineEvent, ...] = Field((), description="Pipeline micro-steps, when asked for.")
-    time_to_train_s: float | None = Field(None, description="Seconds to train on the requested tokens at this step time; "
-                                                            "None when no token count was given.")
+    time_to_train_s: float | None = Field(None, description="Seconds to train on the requested tokens: the steps plus "
+                                          "input_overhead_s and checkpoint_overhead_s; None when no token count was given.")
+    input_overhead_s: float | None = Field(None, description="Seconds of time_to_train_s the steps wait for the input pipeline "
+                                           "(run_overheads says what it assumed); None when no token count was given.")
+    checkpoint_overhead_s: float | None = Field(None, description="Seconds of time_to_train_s spent writing checkpoints "
+                                                "(run_overheads says what it assumed); None when no token count was given.")
+    run_overheads: RunOverheads | None = Field(None, description="The time to train itemised, with the storage rates, "
+                                               "checkpoint size and interval it assumed; None when no token count was given.")
     device_hours: float | None = Field(None, description="time_to_train_s × devices / 3600; None when no token count was given.")
     time_per_output_token_s: float | None = Field(None, description="Inference: seconds between a sequence's output tokens "
                                                   "(one decode step); None for training.")

@@ -31,6 +31,7 @@ from costmodel.collectives import Tier
 from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
 from costmodel.fabric import MAX_PER_NODE, ByteRate, InterNodeFabric, IntraNodeFabric
 from costmodel.roofline import Efficiency
+from costmodel.storage import ASSUMED_SHARED_STORAGE, StorageSpec
 
 # A floor no part comes near (a CPU core does GFLOP/s), so that seconds computed from a
 # profile stay finite: a fuzzed profile of 1e-300 rates divided by zero.
@@ -102,6 +103,8 @@ class ClusterSpec(BaseModel):
     devices_per_node: PositiveInt = Field(le=MAX_PER_NODE, description="Devices on one intra-node fabric (GPU node, TPU slice).")
     intra_node: IntraNodeFabric = Field(description="NVSwitch, NVLink pairs, PCIe, a TPU ICI torus, or host memory.")
     inter_node: InterNodeFabric = Field(description="The network between nodes: NICs, their speed, rail-optimised or not.")
+    storage: StorageSpec = Field(ASSUMED_SHARED_STORAGE, description="The shared filesystem tokens are read from and "
+                                 "checkpoints written to; default an assumption, labelled as one.")
 
     @field_validator("device", mode="before")
     @classmethod

@@ -18,10 +18,11 @@ from costmodel.machine import Machine, machine_for
 from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
+from costmodel.run_overheads import RunSettings, run_overheads
 from costmodel.simulator import simulate
 from costmodel.stack import Attention, SoftwareStack, get_stack, stack_with
 from costmodel.train_config import Precision, TrainConfig
-from costmodel.workload import InferenceConfig, LoraConfig, WorkloadKind
+from costmodel.workload import InferenceConfig, LoraConfig, WorkloadKind, adapter_params_per_layer
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
@@ -41,7 +42,7 @@ def plan(
     planner: str = "grid", time_limit_s: float = 20.0, seed: int = 0, attention: Attention | None = None,
     progress: Report | None = None, tokens: float | None = None, stack: str | SoftwareStack = "jax",
     precision: Precision | str = Precision.BF16, workload: WorkloadKind | str = WorkloadKind.PRETRAIN,
-    lora: LoraConfig | None = None, inference: InferenceConfig | None = None,
+    lora: LoraConfig | None = None, inference: InferenceConfig | None = None, run: RunSettings | None = None,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -64,7 +65,10 @@ def plan(
       precision: "bf16" or "fp16" (fp16 gradients, dynamic loss scaling).
       progress: called as ``progress(phase, done, total)`` while the search runs.
       tokens: training tokens; the plan's prediction then says how long training takes
-        (``time_to_train_s`` = tokens / tokens_per_s at the chosen layout) and ``device_hours``.
+        (``time_to_train_s``: tokens / tokens_per_s at the chosen layout, plus ``input_overhead_s``
+        and ``checkpoint_overhead_s``, itemised in ``run_overheads``) and ``device_hours``.
+      run: the checkpoint interval and loader the time to train assumes (default
+        `costmodel.run_overheads.RunSettings`: a checkpoint every hour, a prefetching loader).
       workload: "pretrain", "finetune-full" (the same step) or "finetune-lora" (frozen base
         weights, trained adapters; ``lora`` sets rank, targets and the frozen weights' storage,
         default `costmodel.workload.LoraConfig`). LoRA plans use the grid planner, without
@@ -134,7 +138,8 @@ def plan(
                                              time_limit_s=time_limit_s, seed=seed)
     return Plan(
         model=cfg, train=train, hardware=cluster.name, mesh=axes, layout=lay,
-        param_specs=specs, activation_specs=_activation_specs(lay, by_kind), predicted=with_training_time(best, tokens),
+        param_specs=specs, activation_specs=_activation_specs(lay, by_kind),
+        predicted=with_training_time(best, tokens, model=cfg, train=train, cluster=cluster, run=run),
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
         solver=SolverInfo(planner=planner, status=_status(result.complete, intra_op), evaluated=result.evaluated,
                           pruned=result.pruned, intra_op=intra_op),
@@ -201,15 +206,29 @@ def layout_plan(
     )
 
 
-def with_training_time(est: StepEstimate, tokens: float | None) -> StepEstimate:
-    """``est`` with the time and device-hours to train on ``tokens`` (unchanged when None):
-    ``with_training_time(plan.predicted, 15e12).time_to_train_s / 86400`` is days to train."""
+def with_training_time(est: StepEstimate, tokens: float | None, *, model: ModelConfig, train: TrainConfig, cluster: ClusterSpec,
+                       run: RunSettings | None = None) -> StepEstimate:
+    """``est`` with the time and device-hours to train on ``tokens`` (unchanged when None): the steps,
+    the input pipeline's stalls and the checkpoint writes at ``cluster``'s storage rates
+    (`costmodel.run_overheads`). ``time_to_train_s / 86400`` is days to train.
+
+    >>> from costmodel.catalog import CATALOG
+    >>> p = plan("gpt2", mesh="8", global_batch=64)
+    >>> t = with_training_time(p.predicted, 1e10, model=p.model, train=p.train, cluster=CATALOG["h100-sxm"]).run_overheads
+    >>> t.total_s == t.steps_s + t.input_overhead_s + t.checkpoint_overhead_s, t.token_bytes
+    (True, 2)
+    """
     if tokens is None:
         return est
     if not (math.isfinite(tokens) and tokens > 0):
         raise InvalidConfigError(f"{tokens=} is not a positive token count", fix="e.g. --tokens 15e12")
-    time_s = tokens / est.tokens_per_s
-    return est.model_copy(update={"time_to_train_s": time_s, "device_hours": time_s * est.n_devices / 3600})
+    trained = model.num_layers * adapter_params_per_layer(model, train.lora) if train.is_lora else model.total_params
+    run_time = run_overheads(tokens=tokens, tokens_per_step=train.tokens_per_step, step_time_s=est.step_time_s,
+                             n_devices=est.n_devices, trained_params=trained, train=train, vocab_size=model.vocab_size,
+                             storage=cluster.storage, settings=run)
+    return est.model_copy(update={"time_to_train_s": run_time.total_s, "device_hours": run_time.total_s * est.n_devices / 3600,
+                                  "input_overhead_s": run_time.input_overhead_s,
+                                  "checkpoint_overhead_s": run_time.checkpoint_overhead_s, "run_overheads": run_time})
 
 
 def _check_arguments(*, planner: str, devices: int | None, time_limit_s: float) -> None:

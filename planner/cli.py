@@ -12,7 +12,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
-from planner.commands import compare_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
+from planner.commands import budget_cmd, compare_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
 from planner.time_limit import add_time_limit, time_limit, wall_limit_s
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
@@ -23,6 +23,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Calla
     "validate": ("compile a plan on its (emulated) device mesh and compare", validate_cmd.add_arguments, validate_cmd.run),
     "largest": ("the largest model of a family whose training step fits the devices", largest_cmd.add_arguments,
                 largest_cmd.run),
+    "budget": ("the compute-optimal model size and tokens for a device budget (Chinchilla rule)", budget_cmd.add_arguments,
+               budget_cmd.run),
     "compare": ("the ILP and the search planners on one strategy space, side by side", compare_cmd.add_arguments,
                 compare_cmd.run),
 }

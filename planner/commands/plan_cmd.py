@@ -14,6 +14,7 @@ from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
 from costmodel.memory import MemoryBreakdown
+from costmodel.run_overheads import DEFAULT_CHECKPOINT_EVERY_S, RunOverheads, RunSettings
 from costmodel.train_config import Precision, TrainConfig
 from costmodel.workload import WorkloadKind, adapter_params_per_layer
 from planner.commands.arg_types import non_negative_int, positive_float, positive_int
@@ -36,7 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
     parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
     parser.add_argument("--tokens", type=positive_float,
-                        help="training tokens, e.g. 15e12: also predict days to train and device-hours at the plan's step time")
+                        help="training tokens, e.g. 15e12: also predict days to train and device-hours at the plan's step time, "
+                             "with the input pipeline's stalls and the checkpoint writes")
+    parser.add_argument("--checkpoint-every-s", type=positive_float, default=DEFAULT_CHECKPOINT_EVERY_S,
+                        help="with --tokens: seconds of training between checkpoints (default 3600)")
+    parser.add_argument("--loader", choices=["prefetch", "blocking"], default="prefetch",
+                        help="with --tokens: prefetch (reads overlap the step; default) or blocking (each step waits for its read)")
     # Checked by planner.api, so an unknown name gets the error catalog's one line.
     parser.add_argument("--planner", default="grid",
                         help="grid: layout search with Megatron sharding rules (default); ilp: the same search, then the "
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         sizes = {"seq_len": args.seq_len, "global_batch": args.global_batch} | serving_sizes(args)
         result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, **sizes,
                       devices_per_node=args.devices_per_node, planner=args.planner,
-                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens,
+                      time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens, run=run_settings(args),
                       stack=stack_from_args(args), attention=args.attention, precision=args.precision, **workload)
     plan_time_s = time.perf_counter() - start
     page = _html(result, args) if fmt == "html" else None
@@ -200,6 +206,27 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
     ]
 
 
+def run_settings(args: argparse.Namespace) -> RunSettings:
+    """The checkpoint interval and loader of ``--checkpoint-every-s`` and ``--loader``."""
+    return RunSettings(checkpoint_every_s=args.checkpoint_every_s, loader_prefetch=args.loader == "prefetch")
+
+
+def training_time_rows(run: RunOverheads, *, tokens_per_s: float, mfu: float, device_hours: float) -> list[tuple[str, str]]:
+    """The time to train and its parts, each with what it assumed."""
+    tokens = run.steps_s * tokens_per_s
+    loader = "prefetching loader: only reads slower than the step add" if run.loader_prefetch else "blocking loader: every read adds"
+    return [
+        ("time to train", f"{run.total_s / 86400:,.1f} days, {device_hours:,.0f} device-hours for {tokens:.3g} tokens"),
+        ("  steps", f"{run.steps_s / 86400:,.1f} days   (at this plan's predicted MFU {mfu:.1%}, {tokens_per_s:,.0f} tokens/s)"),
+        ("  input pipeline", f"{run.input_overhead_s / 3600:,.2f} h   ({run.input_bytes_per_s / 1e6:,.1f} MB/s of {run.token_bytes}-byte "
+                             f"token IDs needed, storage reads {run.read_bytes_per_s / 1e9:,.0f} GB/s; {loader})"),
+        ("  checkpoints", f"{run.checkpoint_overhead_s / 3600:,.2f} h   ({run.n_checkpoints:,} × {run.checkpoint_bytes / 1e9:,.0f} GB "
+                          f"of master weights and optimizer moments, one every {run.checkpoint_every_s:g} s, "
+                          f"{run.checkpoint_write_s:,.1f} s each at {run.write_bytes_per_s / 1e9:,.0f} GB/s, training waits)"),
+        ("  storage", run.storage),
+    ]
+
+
 def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     """Rich tables: mesh axes, prediction and memory, alternatives; the run's wall time in the title."""
     est, lay, mem, b = p.predicted, p.layout, p.predicted.memory, p.predicted.breakdown
@@ -226,11 +253,10 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         pred.add_row("workload", f"{workload_label(p.train)}: {trained / 1e6:,.1f} M adapter parameters train "
                                  f"({trained / p.model.total_params:.2%} of {p.model.total_params / 1e9:.2f} B); the frozen weights "
                                  "have no gradients or optimizer state, and their backward computes input gradients only")
-    if est.time_to_train_s is not None:
-        tokens = est.time_to_train_s * est.tokens_per_s
-        pred.add_row("time to train", f"{est.time_to_train_s / 86400:,.1f} days, {est.device_hours:,.0f} device-hours for "
-                                      f"{tokens:.3g} tokens   (at this plan's predicted MFU {est.mfu:.1%}, "
-                                      f"{est.tokens_per_s:,.0f} tokens/s)")
+    if est.run_overheads is not None:
+        for name, value in training_time_rows(est.run_overheads, tokens_per_s=est.tokens_per_s, mfu=est.mfu,
+                                              device_hours=est.device_hours):
+            pred.add_row(name, value)
     if p.solver.intra_op:
         ilp = p.solver.intra_op
         effort = (f"{ilp.variables:,} variables, gap {ilp.gap:.1%}" if ilp.gap is not None

@@ -93,9 +93,36 @@ def test_tokens_gives_days_to_train_as_the_6NT_arithmetic_at_the_plans_mfu(capsy
     assert 100 < pred["time_to_train_s"] / 86400 < 400
 
 
+def test_time_to_train_is_the_steps_plus_the_checkpoint_and_input_overheads(capsys):
+    args = ("--model", "llama3-70b", "--devices", "1024", "--hardware", "h100-sxm", "--tokens", "15e12")
+    code, plan, _, _ = _plan(capsys, *args)
+    pred, run = plan["predicted"], plan["predicted"]["run_overheads"]
+    steps_s = 15e12 / pred["tokens_per_s"]
+    assert code == 0 and run["steps_s"] == pytest.approx(steps_s)
+    assert pred["time_to_train_s"] == pytest.approx(steps_s + pred["checkpoint_overhead_s"] + pred["input_overhead_s"])
+    # One checkpoint an hour of fp32 master weights and two fp32 Adam moments, at 1024 GPUs' share of 20 GB/s per 256.
+    from planner.config import load_model
+
+    assert run["checkpoint_bytes"] == pytest.approx(12 * load_model("llama3-70b").total_params)
+    assert run["checkpoint_bytes"] / run["write_bytes_per_s"] == pytest.approx(run["checkpoint_write_s"])
+    assert run["write_bytes_per_s"] == pytest.approx(80e9) and run["n_checkpoints"] == int(steps_s // 3600)
+    assert pred["checkpoint_overhead_s"] == pytest.approx(run["n_checkpoints"] * run["checkpoint_write_s"])
+    assert pred["input_overhead_s"] == 0 and run["input_bytes_per_s"] < run["read_bytes_per_s"]  # the loader keeps up
+    code, halved, _, _ = _plan(capsys, *args, "--checkpoint-every-s", "1800")
+    assert halved["predicted"]["checkpoint_overhead_s"] == pytest.approx(2 * pred["checkpoint_overhead_s"], rel=0.01)
+
+
+def test_summary_prints_the_checkpoint_and_input_lines_with_what_they_assumed(capsys):
+    code = main(["--model", "gpt2", "--devices", "8", "--hardware", "a100-80gb", "--tokens", "1e11", "--loader", "blocking"])
+    out = capsys.readouterr().out
+    assert code == 0 and "checkpoints" in out and "input pipeline" in out and "blocking loader" in out
+    assert "assumed:" in out  # a100-80gb has no vendor storage figure
+
+
 def test_without_tokens_the_training_time_is_absent(capsys):
     code, plan, _, _ = _plan(capsys, "--model", "gpt2", "--devices", "8")
     assert code == 0 and plan["predicted"]["time_to_train_s"] is None and plan["predicted"]["device_hours"] is None
+    assert plan["predicted"]["checkpoint_overhead_s"] is None and plan["predicted"]["run_overheads"] is None
 
 
 def test_lora_summary_names_the_workload_and_itemizes_frozen_weights_and_adapters():

@@ -38,8 +38,8 @@ from costmodel.collectives import exposed_s
 from costmodel.errors import InfeasibleError
 from costmodel.fusion import OWN_KERNEL, HbmTraffic, fused_traffic
 from costmodel.machine import Machine
-from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
-from costmodel.strategies import MeshGroups, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
+from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode, TensorSpec
+from costmodel.strategies import MeshGroups, Sharding, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
 
 _GIB = 2**30
 # Ops that make a big tensor from a small one: they follow their reader, not their producer.
@@ -148,17 +148,16 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
             continue
         producer, out_index, operand = leader
         root, producer_strategies = (producer, strategies[producer]) if producer in strategies else followers[producer]
-        induced = tuple(_induced(op, op.loops.operands[operand], s.results[out_index], groups, machine, saved=n in saved,
-                                 traffic=traffic[n]) for s in producer_strategies)
-        followers[n] = (root, induced)
+        followers[n] = (root, _induced_each(op, op.loops.operands[operand], [s.results[out_index] for s in producer_strategies],
+                                            groups, machine, saved=n in saved, traffic=traffic[n]))
     # Broadcasts and iotas take the sharding their first reader wants (readers come later, so go backwards).
     for n in sorted(consumer_led, reverse=True):
         op = ops[n]
         reader = min(g.successors(n))
         _, operand = g.edges[n, reader][USES_ATTR][0]
         root, reader_strategies = (reader, strategies[reader]) if reader in strategies else followers[reader]
-        followers[n] = (root, tuple(_induced(op, op.loops.results[0], s.operands[operand], groups, machine, saved=n in saved,
-                                             traffic=traffic[n]) for s in reader_strategies))
+        followers[n] = (root, _induced_each(op, op.loops.results[0], [s.operands[operand] for s in reader_strategies],
+                                            groups, machine, saved=n in saved, traffic=traffic[n]))
     time_s = {n: np.array([s.time_s for s in ss]) for n, ss in strategies.items()}
     memory = {n: np.array([s.memory_bytes for s in ss]) for n, ss in strategies.items()}
     for n, (root, induced) in followers.items():
@@ -207,6 +206,14 @@ def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict
     return src, out_index, operand
 
 
+def _induced_each(op: OpNode, dim_loops: tuple[int | None, ...], shardings: list[Sharding], groups: MeshGroups,
+                  machine: Machine, *, saved: bool, traffic: HbmTraffic) -> tuple[Strategy, ...]:
+    """`_induced` for each of ``shardings``, costed once per distinct sharding (a producer's
+    strategies share few result shardings: they differ in how they split their other loops)."""
+    distinct = {s: _induced(op, dim_loops, s, groups, machine, saved=saved, traffic=traffic) for s in dict.fromkeys(shardings)}
+    return tuple(distinct[s] for s in shardings)
+
+
 def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tuple[str, ...], ...], groups: MeshGroups,
              machine: Machine, *, saved: bool, traffic: HbmTraffic) -> Strategy:
     """``op``'s strategy when the tensor whose dimensions index ``dim_loops`` is sharded as ``sharding``
@@ -237,6 +244,15 @@ def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strat
     def owner(n: int) -> tuple[int, tuple[Strategy, ...]]:
         return (n, strategies[n]) if n in strategies else followers[n]
 
+    tables: dict[tuple, np.ndarray] = {}
+
+    def reshard_table(tensor: TensorSpec, src_keys: list, dst_keys: list) -> np.ndarray:
+        # Repeated layers pass equal tensors between equal strategy sets: cost each table once.
+        key = (tensor.shape, tensor.dtype, tuple(src_keys), tuple(dst_keys))
+        if key not in tables:
+            tables[key] = np.array([[reshard_s(tensor, a, b, groups) for b in dst_keys] for a in src_keys])
+        return tables[key]
+
     merged: dict[tuple, np.ndarray] = {}
     for src, dst, data in g.edges(data=True):
         (ru, su), (rv, sv) = owner(src), owner(dst)
@@ -245,7 +261,7 @@ def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strat
             tensor = consumer.inputs[operand]
             src_keys, src_class = _classes([s.results[out_index] for s in su])
             dst_keys, dst_class = _classes([s.operands[operand] for s in sv])
-            table = consumer.repeat * np.array([[reshard_s(tensor, a, b, groups) for b in dst_keys] for a in src_keys])
+            table = consumer.repeat * reshard_table(tensor, src_keys, dst_keys)
             if ops[ru].is_input:
                 window_s = [min(s.compute_s for s, c in zip(sv, dst_class) if c == b) for b in range(len(dst_keys))]
                 table = np.array([[exposed_s(t, w, slowdown) for t, w in zip(row, window_s)] for row in table])

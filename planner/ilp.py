@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -63,46 +63,29 @@ class IntraOpSolution(BaseModel):
     solve_time_s: float = Field(description="Wall seconds in CP-SAT.")
     variables: int = Field(description="Boolean variables of the model.")
     trace: tuple[tuple[float, float], ...] = Field((), description="(wall seconds, objective seconds) of each improving solution.")
+    found_solution: bool = Field(True, description="False when the time limit passed before CP-SAT found any solution "
+                                                   "and the choice is the least-memory fallback.")
 
 
 def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_limit_s: float = 20.0,
-                   seed: int = 0, memory_rows: Sequence[dict[int, np.ndarray]] = ()) -> IntraOpSolution:
+                   seed: int = 0, memory_rows: Sequence[dict[int, np.ndarray]] = (),
+                   hint: Mapping[int, int] | None = None) -> IntraOpSolution:
     """Choose one strategy per free node of ``space``: least predicted time within the memory budget.
 
     ``memory_rows``: further per-device memory limits, each free node → bytes of each of its
     strategies (e.g. what is live at one program point, planner/memory.py); each row's sum
-    stays within the budget too.
+    stays within the budget too. ``hint``: a choice (free node → index) CP-SAT tries first,
+    e.g. the previous solve's before a memory row was added.
 
     Raises InfeasibleError when even the least-memory choice exceeds the budget. When the
     time limit passes before CP-SAT finds a solution, the least-memory choice is returned
     as FEASIBLE with its gap to the proven bound.
     """
     space.check_fits(memory_budget_bytes)
-    model = cp_model.CpModel()
-    x = {n: [model.new_bool_var(f"x{n}_{i}") for i in range(len(s))] for n, s in space.strategies.items()}
-    objective = []
-    for n, xs in x.items():
-        model.add_exactly_one(xs)
-        objective += [(v, _units(t)) for v, t in zip(xs, space.node_time_s[n])]
-    for e_index, edge in enumerate(space.edges):
-        n_src, n_dst = edge.matrix.shape
-        y = [[model.new_bool_var(f"y{e_index}_{p}_{c}") for c in range(n_dst)] for p in range(n_src)]
-        for p in range(n_src):
-            members = [x[edge.src][i] for i in np.flatnonzero(edge.src_class == p)]
-            model.add(sum(y[p]) == sum(members))
-        for c in range(n_dst):
-            members = [x[edge.dst][j] for j in np.flatnonzero(edge.dst_class == c)]
-            model.add(sum(y[p][c] for p in range(n_src)) == sum(members))
-        objective += [(y[p][c], _units(edge.matrix[p, c])) for p in range(n_src) for c in range(n_dst) if edge.matrix[p, c] > 0]
-    memory = [(v, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, xs in x.items() for v, b in zip(xs, space.node_memory_bytes[n]) if b > 0]
-    bounded = math.isfinite(memory_budget_bytes)
-    if memory and bounded:
-        model.add(sum(c * v for v, c in memory) <= int(memory_budget_bytes // _MEMORY_UNIT_BYTES))
-    for row in memory_rows if bounded else ():
-        terms = [(v, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, bs in row.items() for v, b in zip(x[n], bs) if b > 0]
-        if terms:
-            model.add(sum(c * v for v, c in terms) <= int(memory_budget_bytes // _MEMORY_UNIT_BYTES))
-    model.minimize(sum(c * v for v, c in objective if c))
+    model, first = _build_model(space, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows)
+    for n, i in (hint or {}).items():
+        model.proto.solution_hint.vars.append(first[n] + i)
+        model.proto.solution_hint.values.append(1)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.linearization_level = 2
@@ -119,7 +102,8 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
                               fix="use more devices, a smaller batch, or activation recompute")
     bound_s = solver.best_objective_bound * _TIME_UNIT_S
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        choice = {n: next(i for i, v in enumerate(xs) if solver.boolean_value(v)) for n, xs in x.items()}
+        values = np.asarray(solver.response_proto.solution)
+        choice = {n: int(np.argmax(values[first[n]:first[n] + len(s)])) for n, s in space.strategies.items()}
     else:
         # Out of time before a first solution: the least-memory choice fits whenever anything
         # does, so return it (FEASIBLE, with the gap to the proven bound) rather than nothing.
@@ -132,8 +116,84 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
         bound_s=objective_s if optimal else min(bound_s, objective_s),
         gap=0.0 if optimal or objective_s <= 0 else max(0.0, 1 - bound_s / objective_s),
         memory_bytes=space.memory_bytes(choice), solve_time_s=elapsed, variables=len(model.proto.variables),
-        trace=tuple(recorder.points),
+        trace=tuple(recorder.points), found_solution=status in (cp_model.OPTIMAL, cp_model.FEASIBLE),
     )
+
+
+def _build_model(space: StrategySpace, *, memory_budget_bytes: float,
+                 memory_rows: Sequence[dict[int, np.ndarray]]) -> tuple[cp_model.CpModel, dict[int, int]]:
+    """The CP-SAT model, written straight into its proto (the expression API costs seconds at
+    300k variables), and each free node's first ``x`` variable index."""
+    model = cp_model.CpModel()
+    proto = model.proto
+    first: dict[int, int] = {}
+    for n, strategies in space.strategies.items():
+        first[n] = len(proto.variables)
+        _add_booleans(proto, [f"x{n}_{i}" for i in range(len(strategies))])
+    objective_vars: list[int] = []
+    objective_coeffs: list[int] = []
+
+    def add_objective(index: int, seconds: float) -> None:
+        units = _units(seconds)
+        if units:
+            objective_vars.append(index)
+            objective_coeffs.append(units)
+
+    for n, strategies in space.strategies.items():
+        proto.constraints.add().exactly_one.literals.extend(range(first[n], first[n] + len(strategies)))
+        for i, t in enumerate(space.node_time_s[n]):
+            add_objective(first[n] + i, t)
+    for e_index, edge in enumerate(space.edges):
+        n_src, n_dst = edge.matrix.shape
+        y0 = len(proto.variables)
+        _add_booleans(proto, [f"y{e_index}_{p}_{c}" for p in range(n_src) for c in range(n_dst)])
+        for p in range(n_src):
+            members = [first[edge.src] + int(i) for i in np.flatnonzero(edge.src_class == p)]
+            _add_equal(proto, list(range(y0 + p * n_dst, y0 + (p + 1) * n_dst)), members)
+        for c in range(n_dst):
+            members = [first[edge.dst] + int(j) for j in np.flatnonzero(edge.dst_class == c)]
+            _add_equal(proto, list(range(y0 + c, y0 + n_src * n_dst, n_dst)), members)
+        for p in range(n_src):
+            for c in range(n_dst):
+                if edge.matrix[p, c] > 0:
+                    add_objective(y0 + p * n_dst + c, edge.matrix[p, c])
+    if math.isfinite(memory_budget_bytes):
+        cap = int(memory_budget_bytes // _MEMORY_UNIT_BYTES)
+        arguments = {n: space.node_memory_bytes[n] for n in space.strategies}
+        for row in [arguments, *memory_rows]:
+            _add_at_most(proto, [(first[n] + i, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, bs in row.items()
+                                 for i, b in enumerate(bs) if b > 0], cap)
+    order = np.argsort(objective_vars, kind="stable")
+    proto.objective.vars.extend(int(objective_vars[i]) for i in order)
+    proto.objective.coeffs.extend(int(objective_coeffs[i]) for i in order)
+    proto.objective.scaling_factor = 1
+    return model, first
+
+
+def _add_booleans(proto: Any, names: list[str]) -> None:
+    for name in names:
+        var = proto.variables.add()
+        var.name = name
+        var.domain.extend((0, 1))
+
+
+def _add_equal(proto: Any, left: list[int], right: list[int]) -> None:
+    """sum(left) == sum(right), over boolean variable indices."""
+    terms = sorted([(v, 1) for v in left] + [(v, -1) for v in right])
+    linear = proto.constraints.add().linear
+    linear.vars.extend(v for v, _ in terms)
+    linear.coeffs.extend(c for _, c in terms)
+    linear.domain.extend((0, 0))
+
+
+def _add_at_most(proto: Any, terms: list[tuple[int, int]], cap: int) -> None:
+    if not terms:
+        return
+    terms = sorted(terms)
+    linear = proto.constraints.add().linear
+    linear.vars.extend(v for v, _ in terms)
+    linear.coeffs.extend(c for _, c in terms)
+    linear.domain.extend((cp_model.INT_MIN, cap))
 
 
 class _Recorder(cp_model.CpSolverSolutionCallback):

@@ -131,6 +131,7 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
     """
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
     traffic = fused_traffic(g)
+    induce = _InducedCache(groups, machine)
     gradients = _update_only(g, ops)
     saved = {n for n, op in ops.items() if not op.is_input and not op.is_backward
              and any(ops[s].is_backward for s in g.successors(n))}
@@ -143,21 +144,21 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
         op = ops[n]
         leader = _leader(g, n, op, strategies, followers)
         if leader is None:
-            strategies[n] = op_strategies(op, groups, machine, saved=n in saved, memory_factor=memory_factor(op),
+            strategies[n] = op_strategies(induce.costed(op), groups, machine, saved=n in saved, memory_factor=memory_factor(op),
                                           traffic=traffic.get(n), gradient=n in gradients)
             continue
         producer, out_index, operand = leader
         root, producer_strategies = (producer, strategies[producer]) if producer in strategies else followers[producer]
-        followers[n] = (root, _induced_each(op, op.loops.operands[operand], [s.results[out_index] for s in producer_strategies],
-                                            groups, machine, saved=n in saved, traffic=traffic[n]))
+        followers[n] = (root, induce(op, op.loops.operands[operand], [s.results[out_index] for s in producer_strategies],
+                                     saved=n in saved, traffic=traffic[n]))
     # Broadcasts and iotas take the sharding their first reader wants (readers come later, so go backwards).
     for n in sorted(consumer_led, reverse=True):
         op = ops[n]
         reader = min(g.successors(n))
         _, operand = g.edges[n, reader][USES_ATTR][0]
         root, reader_strategies = (reader, strategies[reader]) if reader in strategies else followers[reader]
-        followers[n] = (root, _induced_each(op, op.loops.results[0], [s.operands[operand] for s in reader_strategies],
-                                            groups, machine, saved=n in saved, traffic=traffic[n]))
+        followers[n] = (root, induce(op, op.loops.results[0], [s.operands[operand] for s in reader_strategies],
+                                     saved=n in saved, traffic=traffic[n]))
     time_s = {n: np.array([s.time_s for s in ss]) for n, ss in strategies.items()}
     memory = {n: np.array([s.memory_bytes for s in ss]) for n, ss in strategies.items()}
     for n, (root, induced) in followers.items():
@@ -206,12 +207,32 @@ def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict
     return src, out_index, operand
 
 
-def _induced_each(op: OpNode, dim_loops: tuple[int | None, ...], shardings: list[Sharding], groups: MeshGroups,
-                  machine: Machine, *, saved: bool, traffic: HbmTraffic) -> tuple[Strategy, ...]:
-    """`_induced` for each of ``shardings``, costed once per distinct sharding (a producer's
-    strategies share few result shardings: they differ in how they split their other loops)."""
-    distinct = {s: _induced(op, dim_loops, s, groups, machine, saved=saved, traffic=traffic) for s in dict.fromkeys(shardings)}
-    return tuple(distinct[s] for s in shardings)
+class _InducedCache:
+    """`_induced` strategies, each costed once: unrolled layers repeat the same ops, and a
+    producer's strategies share few result shardings (they differ in their other loops)."""
+
+    def __init__(self, groups: MeshGroups, machine: Machine) -> None:
+        self.groups, self.machine = groups, machine
+        self.op_ids: dict[OpNode, int] = {}
+        self.strategies: dict[tuple, Strategy] = {}
+
+    def costed(self, op: OpNode) -> OpNode:
+        """``op`` without its names (scope, label), which no cost reads: equal ops of different
+        layers then share `op_strategies`' cache."""
+        return op.model_copy(update={"scope": "", "label": ""})
+
+    def __call__(self, op: OpNode, dim_loops: tuple[int | None, ...], shardings: list[Sharding], *, saved: bool,
+                 traffic: HbmTraffic) -> tuple[Strategy, ...]:
+        """`_induced` for each of ``shardings``."""
+        op = self.costed(op)
+        op_id = self.op_ids.setdefault(op, len(self.op_ids))
+        out = []
+        for sharding in shardings:
+            key = (op_id, dim_loops, sharding, saved, traffic)
+            if key not in self.strategies:
+                self.strategies[key] = _induced(op, dim_loops, sharding, self.groups, self.machine, saved=saved, traffic=traffic)
+            out.append(self.strategies[key])
+        return tuple(out)
 
 
 def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tuple[str, ...], ...], groups: MeshGroups,

@@ -47,6 +47,8 @@ from costmodel.strategy_space import StrategySpace, format_bytes
 # Integer units of the objective and the memory row: CP-SAT needs integer coefficients.
 _TIME_UNIT_S = 1e-8
 _MEMORY_UNIT_BYTES = 1024
+import os
+_PRESOLVE = os.environ.get("I22_PRESOLVE", "1") == "1"
 
 
 class IntraOpSolution(BaseModel):
@@ -91,6 +93,7 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     solver.parameters.linearization_level = 2
     solver.parameters.add_lp_constraints_lazily = False
     solver.parameters.cp_model_probing_level = 0
+    solver.parameters.cp_model_presolve = _PRESOLVE
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.max_deterministic_time = time_limit_s

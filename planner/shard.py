@@ -187,7 +187,8 @@ class _Solver:
             solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows)
             choice = _adopt_consumer_shardings(space, solution.choice, self.memory_model.input_nodes)
             memory = self.memory_model.of_choice(space, choice, donated=self.donated, backend=self.backend)
-            if memory.total_bytes <= budget:
+            # Without a solution the choice is the least-memory fallback, which more rows cannot change.
+            if memory.total_bytes <= budget or not solution.found_solution:
                 break
             rows.append(self.memory_model.row(space, memory.peak_node, backend=self.backend))
         score = LayoutScore(name=name, step_time_s=space.total_time_s(choice), memory=memory,

@@ -47,8 +47,6 @@ from costmodel.strategy_space import StrategySpace, format_bytes
 # Integer units of the objective and the memory row: CP-SAT needs integer coefficients.
 _TIME_UNIT_S = 1e-8
 _MEMORY_UNIT_BYTES = 1024
-import os
-_PRESOLVE = os.environ.get("I22_PRESOLVE", "1") == "1"
 
 
 class IntraOpSolution(BaseModel):
@@ -65,8 +63,8 @@ class IntraOpSolution(BaseModel):
     solve_time_s: float = Field(description="Wall seconds in CP-SAT.")
     variables: int = Field(description="Boolean variables of the model.")
     trace: tuple[tuple[float, float], ...] = Field((), description="(wall seconds, objective seconds) of each improving solution.")
-    found_solution: bool = Field(True, description="False when the time limit passed before CP-SAT found any solution "
-                                                   "and the choice is the least-memory fallback.")
+    fallback: str = Field("", description="'' when CP-SAT found the choice; when the time limit passed before it found "
+                                          "any: 'hint' (the hint, which fits every memory row) or 'least_memory'.")
 
 
 def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_limit_s: float = 20.0,
@@ -93,12 +91,14 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     solver.parameters.linearization_level = 2
     solver.parameters.add_lp_constraints_lazily = False
     solver.parameters.cp_model_probing_level = 0
-    solver.parameters.cp_model_presolve = _PRESOLVE
+    # Presolve spent 5-7 s of a 300k-variable model for nothing the LP does not find anyway.
+    solver.parameters.cp_model_presolve = False
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.max_deterministic_time = time_limit_s
     recorder = _Recorder()
     status = solver.solve(model, recorder)
+    fallback = ""
     elapsed = time.perf_counter() - recorder.start
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError(f"no sharding fits in {format_bytes(memory_budget_bytes)} per device",
@@ -108,9 +108,12 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
         values = np.asarray(solver.response_proto.solution)
         choice = {n: int(np.argmax(values[first[n]:first[n] + len(s)])) for n, s in space.strategies.items()}
     else:
-        # Out of time before a first solution: the least-memory choice fits whenever anything
-        # does, so return it (FEASIBLE, with the gap to the proven bound) rather than nothing.
-        choice = space.least_memory_choice()
+        # Out of time before a first solution (a big model can spend its limit loading the LP):
+        # the hint if it fits, else the least-memory choice, which fits whenever anything does
+        # (FEASIBLE, with the gap to the proven bound) rather than nothing.
+        fits = hint is not None and _fits(space, hint, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows)
+        fallback = "hint" if fits else "least_memory"
+        choice = dict(hint) if fallback == "hint" else space.least_memory_choice()
         bound_s = 0.0 if status == cp_model.MODEL_INVALID else bound_s
     objective_s = space.total_time_s(choice)
     optimal = status == cp_model.OPTIMAL
@@ -119,73 +122,74 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
         bound_s=objective_s if optimal else min(bound_s, objective_s),
         gap=0.0 if optimal or objective_s <= 0 else max(0.0, 1 - bound_s / objective_s),
         memory_bytes=space.memory_bytes(choice), solve_time_s=elapsed, variables=len(model.proto.variables),
-        trace=tuple(recorder.points), found_solution=status in (cp_model.OPTIMAL, cp_model.FEASIBLE),
+        trace=tuple(recorder.points), fallback=fallback,
     )
 
 
 def _build_model(space: StrategySpace, *, memory_budget_bytes: float,
                  memory_rows: Sequence[dict[int, np.ndarray]]) -> tuple[cp_model.CpModel, dict[int, int]]:
     """The CP-SAT model, written straight into its proto (the expression API costs seconds at
-    300k variables), and each free node's first ``x`` variable index."""
+    300k variables), and each free node's first ``x`` variable index.
+
+    Every ``x`` precedes every ``y``, and each block is numbered in order, so the terms of each
+    row come out sorted by variable as the expression API writes them.
+    """
     model = cp_model.CpModel()
     proto = model.proto
     first: dict[int, int] = {}
+    names: list[str] = []
     for n, strategies in space.strategies.items():
-        first[n] = len(proto.variables)
-        _add_booleans(proto, [f"x{n}_{i}" for i in range(len(strategies))])
-    objective_vars: list[int] = []
-    objective_coeffs: list[int] = []
-
-    def add_objective(index: int, seconds: float) -> None:
-        units = _units(seconds)
-        if units:
-            objective_vars.append(index)
-            objective_coeffs.append(units)
-
+        first[n] = len(names)
+        names += [f"x{n}_{i}" for i in range(len(strategies))]
+    y_first = []
+    for e_index, edge in enumerate(space.edges):
+        y_first.append(len(names))
+        names += [f"y{e_index}_{p}_{c}" for p in range(edge.matrix.shape[0]) for c in range(edge.matrix.shape[1])]
+    proto.merge_text_format("".join(f'variables {{ name: "{name}" domain: 0 domain: 1 }} ' for name in names))
+    objective_vars: list[np.ndarray] = []
+    objective_units: list[np.ndarray] = []
     for n, strategies in space.strategies.items():
         proto.constraints.add().exactly_one.literals.extend(range(first[n], first[n] + len(strategies)))
-        for i, t in enumerate(space.node_time_s[n]):
-            add_objective(first[n] + i, t)
-    for e_index, edge in enumerate(space.edges):
+        units = _units_array(space.node_time_s[n])
+        objective_vars.append(first[n] + np.flatnonzero(units))
+        objective_units.append(units[units != 0])
+    for edge, y0 in zip(space.edges, y_first):
         n_src, n_dst = edge.matrix.shape
-        y0 = len(proto.variables)
-        _add_booleans(proto, [f"y{e_index}_{p}_{c}" for p in range(n_src) for c in range(n_dst)])
         for p in range(n_src):
-            members = [first[edge.src] + int(i) for i in np.flatnonzero(edge.src_class == p)]
-            _add_equal(proto, list(range(y0 + p * n_dst, y0 + (p + 1) * n_dst)), members)
+            _add_equal(proto, list(range(y0 + p * n_dst, y0 + (p + 1) * n_dst)), first[edge.src] + np.flatnonzero(edge.src_class == p))
         for c in range(n_dst):
-            members = [first[edge.dst] + int(j) for j in np.flatnonzero(edge.dst_class == c)]
-            _add_equal(proto, list(range(y0 + c, y0 + n_src * n_dst, n_dst)), members)
-        for p in range(n_src):
-            for c in range(n_dst):
-                if edge.matrix[p, c] > 0:
-                    add_objective(y0 + p * n_dst + c, edge.matrix[p, c])
+            _add_equal(proto, list(range(y0 + c, y0 + n_src * n_dst, n_dst)), first[edge.dst] + np.flatnonzero(edge.dst_class == c))
+        flat = edge.matrix.ravel()
+        units = np.where(flat > 0, _units_array(flat), 0)
+        objective_vars.append(y0 + np.flatnonzero(units))
+        objective_units.append(units[units != 0])
     if math.isfinite(memory_budget_bytes):
         cap = int(memory_budget_bytes // _MEMORY_UNIT_BYTES)
         arguments = {n: space.node_memory_bytes[n] for n in space.strategies}
         for row in [arguments, *memory_rows]:
             _add_at_most(proto, [(first[n] + i, math.ceil(b / _MEMORY_UNIT_BYTES)) for n, bs in row.items()
                                  for i, b in enumerate(bs) if b > 0], cap)
-    order = np.argsort(objective_vars, kind="stable")
-    proto.objective.vars.extend(int(objective_vars[i]) for i in order)
-    proto.objective.coeffs.extend(int(objective_coeffs[i]) for i in order)
+    proto.objective.vars.extend(np.concatenate(objective_vars).tolist())
+    proto.objective.coeffs.extend(np.concatenate(objective_units).tolist())
     proto.objective.scaling_factor = 1
     return model, first
 
 
-def _add_booleans(proto: Any, names: list[str]) -> None:
-    for name in names:
-        var = proto.variables.add()
-        var.name = name
-        var.domain.extend((0, 1))
+def _fits(space: StrategySpace, choice: Mapping[int, int], *, memory_budget_bytes: float,
+          memory_rows: Sequence[dict[int, np.ndarray]]) -> bool:
+    """Whether ``choice`` satisfies the model's memory rows, in its integer units."""
+    if not math.isfinite(memory_budget_bytes):
+        return True
+    cap = int(memory_budget_bytes // _MEMORY_UNIT_BYTES)
+    return all(sum(math.ceil(row[n][i] / _MEMORY_UNIT_BYTES) for n, i in choice.items() if n in row) <= cap
+               for row in [space.node_memory_bytes, *memory_rows])
 
 
-def _add_equal(proto: Any, left: list[int], right: list[int]) -> None:
-    """sum(left) == sum(right), over boolean variable indices."""
-    terms = sorted([(v, 1) for v in left] + [(v, -1) for v in right])
+def _add_equal(proto: Any, left: list[int], right: np.ndarray) -> None:
+    """sum(left) == sum(right): ``y`` indices on the left, the (lower) ``x`` indices on the right."""
     linear = proto.constraints.add().linear
-    linear.vars.extend(v for v, _ in terms)
-    linear.coeffs.extend(c for _, c in terms)
+    linear.vars.extend(right.tolist() + left)
+    linear.coeffs.extend([-1] * len(right) + [1] * len(left))
     linear.domain.extend((0, 0))
 
 
@@ -211,5 +215,6 @@ class _Recorder(cp_model.CpSolverSolutionCallback):
         self.points.append((time.perf_counter() - self.start, self.objective_value * _TIME_UNIT_S))
 
 
-def _units(seconds: float) -> int:
-    return int(round(float(seconds) / _TIME_UNIT_S))
+def _units_array(seconds: np.ndarray) -> np.ndarray:
+    """Seconds in objective units, rounded half to even as Python's ``round``."""
+    return np.rint(np.asarray(seconds, dtype=np.float64) / _TIME_UNIT_S).astype(np.int64)

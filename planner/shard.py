@@ -174,6 +174,8 @@ class _Solver:
                  donated: frozenset[int]) -> None:
         self.full, self.memory_model, self.budget, self.backend, self.donated = full, memory_model, budget, backend, donated
         self.space_of: dict[str, StrategySpace] = {}
+        # The first candidate's answer, a warm start for the others: most ops shard alike whatever the inputs.
+        self.first: tuple[StrategySpace, dict[int, int]] | None = None
 
     def __call__(self, name: str, pinned: dict[int, int], *, time_limit_s: float,
                  budget: float | None = None) -> tuple[dict[int, int], LayoutScore, IntraOpSolution]:
@@ -183,17 +185,40 @@ class _Solver:
         space = _with_memory(space, self.memory_model.row(space, None, temporaries=False, backend=self.backend))
         self.space_of[name] = space
         rows: list[dict[int, np.ndarray]] = []
+        hint = projected_choice(*self.first, space) if self.first else None
         for _ in range(_LAZY_ROUNDS):
-            solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows)
+            solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows,
+                                      hint=hint)
             choice = _adopt_consumer_shardings(space, solution.choice, self.memory_model.input_nodes)
             memory = self.memory_model.of_choice(space, choice, donated=self.donated, backend=self.backend)
             # Without a solution the choice is the least-memory fallback, which more rows cannot change.
-            if memory.total_bytes <= budget or not solution.found_solution:
+            if memory.total_bytes <= budget or solution.fallback == "least_memory":
                 break
             rows.append(self.memory_model.row(space, memory.peak_node, backend=self.backend))
         score = LayoutScore(name=name, step_time_s=space.total_time_s(choice), memory=memory,
                             fits=memory.total_bytes <= self.budget, status=solution.status)
+        if self.first is None and not solution.fallback:
+            self.first = (space, choice)
         return choice, score, solution
+
+
+def projected_choice(source: StrategySpace, choice: dict[int, int], target: StrategySpace) -> dict[int, int]:
+    """``choice`` on ``source`` carried to ``target`` (the same graph, other pins or prunes): each
+    free node keeps its strategy where ``target`` has it, else takes its least-memory one.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from costmodel.machine import load_machine
+    >>> g = extract_graph(lambda x: x * 2, jax.ShapeDtypeStruct((8, 4), jnp.float32))
+    >>> space = build_space(g, load_machine("a100-80gb").mesh_groups([("data", 2)]), load_machine("a100-80gb"))
+    >>> projected_choice(space, {0: 1}, space), projected_choice(space, {0: 1}, restrict(space, {0: np.array([0])}))
+    ({0: 1}, {0: 0})
+    """
+    fallback = target.least_memory_choice()
+    out = {}
+    for n, strategies in target.strategies.items():
+        wanted = source.chosen(n, choice) if n in source.strategies or n in source.followers else None
+        out[n] = strategies.index(wanted) if wanted in strategies else fallback[n]
+    return out
 
 
 def _with_memory(space: StrategySpace, row: dict[int, np.ndarray]) -> StrategySpace:

@@ -57,8 +57,27 @@ def test_budget_below_the_least_memory_is_a_clear_error():
 
 
 def test_time_limit_before_any_solution_returns_the_least_memory_choice_with_its_gap():
-    space = mlp_space([("tensor", 4)])
-    solution = solve_intra_op(space, memory_budget_bytes=12e6, time_limit_s=0.001)
+    space = mlp_space([("data", 2), ("tensor", 4)])
+    solution = solve_intra_op(space, memory_budget_bytes=12e6, time_limit_s=1e-6)
     assert solution.status == "FEASIBLE" and 0 < solution.gap <= 1
+    assert solution.fallback == "least_memory" and solution.choice == space.least_memory_choice()
     assert solution.memory_bytes <= 12e6
     assert solution.bound_s <= solution.objective_s
+
+
+def test_time_limit_before_any_solution_returns_a_fitting_hint():
+    space = mlp_space([("data", 2), ("tensor", 4)])
+    optimum = solve_intra_op(space, memory_budget_bytes=1e10)
+    solution = solve_intra_op(space, memory_budget_bytes=1e10, time_limit_s=1e-6, hint=optimum.choice)
+    assert (solution.fallback, solution.choice) == ("hint", optimum.choice)
+    # A hint over the budget is no answer: the least-memory choice is.
+    tight = solve_intra_op(space, memory_budget_bytes=optimum.memory_bytes - 1, time_limit_s=1e-6, hint=optimum.choice)
+    assert tight.fallback == "least_memory"
+
+
+def test_a_hint_keeps_the_optimum():
+    space = mlp_space([("data", 2), ("tensor", 4)])
+    plain = solve_intra_op(space, memory_budget_bytes=1e10)
+    hinted = solve_intra_op(space, memory_budget_bytes=1e10, hint=space.least_memory_choice())
+    assert hinted.status == plain.status == "OPTIMAL" and not hinted.fallback
+    assert hinted.objective_s == pytest.approx(plain.objective_s, rel=1e-9)

@@ -327,8 +327,9 @@ def prune_dominated(space: StrategySpace) -> StrategySpace:
         cost, memory = space.node_time_s[n], space.node_memory_bytes[n]
         worst_extra = np.zeros((len(options), len(options)))
         for edge, is_src in incident[n]:
-            rows = edge.matrix[edge.src_class] if is_src else edge.matrix[:, edge.dst_class].T
-            worst_extra += (rows[:, None, :] - rows[None, :, :]).max(axis=2)
+            # Per sharding class first (strategies share few), then spread to the strategies.
+            rows, classes = (edge.matrix, edge.src_class) if is_src else (edge.matrix.T, edge.dst_class)
+            worst_extra += (rows[:, None, :] - rows[None, :, :]).max(axis=2)[np.ix_(classes, classes)]
         # beats[t, s]: t is at least as good as s in every neighbourhood.
         beats = (cost[:, None] + worst_extra <= cost[None, :] + 1e-12) & (memory[:, None] <= memory[None, :])
         np.fill_diagonal(beats, False)

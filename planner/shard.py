@@ -142,8 +142,8 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
             candidates[name] = {**{n: i for n, i in pinned.items() if i is not None}, **pins}
     solve = _Solver(full, memory_model, budget=budget, backend=backend, donated=donated)
     scores, choices, failures = [], {}, []
-    for name, pinned in candidates.items():
-        limit = time_limit_s if name == "planned" else max(1.0, time_limit_s / 4)
+    for index, (name, pinned) in enumerate(candidates.items()):
+        limit = time_limit_s if name == "planned" else _baseline_limit_s(time_limit_s, solve.solve_time_s, len(candidates) - index)
         try:
             choice, score, solution = solve(name, pinned, time_limit_s=limit)
         except InfeasibleError as error:
@@ -167,6 +167,16 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
                        compute_dtype=dtype)
 
 
+def _baseline_limit_s(time_limit_s: float, spent_s: float, n_left: int) -> float:
+    """A baseline's CP-SAT limit: a quarter of ``time_limit_s``, or less when the solves so far
+    (the planned layout's first) leave less of it to share, but at least a second.
+
+    >>> _baseline_limit_s(20.0, 5.0, 3), _baseline_limit_s(20.0, 17.0, 3), _baseline_limit_s(20.0, 0.0, 3)
+    (5.0, 1.0, 5.0)
+    """
+    return max(1.0, min(time_limit_s / 4, (time_limit_s - spent_s) / n_left))
+
+
 class _Solver:
     """Solves one candidate (pinned inputs) with lazy per-program-point memory rows."""
 
@@ -176,6 +186,7 @@ class _Solver:
         self.space_of: dict[str, StrategySpace] = {}
         # The first candidate's answer, a warm start for the others: most ops shard alike whatever the inputs.
         self.first: tuple[StrategySpace, dict[int, int]] | None = None
+        self.solve_time_s = 0.0
 
     def __call__(self, name: str, pinned: dict[int, int], *, time_limit_s: float,
                  budget: float | None = None) -> tuple[dict[int, int], LayoutScore, IntraOpSolution]:
@@ -186,14 +197,17 @@ class _Solver:
         self.space_of[name] = space
         rows: list[dict[int, np.ndarray]] = []
         hint = projected_choice(*self.first, space) if self.first else None
+        previous = None
         for _ in range(_LAZY_ROUNDS):
             solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows,
                                       hint=hint)
+            self.solve_time_s += solution.solve_time_s
             choice = _adopt_consumer_shardings(space, solution.choice, self.memory_model.input_nodes)
             memory = self.memory_model.of_choice(space, choice, donated=self.donated, backend=self.backend)
-            # Without a solution the choice is the least-memory fallback, which more rows cannot change.
-            if memory.total_bytes <= budget or solution.fallback == "least_memory":
+            # The least-memory fallback (out of time) ignores rows, and a repeated choice would add the same row again.
+            if memory.total_bytes <= budget or solution.fallback == "least_memory" or choice == previous:
                 break
+            previous = choice
             rows.append(self.memory_model.row(space, memory.peak_node, backend=self.backend))
         score = LayoutScore(name=name, step_time_s=space.total_time_s(choice), memory=memory,
                             fits=memory.total_bytes <= self.budget, status=solution.status)

@@ -75,13 +75,18 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     ``memory_rows``: further per-device memory limits, each free node → bytes of each of its
     strategies (e.g. what is live at one program point, planner/memory.py); each row's sum
     stays within the budget too. ``hint``: a choice (free node → index) CP-SAT tries first,
-    e.g. the previous solve's before a memory row was added.
+    e.g. another candidate's answer.
 
     Raises InfeasibleError when even the least-memory choice exceeds the budget. When the
-    time limit passes before CP-SAT finds a solution, the least-memory choice is returned
-    as FEASIBLE with its gap to the proven bound.
+    time limit passes before CP-SAT finds a solution (``time_limit_s=0``: no search at all),
+    the hint if it fits every memory row, else the least-memory choice, is returned as
+    FEASIBLE with its gap to the proven bound.
     """
     space.check_fits(memory_budget_bytes)
+    if time_limit_s <= 0:
+        variables = sum(map(len, space.strategies.values())) + sum(e.matrix.size for e in space.edges)
+        return _solution(space, *_fallback(space, hint, memory_budget_bytes, memory_rows), optimal=False, bound_s=0.0,
+                         solve_time_s=0.0, variables=variables)
     model, first = _build_model(space, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows)
     for n, i in (hint or {}).items():
         model.proto.solution_hint.vars.append(first[n] + i)
@@ -98,31 +103,40 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     solver.parameters.max_deterministic_time = time_limit_s
     recorder = _Recorder()
     status = solver.solve(model, recorder)
-    fallback = ""
     elapsed = time.perf_counter() - recorder.start
     if status == cp_model.INFEASIBLE:
         raise InfeasibleError(f"no sharding fits in {format_bytes(memory_budget_bytes)} per device",
                               fix="use more devices, a smaller batch, or activation recompute")
-    bound_s = solver.best_objective_bound * _TIME_UNIT_S
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         values = np.asarray(solver.response_proto.solution)
         choice = {n: int(np.argmax(values[first[n]:first[n] + len(s)])) for n, s in space.strategies.items()}
+        fallback = ""
     else:
-        # Out of time before a first solution (a big model can spend its limit loading the LP):
-        # the hint if it fits, else the least-memory choice, which fits whenever anything does
-        # (FEASIBLE, with the gap to the proven bound) rather than nothing.
-        fits = hint is not None and _fits(space, hint, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows)
-        fallback = "hint" if fits else "least_memory"
-        choice = dict(hint) if fallback == "hint" else space.least_memory_choice()
-        bound_s = 0.0 if status == cp_model.MODEL_INVALID else bound_s
+        # Out of time before a first solution (a big model can spend its limit loading the LP).
+        choice, fallback = _fallback(space, hint, memory_budget_bytes, memory_rows)
+    bound_s = 0.0 if status == cp_model.MODEL_INVALID else solver.best_objective_bound * _TIME_UNIT_S
+    return _solution(space, choice, fallback, optimal=status == cp_model.OPTIMAL, bound_s=bound_s, solve_time_s=elapsed,
+                     variables=len(model.proto.variables), trace=tuple(recorder.points))
+
+
+def _fallback(space: StrategySpace, hint: Mapping[int, int] | None, memory_budget_bytes: float,
+              memory_rows: Sequence[dict[int, np.ndarray]]) -> tuple[dict[int, int], str]:
+    """The answer without a solver's: the hint if it fits, else the least-memory choice, which
+    fits whenever anything does."""
+    if hint is not None and _fits(space, hint, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows):
+        return dict(hint), "hint"
+    return space.least_memory_choice(), "least_memory"
+
+
+def _solution(space: StrategySpace, choice: dict[int, int], fallback: str, *, optimal: bool, bound_s: float,
+              solve_time_s: float, variables: int, trace: tuple[tuple[float, float], ...] = ()) -> IntraOpSolution:
     objective_s = space.total_time_s(choice)
-    optimal = status == cp_model.OPTIMAL
     return IntraOpSolution(
         choice=choice, status="OPTIMAL" if optimal else "FEASIBLE", objective_s=objective_s,
         bound_s=objective_s if optimal else min(bound_s, objective_s),
         gap=0.0 if optimal or objective_s <= 0 else max(0.0, 1 - bound_s / objective_s),
-        memory_bytes=space.memory_bytes(choice), solve_time_s=elapsed, variables=len(model.proto.variables),
-        trace=tuple(recorder.points), fallback=fallback,
+        memory_bytes=space.memory_bytes(choice), solve_time_s=solve_time_s, variables=variables, trace=trace,
+        fallback=fallback,
     )
 
 

@@ -45,6 +45,7 @@ from planner.ilp import IntraOpSolution, solve_intra_op
 from planner.memory import MemoryBreakdown, MemoryModel
 
 _LAZY_ROUNDS = 8
+_MIN_SOLVE_S = 1.0
 
 
 class LayoutScore(BaseModel):
@@ -169,12 +170,14 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
 
 def _baseline_limit_s(time_limit_s: float, spent_s: float, n_left: int) -> float:
     """A baseline's CP-SAT limit: a quarter of ``time_limit_s``, or less when the solves so far
-    (the planned layout's first) leave less of it to share, but at least a second.
+    (the planned layout's first) leave less of it to share; below a second, none (a big model
+    takes longer to load, so the baseline is scored on the planned choice carried to its pins).
 
-    >>> _baseline_limit_s(20.0, 5.0, 3), _baseline_limit_s(20.0, 17.0, 3), _baseline_limit_s(20.0, 0.0, 3)
-    (5.0, 1.0, 5.0)
+    >>> _baseline_limit_s(20.0, 5.0, 3), _baseline_limit_s(20.0, 15.5, 3), _baseline_limit_s(20.0, 18.0, 3)
+    (5.0, 1.5, 0.0)
     """
-    return max(1.0, min(time_limit_s / 4, (time_limit_s - spent_s) / n_left))
+    share_s = min(time_limit_s / 4, (time_limit_s - spent_s) / n_left)
+    return share_s if share_s >= _MIN_SOLVE_S else 0.0
 
 
 class _Solver:
@@ -197,17 +200,15 @@ class _Solver:
         self.space_of[name] = space
         rows: list[dict[int, np.ndarray]] = []
         hint = projected_choice(*self.first, space) if self.first else None
-        previous = None
         for _ in range(_LAZY_ROUNDS):
             solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows,
                                       hint=hint)
             self.solve_time_s += solution.solve_time_s
             choice = _adopt_consumer_shardings(space, solution.choice, self.memory_model.input_nodes)
             memory = self.memory_model.of_choice(space, choice, donated=self.donated, backend=self.backend)
-            # The least-memory fallback (out of time) ignores rows, and a repeated choice would add the same row again.
-            if memory.total_bytes <= budget or solution.fallback == "least_memory" or choice == previous:
+            # Out of time before any solution: more rows will not buy one in the same time.
+            if memory.total_bytes <= budget or solution.fallback:
                 break
-            previous = choice
             rows.append(self.memory_model.row(space, memory.peak_node, backend=self.backend))
         score = LayoutScore(name=name, step_time_s=space.total_time_s(choice), memory=memory,
                             fits=memory.total_bytes <= self.budget, status=solution.status)

@@ -81,3 +81,11 @@ def test_a_hint_keeps_the_optimum():
     hinted = solve_intra_op(space, memory_budget_bytes=1e10, hint=space.least_memory_choice())
     assert hinted.status == plain.status == "OPTIMAL" and not hinted.fallback
     assert hinted.objective_s == pytest.approx(plain.objective_s, rel=1e-9)
+
+
+def test_no_time_means_no_search_and_the_fitting_hint():
+    space = mlp_space([("data", 2), ("tensor", 4)])
+    optimum = solve_intra_op(space, memory_budget_bytes=1e10)
+    unsolved = solve_intra_op(space, memory_budget_bytes=1e10, time_limit_s=0, hint=optimum.choice)
+    assert (unsolved.fallback, unsolved.choice, unsolved.solve_time_s) == ("hint", optimum.choice, 0.0)
+    assert unsolved.variables == optimum.variables and unsolved.status == "FEASIBLE"

@@ -89,9 +89,8 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     """
     space.check_fits(memory_budget_bytes)
     if time_limit_s <= 0:
-        variables = sum(map(len, space.strategies.values())) + sum(e.matrix.size for e in space.edges)
         return _solution(space, *_fallback(space, hint, memory_budget_bytes, memory_rows), optimal=False, bound_s=0.0,
-                         solve_time_s=0.0, variables=variables)
+                         solve_time_s=0.0, variables=model_variables(space))
     model, first = _build_model(space, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows)
     for n, i in (hint or {}).items():
         model.proto.solution_hint.vars.append(first[n] + i)
@@ -126,6 +125,16 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     bound_s = 0.0 if status == cp_model.MODEL_INVALID else solver.best_objective_bound * _TIME_UNIT_S
     return _solution(space, choice, fallback, optimal=status == cp_model.OPTIMAL, bound_s=bound_s, solve_time_s=elapsed,
                      variables=len(model.proto.variables), trace=tuple(recorder.points))
+
+
+def model_variables(space: StrategySpace) -> int:
+    """Boolean variables of ``space``'s model: one per strategy (``x``) and per edge class pair (``y``).
+
+    >>> from costmodel.strategy_space import StrategySpace
+    >>> model_variables(StrategySpace(groups={}, strategies={0: ("a", "b")}, followers={}, node_time_s={}, node_memory_bytes={}, edges=()))
+    2
+    """
+    return sum(map(len, space.strategies.values())) + sum(e.matrix.size for e in space.edges)
 
 
 def _fallback(space: StrategySpace, hint: Mapping[int, int] | None, memory_budget_bytes: float,

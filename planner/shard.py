@@ -41,7 +41,7 @@ from costmodel.strategies import Sharding, shard_factor
 from costmodel.strategy_space import StrategySpace, build_space, prune_dominated, restrict
 from planner.baselines import baseline_specs
 from planner.extract import extract_graph
-from planner.ilp import IntraOpSolution, solve_intra_op
+from planner.ilp import IntraOpSolution, model_variables, solve_intra_op
 from planner.memory import MemoryBreakdown, MemoryModel
 
 _LAZY_ROUNDS = 8
@@ -189,6 +189,7 @@ class _Solver:
         self.space_of: dict[str, StrategySpace] = {}
         # The first candidate's answer, a warm start for the others: most ops shard alike whatever the inputs.
         self.first: tuple[StrategySpace, dict[int, int]] | None = None
+        self.first_solution_s_per_variable = 0.0
         self.solve_time_s = 0.0
 
     def __call__(self, name: str, pinned: dict[int, int], *, time_limit_s: float,
@@ -200,6 +201,10 @@ class _Solver:
         self.space_of[name] = space
         rows: list[dict[int, np.ndarray]] = []
         hint = projected_choice(*self.first, space) if self.first else None
+        # A search that cannot reach a first solution in time (the first candidate's pace says
+        # so) would only load the model: score the hint instead.
+        if time_limit_s < self.first_solution_s_per_variable * model_variables(space):
+            time_limit_s = 0.0
         for _ in range(_LAZY_ROUNDS):
             solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows,
                                       hint=hint)
@@ -214,6 +219,7 @@ class _Solver:
                             fits=memory.total_bytes <= self.budget, status=solution.status)
         if self.first is None and not solution.fallback:
             self.first = (space, choice)
+            self.first_solution_s_per_variable = solution.trace[0][0] / solution.variables if solution.trace else 0.0
         return choice, score, solution
 
 

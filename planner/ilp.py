@@ -69,32 +69,30 @@ class IntraOpSolution(BaseModel):
     variables: int = Field(description="Boolean variables of the model.")
     trace: tuple[tuple[float, float], ...] = Field((), description="(wall seconds, objective seconds) of each improving solution.")
     fallback: str = Field("", description="'' when CP-SAT found the choice; when the time limit passed before it found "
-                                          "any: 'hint' (the hint, which fits every memory row) or 'least_memory'.")
+                                          "any: 'given' (the fallback_choice given, which fits every memory row) or 'least_memory'.")
 
 
 def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_limit_s: float = 20.0,
                    seed: int = 0, memory_rows: Sequence[dict[int, np.ndarray]] = (),
-                   hint: Mapping[int, int] | None = None) -> IntraOpSolution:
+                   fallback_choice: Mapping[int, int] | None = None) -> IntraOpSolution:
     """Choose one strategy per free node of ``space``: least predicted time within the memory budget.
 
     ``memory_rows``: further per-device memory limits, each free node → bytes of each of its
     strategies (e.g. what is live at one program point, planner/memory.py); each row's sum
-    stays within the budget too. ``hint``: a choice (free node → index) CP-SAT tries first,
-    e.g. another candidate's answer.
+    stays within the budget too. ``fallback_choice``: a known choice (free node → index), e.g.
+    another candidate's answer, returned if CP-SAT finds none in time. It is no CP-SAT solution
+    hint: hints slowed the LP-led search 1.8x on library programs (benchmarks/shard_programs.py).
 
     Raises InfeasibleError when even the least-memory choice exceeds the budget. When the
     time limit passes before CP-SAT finds a solution (``time_limit_s=0``: no search at all),
-    the hint if it fits every memory row, else the least-memory choice, is returned as
+    ``fallback_choice`` if it fits every memory row, else the least-memory choice, is returned as
     FEASIBLE with its gap to the proven bound.
     """
     space.check_fits(memory_budget_bytes)
     if time_limit_s <= 0:
-        return _solution(space, *_fallback(space, hint, memory_budget_bytes, memory_rows), optimal=False, bound_s=0.0,
+        return _solution(space, *_fallback(space, fallback_choice, memory_budget_bytes, memory_rows), optimal=False, bound_s=0.0,
                          solve_time_s=0.0, variables=model_variables(space))
     model, first = _build_model(space, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows)
-    for n, i in (hint or {}).items():
-        model.proto.solution_hint.vars.append(first[n] + i)
-        model.proto.solution_hint.values.append(1)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.linearization_level = 2
@@ -121,7 +119,7 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
         fallback = ""
     else:
         # Out of time before a first solution (a big model can spend its limit loading the LP).
-        choice, fallback = _fallback(space, hint, memory_budget_bytes, memory_rows)
+        choice, fallback = _fallback(space, fallback_choice, memory_budget_bytes, memory_rows)
     bound_s = 0.0 if status == cp_model.MODEL_INVALID else solver.best_objective_bound * _TIME_UNIT_S
     return _solution(space, choice, fallback, optimal=status == cp_model.OPTIMAL, bound_s=bound_s, solve_time_s=elapsed,
                      variables=len(model.proto.variables), trace=tuple(recorder.points))
@@ -137,12 +135,12 @@ def model_variables(space: StrategySpace) -> int:
     return sum(map(len, space.strategies.values())) + sum(e.matrix.size for e in space.edges)
 
 
-def _fallback(space: StrategySpace, hint: Mapping[int, int] | None, memory_budget_bytes: float,
+def _fallback(space: StrategySpace, given: Mapping[int, int] | None, memory_budget_bytes: float,
               memory_rows: Sequence[dict[int, np.ndarray]]) -> tuple[dict[int, int], str]:
-    """The answer without a solver's: the hint if it fits, else the least-memory choice, which
+    """The answer without a solver's: the ``given`` choice if it fits, else the least-memory one, which
     fits whenever anything does."""
-    if hint is not None and _fits(space, hint, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows):
-        return dict(hint), "hint"
+    if given is not None and _fits(space, given, memory_budget_bytes=memory_budget_bytes, memory_rows=memory_rows):
+        return dict(given), "given"
     return space.least_memory_choice(), "least_memory"
 
 

@@ -187,7 +187,7 @@ class _Solver:
                  donated: frozenset[int]) -> None:
         self.full, self.memory_model, self.budget, self.backend, self.donated = full, memory_model, budget, backend, donated
         self.space_of: dict[str, StrategySpace] = {}
-        # The first candidate's answer, a warm start for the others: most ops shard alike whatever the inputs.
+        # The first candidate's answer, the others' fallback: most ops shard alike whatever the inputs.
         self.first: tuple[StrategySpace, dict[int, int]] | None = None
         self.first_solution_s_per_variable = 0.0
         self.solve_time_s = 0.0
@@ -200,14 +200,14 @@ class _Solver:
         space = _with_memory(space, self.memory_model.row(space, None, temporaries=False, backend=self.backend))
         self.space_of[name] = space
         rows: list[dict[int, np.ndarray]] = []
-        hint = projected_choice(*self.first, space) if self.first else None
+        carried = projected_choice(*self.first, space) if self.first else None
         # A search that cannot reach a first solution in time (the first candidate's pace says
-        # so) would only load the model: score the hint instead.
+        # so) would only load the model: score the first candidate's choice carried over instead.
         if time_limit_s < self.first_solution_s_per_variable * model_variables(space):
             time_limit_s = 0.0
         for _ in range(_LAZY_ROUNDS):
             solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows,
-                                      hint=hint)
+                                      fallback_choice=carried)
             self.solve_time_s += solution.solve_time_s
             choice = _adopt_consumer_shardings(space, solution.choice, self.memory_model.input_nodes)
             memory = self.memory_model.of_choice(space, choice, donated=self.donated, backend=self.backend)

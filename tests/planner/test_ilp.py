@@ -65,27 +65,28 @@ def test_time_limit_before_any_solution_returns_the_least_memory_choice_with_its
     assert solution.bound_s <= solution.objective_s
 
 
-def test_time_limit_before_any_solution_returns_a_fitting_hint():
+def test_time_limit_before_any_solution_returns_a_fitting_fallback_choice():
     space = mlp_space([("data", 2), ("tensor", 4)])
     optimum = solve_intra_op(space, memory_budget_bytes=1e10)
-    solution = solve_intra_op(space, memory_budget_bytes=1e10, time_limit_s=1e-6, hint=optimum.choice)
-    assert (solution.fallback, solution.choice) == ("hint", optimum.choice)
-    # A hint over the budget is no answer: the least-memory choice is.
-    tight = solve_intra_op(space, memory_budget_bytes=optimum.memory_bytes - 1, time_limit_s=1e-6, hint=optimum.choice)
+    solution = solve_intra_op(space, memory_budget_bytes=1e10, time_limit_s=1e-6, fallback_choice=optimum.choice)
+    assert (solution.fallback, solution.choice) == ("given", optimum.choice)
+    # A choice over the budget is no answer: the least-memory choice is.
+    tight = solve_intra_op(space, memory_budget_bytes=optimum.memory_bytes - 1, time_limit_s=1e-6,
+                           fallback_choice=optimum.choice)
     assert tight.fallback == "least_memory"
 
 
-def test_a_hint_keeps_the_optimum():
+def test_a_fallback_choice_changes_nothing_when_the_solver_answers():
     space = mlp_space([("data", 2), ("tensor", 4)])
     plain = solve_intra_op(space, memory_budget_bytes=1e10)
-    hinted = solve_intra_op(space, memory_budget_bytes=1e10, hint=space.least_memory_choice())
-    assert hinted.status == plain.status == "OPTIMAL" and not hinted.fallback
-    assert hinted.objective_s == pytest.approx(plain.objective_s, rel=1e-9)
+    given = solve_intra_op(space, memory_budget_bytes=1e10, fallback_choice=space.least_memory_choice())
+    assert given.status == plain.status == "OPTIMAL" and not given.fallback
+    assert given.choice == plain.choice
 
 
-def test_no_time_means_no_search_and_the_fitting_hint():
+def test_no_time_means_no_search_and_the_fitting_fallback_choice():
     space = mlp_space([("data", 2), ("tensor", 4)])
     optimum = solve_intra_op(space, memory_budget_bytes=1e10)
-    unsolved = solve_intra_op(space, memory_budget_bytes=1e10, time_limit_s=0, hint=optimum.choice)
-    assert (unsolved.fallback, unsolved.choice, unsolved.solve_time_s) == ("hint", optimum.choice, 0.0)
+    unsolved = solve_intra_op(space, memory_budget_bytes=1e10, time_limit_s=0, fallback_choice=optimum.choice)
+    assert (unsolved.fallback, unsolved.choice, unsolved.solve_time_s) == ("given", optimum.choice, 0.0)
     assert unsolved.variables == optimum.variables and unsolved.status == "FEASIBLE"

@@ -9,9 +9,9 @@ the backward pass — stays within budget; predicted time is minimized.
 
 CP-SAT runs single-threaded with LP-heavy search (``linearization_level=2``), measured
 to prove optimality in seconds where the default portfolio stalls (FACTS.md); with the
-whole LP loaded up front, no probing, and the root LP run to its optimum it proves the
-llama3-70b train step on 8x4 optimal in 1.5 s (benchmarks/ilp_solve.py, 2-core machine).
-Big models (unrolled layers) skip presolve. The model is written straight into its proto,
+whole LP loaded up front and no probing it proves the llama3-70b train step on 8x4
+optimal in 4.5 s instead of 10.5 s (benchmarks/ilp_solve.py). Big models (unrolled
+layers) skip presolve and run the root LP to its optimum. The model is written straight into its proto,
 which the expression API would build alike but seconds slower. A fixed seed and a
 deterministic time limit make the same input give the same plan (a loaded machine can hit
 the wall-clock limit first).
@@ -50,8 +50,8 @@ from costmodel.strategy_space import StrategySpace, format_bytes
 # Integer units of the objective and the memory row: CP-SAT needs integer coefficients.
 _TIME_UNIT_S = 1e-8
 _MEMORY_UNIT_BYTES = 1024
-# Models this big skip CP-SAT's presolve (see solve_intra_op).
-_PRESOLVE_BELOW_VARIABLES = 100_000
+# Models this big (unrolled layers; a scanned program's has ~40k) skip presolve (see solve_intra_op).
+_BIG_MODEL_VARIABLES = 100_000
 
 
 class IntraOpSolution(BaseModel):
@@ -98,12 +98,12 @@ def solve_intra_op(space: StrategySpace, *, memory_budget_bytes: float, time_lim
     solver.parameters.linearization_level = 2
     solver.parameters.add_lp_constraints_lazily = False
     solver.parameters.cp_model_probing_level = 0
-    # Presolve pays on scanned programs (~40k variables, benchmarks/ilp_solve.py) but spends 5-7 s
-    # on the 300-600k of unrolled library programs (benchmarks/shard_programs.py) for nothing the
-    # LP does not find anyway. Letting the root LP run to its optimum rather than 2,000
-    # iterations at a time saves 20-70 % of the search on both.
-    solver.parameters.cp_model_presolve = len(model.proto.variables) < _PRESOLVE_BELOW_VARIABLES
-    solver.parameters.root_lp_iterations = 100_000
+    if len(model.proto.variables) >= _BIG_MODEL_VARIABLES:
+        # On the 300-600k variables of unrolled library programs (benchmarks/shard_programs.py)
+        # presolve spent 5-7 s for nothing the LP does not find anyway, and letting the root LP
+        # run to its optimum rather than 2,000 iterations at a time saved 20-45 % of the search.
+        solver.parameters.cp_model_presolve = False
+        solver.parameters.root_lp_iterations = 100_000
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.max_deterministic_time = time_limit_s

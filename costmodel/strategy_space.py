@@ -38,8 +38,8 @@ from costmodel.collectives import exposed_s
 from costmodel.errors import InfeasibleError
 from costmodel.fusion import OWN_KERNEL, HbmTraffic, fused_traffic
 from costmodel.machine import Machine
-from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode
-from costmodel.strategies import MeshGroups, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
+from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode, TensorSpec
+from costmodel.strategies import MeshGroups, Sharding, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
 
 _GIB = 2**30
 # Ops that make a big tensor from a small one: they follow their reader, not their producer.
@@ -131,6 +131,7 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
     """
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
     traffic = fused_traffic(g)
+    induce = _InducedCache(groups, machine)
     gradients = _update_only(g, ops)
     saved = {n for n, op in ops.items() if not op.is_input and not op.is_backward
              and any(ops[s].is_backward for s in g.successors(n))}
@@ -143,22 +144,21 @@ def build_space(g: nx.DiGraph, groups: MeshGroups, machine: Machine, *,
         op = ops[n]
         leader = _leader(g, n, op, strategies, followers)
         if leader is None:
-            strategies[n] = op_strategies(op, groups, machine, saved=n in saved, memory_factor=memory_factor(op),
+            strategies[n] = op_strategies(induce.costed(op), groups, machine, saved=n in saved, memory_factor=memory_factor(op),
                                           traffic=traffic.get(n), gradient=n in gradients)
             continue
         producer, out_index, operand = leader
         root, producer_strategies = (producer, strategies[producer]) if producer in strategies else followers[producer]
-        induced = tuple(_induced(op, op.loops.operands[operand], s.results[out_index], groups, machine, saved=n in saved,
-                                 traffic=traffic[n]) for s in producer_strategies)
-        followers[n] = (root, induced)
+        followers[n] = (root, induce(op, op.loops.operands[operand], [s.results[out_index] for s in producer_strategies],
+                                     saved=n in saved, traffic=traffic[n]))
     # Broadcasts and iotas take the sharding their first reader wants (readers come later, so go backwards).
     for n in sorted(consumer_led, reverse=True):
         op = ops[n]
         reader = min(g.successors(n))
         _, operand = g.edges[n, reader][USES_ATTR][0]
         root, reader_strategies = (reader, strategies[reader]) if reader in strategies else followers[reader]
-        followers[n] = (root, tuple(_induced(op, op.loops.results[0], s.operands[operand], groups, machine, saved=n in saved,
-                                             traffic=traffic[n]) for s in reader_strategies))
+        followers[n] = (root, induce(op, op.loops.results[0], [s.operands[operand] for s in reader_strategies],
+                                     saved=n in saved, traffic=traffic[n]))
     time_s = {n: np.array([s.time_s for s in ss]) for n, ss in strategies.items()}
     memory = {n: np.array([s.memory_bytes for s in ss]) for n, ss in strategies.items()}
     for n, (root, induced) in followers.items():
@@ -207,6 +207,34 @@ def _leader(g: nx.DiGraph, n: int, op: OpNode, strategies: dict, followers: dict
     return src, out_index, operand
 
 
+class _InducedCache:
+    """`_induced` strategies, each costed once: unrolled layers repeat the same ops, and a
+    producer's strategies share few result shardings (they differ in their other loops)."""
+
+    def __init__(self, groups: MeshGroups, machine: Machine) -> None:
+        self.groups, self.machine = groups, machine
+        self.op_ids: dict[OpNode, int] = {}
+        self.strategies: dict[tuple, Strategy] = {}
+
+    def costed(self, op: OpNode) -> OpNode:
+        """``op`` without its names (scope, label), which no cost reads: equal ops of different
+        layers then share `op_strategies`' cache."""
+        return op.model_copy(update={"scope": "", "label": ""})
+
+    def __call__(self, op: OpNode, dim_loops: tuple[int | None, ...], shardings: list[Sharding], *, saved: bool,
+                 traffic: HbmTraffic) -> tuple[Strategy, ...]:
+        """`_induced` for each of ``shardings``."""
+        op = self.costed(op)
+        op_id = self.op_ids.setdefault(op, len(self.op_ids))
+        out = []
+        for sharding in shardings:
+            key = (op_id, dim_loops, sharding, saved, traffic)
+            if key not in self.strategies:
+                self.strategies[key] = _induced(op, dim_loops, sharding, self.groups, self.machine, saved=saved, traffic=traffic)
+            out.append(self.strategies[key])
+        return tuple(out)
+
+
 def _induced(op: OpNode, dim_loops: tuple[int | None, ...], sharding: tuple[tuple[str, ...], ...], groups: MeshGroups,
              machine: Machine, *, saved: bool, traffic: HbmTraffic) -> Strategy:
     """``op``'s strategy when the tensor whose dimensions index ``dim_loops`` is sharded as ``sharding``
@@ -237,6 +265,15 @@ def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strat
     def owner(n: int) -> tuple[int, tuple[Strategy, ...]]:
         return (n, strategies[n]) if n in strategies else followers[n]
 
+    tables: dict[tuple, np.ndarray] = {}
+
+    def reshard_table(tensor: TensorSpec, src_keys: list, dst_keys: list) -> np.ndarray:
+        # Repeated layers pass equal tensors between equal strategy sets: cost each table once.
+        key = (tensor.shape, tensor.dtype, tuple(src_keys), tuple(dst_keys))
+        if key not in tables:
+            tables[key] = np.array([[reshard_s(tensor, a, b, groups) for b in dst_keys] for a in src_keys])
+        return tables[key]
+
     merged: dict[tuple, np.ndarray] = {}
     for src, dst, data in g.edges(data=True):
         (ru, su), (rv, sv) = owner(src), owner(dst)
@@ -245,7 +282,7 @@ def _edge_costs(g: nx.DiGraph, ops: dict[int, OpNode], groups: MeshGroups, strat
             tensor = consumer.inputs[operand]
             src_keys, src_class = _classes([s.results[out_index] for s in su])
             dst_keys, dst_class = _classes([s.operands[operand] for s in sv])
-            table = consumer.repeat * np.array([[reshard_s(tensor, a, b, groups) for b in dst_keys] for a in src_keys])
+            table = consumer.repeat * reshard_table(tensor, src_keys, dst_keys)
             if ops[ru].is_input:
                 window_s = [min(s.compute_s for s, c in zip(sv, dst_class) if c == b) for b in range(len(dst_keys))]
                 table = np.array([[exposed_s(t, w, slowdown) for t, w in zip(row, window_s)] for row in table])
@@ -290,8 +327,9 @@ def prune_dominated(space: StrategySpace) -> StrategySpace:
         cost, memory = space.node_time_s[n], space.node_memory_bytes[n]
         worst_extra = np.zeros((len(options), len(options)))
         for edge, is_src in incident[n]:
-            rows = edge.matrix[edge.src_class] if is_src else edge.matrix[:, edge.dst_class].T
-            worst_extra += (rows[:, None, :] - rows[None, :, :]).max(axis=2)
+            # Per sharding class first (strategies share few), then spread to the strategies.
+            rows, classes = (edge.matrix, edge.src_class) if is_src else (edge.matrix.T, edge.dst_class)
+            worst_extra += (rows[:, None, :] - rows[None, :, :]).max(axis=2)[np.ix_(classes, classes)]
         # beats[t, s]: t is at least as good as s in every neighbourhood.
         beats = (cost[:, None] + worst_extra <= cost[None, :] + 1e-12) & (memory[:, None] <= memory[None, :])
         np.fill_diagonal(beats, False)

@@ -41,11 +41,12 @@ from costmodel.strategies import Sharding, shard_factor
 from costmodel.strategy_space import StrategySpace, build_space, prune_dominated, restrict
 from planner.baselines import baseline_specs
 from planner.extract import extract_graph
-from planner.ilp import IntraOpSolution, solve_intra_op
+from planner.ilp import IntraOpSolution, model_variables, solve_intra_op
 from planner.memory import MemoryBreakdown, MemoryModel
 from planner.pinned import PinnedInterpreter, to_partition_spec
 
 _LAZY_ROUNDS = 8
+_MIN_SOLVE_S = 1.0
 
 
 class LayoutScore(BaseModel):
@@ -168,8 +169,8 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
             candidates[name] = {**{n: i for n, i in pinned.items() if i is not None}, **pins}
     solve = _Solver(full, memory_model, budget=budget, backend=backend, donated=donated)
     scores, choices, failures = [], {}, []
-    for name, pinned in candidates.items():
-        limit = time_limit_s if name == "planned" else max(1.0, time_limit_s / 4)
+    for index, (name, pinned) in enumerate(candidates.items()):
+        limit = time_limit_s if name == "planned" else _baseline_limit_s(time_limit_s, solve.solve_time_s, len(candidates) - index)
         try:
             choice, score, solution = solve(name, pinned, time_limit_s=limit)
         except InfeasibleError as error:
@@ -193,6 +194,18 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
                        compute_dtype=dtype)
 
 
+def _baseline_limit_s(time_limit_s: float, spent_s: float, n_left: int) -> float:
+    """A baseline's CP-SAT limit: a quarter of ``time_limit_s``, or less when the solves so far
+    (the planned layout's first) leave less of it to share; below a second, none (a big model
+    takes longer to load, so the baseline is scored on the planned choice carried to its pins).
+
+    >>> _baseline_limit_s(20.0, 5.0, 3), _baseline_limit_s(20.0, 15.5, 3), _baseline_limit_s(20.0, 18.0, 3)
+    (5.0, 1.5, 0.0)
+    """
+    share_s = min(time_limit_s / 4, (time_limit_s - spent_s) / n_left)
+    return share_s if share_s >= _MIN_SOLVE_S else 0.0
+
+
 class _Solver:
     """Solves one candidate (pinned inputs) with lazy per-program-point memory rows."""
 
@@ -200,6 +213,10 @@ class _Solver:
                  donated: frozenset[int]) -> None:
         self.full, self.memory_model, self.budget, self.backend, self.donated = full, memory_model, budget, backend, donated
         self.space_of: dict[str, StrategySpace] = {}
+        # The first candidate's answer, the others' fallback: most ops shard alike whatever the inputs.
+        self.first: tuple[StrategySpace, dict[int, int]] | None = None
+        self.first_solution_s_per_variable = 0.0
+        self.solve_time_s = 0.0
 
     def __call__(self, name: str, pinned: dict[int, int], *, time_limit_s: float,
                  budget: float | None = None) -> tuple[dict[int, int], LayoutScore, IntraOpSolution]:
@@ -209,16 +226,46 @@ class _Solver:
         space = _with_memory(space, self.memory_model.row(space, None, temporaries=False, backend=self.backend))
         self.space_of[name] = space
         rows: list[dict[int, np.ndarray]] = []
+        carried = projected_choice(*self.first, space) if self.first else None
+        # A search that cannot reach a first solution in time (the first candidate's pace says
+        # so) would only load the model: score the first candidate's choice carried over instead.
+        if time_limit_s < self.first_solution_s_per_variable * model_variables(space):
+            time_limit_s = 0.0
         for _ in range(_LAZY_ROUNDS):
-            solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows)
+            solution = solve_intra_op(space, memory_budget_bytes=budget, time_limit_s=time_limit_s, memory_rows=rows,
+                                      fallback_choice=carried)
+            self.solve_time_s += solution.solve_time_s
             choice = _adopt_consumer_shardings(space, solution.choice, self.memory_model.input_nodes)
             memory = self.memory_model.of_choice(space, choice, donated=self.donated, backend=self.backend)
-            if memory.total_bytes <= budget:
+            # Out of time before any solution: more rows will not buy one in the same time.
+            if memory.total_bytes <= budget or solution.fallback:
                 break
             rows.append(self.memory_model.row(space, memory.peak_node, backend=self.backend))
         score = LayoutScore(name=name, step_time_s=space.total_time_s(choice), memory=memory,
                             fits=memory.total_bytes <= self.budget, status=solution.status)
+        if self.first is None and not solution.fallback:
+            self.first = (space, choice)
+            self.first_solution_s_per_variable = solution.trace[0][0] / solution.variables if solution.trace else 0.0
         return choice, score, solution
+
+
+def projected_choice(source: StrategySpace, choice: dict[int, int], target: StrategySpace) -> dict[int, int]:
+    """``choice`` on ``source`` carried to ``target`` (the same graph, other pins or prunes): each
+    free node keeps its strategy where ``target`` has it, else takes its least-memory one.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from costmodel.machine import load_machine
+    >>> g = extract_graph(lambda x: x * 2, jax.ShapeDtypeStruct((8, 4), jnp.float32))
+    >>> space = build_space(g, load_machine("a100-80gb").mesh_groups([("data", 2)]), load_machine("a100-80gb"))
+    >>> projected_choice(space, {0: 1}, space), projected_choice(space, {0: 1}, restrict(space, {0: np.array([0])}))
+    ({0: 1}, {0: 0})
+    """
+    fallback = target.least_memory_choice()
+    out = {}
+    for n, strategies in target.strategies.items():
+        wanted = source.chosen(n, choice) if n in source.strategies or n in source.followers else None
+        out[n] = strategies.index(wanted) if wanted in strategies else fallback[n]
+    return out
 
 
 def _with_memory(space: StrategySpace, row: dict[int, np.ndarray]) -> StrategySpace:

@@ -126,3 +126,15 @@ def test_a_fused_chain_costs_less_than_its_ops_one_by_one():
     elementwise = [n["hb"], n["a"]]
     one_by_one = sum(op_strategies(g.nodes[v][OP_ATTR], GROUPS, MACHINE)[0].compute_s for v in elementwise)
     assert sum(fused.chosen(v, replicated).compute_s for v in elementwise) < one_by_one
+
+
+def test_names_change_no_cost_and_stay_in_the_labels():
+    # Unrolled layers differ only in their scopes: build_space costs each once, so names must not matter.
+    g, n = mlp_graph()
+    renamed = g.copy()
+    for node in renamed.nodes:
+        renamed.nodes[node][OP_ATTR] = renamed.nodes[node][OP_ATTR].model_copy(update={"scope": "layer_7"})
+    plain, named = build_space(g, GROUPS, MACHINE), build_space(renamed, GROUPS, MACHINE)
+    assert plain.strategies == named.strategies and plain.followers == named.followers
+    assert all((plain.node_time_s[k] == named.node_time_s[k]).all() for k in plain.strategies)
+    assert named.labels[n["h"]] == "dot_general@layer_7"

@@ -204,3 +204,12 @@ def test_a_pinned_leaf_keeps_its_spec_and_the_rest_is_planned_around_it():
                    fixed={"[1]": P("data"), "[0]['w_in']": P(None, "tensor")})
     assert result.in_specs[1] == P("data", None, None)
     assert result.in_specs[0]["w_in"] == P(None, "tensor")
+
+
+def test_baselines_left_no_time_are_scored_on_the_planned_choice_carried_to_their_pins():
+    params, x = _abstract(batch=8, seq=128)
+    # The planned solve may use the whole second; under a second left per baseline, none searches.
+    result = shard(_grad_step, params, x, mesh="data=2,tensor=2", hardware="a100-80gb", time_limit_s=1)
+    baselines = [b for b in result.baselines if b.name != "planned"]
+    assert len(baselines) == 3 and all(b.status == "FEASIBLE" for b in baselines)
+    assert all(result.step_time_s <= b.step_time_s + 1e-12 for b in result.baselines if b.fits)

@@ -83,6 +83,10 @@ class SoftwareStack(BaseModel):
     reduce_every_micro_batch: bool = Field(
         False, description="With ZeRO-2, gradients are reduce-scattered after every micro-batch's backward, not only the "
         "last (ZeRO-3 always does).")
+    overlap_p2p: bool = Field(
+        False, description="In the interleaved pipeline schedule, each stage-to-stage send and receive is posted "
+        "asynchronously and waited on only where the next chunk needs it, so it runs behind the micro-step beside it; "
+        "False: blocking send/recv pairs. The non-interleaved schedule always blocks.")
     fused_cross_entropy: bool = Field(
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
@@ -125,14 +129,17 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     ),
     SoftwareStack(
         name="megatron-core", reentrant_recompute=True, tp_overlap=TpOverlap.GEMM, fused_grad_accumulation=True,
-        fused_cross_entropy=False,
+        fused_cross_entropy=False, overlap_p2p=True,
         citation=f"{_MEGATRON} @f2e5db4 (Jul 2024): megatron/core/model_parallel_config.py tp_comm_overlap "
         "(ag/rs split pipelined with the GEMM, bulk dgrad/wgrad) via TransformerEngine userbuffers "
         "(core/transformer/custom_layers/transformer_engine.py); training/arguments.py --overlap-grad-reduce, "
         "--overlap-param-gather (requires --use-distributed-optimizer), bf16 accumulates and all-reduces gradients in "
         "fp32; TE fused attention; core/tensor_parallel/random.py CheckpointFunction (reentrant); "
         "core/tensor_parallel/cross_entropy.py VocabParallelCrossEntropy op by op on logits.float() "
-        "(--cross-entropy-loss-fusion off by default, not among the README runs' flags).",
+        "(--cross-entropy-loss-fusion off by default, not among the README runs' flags); training/arguments.py "
+        "--no-overlap-p2p-communication (overlap on by default; validate_args turns it off without a virtual pipeline) "
+        "and core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving (isend/irecv, waited "
+        "before the chunk that needs them).",
     ),
     SoftwareStack(
         name="deepspeed", batch_major=True, reduce_every_micro_batch=True, fused_elementwise=False, fused_norm=False,

@@ -8,7 +8,8 @@ with the one the source measured. So are the rows of ``benchmarks/data/heldout_r
 published runs of the same sources that are not in the shared data and that no
 calibration saw (torchtitan's eager FSDP rows on the capped H100, its per-op checkpointing
 rows on the A100). Prints a table per set, then the error per hardware type, per source and
-per stack, and writes one CSV. It also times ``plan simulate`` end to end (a fresh process,
+per stack, and the leave-one-source-out error (`leave_one_source_out_pct`), and writes one
+CSV. It also times ``plan simulate`` end to end (a fresh process,
 imports included) on the largest layout, GPT-1T on 3072 devices, against a 1 s budget, and
 exits 1 past it.
 
@@ -36,6 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
+from costmodel.catalog import MICROBENCHMARK_EFFICIENCY
 from costmodel.layout import Layout, Schedule, stack_recompute
 from costmodel.machine import Machine, load_machine
 from costmodel.model_config import ModelConfig
@@ -53,6 +55,10 @@ PLAN_SIMULATE_1T = ("simulate", "--model", "megatron-gpt-1008b", "--hardware", "
                     "--pp", "64", "--global-batch", "3072", "--recompute", "full", "--stack", "megatron-lm-2021",
                     "--precision", "fp16", "--dp-overlap", "no", "--json")
 PLAN_SIMULATE_BUDGET_S = 1.0
+# Leave-one-source-out refits each hardware type's GEMM scale, as a multiple of its profile's
+# curve, over this grid; parts that are one hardware type under two names share the fit.
+LOSO_GEMM_SCALES = tuple(round(0.70 + 0.03 * i, 2) for i in range(21))
+HARDWARE_TYPE = {"h100-95gb-hbm2e-lowtdp": "h100-96gb-hbm2e-500w"}
 
 
 def model_from_row(row: dict[str, str]) -> ModelConfig:
@@ -120,6 +126,52 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     return results
 
 
+def source_family(row: dict[str, str]) -> str:
+    """The publication or repository a row comes from: every document of one repository is one source.
+
+    >>> source_family({"source": "pytorch/torchtitan benchmarks/llama3_h100_202412"})
+    'pytorch/torchtitan'
+    """
+    return row["source"].split()[0]
+
+
+def _errors_at_scale(rows: list[dict[str, str]], scale: float, *, microbenchmark: bool) -> list[float]:
+    out = []
+    for row in rows:
+        machine = machine_from_row(row)
+        base = MICROBENCHMARK_EFFICIENCY.get(row["hardware"], machine.efficiency) if microbenchmark else machine.efficiency
+        eff = base.calibrated(matmul_scale=scale, flash_attention=base.flash_attention, hbm=base.hbm)
+        est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row), machine.model_copy(update={"efficiency": eff}))
+        measured = float(row["derived_step_time_s"])
+        out.append(100 * (est.step_time_s - measured) / measured)
+    return out
+
+
+def leave_one_source_out_pct(rows: list[dict[str, str]]) -> list[float]:
+    """Each row's error (%) predicted without its source: its hardware type's GEMM scale refitted
+    (least mean |error| over `LOSO_GEMM_SCALES`) on the other sources' rows of that type, the
+    profile's other fitted efficiencies kept; where no other source ran on that hardware, the
+    micro-benchmark efficiencies that held before any calibration (as ``benchmarks/calibrate.py``)."""
+    held_out = [0.0] * len(rows)
+    by_type: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_type[HARDWARE_TYPE.get(row["hardware"], row["hardware"])].append(i)
+    for indices in by_type.values():
+        typed = [rows[i] for i in indices]
+        table = [_errors_at_scale(typed, scale, microbenchmark=False) for scale in LOSO_GEMM_SCALES]
+        for family in {source_family(r) for r in typed}:
+            test = [j for j, r in enumerate(typed) if source_family(r) == family]
+            train = [j for j, r in enumerate(typed) if source_family(r) != family]
+            if train:
+                best = min(range(len(LOSO_GEMM_SCALES)), key=lambda k: statistics.mean(abs(table[k][j]) for j in train))
+                errors = [table[best][j] for j in test]
+            else:
+                errors = _errors_at_scale([typed[j] for j in test], 1.0, microbenchmark=True)
+            for j, err in zip(test, errors):
+                held_out[indices[j]] = err
+    return held_out
+
+
 def plan_simulate_s(args: tuple[str, ...] = PLAN_SIMULATE_1T) -> float:
     """Wall seconds of one ``plan simulate`` in a fresh interpreter, as a user runs it."""
     start = time.perf_counter()
@@ -142,7 +194,7 @@ def error_summary(results: list[dict[str, object]], key: str) -> list[dict[str, 
 
 def _report(title: str, results: list[dict[str, object]]) -> None:
     print_table(f"{title} ({len(results)} runs)",
-                [{k: v for k, v in r.items() if k not in ("set", "source", "table", "simulate_s")} for r in results])
+                [{k: v for k, v in r.items() if k not in ("set", "source", "table", "simulate_s", "loso_error_pct")} for r in results])
     errors = [abs(float(r["error_pct"])) for r in results]
     print(f"mean |error| {statistics.mean(errors):.2f} %   max |error| {max(errors):.2f} %   "
           f"slowest simulate() {max(float(r['simulate_s']) for r in results) * 1e3:.0f} ms")
@@ -159,8 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name, path in (("published", args.data), ("held out", args.heldout)):
         with path.open() as f:
-            rows = [{"set": name, **r} for r in evaluate(list(csv.DictReader(f)))]
+            raw = list(csv.DictReader(f))
+        rows = [{"set": name, **r} for r in evaluate(raw)]
         _report(f"Simulator vs published step time, {name}", rows)
+        if name == "published":
+            for r, loso in zip(rows, leave_one_source_out_pct(raw)):
+                r["loso_error_pct"] = loso
+            print_table(f"{name}: leave-one-source-out |error| per source", error_summary(
+                [{"source": source_family(raw_row), "error_pct": r["loso_error_pct"]} for raw_row, r in zip(raw, rows)], "source"))
+            loso = [abs(float(r["loso_error_pct"])) for r in rows]
+            print(f"leave-one-source-out mean |error| {statistics.mean(loso):.2f} %   max |error| {max(loso):.2f} %")
         results += rows
     write_csv(args.out, results)
     print(f"wrote {args.out}")

@@ -62,6 +62,12 @@ _PASSES: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
     "softmax_dropout": ((4.5, 5.5), (4.5, 5.5)),
     "embedding": ((3, 3), (3, 3)),
     "cross_entropy": ((3, 3), (3, 3)),
+    # Megatron's vocab-parallel cross-entropy, in fp32 passes over the logits: forward casts
+    # them to fp32 (1.5), takes the max (1), subtracts it (2), exponentiates (2), sums (1) and
+    # divides into the softmax backward reuses (2); backward multiplies by the loss gradient
+    # (2) and casts back to the compute dtype (1.5). Megatron-LM @f2e5db4
+    # megatron/core/tensor_parallel/cross_entropy.py (the same steps in @ec20274 mpu/cross_entropy.py).
+    "vocab_parallel_cross_entropy": ((9.5, 3.5), (9.5, 3.5)),
     "dispatch": ((2, 2), (2, 2)),
 }
 
@@ -252,10 +258,11 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     tokens = layout.micro_batch * train.seq_len / layout.cp
     v = model.vocab_size / model.vocab_shards(layout.tp)
     head = _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e)
+    loss = "cross_entropy" if layout.stack.fused_cross_entropy else "vocab_parallel_cross_entropy"
     return [
         _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
         _frozen(head) if train.is_lora else head,
-        _memory("cross_entropy", tokens * v, _passes("cross_entropy", layout), elem_bytes=4),
+        _memory("cross_entropy", tokens * v, _passes(loss, layout), elem_bytes=4),
     ]
 
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.collectives import all_gather_s, p2p_s
+from costmodel.collectives import all_gather_s, exposed_s, p2p_s
 from costmodel.data_parallel import data_parallel_costs, trainable_params_per_device
 from costmodel.estimate import StepEstimate, TimeBreakdown
 from costmodel.inference import simulate_inference
 from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
-from costmodel.layout import Layout, check_layout
+from costmodel.layout import Layout, Schedule, check_layout
 from costmodel.machine import Machine
 from costmodel.memory import MemoryBreakdown, memory_breakdown
 from costmodel.model_config import ModelConfig
@@ -183,6 +183,16 @@ def stage_transfer_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw:
     return p2p_s(act_bytes / layout.tp, stage_tier) + regather_s
 
 
+def exposed_stage_transfer_s(send_s: float, stages: list[_Stage], layout: Layout, hw: Machine) -> float:
+    """What one stage-to-stage transfer of ``send_s`` adds to a micro-step: all of it where
+    sends block, only what outlasts the shortest chunk micro-step (and that step's slowdown)
+    where the stack overlaps them (`SoftwareStack.overlap_p2p`, interleaved schedule only)."""
+    if not (layout.stack.overlap_p2p and layout.schedule is Schedule.INTERLEAVED):
+        return send_s
+    chunk_step_s = min(s.forward_s for s in stages) / layout.interleave
+    return exposed_s(send_s, chunk_step_s, hw.efficiency.overlap_slowdown)
+
+
 def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
     """Predict one training step of ``model`` under ``layout`` on ``hw`` (a prefill or decode
     workload: `costmodel.inference.simulate_inference`)."""
@@ -191,7 +201,8 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     check_layout(layout, model, train, n_devices=layout.n_devices)
     layer = layer_costs(model, train, layout, hw)
     stages = _stages(model, train, layout, hw, layer)
-    send_s = stage_transfer_s(model, train, layout, hw)
+    full_send_s = stage_transfer_s(model, train, layout, hw)
+    send_s = exposed_stage_transfer_s(full_send_s, stages, layout, hw)
     n_micro = layout.micro_batches(train)
     times = PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
                           p2p_s=send_s, interleave=layout.interleave)
@@ -224,7 +235,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
             "tp": n_micro * n_layers * (layer.tp_forward_s + layer.tp_backward_s),
             "cp": n_micro * n_layers * layer.cp_total_s,
             "ep": n_micro * n_layers * (layer.ep_forward_s + layer.ep_backward_s),
-            "pp": transfers_s,
+            "pp": n_micro * times.model_copy(update={"p2p_s": full_send_s}).transfers_per_microbatch_s,
             "dp": dp.total_s,
         },
     )

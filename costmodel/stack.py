@@ -83,6 +83,14 @@ class SoftwareStack(BaseModel):
     reduce_every_micro_batch: bool = Field(
         False, description="With ZeRO-2, gradients are reduce-scattered after every micro-batch's backward, not only the "
         "last (ZeRO-3 always does).")
+    overlap_p2p: bool = Field(
+        False, description="In the interleaved pipeline schedule, each stage-to-stage send and receive is posted "
+        "asynchronously and waited on only where the next chunk needs it, so it runs behind the micro-step beside it; "
+        "False: blocking send/recv pairs. The non-interleaved schedule always blocks.")
+    fused_cross_entropy: bool = Field(
+        True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
+        "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
+        "(cast, max, subtract, exp, sum, divide; backward a multiply and the cast back).")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
 
@@ -103,26 +111,35 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "(benchmarks/maxtext_trillium_model_configs.py: configs with and without it); jax.checkpoint remat policies.",
     ),
     SoftwareStack(
-        name="megatron-lm-2021", attention=Attention.MATERIALIZED, reentrant_recompute=True,
+        name="megatron-lm-2021", attention=Attention.MATERIALIZED, reentrant_recompute=True, fused_cross_entropy=False,
         citation=f"{_MEGATRON} @ec20274 (Aug 2021): megatron/mpu/random.py CheckpointFunction (reentrant "
         "torch.autograd.Function: re-runs the whole layer); megatron/arguments.py --masked-softmax-fusion, "
         "--bias-gelu-fusion, --bias-dropout-fusion (fused elementwise); [s, b, h] activations; no asynchronous TP "
-        "or gradient-accumulation fusion yet; --DDP-impl local (default) reduces after the last backward.",
+        "or gradient-accumulation fusion yet; --DDP-impl local (default) reduces after the last backward; "
+        "megatron/mpu/cross_entropy.py _VocabParallelCrossEntropy op by op on output.float() (megatron/model/gpt_model.py, "
+        "--fp16-lm-cross-entropy off).",
     ),
     SoftwareStack(
         name="megatron-lm-2022", attention=Attention.MATERIALIZED, reentrant_recompute=True, tp_overlap=TpOverlap.BACKWARD,
-        fused_grad_accumulation=True,
+        fused_grad_accumulation=True, fused_cross_entropy=False,
         citation=f"{_MEGATRON} @2755bcb (Jun 2022): megatron/arguments.py --no-async-tensor-model-parallel-allreduce "
         "and --no-gradient-accumulation-fusion (both on by default); megatron/mpu/layers.py "
-        "LinearWithGradAccumulationAndAsyncCommunication; reentrant CheckpointFunction as in 2021.",
+        "LinearWithGradAccumulationAndAsyncCommunication; reentrant CheckpointFunction and op-by-op "
+        "mpu/cross_entropy.py as in 2021.",
     ),
     SoftwareStack(
         name="megatron-core", reentrant_recompute=True, tp_overlap=TpOverlap.GEMM, fused_grad_accumulation=True,
+        fused_cross_entropy=False, overlap_p2p=True,
         citation=f"{_MEGATRON} @f2e5db4 (Jul 2024): megatron/core/model_parallel_config.py tp_comm_overlap "
         "(ag/rs split pipelined with the GEMM, bulk dgrad/wgrad) via TransformerEngine userbuffers "
         "(core/transformer/custom_layers/transformer_engine.py); training/arguments.py --overlap-grad-reduce, "
         "--overlap-param-gather (requires --use-distributed-optimizer), bf16 accumulates and all-reduces gradients in "
-        "fp32; TE fused attention; core/tensor_parallel/random.py CheckpointFunction (reentrant).",
+        "fp32; TE fused attention; core/tensor_parallel/random.py CheckpointFunction (reentrant); "
+        "core/tensor_parallel/cross_entropy.py VocabParallelCrossEntropy op by op on logits.float() "
+        "(--cross-entropy-loss-fusion off by default, not among the README runs' flags); training/arguments.py "
+        "--no-overlap-p2p-communication (overlap on by default; validate_args turns it off without a virtual pipeline) "
+        "and core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving (isend/irecv, waited "
+        "before the chunk that needs them).",
     ),
     SoftwareStack(
         name="deepspeed", batch_major=True, reduce_every_micro_batch=True, fused_elementwise=False, fused_norm=False,
@@ -134,8 +151,9 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     ),
     SoftwareStack(
         name="megatron-deepspeed", attention=Attention.MATERIALIZED, reentrant_recompute=True, reduce_every_micro_batch=True,
+        fused_cross_entropy=False,
         citation="deepspeedai/Megatron-DeepSpeed (Megatron-LM 2021 fork): Megatron's fused kernels and reentrant "
-        "CheckpointFunction, [s, b, h] activations; ZeRO from DeepSpeed @aecfec7 runtime/engine.py (ZeRO-2 reduces "
+        "CheckpointFunction and op-by-op vocab-parallel cross-entropy, [s, b, h] activations; ZeRO from DeepSpeed @aecfec7 runtime/engine.py (ZeRO-2 reduces "
         "every micro-batch); no asynchronous TP.",
     ),
     SoftwareStack(

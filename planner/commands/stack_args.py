@@ -18,6 +18,8 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
                    "async TP) or gemm (TransformerEngine / XLA collective matmul)"),
     "fused_elementwise": (["yes", "no"], "activations, RoPE and residual adds fused (no: eager PyTorch)"),
     "fused_norm": (["yes", "no"], "each norm one fused kernel (no: eager RMSNorm)"),
+    "overlap_p2p": (["yes", "no"], "interleaved pipeline transfers run behind compute (Megatron-Core overlap_p2p_comm)"),
+    "fused_cross_entropy": (["yes", "no"], "one fused softmax-cross-entropy kernel (no: Megatron's op-by-op fp32 one)"),
     "batch_major": (["yes", "no"], "activations [batch, seq, hidden]: sequence-parallel collectives copy their buffers"),
     "reentrant_recompute": (["yes", "no"], "recompute re-runs the layer's whole forward (Megatron-LM checkpointing)"),
     "fsdp_copy_out": (["yes", "no"], "ZeRO-3 copies gathered parameters out of the all-gather buffer (PyTorch FSDP2)"),

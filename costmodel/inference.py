@@ -44,7 +44,7 @@ import math
 
 from costmodel.collectives import all_reduce_s, p2p_s
 from costmodel.data_parallel import layer_params_per_device, stage_params
-from costmodel.errors import InvalidPlanError, UnsupportedError
+from costmodel.errors import UnsupportedError
 from costmodel.estimate import ServingTimes, StepEstimate, TimeBreakdown
 from costmodel.kernels import Kernel, KernelKind
 from costmodel.layout import Layout, check_layout

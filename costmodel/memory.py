@@ -40,7 +40,7 @@ from __future__ import annotations
 from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.activations import activation_bytes_per_layer
-from costmodel.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_params, stage_trainable_params
+from costmodel.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.model_config import ModelConfig
 from costmodel.schema import Record

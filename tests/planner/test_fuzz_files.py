@@ -16,7 +16,6 @@ import io
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

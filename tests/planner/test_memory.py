@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import pytest
 
 from costmodel.opgraph import TensorSpec
 from planner.extract import extract_graph

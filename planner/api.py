@@ -114,7 +114,8 @@ def plan(
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
     attention = attention or (software.attention if planner == "grid" else Attention.MATERIALIZED)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
-    space = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention)), lowered_only=True)
+    space = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention)), lowered_only=True,
+                        intra_op=planner != "grid")
     result = grid_search(cfg, train, machine, n_devices=n_devices, space=space,
                          time_limit_s=time_limit_s, on_progress=on_progress)
     best = result.best

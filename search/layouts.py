@@ -45,6 +45,8 @@ PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not 
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
 LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
+# `validate.intra_op` pins an intra-op choice in a program without stages; a pipeline would lower by the Megatron rules.
+INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stages are not lowered as chosen yet"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -66,11 +68,13 @@ class SearchSpace(BaseModel):
     stack: Layout = Field(default_factory=Layout, description="The software stack every candidate runs: each Layout field "
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
+    intra_op: bool = Field(False, description="An intra-op planner (ILP or search) shards each op of the chosen layout; "
+                           "with lowered_only, pipelined layouts are dropped, as the validator lowers such choices without stages.")
     lowered_only: bool = Field(False, description="Only layouts the validator lowers to the program they describe (no "
                                "interleaved or uneven stages, no sequence parallelism inside pipeline stages, no ZeRO-3 and no MoE "
-                               "layers with tensor parallelism inside pipelines, no LoRA with pipeline stages, no ZeRO with tensor parallelism over a vocabulary it "
-                               "does not divide yet), so that "
-                               "every plan emitted can be compiled and checked.")
+                               "layers with tensor parallelism inside pipelines, no LoRA or intra-op shardings with pipeline stages, "
+                               "no ZeRO with tensor parallelism over a vocabulary it does not divide yet), so that every plan "
+                               "emitted can be compiled and checked.")
 
 
 class SearchResult(BaseModel):
@@ -158,6 +162,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         if pp > 1 and train.is_lora and space.lowered_only:
             pruned[LORA_PIPELINE_RULE] += 1
+            continue
+        if pp > 1 and space.intra_op and space.lowered_only:
+            pruned[INTRA_OP_PIPELINE_RULE] += 1
             continue
         if tp > 1 and model.vocab_shards(tp) == 1 and zero >= 1 and space.lowered_only:
             pruned[UNSPLIT_VOCAB_ZERO_TP_RULE] += 1

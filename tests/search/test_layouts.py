@@ -12,8 +12,8 @@ from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
-from search.layouts import (PIPELINE_MOE_TP_RULE, PIPELINE_ZERO3_TP_RULE, TIME_LIMIT_RULE, SearchSpace, candidate_layouts,
-                            degree_splits, divisors, grid_search)
+from search.layouts import (INTRA_OP_PIPELINE_RULE, PIPELINE_MOE_TP_RULE, PIPELINE_ZERO3_TP_RULE, TIME_LIMIT_RULE, SearchSpace,
+                            candidate_layouts, degree_splits, divisors, grid_search)
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=2048, global_batch=64)
@@ -86,3 +86,12 @@ def test_lowered_only_drops_what_the_validator_does_not_lower_as_planned():
         assert all(lay.zero_stage < 3 and not model.is_moe for lay in piped)
     every = list(candidate_layouts(MODEL, TRAIN, 8, space.model_copy(update={"lowered_only": False}), Counter(), devices_per_node=8))
     assert any(lay.pp > 1 and lay.zero_stage == 3 for lay in every)
+
+
+def test_intra_op_planners_get_no_pipelined_layouts():
+    space = SearchSpace(splits=((2, 2, 2, 1), (4, 2, 1, 1)), lowered_only=True, intra_op=True)
+    pruned: Counter[str] = Counter()
+    layouts = list(candidate_layouts(MODEL, TRAIN, 8, space, pruned, devices_per_node=8))
+    assert layouts and all(lay.pp == 1 for lay in layouts) and pruned[INTRA_OP_PIPELINE_RULE] > 0
+    grid = list(candidate_layouts(MODEL, TRAIN, 8, space.model_copy(update={"intra_op": False}), Counter(), devices_per_node=8))
+    assert any(lay.pp > 1 for lay in grid)

@@ -89,7 +89,7 @@ class ShardResult:
         """``fn`` as the chosen layout runs it: every equation of its trace pinned to the chosen
         shardings (`planner.pinned`), so XLA implements the choice the prediction describes.
         With ``in_specs`` alone XLA propagates shardings between the inputs and outputs as it
-        likes: on Hugging Face's Flax GPT-2 it replicated the logits, 16.0 GiB per device where
+        likes: on Hugging Face's Flax GPT-2 it replicated the logits, 12.6–16.0 GiB per device where
         the choice holds 8.7. Jit it with ``in_specs``/``out_specs`` (`jit` does)."""
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract_args)
         run = PinnedInterpreter(extract_graph(fn, *abstract_args).graph["eqn_nodes"], lambda node: self.space.chosen(node, self.choice),

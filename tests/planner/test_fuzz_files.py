@@ -74,7 +74,8 @@ def _mutate(doc, path, action, value):
         if isinstance(old, float):
             node[last] = old * value
         elif isinstance(old, int) and not isinstance(old, bool):
-            node[last] = old * int(value) if value >= 1 else int(old * value)
+            # Integer arithmetic: an int already scaled past float range must scale down without overflow.
+            node[last] = old * int(value) if value >= 1 else old // int(1 / value) if value else 0
     else:
         node[last] = value
     return doc

@@ -44,15 +44,18 @@ _Producer = tuple[int, int]
 def extract_graph(fn: Callable[..., Any], *abstract_args: Any, name: str | None = None) -> nx.DiGraph:
     """Trace ``fn`` on abstract arguments and return its OpGraph.
 
-    Graph inputs are labelled by their pytree path (``"[0]['layers']['attn']['wq']"``).
+    Graph inputs are labelled by their pytree path (``"[0]['layers']['attn']['wq']"``). The traced
+    program stays with the graph (``g.graph["jaxpr"]``, ``g.graph["out_tree"]``), so it can be
+    re-bound with the nodes' shardings (`planner.pinned`) without tracing again.
 
     Args:
       fn: any function ``jax.make_jaxpr`` accepts.
       *abstract_args: pytrees of ``jax.ShapeDtypeStruct`` (or arrays) to trace with.
       name: graph name; defaults to ``fn.__name__``.
     """
-    closed = jax.make_jaxpr(fn)(*abstract_args)
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract_args)
     g = new_op_graph(name or getattr(fn, "__name__", "fn"))
+    g.graph["jaxpr"], g.graph["out_tree"] = closed, jax.tree_util.tree_structure(out_shape)
     env: dict[Any, _Producer] = {}
     for i, var in enumerate(closed.jaxpr.constvars):
         env[var] = (add_input(g, _tensor(var.aval), label=f"const[{i}]"), 0)

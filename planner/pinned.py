@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import networkx as nx
 from jax.extend import core as jex_core
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -112,3 +113,14 @@ class PinnedInterpreter:
 
         carry, ys = jax.lax.scan(step, init, xs, length=params["length"], reverse=params["reverse"], unroll=params["unroll"])
         return [*carry, *ys]
+
+
+def pinned_function(graph: nx.DiGraph, strategy_of: Callable[[int], Strategy | None], mesh: Mesh | None) -> Callable[..., Any]:
+    """The function ``graph`` was traced from (`planner.extract`), every equation pinned to ``strategy_of(node)``."""
+    closed, out_tree = graph.graph["jaxpr"], graph.graph["out_tree"]
+    run = PinnedInterpreter(graph.graph["eqn_nodes"], strategy_of, mesh)
+
+    def pinned(*args: Any) -> Any:
+        return jax.tree_util.tree_unflatten(out_tree, run.call(closed.jaxpr, list(closed.consts), jax.tree_util.tree_leaves(args)))
+
+    return pinned

@@ -43,7 +43,7 @@ from planner.baselines import baseline_specs
 from planner.extract import extract_graph
 from planner.ilp import IntraOpSolution, model_variables, solve_intra_op
 from planner.memory import MemoryBreakdown, MemoryModel
-from planner.pinned import PinnedInterpreter, to_partition_spec
+from planner.pinned import pinned_function, to_partition_spec
 
 _LAZY_ROUNDS = 8
 _MIN_SOLVE_S = 1.0
@@ -91,15 +91,7 @@ class ShardResult:
         With ``in_specs`` alone XLA propagates shardings between the inputs and outputs as it
         likes: on Hugging Face's Flax GPT-2 it replicated the logits, 12.6–16.0 GiB per device where
         the choice holds 8.7. Jit it with ``in_specs``/``out_specs`` (`jit` does)."""
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract_args)
-        run = PinnedInterpreter(extract_graph(fn, *abstract_args).graph["eqn_nodes"], lambda node: self.space.chosen(node, self.choice),
-                                mesh)
-        out_tree = jax.tree_util.tree_structure(out_shape)
-
-        def pinned_fn(*args: Any) -> Any:
-            return jax.tree_util.tree_unflatten(out_tree, run.call(closed.jaxpr, list(closed.consts), jax.tree_util.tree_leaves(args)))
-
-        return pinned_fn
+        return pinned_function(extract_graph(fn, *abstract_args), lambda node: self.space.chosen(node, self.choice), mesh)
 
     def jit(self, fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh, donate_argnums: Sequence[int] = ()) -> Any:
         """``jax.jit`` of `pinned` with the chosen input and output shardings."""

@@ -30,7 +30,7 @@ from costmodel.strategies import Sharding
 from costmodel.strategy_space import StrategySpace
 from planner.extract import extract_graph
 from planner.schema import Plan
-from planner.pinned import PinnedInterpreter
+from planner.pinned import PinnedInterpreter, pinned_function
 
 _OPTIMIZER_SCOPE = "optimizer"
 
@@ -43,10 +43,18 @@ class IntraOpProgram:
     graph: nx.DiGraph
     space: StrategySpace
     choice: dict[int, int]
-    closed_jaxpr: Any
     abstract: tuple[Any, ...]
-    out_tree: Any
     micro_batches: int
+
+    @property
+    def closed_jaxpr(self) -> Any:
+        """The traced step the graph was extracted from."""
+        return self.graph.graph["jaxpr"]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Mesh axis → size, of the axes the choice shards over."""
+        return {name: group.n for name, group in self.space.groups.items()}
 
     def strategy(self, node: int) -> Any:
         """The chosen strategy of any graph node."""
@@ -94,7 +102,6 @@ def build_intra_op_program(plan: Plan) -> IntraOpProgram | None:
     sizes = {a.name: a.size for a in plan.mesh}
     machine = load_machine(plan.hardware, compute_dtype=plan.train.compute_dtype.value)
     step, abstract = stage_step(plan.model, plan.train, plan.layout)
-    closed, out_shape = jax.make_jaxpr(step, return_shape=True)(*abstract)
     graph = extract_graph(step, *abstract)
     space = build_space(graph, machine.mesh_groups([(a, sizes[a]) for a in info.axes]), machine,
                         memory_factor=train_step_memory_factor)
@@ -107,8 +114,7 @@ def build_intra_op_program(plan: Plan) -> IntraOpProgram | None:
     choice = {n: index[n][names[n]] for n in names}
     if param_specs_of(graph, space, choice, abstract) != _as_tuples(plan.param_specs):
         return None
-    return IntraOpProgram(graph=graph, space=space, choice=choice, closed_jaxpr=closed, abstract=abstract,
-                          out_tree=jax.tree_util.tree_structure(out_shape), micro_batches=plan.layout.micro_batches(plan.train))
+    return IntraOpProgram(graph=graph, space=space, choice=choice, abstract=abstract, micro_batches=plan.layout.micro_batches(plan.train))
 
 
 def _as_tuples(specs: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
@@ -118,18 +124,17 @@ def _as_tuples(specs: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
 def constrained(program: IntraOpProgram, mesh: Mesh) -> Callable[..., Any]:
     """The plan's whole training step ``(params, opt_state, batch) -> outputs`` with every
     equation pinned to its chosen shardings (`planner.pinned.PinnedInterpreter`); the batch holds all M micro-batches."""
-    interpreter = PinnedInterpreter(program.graph.graph["eqn_nodes"], program.strategy, mesh)
-    run, call = interpreter.run, interpreter.call
+    if program.micro_batches == 1:
+        return pinned_function(program.graph, program.strategy, mesh)
+    run = PinnedInterpreter(program.graph.graph["eqn_nodes"], program.strategy, mesh).run
     closed = program.closed_jaxpr
     jaxpr, consts = closed.jaxpr, list(closed.consts)
     split = program.gradient_part_end()
     micro_batches = program.micro_batches
 
     def step(*args: Any) -> Any:
-        flat, tree = jax.tree_util.tree_flatten(args)
+        flat = jax.tree_util.tree_leaves(args)
         n_batch = len(jax.tree_util.tree_leaves(args[2]))
-        if micro_batches == 1:
-            return jax.tree_util.tree_unflatten(program.out_tree, call(jaxpr, consts, flat, ()))
         head, batch = flat[:-n_batch], flat[-n_batch:]
         cut = cut_vars(jaxpr, split)
         # Micro-batch index minor within each sequence block, as `make_loss_and_grads` cuts it.
@@ -145,7 +150,7 @@ def constrained(program: IntraOpProgram, mesh: Mesh) -> Callable[..., Any]:
         env.update((v, t / micro_batches) for v, t in zip(cut, totals))
         env = run(jaxpr, consts, flat, (), eqns=range(split, len(jaxpr.eqns)), env=env)
         outs = [v.val if isinstance(v, jex_core.Literal) else env[v] for v in jaxpr.outvars]
-        return jax.tree_util.tree_unflatten(program.out_tree, outs)
+        return jax.tree_util.tree_unflatten(program.graph.graph["out_tree"], outs)
 
     return step
 

@@ -45,7 +45,7 @@ def _runs(program: IntraOpProgram) -> dict[int, int]:
 
 def predicted_matmul_flops(program: IntraOpProgram) -> float:
     """Matmul FLOPs per device of one step."""
-    sizes = {name: g.n for name, g in program.space.groups.items()}
+    sizes = program.sizes
     total = 0.0
     for node, runs in _runs(program).items():
         op: OpNode = program.graph.nodes[node][OP_ATTR]
@@ -58,7 +58,7 @@ def predicted_matmul_flops(program: IntraOpProgram) -> float:
 
 def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], *, platform: str = "gpu") -> list[PredictedCollective]:
     """Every collective of one step, grouped by kind and mesh axes (see the module docstring)."""
-    sizes = {name: g.n for name, g in program.space.groups.items()}
+    sizes = program.sizes
     total: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(lambda: [0.0, 0])
     order = {a: i for i, a in enumerate(mesh_order)}
 
@@ -208,7 +208,7 @@ def _aligned(sharding: Sharding, rank: int) -> Sharding:
 
 def predicted_argument_bytes(program: IntraOpProgram) -> float:
     """Per-device bytes of the step's inputs at their chosen shardings, the batch whole (all M micro-batches)."""
-    sizes = {name: g.n for name, g in program.space.groups.items()}
+    sizes = program.sizes
     total = 0.0
     for node, data in program.graph.nodes(data=True):
         op = data[OP_ATTR]
@@ -220,7 +220,7 @@ def predicted_argument_bytes(program: IntraOpProgram) -> float:
 
 def predicted_memory_bytes(program: IntraOpProgram, *, platform: str) -> float:
     """Per-device arguments + peak temporaries + outputs − aliased (see the module docstring)."""
-    graph, sizes = program.graph, {name: g.n for name, g in program.space.groups.items()}
+    graph, sizes = program.graph, program.sizes
     donated = frozenset(n for n, d in graph.nodes(data=True) if d[OP_ATTR].is_input and d[OP_ATTR].label[:3] in ("[0]", "[1]"))
     memory = MemoryModel.of_graph(graph).of_choice(program.space, program.choice, donated=donated, backend=platform)
     total = memory.arguments_bytes + memory.peak_temporaries_bytes + memory.outputs_bytes - memory.aliased_bytes

@@ -374,23 +374,14 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     grads_of = loss_and_grads(plan, mesh)
     opt_specs = input_specs(plan)[-2]
     grad_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), opt_specs["m"])
-    if train.is_lora:
-        def lora_step(frozen: Any, adapters: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
-            loss, grads = grads_of(adapters, batch, frozen)
-            if lay.zero_stage >= 1:
-                grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
-            with jax.named_scope("optimizer"):
-                adapters, opt_state = adamw_update(adapters, grads, opt_state, train.optimizer)
-            return adapters, opt_state, {"loss": loss}
-
-        return lora_step
-
-    def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
-        loss, grads = grads_of(params, batch)
+    def step(params: Any, opt_state: Any, batch: Any, *frozen: Any) -> tuple[Any, Any, dict[str, jax.Array]]:
+        loss, grads = grads_of(params, batch, *frozen)
         if lay.zero_stage >= 1:
             grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
         with jax.named_scope("optimizer"):
             params, opt_state = adamw_update(params, grads, opt_state, train.optimizer)
         return params, opt_state, {"loss": loss}
 
+    if train.is_lora:  # only the adapters train; the frozen weights come first
+        return lambda frozen, adapters, opt_state, batch: step(adapters, opt_state, batch, frozen)
     return step

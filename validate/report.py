@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from planner.schema import Plan
 from validate import intra_op_predict
 from validate.compile_check import CompileReport
-from validate.intra_op import IntraOpProgram, intra_op_program
+from validate.intra_op import intra_op_program
 from validate.predict import (
     PredictedCollective,
     parameters_per_device,
@@ -124,35 +124,29 @@ def _collective_checks(report: CompileReport, predicted: list[PredictedCollectiv
 def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> list[Check]:
     """Every comparison a compile-only validation makes (see the module docstring)."""
     program = intra_op_program(plan)
-    if program is not None:
-        return _intra_op_checks(plan, program, report, tolerance)
-    if plan.train.is_inference:
-        return [
-            Check(item="memory arguments", predicted=decode_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
-            Check(item="flops", predicted=decode_matmul_flops(plan), actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
-            *_collective_checks(report, None if features_not_predicted(plan) else decode_collectives(plan), tolerance),
-        ]
-    return [
-        Check(item="memory arguments", predicted=predicted_argument_bytes(plan), actual=report.argument_bytes, tolerance=tolerance),
-        Check(item="memory per device", predicted=(lora_memory_bytes if plan.train.is_lora else predicted_memory_bytes)(
-            plan, platform=report.platform), actual=report.peak_bytes,
-              tolerance=max(tolerance, MEMORY_TOLERANCE)),
-        Check(item="flops", predicted=(lora_matmul_flops if plan.train.is_lora else predicted_matmul_flops)(plan),
-              actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"),
-        *_collective_checks(report, None if features_not_predicted(plan) else
-                            (lora_collectives if plan.train.is_lora else predicted_collectives)(plan, platform=report.platform), tolerance),
-    ]
+    if program is not None:  # predicted from the choice it lowers (`validate.intra_op_predict`)
+        return _rows(report, tolerance, argument_bytes=intra_op_predict.predicted_argument_bytes(program),
+                     memory_bytes=intra_op_predict.predicted_memory_bytes(program, platform=report.platform),
+                     matmul_flops=intra_op_predict.predicted_matmul_flops(program),
+                     collectives=intra_op_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh),
+                                                                        platform=report.platform))
+    unpredicted = bool(features_not_predicted(plan))
+    if plan.train.is_inference:  # the CPU backend's fp32 weight copies say nothing of a GPU's peak: no memory row
+        return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=None,
+                     matmul_flops=decode_matmul_flops(plan), collectives=None if unpredicted else decode_collectives(plan))
+    lora = plan.train.is_lora
+    return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan),
+                 memory_bytes=(lora_memory_bytes if lora else predicted_memory_bytes)(plan, platform=report.platform),
+                 matmul_flops=(lora_matmul_flops if lora else predicted_matmul_flops)(plan),
+                 collectives=None if unpredicted else (lora_collectives if lora else predicted_collectives)(plan, platform=report.platform))
 
 
-def _intra_op_checks(plan: Plan, program: IntraOpProgram, report: CompileReport, tolerance: float) -> list[Check]:
-    """The same items for an intra-op plan, predicted from its choice (`validate.intra_op_predict`)."""
-    collectives = intra_op_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh), platform=report.platform)
-    return [
-        Check(item="memory arguments", predicted=intra_op_predict.predicted_argument_bytes(program), actual=report.argument_bytes,
-              tolerance=tolerance),
-        Check(item="memory per device", predicted=intra_op_predict.predicted_memory_bytes(program, platform=report.platform),
-              actual=report.peak_bytes, tolerance=max(tolerance, MEMORY_TOLERANCE)),
-        Check(item="flops", predicted=intra_op_predict.predicted_matmul_flops(program), actual=report.matmul_flops,
-              tolerance=FLOPS_TOLERANCE, unit="flops"),
-        *_collective_checks(report, collectives, tolerance),
-    ]
+def _rows(report: CompileReport, tolerance: float, *, argument_bytes: float, memory_bytes: float | None, matmul_flops: float | None,
+          collectives: list[PredictedCollective] | None) -> list[Check]:
+    """The items in order: memory arguments, memory per device (unless ``memory_bytes`` is None), FLOPs, collectives."""
+    rows = [Check(item="memory arguments", predicted=argument_bytes, actual=report.argument_bytes, tolerance=tolerance)]
+    if memory_bytes is not None:
+        rows.append(Check(item="memory per device", predicted=memory_bytes, actual=report.peak_bytes,
+                          tolerance=max(tolerance, MEMORY_TOLERANCE)))
+    rows.append(Check(item="flops", predicted=matmul_flops, actual=report.matmul_flops, tolerance=FLOPS_TOLERANCE, unit="flops"))
+    return rows + _collective_checks(report, collectives, tolerance)

@@ -39,8 +39,9 @@ from costmodel.errors import InvalidPlanError, UnsupportedError
 from costmodel.layout import Recompute
 from planner.models.lora import adapter_shapes, adapter_specs, adapter_tree
 from planner.models.params import abstract_params
+from planner.models.residuals import residuals_as_bits
 from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
-from planner.models.transformer import Experts
+from planner.models.transformer import Experts, KeepResiduals
 from planner.schema import Plan
 from planner.pinned import to_partition_spec
 from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
@@ -356,7 +357,14 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
                                attention=lay.stack.attention.value,
                                hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
-                                      "experts": tensor_parallel_experts(plan, mesh)})
+                                      "experts": tensor_parallel_experts(plan, mesh), "keep_residuals": residual_storage(mesh)})
+
+
+def residual_storage(mesh: Mesh) -> KeepResiduals:
+    """How the layers keep their backward's residuals on ``mesh``'s backend: as raw 16-bit
+    integers on the CPU, whose float normalization would widen them to fp32
+    (`planner.models.residuals`); as computed elsewhere."""
+    return residuals_as_bits if mesh.devices.flat[0].platform == "cpu" else (lambda fn: fn)
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

@@ -123,10 +123,10 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     hold every micro-batch's activations where 1F1B's hold at most one per stage, and
     accumulates its gradients over ticks even with one micro-batch.
 
-    On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization keeps the
-    layers' saved activations as fp32 (the compiled layer loop carries f32 stacks of them), so
-    16-bit activations count twice their bytes there. GPUs and TPUs keep them as they are.
-    The CPU backend's dot also takes its operands in row-major order only, so the head's
+    On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization would keep
+    the layers' saved activations as fp32 (f32 stacks in the layer loop); the lowering keeps
+    them as raw 16-bit integers there (`validate.lowering.residual_storage`), except inside a
+    pipeline's stages, where 16-bit activations still count twice their bytes. The CPU backend's dot also takes its operands in row-major order only, so the head's
     weight gradient (hidden × tokens · tokens × vocabulary) reads a transposed copy of the
     fp32 logits gradient, one more logits-sized buffer beside the logits and their gradient.
     """
@@ -145,7 +145,8 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
         total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
     if platform == "cpu":
-        total += (memory.activations_bytes + bubble_activations) * (_F32 / plan.train.compute_dtype.bytes - 1)
+        if lay.pp > 1:
+            total += (memory.activations_bytes + bubble_activations) * (_F32 / plan.train.compute_dtype.bytes - 1)
         tokens = lay.micro_batch * plan.train.seq_len / lay.cp
         total += tokens * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * _F32
     return total

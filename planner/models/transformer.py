@@ -36,6 +36,8 @@ Lookup = Callable[[jax.Array, jax.Array], jax.Array]
 # Wraps the experts' computation (dispatch gather, expert MLPs, weighting, combine), whose
 # arguments are ``(h_BxSxD, token_BxExC, weight_BxExC, w_in_ExDxF, w_gate_ExDxF | None, w_out_ExFxD)``.
 Experts = Callable[[Callable[..., jax.Array]], Callable[..., jax.Array]]
+# Wraps the checkpointed layer, choosing how its backward keeps residuals (`planner.models.residuals`).
+KeepResiduals = Callable[[Callable[..., Any]], Callable[..., Any]]
 ATTENTION_KERNELS = ("materialized", "flash")
 # Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
 MOE_CAPACITY_FACTOR = 1.25
@@ -79,6 +81,10 @@ def _keep(name: str, x: jax.Array) -> jax.Array:
 
 
 def _run(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    return fn
+
+
+def _as_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
@@ -274,7 +280,7 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
 def forward(
     params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
     constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized", experts: Experts = _run,
-    lora_scale: float = 1.0,
+    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced,
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
@@ -289,11 +295,12 @@ def forward(
     vocab-parallel one for a vocabulary-sharded table). ``experts(fn)`` wraps the experts'
     computation of an MoE layer (the validator runs it manual over the tensor axes).
     ``lora_scale`` (alpha / rank) multiplies the LoRA adapters' output where the layers carry
-    adapters (`planner.models.lora`).
+    adapters (`planner.models.lora`). ``keep_residuals`` wraps each checkpointed layer (the
+    validator passes `planner.models.residuals.residuals_as_bits` on the CPU backend).
     """
     x_BxSxD = embed(params, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
     x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention, experts=experts,
-                                lora_scale=lora_scale)
+                                lora_scale=lora_scale, keep_residuals=keep_residuals)
     return head(x_BxSxD, params, cfg, constrain=constrain), aux_L.mean()
 
 
@@ -309,9 +316,9 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
 
 def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
                constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run,
-               lora_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
+               lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced) -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
-    output and each layer's MoE balancing loss."""
+    output and each layer's MoE balancing loss. ``keep_residuals`` wraps the checkpointed layer."""
     if remat not in _REMAT_POLICIES:
         raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(_REMAT_POLICIES)}")
     if attention not in ATTENTION_KERNELS:
@@ -321,7 +328,7 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
         with jax.named_scope("layer"):
             return _layer(x, layer_params, cfg, x.dtype, constrain, attention, experts, lora_scale)
 
-    body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
+    body = keep_residuals(jax.checkpoint(body, policy=_REMAT_POLICIES[remat]))
     return jax.lax.scan(body, x_BxSxD, layers)
 
 

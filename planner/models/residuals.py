@@ -1,0 +1,57 @@
+"""Keep a function's backward residuals as raw 16-bit integers.
+
+XLA:CPU has no 16-bit float arithmetic: its float normalization widens every bf16 and fp16
+op to fp32, the dynamic-update-slice that stacks a layer loop's saved activations included,
+so on that backend a scanned layer's residuals take twice their bytes. Stored as integers of
+the same width (a bitcast: free on every backend, the values bit-identical) they keep the
+size a GPU or TPU gives them, so a CPU compile measures the memory the plan's device would
+hold. bf16 travels as uint16 and fp16 as int16, so the backward knows which one it holds.
+
+>>> import jax, jax.numpy as jnp
+>>> f = lambda x, w: jnp.tanh(x @ w)
+>>> x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.full((8, 8), 0.1, jnp.bfloat16)
+>>> g = jax.grad(lambda w: residuals_as_bits(f)(x, w).astype(jnp.float32).sum())(w)
+>>> bool((g == jax.grad(lambda w: f(x, w).astype(jnp.float32).sum())(w)).all())
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+_BITS = {jnp.dtype(jnp.bfloat16): jnp.uint16, jnp.dtype(jnp.float16): jnp.int16}
+_FLOATS = {jnp.dtype(bits): float_ for float_, bits in _BITS.items()}
+
+
+def _to_bits(x: jax.Array) -> jax.Array:
+    bits = _BITS.get(jnp.dtype(x.dtype))
+    return x if bits is None else jax.lax.bitcast_convert_type(x, bits)
+
+
+def _from_bits(x: jax.Array) -> jax.Array:
+    float_ = _FLOATS.get(jnp.dtype(x.dtype))
+    return x if float_ is None else jax.lax.bitcast_convert_type(x, float_)
+
+
+def residuals_as_bits(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with the same values and gradients, whose backward keeps its 16-bit float
+    residuals (what ``jax.vjp`` of ``fn`` saves, under any ``jax.checkpoint`` policy inside)
+    as same-width integers. ``fn``'s arguments must all be differentiable arrays, and it must
+    not itself save 16-bit integers (they would be read back as floats)."""
+
+    @jax.custom_vjp
+    def wrapped(*args: Any) -> Any:
+        return fn(*args)
+
+    def forward(*args: Any) -> tuple[Any, Any]:
+        out, backward = jax.vjp(fn, *args)
+        return out, jax.tree.map(_to_bits, backward)
+
+    def backward(saved: Any, cotangent: Any) -> Any:
+        return jax.tree.map(_from_bits, saved)(cotangent)
+
+    wrapped.defvjp(forward, backward)
+    return wrapped

@@ -4,8 +4,16 @@ import csv
 
 import pytest
 
-from benchmarks.serving_accuracy import (DEFAULT_DATA, UNIT_SCALE, evaluate, floor_violations, main, predicted_metric,
-                                         serving_estimate, skip_reason)
+from benchmarks.serving_accuracy import (
+    DEFAULT_DATA,
+    UNIT_SCALE,
+    evaluate,
+    floor_violations,
+    main,
+    predicted_metric,
+    serving_estimate,
+    skip_reason,
+)
 from planner.presets import PRESETS
 
 ROWS = list(csv.DictReader(DEFAULT_DATA.open()))

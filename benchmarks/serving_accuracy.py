@@ -1,0 +1,207 @@
+"""Serving-model accuracy against published inference measurements.
+
+Every row of ``benchmarks/data/inference_runs.csv`` is predicted from its own columns alone
+(model preset, hardware, tp / pp / replicas, batch, input and output lengths, precision and
+weight storage) with the function ``plan --workload decode`` and ``plan simulate --workload
+decode`` call, `costmodel.inference.simulate_inference`. One call gives the time per output
+token (TPOT) at the row's mean decode context (``input + output // 2``: the steps of a
+generation see every context from the prompt to its end), the time to first token (TTFT,
+the prompts prefilled) and the HBM floor of a decode step (every weight and cache byte read
+once at the datasheet bandwidth). Each row's metric is then predicted as the source measured
+it:
+
+- ``output_tokens_per_s`` (and ``_per_device``): a static batch, ``replicas · batch ·
+  output / (TTFT + (output − 1) · TPOT)``: the prefill gives the first token, each decode
+  step one more (TensorRT-LLM's gptSessionBenchmark, gpt-fast's ``generate.py``);
+- ``decode_tokens_per_s``: one sequence's decode rate, ``1 / TPOT``;
+- ``tpot_s`` and ``ttft_s``: as predicted.
+
+A row the serving model cannot express (FP8 compute, unstated lengths, a model without a
+preset) is listed as skipped with why. Prints the table (measured, predicted, the HBM bound
+in the metric's own unit, error), the mean and max |error| per source, and the decode
+must-show (llama3-8b and llama3-70b at batch 1 and 64 on H100 and A100: HBM floor, predicted,
+published where a row matches); writes one CSV. Exits 1 if any predicted TPOT is below its
+HBM floor.
+
+    python -m benchmarks.serving_accuracy [--data PATH] [--out benchmarks/out/serving_accuracy.csv]
+
+Nothing here is fitted to these rows: the only constants are the hardware profiles'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.output import print_table, write_csv
+from benchmarks.simulator_accuracy import error_summary
+from costmodel.errors import PlannerError
+from costmodel.estimate import StepEstimate
+from costmodel.inference import simulate_inference
+from costmodel.layout import Layout
+from costmodel.machine import load_machine
+from costmodel.train_config import Precision, TrainConfig
+from costmodel.workload import InferenceConfig
+from planner.config import load_model, train_config
+from planner.presets import PRESETS
+
+DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "inference_runs.csv"
+# Units the sources quote, to the seconds and tokens/s the predictions are in.
+UNIT_SCALE = {"ms": 1e-3, "tokens/s": 1.0, "tokens/s/GPU": 1.0, "tokens/s per sequence": 1.0}
+THROUGHPUT_METRICS = ("output_tokens_per_s", "output_tokens_per_s_per_device", "decode_tokens_per_s")
+COMPUTE_PRECISIONS = {"bf16": Precision.BF16, "fp16": Precision.FP16}
+WEIGHT_DTYPES = {"bf16": "bf16", "fp16": "bf16", "int8": "int8", "int4": "int4"}  # fp16 weights: 2 bytes, as bf16
+MUST_SHOW = (("llama3-8b", "h100-sxm", 1), ("llama3-8b", "a100-80gb", 1), ("llama3-8b", "a100-40gb", 1),
+             ("llama3-70b", "h100-sxm", 4), ("llama3-70b", "a100-80gb", 4), ("llama3-70b", "a100-80gb", 8))
+MUST_SHOW_BATCHES = (1, 16, 64)
+MUST_SHOW_LENGTHS = (1024, 128)  # input, output tokens
+
+
+def skip_reason(row: dict[str, str]) -> str | None:
+    """Why the serving model cannot predict ``row`` from its columns, or None.
+
+    >>> skip_reason({"precision": "fp8", "weight_dtype": "fp8", "preset": "llama2-7b", "input_len": "1", "output_len": "1"})
+    'FP8 compute: the serving model computes in bf16 / fp16 and stores weights as bf16, int8 or int4'
+    """
+    if row["precision"] not in COMPUTE_PRECISIONS or row["weight_dtype"] not in WEIGHT_DTYPES:
+        return "FP8 compute: the serving model computes in bf16 / fp16 and stores weights as bf16, int8 or int4"
+    if not row["input_len"] or not row["output_len"]:
+        return "input and output lengths not published"
+    if row["preset"] not in PRESETS:
+        return f"no preset for {row['model']}"
+    return None
+
+
+def serving_estimate(*, preset: str, hardware: str, tp: int, pp: int = 1, replicas: int = 1, batch: int, input_len: int,
+                     output_len: int, precision: str = "bf16", weight_dtype: str = "bf16") -> StepEstimate:
+    """The serving model's estimate for one configuration, as ``plan simulate --workload decode`` builds it.
+
+    >>> est = serving_estimate(preset="llama3-8b", hardware="h100-sxm", tp=1, batch=1, input_len=1024, output_len=128)
+    >>> est.time_per_output_token_s >= est.serving.hbm_lower_bound_s
+    True
+    """
+    inference = InferenceConfig(prompt_len=input_len, weight_dtype=WEIGHT_DTYPES[weight_dtype])
+    train: TrainConfig = train_config(workload="decode", global_batch=batch, seq_len=input_len + output_len // 2, lora=None,
+                                      inference=inference).with_precision(COMPUTE_PRECISIONS[precision])
+    machine = load_machine(hardware, compute_dtype=train.compute_dtype.value)
+    return simulate_inference(load_model(preset), train, Layout(dp=replicas, tp=tp, pp=pp), machine)
+
+
+def predicted_metric(row: dict[str, str], est: StepEstimate) -> tuple[float, float | None]:
+    """(prediction, HBM bound) of ``row``'s metric, in its own unit: the bound is what the metric
+    would be with every decode step at the HBM floor and a free prefill (None for TTFT)."""
+    tpot_s, ttft_s, floor_s = est.time_per_output_token_s, est.time_to_first_token_s, est.serving.hbm_lower_bound_s
+    batch, out = int(row["batch"]) * int(row["replicas"]), int(row["output_len"])
+    metric = row["metric"]
+    if metric in ("output_tokens_per_s", "output_tokens_per_s_per_device"):
+        per = est.n_devices if metric.endswith("per_device") else 1
+        bound = batch * out / ((out - 1) * floor_s) / per if out > 1 else None
+        return batch * out / (ttft_s + (out - 1) * tpot_s) / per, bound
+    if metric == "decode_tokens_per_s":
+        return 1 / tpot_s, 1 / floor_s
+    if metric == "tpot_s":
+        return tpot_s, floor_s
+    if metric == "ttft_s":
+        return ttft_s, None
+    raise ValueError(f"unknown metric {metric!r} in {row['source']}")
+
+
+def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
+    """One result per row: the prediction and its error, or the reason it was skipped."""
+    results = []
+    for row in rows:
+        measured = float(row["measured_value"]) * UNIT_SCALE[row["measured_unit"]]
+        result: dict[str, object] = {
+            "source": source_family(row), "model": row["model"], "hardware": row["hardware"],
+            "layout": f"tp{row['tp']} pp{row['pp']} x{row['replicas']}", "batch": int(row["batch"]),
+            "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "weights": row["weight_dtype"], "metric": row["metric"],
+            "measured": measured, "predicted": None, "hbm_bound": None, "error_pct": None, "tpot_ms": None, "hbm_floor_ms": None,
+            "fits": None, "skipped": skip_reason(row) or "",
+        }
+        if not result["skipped"]:
+            try:
+                est = serving_estimate(preset=row["preset"], hardware=row["hardware"], tp=int(row["tp"]), pp=int(row["pp"]),
+                                       replicas=int(row["replicas"]), batch=int(row["batch"]), input_len=int(row["input_len"]),
+                                       output_len=int(row["output_len"]), precision=row["precision"], weight_dtype=row["weight_dtype"])
+            except PlannerError as err:
+                result["skipped"] = str(err).split(";")[0]
+            else:
+                predicted, bound = predicted_metric(row, est)
+                result.update(predicted=predicted, hbm_bound=bound, error_pct=100 * (predicted - measured) / measured,
+                              tpot_ms=1e3 * est.time_per_output_token_s, hbm_floor_ms=1e3 * est.serving.hbm_lower_bound_s,
+                              fits=est.fits)
+        results.append(result)
+    return results
+
+
+def source_family(row: dict[str, str]) -> str:
+    """The repository or publication a row comes from.
+
+    >>> source_family({"source": "pytorch-labs/gpt-fast README.md (@0f925b5d)"})
+    'pytorch-labs/gpt-fast'
+    >>> source_family({"source": "John Musgrave, vLLM sweep (https://example.org/p)"})
+    'John Musgrave'
+    """
+    return row["source"].split(",")[0].split(" ")[0] if "/" in row["source"].split(" ")[0] else row["source"].split(",")[0]
+
+
+def floor_violations(results: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Predicted rows whose time per output token is below the HBM floor (none, if the model is sound)."""
+    return [r for r in results if r["tpot_ms"] is not None and float(r["tpot_ms"]) < float(r["hbm_floor_ms"]) * (1 - 1e-9)]
+
+
+def must_show(results: list[dict[str, object]], rows: list[dict[str, str]]) -> list[dict[str, object]]:
+    """Decode per-token latency of llama3-8b and llama3-70b at batch 1, 16 and 64 (1024 input, 128
+    output tokens): HBM floor, prediction, and the published per-token latency of a row with the
+    same preset, hardware, tp and batch (any lengths), if one exists."""
+    published = {}
+    for row, result in zip(rows, results):
+        if row["metric"] in ("tpot_s", "decode_tokens_per_s") and row["replicas"] == "1":
+            value = float(result["measured"])
+            published[row["preset"], row["hardware"], int(row["tp"]), int(row["batch"])] = (
+                f"{1e3 * (value if row['metric'] == 'tpot_s' else 1 / value):.2f} ({row['framework']})")
+    out = []
+    for preset, hardware, tp in MUST_SHOW:
+        for batch in MUST_SHOW_BATCHES:
+            est = serving_estimate(preset=preset, hardware=hardware, tp=tp, batch=batch, input_len=MUST_SHOW_LENGTHS[0],
+                                   output_len=MUST_SHOW_LENGTHS[1])
+            out.append({"model": preset, "hardware": hardware, "tp": tp, "batch": batch,
+                        "hbm_floor_ms": 1e3 * est.serving.hbm_lower_bound_s, "predicted_tpot_ms": 1e3 * est.time_per_output_token_s,
+                        "published_tpot_ms": published.get((preset, hardware, tp, batch), "-"), "fits": est.fits})
+    return out
+
+
+def _fmt(results: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [{k: ("-" if v is None else v) for k, v in r.items()} for r in results]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="published inference measurements CSV")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out/serving_accuracy.csv"), help="where to write the CSV")
+    args = parser.parse_args(argv)
+    with args.data.open() as f:
+        rows = list(csv.DictReader(f))
+    results = evaluate(rows)
+    predicted = [r for r in results if not r["skipped"]]
+    print_table(f"Serving model vs published inference measurements ({len(predicted)} predicted, "
+                f"{len(results) - len(predicted)} skipped)", _fmt([{k: v for k, v in r.items() if k != "skipped"} for r in predicted]))
+    print_table("Skipped rows", [{"source": r["source"], "model": r["model"], "hardware": r["hardware"], "metric": r["metric"],
+                                  "why": r["skipped"]} for r in results if r["skipped"]])
+    errors = [abs(float(r["error_pct"])) for r in predicted]
+    print(f"mean |error| {statistics.mean(errors):.1f} %   max |error| {max(errors):.1f} %   over {len(errors)} rows")
+    for key in ("source", "metric"):
+        print_table(f"|error| per {key}", error_summary(predicted, key))
+    print_table("Decode must-show: time per output token, 1024 input / 128 output tokens", must_show(results, rows))
+    write_csv(args.out, results)
+    print(f"wrote {args.out}")
+    below = floor_violations(results)
+    print(f"predicted TPOT below the HBM floor: {len(below)} rows")
+    return 1 if below else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

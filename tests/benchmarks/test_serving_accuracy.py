@@ -1,0 +1,81 @@
+"""Tests `benchmarks/serving_accuracy.py`: every published row predicted or skipped with why, the HBM floor holds."""
+
+import csv
+
+import pytest
+
+from benchmarks.serving_accuracy import (
+    DEFAULT_DATA,
+    UNIT_SCALE,
+    evaluate,
+    floor_violations,
+    main,
+    predicted_metric,
+    serving_estimate,
+    skip_reason,
+)
+from planner.presets import PRESETS
+
+ROWS = list(csv.DictReader(DEFAULT_DATA.open()))
+REQUIRED = ("source", "framework", "model", "hardware", "tp", "pp", "replicas", "batch", "precision", "metric",
+            "measured_value", "measured_unit")
+
+
+def test_the_csv_parses_and_every_row_states_what_it_measured():
+    assert len(ROWS) >= 15
+    assert len({r["source"].split(" ")[0] for r in ROWS}) >= 3
+    for row in ROWS:
+        assert all(row[c] for c in REQUIRED), row
+        assert float(row["measured_value"]) > 0 and row["measured_unit"] in UNIT_SCALE
+        assert int(row["devices"]) == int(row["tp"]) * int(row["pp"]) * int(row["replicas"])
+
+
+def test_each_row_maps_to_a_prediction_or_a_stated_skip():
+    results = evaluate(ROWS)
+    assert len(results) == len(ROWS)
+    for row, result in zip(ROWS, results):
+        if result["skipped"]:
+            assert result["predicted"] is None and skip_reason(row) == result["skipped"]
+        else:
+            assert row["preset"] in PRESETS and float(result["predicted"]) > 0 and result["error_pct"] is not None
+    assert sum(1 for r in results if not r["skipped"]) >= 15
+
+
+def test_fp8_rows_are_skipped_not_approximated():
+    fp8 = [r for r in ROWS if r["precision"] == "fp8"]
+    assert fp8 and all("FP8" in (skip_reason(r) or "") for r in fp8)
+
+
+def test_predicted_per_token_latency_never_beats_the_hbm_floor():
+    results = evaluate(ROWS)
+    assert floor_violations(results) == []
+    assert all(float(r["tpot_ms"]) >= float(r["hbm_floor_ms"]) for r in results if not r["skipped"])
+
+
+def test_a_throughput_prediction_never_beats_its_hbm_bound():
+    for row, result in zip(ROWS, evaluate(ROWS)):
+        if result["hbm_bound"] is not None:
+            assert float(result["predicted"]) <= float(result["hbm_bound"]), row["model"]
+
+
+def test_static_batch_throughput_is_prefill_plus_decode_steps():
+    row = next(r for r in ROWS if r["metric"] == "output_tokens_per_s" and r["batch"] == "1" and r["weight_dtype"] == "bf16")
+    est = serving_estimate(preset=row["preset"], hardware=row["hardware"], tp=int(row["tp"]), batch=1,
+                           input_len=int(row["input_len"]), output_len=int(row["output_len"]))
+    out = int(row["output_len"])
+    predicted, bound = predicted_metric(row, est)
+    assert predicted == pytest.approx(out / (est.time_to_first_token_s + (out - 1) * est.time_per_output_token_s))
+    assert bound == pytest.approx(out / ((out - 1) * est.serving.hbm_lower_bound_s))
+
+
+def test_quantized_weights_lower_the_floor():
+    kwargs = dict(preset="llama2-7b", hardware="a100-80gb", tp=1, batch=1, input_len=5, output_len=200)
+    bf16, int4 = serving_estimate(**kwargs), serving_estimate(**kwargs, weight_dtype="int4")
+    assert int4.serving.hbm_lower_bound_s < 0.4 * bf16.serving.hbm_lower_bound_s
+
+
+def test_the_command_writes_one_csv_row_per_published_row(tmp_path, capsys):
+    out = tmp_path / "serving.csv"
+    assert main(["--out", str(out)]) == 0
+    assert len(list(csv.DictReader(out.open()))) == len(ROWS)
+    assert "Decode must-show" in capsys.readouterr().out

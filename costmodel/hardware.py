@@ -176,7 +176,8 @@ def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> 
     (see `ClusterSpec.with_devices_per_node`).
 
     Raises:
-      InvalidConfigError: unknown name (the known ones are listed), missing file, or a
+      InvalidConfigError: unknown name (the known ones are listed; for a prefix such as
+        ``alvis``, the presets it begins), missing file, or a
         file that is not a valid profile (the first problem named by its field).
     """
     known = _known()
@@ -184,6 +185,9 @@ def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> 
         cluster = known[name_or_path]
     else:
         path = Path(name_or_path)
+        family = [name for name in list_hardware() if name.startswith(f"{name_or_path}-")]
+        if family and not path.is_file():  # e.g. 'alvis': a site with several node types
+            raise InvalidConfigError(f"hardware {name_or_path!r} has several node types", fix=f"name one: {', '.join(family)}")
         if not path.is_file():
             raise InvalidConfigError(
                 f"unknown hardware {name_or_path!r}", fix=f"use a profile JSON path or one of: {', '.join(list_hardware())}"

@@ -61,6 +61,7 @@ whose reducer ends in a copy.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -71,10 +72,9 @@ from jax.sharding import Mesh, PartitionSpec
 from costmodel.errors import UnsupportedError
 from costmodel.layout import Layout
 from planner.models.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
-from planner.models.transformer import embed, head, run_layers
+from planner.models.transformer import SAVED, embed, head, run_layers
 from planner.schema import Plan
 from validate.lowering import activation_constraint, embedding_lookup
-
 
 def check_pipeline(plan: Plan) -> tuple[str, ...]:
     """The pipeline's mesh axes; raises `UnsupportedError` for what is not lowered."""
@@ -183,6 +183,9 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
     layer_P, live_P = stage_slots(model.num_layers, plan.layout)  # P = stages · slots per stage
     padded = len(layer_P) != model.num_layers or not live_P.all()
     constrain, lookup = activation_constraint(plan, mesh), embedding_lookup(plan, mesh)
+    # Saves what the layers' own policy saves (their named activations) and no sliced weights.
+    chunk_policy = (jax.checkpoint_policies.nothing_saveable if remat == "full" else
+                    jax.checkpoint_policies.save_only_these_names(*SAVED))
 
     def schedule(layers: Any, live_W: jax.Array, x_MxBxSxD: jax.Array) -> tuple[jax.Array, jax.Array]:
         stage = jax.lax.axis_index(axes)
@@ -195,14 +198,21 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
         # promotion aborts on a bf16 sum over a manual axis (jax 0.10.2).
         x_MxBxSxD = jax.lax.pcast(x_MxBxSxD.astype(jnp.float32), axes, to="varying")
 
+        @partial(jax.checkpoint, policy=chunk_policy)
+        def run_chunk(x_BxSxD: jax.Array, layers_VxW: Any, chunk: jax.Array) -> tuple[jax.Array, jax.Array]:
+            # The chunk's weights are sliced again for the backward, not saved per tick: a copy of
+            # each tick's chunk would hold M·v chunks of weights.
+            chunk_layers = jax.tree.map(lambda w: w[chunk], layers_VxW)
+            return run_layers(x_BxSxD, chunk_layers, model, remat=remat, attention=plan.layout.stack.attention.value)
+
         def tick(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
             received_BxSxD, out_MxBxSxD, aux = carry
             work = t - stage  # this device's item; outside 0 … M·v − 1 it is a bubble tick
             useful = (work >= 0) & (work < micro * chunks)
             chunk, mb = work_item(jnp.clip(work, 0, micro * chunks - 1), stages=stages, chunks=chunks)
             x_BxSxD = jnp.where(first & (chunk == 0), x_MxBxSxD[mb].astype(dt), received_BxSxD)
-            chunk_layers = jax.tree.map(lambda w: w[chunk], layers_VxW)
-            y_BxSxD, aux_W = run_layers(x_BxSxD, chunk_layers, model, remat=remat, attention=plan.layout.stack.attention.value)
+            y_BxSxD, aux_W = run_chunk(x_BxSxD, layers_VxW, chunk) if chunks > 1 else run_layers(
+                x_BxSxD, layers, model, remat=remat, attention=plan.layout.stack.attention.value)
             done = last & (chunk == chunks - 1) & useful  # micro-batch ``mb`` leaves the last virtual stage
             out_MxBxSxD = out_MxBxSxD.at[mb].set(jnp.where(done, y_BxSxD, out_MxBxSxD[mb]))
             aux = aux + jnp.where(useful, (aux_W * live_VxW[chunk]).sum(), 0.0)

@@ -136,8 +136,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     if lay.pp > 1:
         gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
         memory = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory
-        # The tick loop saves what every one of its M + S − 1 ticks computes, the S − 1 bubble ticks too.
-        layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp))
+        # The tick loop saves what every one of its M·v + S − 1 ticks computes, the S − 1 bubble ticks
+        # (of one chunk each) too.
+        layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp)) // lay.interleave
         bubble_activations = (lay.pp - 1) * layers * activation_bytes_per_layer(plan.model, plan.train, gpipe)
     total = memory.total_bytes + bubble_activations
     if lay.pp > 1 and lay.micro_batches(plan.train) == 1:
@@ -178,11 +179,18 @@ def _schedule(plan: Plan) -> _Schedule:
     micro = lay.micro_batches(plan.train)
     if lay.pp == 1:
         return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_gradients=micro)
-    slots = lay.layers_on_stage(layers, 0)
+    # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.pipeline.work_item`).
+    slots = lay.layers_on_stage(layers, 0) // lay.interleave
     # One execution of the embedding and the head on the whole batch, the head one micro-batch
     # after another with its gradients formed at once (`validate.pipeline.micro_batch_mean`).
-    return _Schedule(layer_runs=slots * (micro + lay.pp - 1), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
+    return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
                      head_gradients=micro)
+
+
+def _ticks(plan: Plan) -> int:
+    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it."""
+    lay = plan.layout
+    return lay.micro_batches(plan.train) * lay.interleave + lay.pp - 1
 
 
 def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedCollective]:
@@ -234,10 +242,10 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
     if data:
         out += _data_parallel(plan, runs, params, experts_bytes)
     if pipeline:
-        ticks = lay.micro_batches(train) + lay.pp - 1
         out += [
-            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * ticks,
-                                why="activation to the next stage every forward tick, its gradient back every backward tick"),
+            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
+                                why="activation to the next stage every forward tick, its gradient back every backward tick "
+                                    "(interleaved: the last device's also wraps around to the first, in the same permute)"),
             PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
                                 why="last stage's outputs handed to every stage for the head"),
             PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * _F32, calls=1,

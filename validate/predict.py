@@ -18,11 +18,13 @@ partitioning XLA gives it, term by term, each with a one-line reason:
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
 - Pipeline (the GPipe lowering of `validate.pipeline`): every device runs its stage's
   layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
-  collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``, and
+  collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``
+  (interleaved, ``M·v + S − 1`` ticks of one chunk's ``slots / v`` layers each), and
   the data-parallel reduction of layer gradients happens inside the backward tick loop.
   The embedding and head run once on the whole batch (their collectives once, on ``M``
   micro-batches' tokens). Over the pipeline axis: one ``collective-permute`` of a
-  micro-batch's activation per tick in forward and one in backward, the sum of the last
+  micro-batch's activation per tick in forward and one in backward (interleaved, the same
+  permute also carries the last device's output round to the first), the sum of the last
   stage's outputs (bf16) and the sum of the embedding's gradient (fp32).
 
 Also predicted: ZeRO 1/2/3 (whole-gradient all-reduces, per-layer weight gathers in forward
@@ -121,7 +123,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
     own estimate, except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages
     hold every micro-batch's activations where 1F1B's hold at most one per stage, and
-    accumulates its gradients over ticks even with one micro-batch.
+    accumulates its gradients over ticks even with one micro-batch. An interleaved plan is
+    compared with the same GPipe estimate (its ticks save ``M·v`` chunks, ``M`` stages' worth)
+    plus ``S − 1`` bubble chunks, not with Megatron's interleaved 1F1B.
 
     On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization keeps the
     layers' saved activations as fp32 (the compiled layer loop carries f32 stacks of them), so

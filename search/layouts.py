@@ -36,7 +36,7 @@ from costmodel.train_config import TrainConfig
 
 _GIB = 2**30
 # The validator pads uneven stages and moves layers between them every step (`validate.pipeline`),
-# traffic a program storing each stage's own layers would not have.
+# traffic a program storing each stage's own layers would not have; it lowers equal interleaved chunks only.
 UNEVEN_RULE = "uneven stages are not lowered as planned yet"
 # XLA aborts on the embedding and head run whole per pipeline group (`validate.pipeline`).
 PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not lowered as planned yet"
@@ -71,7 +71,7 @@ class SearchSpace(BaseModel):
     intra_op: bool = Field(False, description="An intra-op planner (ILP or search) shards each op of the chosen layout; "
                            "with lowered_only, pipelined layouts are dropped, as the validator lowers such choices without stages.")
     lowered_only: bool = Field(False, description="Only layouts the validator lowers to the program they describe (no "
-                               "interleaved or uneven stages, no sequence parallelism inside pipeline stages, no ZeRO-3 and no MoE "
+                               "uneven stages or interleaved chunks, no sequence parallelism inside pipeline stages, no ZeRO-3 and no MoE "
                                "layers with tensor parallelism inside pipelines, no LoRA or intra-op shardings with pipeline stages, "
                                "no ZeRO with tensor parallelism over a vocabulary it does not divide yet), so that every plan "
                                "emitted can be compiled and checked.")
@@ -148,10 +148,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if v > 1 and (pp == 1 or (train.global_batch // (dp * mb)) % pp):
             pruned["interleaving needs pp > 1 and micro-batches divisible by pp"] += 1
             continue
-        if v > 1 and space.lowered_only:
-            pruned["interleaved stages are not lowered to JAX yet"] += 1
-            continue
-        if pp > 1 and model.num_layers % pp and space.lowered_only:
+        if pp > 1 and model.num_layers % (pp * v) and space.lowered_only:
             pruned[UNEVEN_RULE] += 1
             continue
         if pp > 1 and tp > 1 and zero >= 3 and space.lowered_only:

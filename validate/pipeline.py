@@ -31,6 +31,21 @@ this program too, so their compiled activation memory is GPipe's. The micro-batc
 gradients add up inside the one backward pass; XLA reduces each tick's layer gradients over
 the data axes inside the backward tick loop (`validate.predict` counts them per tick).
 
+Interleaved stages (``interleave = v > 1``, Megatron's virtual stages). Each device holds
+``v`` model chunks of ``L / (S·v)`` layers; chunk ``c`` of device ``d`` is virtual stage
+``c·S + d``. The stacked layers are stored device-major (`interleaved_layer_order`), as
+Megatron keeps each chunk on its device, so the pipeline axis's contiguous split of the stack
+hands every device its own chunks and no layer moves between devices. Device ``d`` works
+through its items one tick after device ``d − 1``: item ``w = t − d``, in rounds of ``S``
+micro-batches × ``v`` chunks (`work_item`: chunk 0 for micro-batches ``rS … rS + S − 1``,
+then chunk 1 for the same ones, …). The ``ppermute`` is then a ring: the last device's output
+of chunk ``c`` reaches device 0 exactly on the tick it runs chunk ``c + 1`` of that
+micro-batch. ``M·v + S − 1`` ticks of one chunk each: ``(M·v + S − 1) / (M·v)`` times the
+useful layer work, where GPipe's ``S`` stages do ``(M + S − 1) / M``. Memory is GPipe's too:
+the backward keeps every tick's saved activations (``M·v + S − 1`` chunks), where Megatron's
+interleaved 1F1B keeps about ``S`` micro-batches' worth in flight. With ``v = 1`` this is the
+GPipe schedule above. Interleaving needs ``M`` divisible by ``S`` and ``L`` by ``S·v``.
+
 Uneven stages (``stage_layers``, or a layer count the stages do not divide) are padded: every
 stage runs ``max(stage layers)`` layer slots, and a slot past its stage's count holds zero
 weights, which makes a pre-norm residual layer exactly the identity (``x + 0 + 0``) and,
@@ -39,13 +54,14 @@ tick lasts as long as the longest stage anyway). Laying the stacked layers out p
 a gather over their leading dim, so XLA moves layers between stages every step (and their
 gradients back), parameter traffic a pipeline storing each stage's layers would not have.
 
-Not lowered: interleaved stages (``interleave > 1``). The two sums over the pipeline axis
-run in float32: XLA's CPU all-reduce promotion aborts (``Invalid binary instruction opcode
-copy``, jax 0.10.2) on a bf16 sum over a manual axis, whose reducer ends in a copy.
+The two sums over the pipeline axis run in float32: XLA's CPU all-reduce promotion aborts
+(``Invalid binary instruction opcode copy``, jax 0.10.2) on a bf16 sum over a manual axis,
+whose reducer ends in a copy.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import jax
@@ -56,20 +72,49 @@ from jax.sharding import Mesh, PartitionSpec
 from costmodel.errors import UnsupportedError
 from costmodel.layout import Layout
 from planner.models.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
-from planner.models.transformer import embed, head, run_layers
+from planner.models.transformer import SAVED, embed, head, run_layers
 from planner.schema import Plan
 from validate.lowering import activation_constraint, embedding_lookup
 
-
 def check_pipeline(plan: Plan) -> tuple[str, ...]:
     """The pipeline's mesh axes; raises `UnsupportedError` for what is not lowered."""
-    lay = plan.layout
+    lay, layers = plan.layout, plan.model.num_layers
     if lay.pp == 1:
         raise UnsupportedError("the plan has no pipeline (pp=1)", fix="use validate.lowering.train_step")
-    if lay.interleave > 1:
-        raise UnsupportedError(f"interleave={lay.interleave}: interleaved pipeline stages are not lowered to JAX yet",
-                               fix="validate the plan with interleave=1 (same stages, one model chunk per device)")
+    if lay.interleave > 1 and layers % (lay.pp * lay.interleave):
+        raise UnsupportedError(f"interleave={lay.interleave}: {layers} layers do not cut into pp·interleave = "
+                               f"{lay.pp * lay.interleave} equal chunks", fix="pick an interleave with pp·interleave dividing num_layers")
+    if lay.interleave > 1 and lay.micro_batches(plan.train) % lay.pp:
+        raise UnsupportedError(f"interleave={lay.interleave}: {lay.micro_batches(plan.train)} micro-batches are not a multiple of "
+                               f"pp={lay.pp}", fix="pick micro_batch and global_batch so that micro-batches divide by pp")
     return plan.axes_of("pp")
+
+
+def interleaved_layer_order(num_layers: int, layout: Layout) -> np.ndarray:
+    """Which layer each row of the stacked layers holds in a plan with ``interleave > 1``:
+    device-major, so the pipeline axis's contiguous split of the stack gives device ``d`` its
+    chunks ``c = 0 … v − 1``, chunk ``c`` holding virtual stage ``c·pp + d``. Reference
+    parameters ``p`` become the program's as ``p[order]``, its gradients ``g`` the reference's
+    as ``g[np.argsort(order)]``.
+
+    >>> interleaved_layer_order(8, Layout(pp=2, interleave=2))
+    array([0, 1, 4, 5, 2, 3, 6, 7])
+    """
+    s, v = layout.pp, layout.interleave
+    layer_VxSxC = np.arange(num_layers).reshape(v, s, num_layers // (s * v))  # C = layers per chunk
+    return layer_VxSxC.transpose(1, 0, 2).reshape(-1)
+
+
+def work_item(work: jax.Array, *, stages: int, chunks: int) -> tuple[jax.Array, jax.Array]:
+    """(chunk, micro-batch) of a device's ``work``-th item: rounds of ``stages`` micro-batches,
+    each through chunk 0, then chunk 1, … (Megatron's interleaved order); with one chunk the
+    micro-batch is ``work`` itself.
+
+    >>> [tuple(int(i) for i in work_item(jnp.asarray(w), stages=2, chunks=2)) for w in range(6)]
+    [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3)]
+    """
+    round_, within = jnp.divmod(work, stages * chunks)
+    return within // stages, round_ * stages + within % stages
 
 
 def runs_outer_whole(plan: Plan) -> bool:
@@ -126,40 +171,58 @@ def micro_batch_mean(loss_fn: Callable[..., jax.Array]) -> Callable[..., jax.Arr
 
 
 def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[..., Any]:
-    """``(params, batch) -> (mean loss, gradients)`` of the plan's GPipe schedule; ``remat`` is
-    the reference model's recompute policy ("none", "selective", "full")."""
+    """``(params, batch) -> (mean loss, gradients)`` of the plan's pipeline schedule (GPipe, or
+    its interleaved form, whose stacked layers are stored as `interleaved_layer_order` says);
+    ``remat`` is the reference model's recompute policy ("none", "selective", "full")."""
     axes = check_pipeline(plan)
-    model, train, stages = plan.model, plan.train, plan.layout.pp
+    model, train, stages, chunks = plan.model, plan.train, plan.layout.pp, plan.layout.interleave
     micro = plan.layout.micro_batches(train)
+    # Stage to stage; interleaved, the last device's output also wraps around to device 0 for the next chunk.
+    sends = [(i, (i + 1) % stages) for i in range(stages if chunks > 1 else stages - 1)]
     dt = jnp.dtype(train.compute_dtype.value)
     layer_P, live_P = stage_slots(model.num_layers, plan.layout)  # P = stages · slots per stage
     padded = len(layer_P) != model.num_layers or not live_P.all()
     constrain, lookup = activation_constraint(plan, mesh), embedding_lookup(plan, mesh)
+    # Saves what the layers' own policy saves (their named activations) and no sliced weights.
+    chunk_policy = (jax.checkpoint_policies.nothing_saveable if remat == "full" else
+                    jax.checkpoint_policies.save_only_these_names(*SAVED))
 
     def schedule(layers: Any, live_W: jax.Array, x_MxBxSxD: jax.Array) -> tuple[jax.Array, jax.Array]:
         stage = jax.lax.axis_index(axes)
         first, last = stage == 0, stage == stages - 1
+        # This device's slots as [chunk, slot]: its chunks are contiguous in the stack.
+        layers_VxW = jax.tree.map(lambda w: w.reshape(chunks, -1, *w.shape[1:]), layers)
+        live_VxW = live_W.reshape(chunks, -1)
         # Made varying once, so the backward sums the embedding's gradient over the stages once,
         # not on every tick; in float32, as is the output's sum below: XLA's CPU all-reduce
         # promotion aborts on a bf16 sum over a manual axis (jax 0.10.2).
         x_MxBxSxD = jax.lax.pcast(x_MxBxSxD.astype(jnp.float32), axes, to="varying")
 
+        @partial(jax.checkpoint, policy=chunk_policy)
+        def run_chunk(x_BxSxD: jax.Array, layers_VxW: Any, chunk: jax.Array) -> tuple[jax.Array, jax.Array]:
+            # The chunk's weights are sliced again for the backward, not saved per tick: a copy of
+            # each tick's chunk would hold M·v chunks of weights.
+            chunk_layers = jax.tree.map(lambda w: w[chunk], layers_VxW)
+            return run_layers(x_BxSxD, chunk_layers, model, remat=remat, attention=plan.layout.stack.attention.value)
+
         def tick(carry: tuple[jax.Array, ...], t: jax.Array) -> tuple[tuple[jax.Array, ...], None]:
             received_BxSxD, out_MxBxSxD, aux = carry
-            x_BxSxD = jnp.where(first, x_MxBxSxD[jnp.minimum(t, micro - 1)].astype(dt), received_BxSxD)
-            y_BxSxD, aux_W = run_layers(x_BxSxD, layers, model, remat=remat, attention=plan.layout.stack.attention.value)
-            done = t - (stages - 1)  # the micro-batch the last stage finishes on this tick
-            slot = jnp.clip(done, 0, micro - 1)
-            out_MxBxSxD = out_MxBxSxD.at[slot].set(jnp.where(last & (done >= 0), y_BxSxD, out_MxBxSxD[slot]))
-            mine = t - stage  # the micro-batch this stage works on; outside 0..M−1 it is a bubble tick
-            aux = aux + jnp.where((mine >= 0) & (mine < micro), (aux_W * live_W).sum(), 0.0)
-            sent_BxSxD = jax.lax.ppermute(y_BxSxD, axes, [(i, i + 1) for i in range(stages - 1)])
+            work = t - stage  # this device's item; outside 0 … M·v − 1 it is a bubble tick
+            useful = (work >= 0) & (work < micro * chunks)
+            chunk, mb = work_item(jnp.clip(work, 0, micro * chunks - 1), stages=stages, chunks=chunks)
+            x_BxSxD = jnp.where(first & (chunk == 0), x_MxBxSxD[mb].astype(dt), received_BxSxD)
+            y_BxSxD, aux_W = run_chunk(x_BxSxD, layers_VxW, chunk) if chunks > 1 else run_layers(
+                x_BxSxD, layers, model, remat=remat, attention=plan.layout.stack.attention.value)
+            done = last & (chunk == chunks - 1) & useful  # micro-batch ``mb`` leaves the last virtual stage
+            out_MxBxSxD = out_MxBxSxD.at[mb].set(jnp.where(done, y_BxSxD, out_MxBxSxD[mb]))
+            aux = aux + jnp.where(useful, (aux_W * live_VxW[chunk]).sum(), 0.0)
+            sent_BxSxD = jax.lax.ppermute(y_BxSxD, axes, sends)
             return (sent_BxSxD, out_MxBxSxD, aux), None
 
         # The carry differs between stages: mark it varying over the pipeline axes for scan.
         init = (jnp.zeros_like(x_MxBxSxD[0], dtype=dt), jnp.zeros_like(x_MxBxSxD, dtype=dt),
                 jax.lax.pcast(jnp.zeros((), jnp.float32), axes, to="varying"))
-        (_, out_MxBxSxD, aux), _ = jax.lax.scan(tick, init, jnp.arange(micro + stages - 1))
+        (_, out_MxBxSxD, aux), _ = jax.lax.scan(tick, init, jnp.arange(micro * chunks + stages - 1))
         return jax.lax.psum(jnp.where(last, out_MxBxSxD, 0).astype(jnp.float32), axes).astype(dt), jax.lax.psum(aux, axes)
 
     piped = jax.shard_map(schedule, mesh=mesh, in_specs=(PartitionSpec(axes), PartitionSpec(axes), PartitionSpec()),

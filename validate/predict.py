@@ -18,11 +18,13 @@ partitioning XLA gives it, term by term, each with a one-line reason:
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
 - Pipeline (the GPipe lowering of `validate.pipeline`): every device runs its stage's
   layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
-  collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``, and
+  collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``
+  (interleaved, ``M·v + S − 1`` ticks of one chunk's ``slots / v`` layers each), and
   the data-parallel reduction of layer gradients happens inside the backward tick loop.
   The embedding and head run once on the whole batch (their collectives once, on ``M``
   micro-batches' tokens). Over the pipeline axis: one ``collective-permute`` of a
-  micro-batch's activation per tick in forward and one in backward, the sum of the last
+  micro-batch's activation per tick in forward and one in backward (interleaved, the same
+  permute also carries the last device's output round to the first), the sum of the last
   stage's outputs (bf16) and the sum of the embedding's gradient (fp32).
 
 Also predicted: ZeRO 1/2/3 (whole-gradient all-reduces, per-layer weight gathers in forward
@@ -121,7 +123,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
     own estimate, except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages
     hold every micro-batch's activations where 1F1B's hold at most one per stage, and
-    accumulates its gradients over ticks even with one micro-batch.
+    accumulates its gradients over ticks even with one micro-batch. An interleaved plan is
+    compared with the same GPipe estimate (its ticks save ``M·v`` chunks, ``M`` stages' worth)
+    plus ``S − 1`` bubble chunks, not with Megatron's interleaved 1F1B.
 
     On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization would keep
     the layers' saved activations as fp32 (f32 stacks in the layer loop); the lowering keeps
@@ -136,8 +140,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     if lay.pp > 1:
         gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})
         memory = simulate(plan.model, plan.train, gpipe, machine_for(load_hardware(plan.hardware))).memory
-        # The tick loop saves what every one of its M + S − 1 ticks computes, the S − 1 bubble ticks too.
-        layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp))
+        # The tick loop saves what every one of its M·v + S − 1 ticks computes, the S − 1 bubble ticks
+        # (of one chunk each) too.
+        layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp)) // lay.interleave
         bubble_activations = (lay.pp - 1) * layers * activation_bytes_per_layer(plan.model, plan.train, gpipe)
     total = memory.total_bytes + bubble_activations
     if lay.pp > 1 and lay.micro_batches(plan.train) == 1:
@@ -179,11 +184,18 @@ def _schedule(plan: Plan) -> _Schedule:
     micro = lay.micro_batches(plan.train)
     if lay.pp == 1:
         return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_gradients=micro)
-    slots = lay.layers_on_stage(layers, 0)
+    # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.pipeline.work_item`).
+    slots = lay.layers_on_stage(layers, 0) // lay.interleave
     # One execution of the embedding and the head on the whole batch, the head one micro-batch
     # after another with its gradients formed at once (`validate.pipeline.micro_batch_mean`).
-    return _Schedule(layer_runs=slots * (micro + lay.pp - 1), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
+    return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
                      head_gradients=micro)
+
+
+def _ticks(plan: Plan) -> int:
+    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it."""
+    lay = plan.layout
+    return lay.micro_batches(plan.train) * lay.interleave + lay.pp - 1
 
 
 def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedCollective]:
@@ -235,10 +247,10 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
     if data:
         out += _data_parallel(plan, runs, params, experts_bytes)
     if pipeline:
-        ticks = lay.micro_batches(train) + lay.pp - 1
         out += [
-            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * ticks,
-                                why="activation to the next stage every forward tick, its gradient back every backward tick"),
+            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
+                                why="activation to the next stage every forward tick, its gradient back every backward tick "
+                                    "(interleaved: the last device's also wraps around to the first, in the same permute)"),
             PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
                                 why="last stage's outputs handed to every stage for the head"),
             PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * _F32, calls=1,

@@ -12,7 +12,8 @@ from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
-from search.layouts import (INTRA_OP_PIPELINE_RULE, PIPELINE_MOE_TP_RULE, PIPELINE_ZERO3_TP_RULE, TIME_LIMIT_RULE, SearchSpace,
+from search.layouts import (INTRA_OP_PIPELINE_RULE, PIPELINE_MOE_TP_RULE, PIPELINE_ZERO3_TP_RULE, TIME_LIMIT_RULE, UNEVEN_RULE,
+                            SearchSpace,
                             candidate_layouts, degree_splits, divisors, grid_search)
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
@@ -82,7 +83,9 @@ def test_lowered_only_drops_what_the_validator_does_not_lower_as_planned():
         layouts = list(candidate_layouts(model, TRAIN, 8, space, pruned, devices_per_node=8))
         piped = [lay for lay in layouts if lay.pp > 1]
         assert pruned[rule] > 0 and layouts
-        assert all(lay.interleave == 1 and not lay.sequence_parallel for lay in piped)
+        assert all(not lay.sequence_parallel and model.num_layers % (lay.pp * lay.interleave) == 0 for lay in piped)
+        if not model.is_moe:  # 16 layers: 2 stages × 3 chunks do not divide, 2 × 2 and 2 × 4 do
+            assert {lay.interleave for lay in piped} == {1, 2, 4} and pruned[UNEVEN_RULE] > 0
         assert all(lay.zero_stage < 3 and not model.is_moe for lay in piped)
     every = list(candidate_layouts(MODEL, TRAIN, 8, space.model_copy(update={"lowered_only": False}), Counter(), devices_per_node=8))
     assert any(lay.pp > 1 and lay.zero_stage == 3 for lay in every)

@@ -1,0 +1,77 @@
+"""Tests `validate/pipeline.py`: the interleaved schedule computes the single-device loss and gradients."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from costmodel.errors import UnsupportedError
+from costmodel.layout import Layout
+from costmodel.model_config import ModelConfig
+from costmodel.train_config import Dtype
+from planner.api import layout_plan
+from validate.pipeline import check_pipeline, interleaved_layer_order
+
+LLAMA = ModelConfig(name="tiny-llama-8", hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256)
+
+_RUN = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from planner.schema import Plan
+from planner.models.params import init_params
+from planner.models.train_step import make_loss_and_grads
+from validate.lowering import device_mesh, loss_and_grads
+from validate.pipeline import interleaved_layer_order
+
+plan = Plan.model_validate_json(sys.stdin.read())
+params = init_params(plan.model, jax.random.key(0))
+tokens = jax.random.randint(jax.random.key(1), (plan.train.global_batch, plan.train.seq_len), 0, plan.model.vocab_size)
+batch = {"tokens": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+reference_loss, reference_grads = make_loss_and_grads(plan.model, plan.train)(params, batch)
+order = interleaved_layer_order(plan.model.num_layers, plan.layout)
+stored = {**params, "layers": jax.tree.map(lambda w: w[order], params["layers"])}
+loss, grads = jax.jit(loss_and_grads(plan, device_mesh(plan)))(stored, batch)
+grads = {**grads, "layers": jax.tree.map(lambda g: g[np.argsort(order)], grads["layers"])}
+grad_error = max(float(jnp.abs(g - r).max() / (jnp.abs(r).max() + 1e-12))
+                 for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference_grads)))
+print(json.dumps({"loss": float(loss), "reference": float(reference_loss), "grad_error": grad_error}))
+"""
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="interleaved"),
+    Layout(pp=4, micro_batch=2, interleave=2, schedule="interleaved", recompute="full"),
+], ids=["pp2-dp2-v2", "pp4-v2-full"])
+def test_interleaved_step_matches_the_single_device_loss_and_gradients(layout):
+    plan = layout_plan(LLAMA, layout, hardware="a100-80gb", seq_len=16, global_batch=8)
+    plan = plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype("float32")})})
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _RUN], input=plan.model_dump_json(), capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["loss"] == pytest.approx(out["reference"], rel=1e-5)
+    assert out["grad_error"] < 1e-4  # relative to each gradient's largest entry
+
+
+def test_interleaved_order_gives_each_device_its_virtual_stages():
+    lay = Layout(pp=4, interleave=3)
+    order_DxVxC = interleaved_layer_order(24, lay).reshape(4, 3, 2)  # device, chunk, layer in chunk
+    for d in range(4):
+        for c in range(3):
+            assert list(order_DxVxC[d, c]) == [2 * (c * 4 + d), 2 * (c * 4 + d) + 1]
+    assert sorted(interleaved_layer_order(24, lay)) == list(range(24))
+    assert (interleaved_layer_order(8, Layout(pp=4)) == np.arange(8)).all()
+
+
+@pytest.mark.parametrize("layout, global_batch, message", [
+    (Layout(pp=2, dp=2, interleave=3, schedule="interleaved"), 8, "8 layers do not cut into pp·interleave = 6 equal chunks"),
+    (Layout(pp=4, interleave=2, schedule="interleaved"), 6, "6 micro-batches are not a multiple of pp=4"),
+])
+def test_interleaving_that_does_not_divide_is_refused_with_its_cause(layout, global_batch, message):
+    plan = layout_plan(LLAMA, layout, hardware="a100-80gb", seq_len=16, global_batch=global_batch)
+    with pytest.raises(UnsupportedError, match=message):
+        check_pipeline(plan)

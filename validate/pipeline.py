@@ -74,7 +74,7 @@ from costmodel.layout import Layout
 from planner.models.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.models.transformer import SAVED, embed, head, run_layers
 from planner.schema import Plan
-from validate.lowering import activation_constraint, embedding_lookup
+from validate.lowering import activation_constraint, embedding_lookup, residual_storage
 
 def check_pipeline(plan: Plan) -> tuple[str, ...]:
     """The pipeline's mesh axes; raises `UnsupportedError` for what is not lowered."""
@@ -182,7 +182,7 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
     dt = jnp.dtype(train.compute_dtype.value)
     layer_P, live_P = stage_slots(model.num_layers, plan.layout)  # P = stages · slots per stage
     padded = len(layer_P) != model.num_layers or not live_P.all()
-    constrain, lookup = activation_constraint(plan, mesh), embedding_lookup(plan, mesh)
+    constrain, lookup, keep_residuals = activation_constraint(plan, mesh), embedding_lookup(plan, mesh), residual_storage(mesh)
     # Saves what the layers' own policy saves (their named activations) and no sliced weights.
     chunk_policy = (jax.checkpoint_policies.nothing_saveable if remat == "full" else
                     jax.checkpoint_policies.save_only_these_names(*SAVED))
@@ -198,6 +198,7 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
         # promotion aborts on a bf16 sum over a manual axis (jax 0.10.2).
         x_MxBxSxD = jax.lax.pcast(x_MxBxSxD.astype(jnp.float32), axes, to="varying")
 
+        @keep_residuals
         @partial(jax.checkpoint, policy=chunk_policy)
         def run_chunk(x_BxSxD: jax.Array, layers_VxW: Any, chunk: jax.Array) -> tuple[jax.Array, jax.Array]:
             # The chunk's weights are sliced again for the backward, not saved per tick: a copy of
@@ -212,7 +213,7 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
             chunk, mb = work_item(jnp.clip(work, 0, micro * chunks - 1), stages=stages, chunks=chunks)
             x_BxSxD = jnp.where(first & (chunk == 0), x_MxBxSxD[mb].astype(dt), received_BxSxD)
             y_BxSxD, aux_W = run_chunk(x_BxSxD, layers_VxW, chunk) if chunks > 1 else run_layers(
-                x_BxSxD, layers, model, remat=remat, attention=plan.layout.stack.attention.value)
+                x_BxSxD, layers, model, remat=remat, attention=plan.layout.stack.attention.value, keep_residuals=keep_residuals)
             done = last & (chunk == chunks - 1) & useful  # micro-batch ``mb`` leaves the last virtual stage
             out_MxBxSxD = out_MxBxSxD.at[mb].set(jnp.where(done, y_BxSxD, out_MxBxSxD[mb]))
             aux = aux + jnp.where(useful, (aux_W * live_VxW[chunk]).sum(), 0.0)

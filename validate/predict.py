@@ -60,6 +60,7 @@ from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
 from costmodel.machine import machine_for
+from costmodel.activations import activation_table
 from costmodel.memory import activation_bytes_per_layer
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
@@ -119,18 +120,24 @@ def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int
     return out
 
 
+# What a layer's experts keep for their backward (`costmodel.activations`).
+_EXPERT_ACTIVATIONS = ("expert_inputs", "mlp_up_output", "mlp_gate_output", "mlp_down_input")
+
+
 def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
     own estimate, except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages
     hold every micro-batch's activations where 1F1B's hold at most one per stage, and
-    accumulates its gradients over ticks even with one micro-batch. An interleaved plan is
+    accumulates its gradients over ticks even with one micro-batch, and whose every pipeline
+    group runs the head one micro-batch at a time. An interleaved plan is
     compared with the same GPipe estimate (its ticks save ``M·v`` chunks, ``M`` stages' worth)
     plus ``S − 1`` bubble chunks, not with Megatron's interleaved 1F1B.
 
     On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization would keep
     the layers' saved activations as fp32 (f32 stacks in the layer loop); the lowering keeps
-    them as raw 16-bit integers there (`validate.lowering.residual_storage`), except inside a
-    pipeline's stages, where 16-bit activations still count twice their bytes. The CPU backend's dot also takes its operands in row-major order only, so the head's
+    them as raw 16-bit integers there (`validate.lowering.residual_storage`), so they count
+    as on a GPU, except in the experts' tensor-parallel region, which computes in fp32 there.
+    The CPU backend's dot also takes its operands in row-major order only, so the head's
     weight gradient (hidden × tokens · tokens × vocabulary) reads a transposed copy of the
     fp32 logits gradient, one more logits-sized buffer beside the logits and their gradient.
     """
@@ -145,15 +152,26 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp)) // lay.interleave
         bubble_activations = (lay.pp - 1) * layers * activation_bytes_per_layer(plan.model, plan.train, gpipe)
     total = memory.total_bytes + bubble_activations
+    if lay.zero_stage >= 3 and not plan.train.is_lora and plan.train.param_dtype != plan.train.compute_dtype:
+        # The program keeps no compute-dtype copy of a ZeRO-3 shard: each layer casts what it gathers.
+        total -= memory.params_bytes
+    logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * _F32
+    if lay.pp > 1:
+        # Every pipeline group runs the head, one micro-batch at a time (`validate.pipeline`):
+        # each device holds one micro-batch's fp32 logits and their gradient, where GPipe's
+        # last stage keeps the logits of all its micro-batches.
+        gpipe_logits = lay.micro_batches(plan.train) + 1 if memory.stage == "last" else 0
+        total += (2 - gpipe_logits) * logits_bytes
     if lay.pp > 1 and lay.micro_batches(plan.train) == 1:
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
         total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
     if platform == "cpu":
-        if lay.pp > 1:
-            total += (memory.activations_bytes + bubble_activations) * (_F32 / plan.train.compute_dtype.bytes - 1)
-        tokens = lay.micro_batch * plan.train.seq_len / lay.cp
-        total += tokens * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * _F32
+        total += logits_bytes
+        if _tensor_parallel_experts_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
+            # The experts' tensor-parallel region computes in fp32 there: what it keeps is fp32.
+            kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)
+            total += kept * plan.model.num_layers * (_F32 / plan.train.compute_dtype.bytes - 1)
     return total
 
 

@@ -156,3 +156,15 @@ def test_zero_shards_what_exists_under_lora():
 
 def test_pretraining_has_no_frozen_weights():
     assert memory_breakdown(MODEL, TRAIN, Layout()).frozen_params_bytes == 0
+
+
+def test_offloaded_optimizer_state_leaves_the_device_for_the_host():
+    lay = Layout(dp=2, pp=2, micro_batch=1)
+    kept = memory_breakdown(MODEL, TRAIN, lay)
+    off = memory_breakdown(MODEL, TRAIN, Layout(dp=2, pp=2, micro_batch=1, offload="optimizer"), host_capacity_bytes=1e12)
+    assert off.optimizer_bytes == 0 < kept.optimizer_bytes and off.grads_bytes < kept.grads_bytes
+    assert off.params_bytes == kept.params_bytes and off.stage == kept.stage
+    # Host: this device's 1/dp partition of its stage, 18 B per parameter plus 2 B of accumulators (16 micro-batches).
+    partition = kept.optimizer_bytes / 12 / lay.dp  # ZeRO 0 keeps 12 B per parameter of the stage
+    assert off.host_bytes == pytest.approx(20 * partition) and off.host.fits
+    assert kept.host is None and kept.host_bytes == 0

@@ -6,8 +6,8 @@ CPU runs Adam. Units are SI (bytes, bytes/s per direction).
 
 >>> host = HostSpec(memory_bytes_per_node=1e12, cpu_cores_per_node=128, dram_bytes_per_s_per_node=409.6e9,
 ...                 link=LinkSpec(name="pcie4-x16", bytes_per_s=32e9, latency_s=5e-6, source="PCIe 4.0 x16"), source="test")
->>> host.link_bytes_per_s / 1e9, host.adam_params_per_s(devices_sharing=1) / 1e9  # DRAM-bound: 409.6 GB/s × 0.7 / 34 B
-(25.6, 8.432941176470588)
+>>> host.link_bytes_per_s / 1e9, round(host.adam_params_per_s(devices_sharing=1) / 1e9, 2)  # DRAM-bound: 409.6 GB/s × 0.7 / 34 B
+(25.6, 8.43)
 """
 
 from __future__ import annotations

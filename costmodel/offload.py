@@ -98,9 +98,9 @@ class OffloadTimes(Record):
 def require_host(host: HostSpec | None, cluster: str) -> HostSpec:
     """``host``, or an `UnsupportedError` naming the fix when the cluster description has none.
 
-    >>> require_host(None, "t4")
+    >>> require_host(None, "t4")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    costmodel.errors.UnsupportedError: t4 describes no host memory or device-to-host link to offload to; fix: use --offload none, or give a cluster file with 'host' (README: Offloading)
+    costmodel.errors.UnsupportedError: t4 describes no host memory or device-to-host link to offload to; fix: ...
     """
     if host is None:
         raise UnsupportedError(f"{cluster} describes no host memory or device-to-host link to offload to",

@@ -152,8 +152,8 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
                      matmul_flops=decode_matmul_flops(plan), collectives=None if unpredicted else decode_collectives(plan))
     lora = plan.train.is_lora
     offloaded = offload_not_checked(plan) is not None  # the peak compiled is of the program without offload
-    return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan),
-                 memory_bytes=None if offloaded else (lora_memory_bytes if lora else predicted_memory_bytes)(plan, platform=report.platform),
+    memory = None if offloaded else (lora_memory_bytes if lora else predicted_memory_bytes)(plan, platform=report.platform)
+    return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=memory,
                  matmul_flops=(lora_matmul_flops if lora else predicted_matmul_flops)(plan),
                  collectives=None if unpredicted else (lora_collectives if lora else predicted_collectives)(plan, platform=report.platform))
 

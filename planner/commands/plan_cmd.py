@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
-from costmodel.layout import Offload
 from costmodel.estimate import StepEstimate
+from costmodel.layout import Offload
 from costmodel.memory import MemoryBreakdown
 from costmodel.run_overheads import DEFAULT_CHECKPOINT_EVERY_S, RunOverheads, RunSettings
 from costmodel.train_config import Precision, TrainConfig

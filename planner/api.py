@@ -122,8 +122,12 @@ def plan(
     space = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
                         lowered_only=True, intra_op=planner != "grid",
                         offload_when_nothing_fits=offload is None and planner == "grid")
-    result = grid_search(cfg, train, machine, n_devices=n_devices, space=space,
-                         time_limit_s=time_limit_s, on_progress=on_progress)
+    try:
+        result = grid_search(cfg, train, machine, n_devices=n_devices, space=space, time_limit_s=time_limit_s, on_progress=on_progress)
+    except InfeasibleError as err:
+        if offload is Offload.NONE and machine.host is not None and "does not fit" in err.cause and not train.is_lora:
+            raise InfeasibleError(err.cause, fix=f"{err.fix}, or let the optimizer state go to the host (--offload optimizer)") from None
+        raise
     best = result.best
     lay = best.layout
     if mesh_spec is None:

@@ -221,8 +221,9 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
         try:
             result = _search(model, train, machine, n_devices=n_devices, space=offloaded, keep=keep, time_limit_s=left_s,
                              on_progress=on_progress)
-        except InfeasibleError:
-            raise err from None  # not even offloading helps: the device-memory answer says what would
+        except _NothingFits as offloaded_err:  # not even offloading helps: say what the offloaded layouts need too
+            closest = "; ".join(_over_budget(e) for e in offloaded_err.closest)
+            raise InfeasibleError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix) from None
     reason = f"nothing fits in {machine.hbm_bytes / _GIB:.0f} GiB per device without offloading"
     return result.model_copy(update={"offload_reason": reason})
 
@@ -267,6 +268,14 @@ def _search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devic
                         evaluated=evaluated, pruned=dict(sorted(pruned.items())))
 
 
+class _NothingFits(InfeasibleError):
+    """No layout fits in memory; keeps the closest misses, for an answer that also tried offloading."""
+
+    def __init__(self, cause: str, *, fix: str, closest: list[StepEstimate]) -> None:
+        super().__init__(cause, fix=fix)
+        self.closest = closest
+
+
 def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine: Machine, missing: list[StepEstimate],
                 pruned: Counter[str]) -> InfeasibleError:
     if not missing:
@@ -279,10 +288,11 @@ def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine:
         )
     have = machine.hbm_bytes / _GIB
     more = 2 ** math.ceil(math.log2(max(2.0, missing[0].memory.total_bytes / machine.hbm_bytes))) * n_devices
-    return InfeasibleError(
+    closest = _closest_distinct(missing)
+    return _NothingFits(
         f"{model.name} does not fit on {n_devices}× {machine.name}: {_MEMORY_CAUSE} {have:.0f} GiB per device; "
-        f"closest: {'; '.join(_over_budget(e) for e in _closest_distinct(missing))}",
-        fix=f"use about {more} devices or hardware with more memory",
+        f"closest: {'; '.join(_over_budget(e) for e in closest)}",
+        fix=f"use about {more} devices or hardware with more memory", closest=closest,
     )
 
 
@@ -302,6 +312,8 @@ def _closest_distinct(missing: list[StepEstimate], n: int = 3) -> list[StepEstim
 def _over_budget(e: StepEstimate) -> str:
     lay, mem = e.layout, e.memory
     state = (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / _GIB
+    host = (f" and {mem.host.total_bytes / _GIB:.1f} GiB of host against its {mem.host.capacity_bytes / _GIB:.0f}"
+            if mem.host and mem.host.capacity_bytes else "")
     return (f"dp{lay.dp} tp{lay.tp} pp{lay.pp} mb{lay.micro_batch} {lay.recompute} recompute ZeRO {lay.zero_stage} needs "
             f"{mem.total_bytes / _GIB:.1f} GiB (params+grads+optimizer {state:.1f}, "
-            f"activations+temporaries {(mem.activations_bytes + mem.temporary_bytes) / _GIB:.1f})")
+            f"activations+temporaries {(mem.activations_bytes + mem.temporary_bytes) / _GIB:.1f}){host}")

@@ -118,3 +118,13 @@ def test_no_offload_where_the_cluster_describes_no_host():
     space = SearchSpace(micro_batches=(1,), recompute=(Recompute.FULL,), offload_when_nothing_fits=True)
     with pytest.raises(InfeasibleError, match="does not fit"):
         grid_search(LLAMA3_8B, TrainConfig(seq_len=2048, global_batch=8), a40, n_devices=1, space=space)
+
+
+def test_when_offloading_does_not_fit_either_the_answer_says_what_the_host_lacks():
+    a100_40 = load_machine("a100-40gb")
+    small_host = a100_40.model_copy(update={"host": a100_40.host.model_copy(update={"memory_bytes_per_node": 64 * 2**30})})
+    space = SearchSpace(micro_batches=(1,), recompute=(Recompute.FULL,), offload_when_nothing_fits=True)
+    with pytest.raises(InfeasibleError) as err:
+        grid_search(LLAMA3_8B, TrainConfig(seq_len=2048, global_batch=8), small_host, n_devices=1, space=space)
+    offloaded = err.value.cause.split("; offloading the optimizer state, closest: ")[1]
+    assert re.fullmatch(r"dp1 tp1 pp1 mb1 full recompute ZeRO 0 needs [\d.]+ GiB \(.*\) and 1\d\d\.\d GiB of host against its 64", offloaded)

@@ -22,13 +22,19 @@ lives in DeepSpeed's ZeRO optimizer, which partitions whatever the layout's ZeRO
 - **CPU**: Adam over the partition, then the cast into the 16-bit buffer (`costmodel.host`).
 - **Host → device**: the updated 16-bit partition, 2 B per parameter (``step()``).
 
-Overlap, as DeepSpeed schedules it: gradient copies are issued while backward runs and hide
-behind it (what a micro-batch's copies take beyond its backward is exposed); the CPU Adam step
-and the copy up follow backward in series and are exposed in full (the paper's one-step
-delayed parameter update is not modelled).
+This is ZeRO-Offload as DeepSpeed's tutorial configures it (``docs/_tutorials/zero-offload.md``:
+stage 2, ``overlap_comm: true``): gradients are reduced and copied every micro-batch. (With
+stage 1 DeepSpeed accumulates on the device and copies once; not modelled apart.)
+
+Overlap, as DeepSpeed schedules it: with ``overlap_comm`` (`SoftwareStack.dp_overlap`) the
+gradient copies run on the reduction stream while backward runs and hide behind it (what a
+micro-batch's copies take beyond its backward is exposed); without it they run on the compute
+stream and are exposed in full (``reduce_ipg_grads``). The CPU Adam step and the copy up follow
+backward in series and are exposed in full (the paper's one-step delayed parameter update is
+not modelled).
 
 >>> from costmodel.catalog import DGX_A100_320GB_HOST
->>> t = offload_times(8e9, TrainConfig(global_batch=1), micro_batches=1, backward_s=10.0, host=DGX_A100_320GB_HOST,
+>>> t = offload_times(8e9, TrainConfig(global_batch=1), micro_batches=1, backward_s=10.0, overlap=True, host=DGX_A100_320GB_HOST,
 ...                   devices_sharing=1)
 >>> t.grads_to_host_bytes / 8e9, t.params_to_device_bytes / 8e9, round(t.transfer_s, 3)  # (32 + 16) GB at 25.6 GB/s
 (4.0, 2.0, 1.875)
@@ -142,14 +148,15 @@ def host_memory(partition_params: float, train: TrainConfig, *, micro_batches: i
         capacity_bytes=capacity_bytes)
 
 
-def offload_times(partition_params: float, train: TrainConfig, *, micro_batches: int, backward_s: float, host: HostSpec,
-                  devices_sharing: int) -> OffloadTimes:
+def offload_times(partition_params: float, train: TrainConfig, *, micro_batches: int, backward_s: float, overlap: bool,
+                  host: HostSpec, devices_sharing: int) -> OffloadTimes:
     """The step's offload traffic and CPU Adam for one device's partition.
 
     Args:
       partition_params: parameters of this device's partition.
       micro_batches: micro-batches per step (gradient accumulation steps).
       backward_s: one micro-batch's backward on this device, which the gradient copies run behind.
+      overlap: whether they do (DeepSpeed's ``overlap_comm``); else every copy is exposed.
       devices_sharing: devices of the node that offload at once (each gets that share of the cores and DRAM).
     """
     half = partition_params * train.compute_dtype.bytes
@@ -157,7 +164,8 @@ def offload_times(partition_params: float, train: TrainConfig, *, micro_batches:
     downs = [half] * (micro_batches - 1) + [last_down]
     ups = [0.0] + [half] * (micro_batches - 1)
     rate = host.link_bytes_per_s
-    exposed = sum(max(0.0, max(down, up) / rate - backward_s) for down, up in zip(downs, ups))
+    # Overlapped, the busier direction outlasts the backward or not; on the compute stream both directions queue up.
+    exposed = sum(max(0.0, max(down, up) / rate - backward_s) if overlap else (down + up) / rate for down, up in zip(downs, ups))
     adam_rate = host.adam_params_per_s(devices_sharing=devices_sharing)
     return OffloadTimes(
         offloaded_params=partition_params, grads_to_host_bytes=sum(downs), grads_from_host_bytes=sum(ups),

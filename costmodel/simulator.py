@@ -202,8 +202,8 @@ def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     host = require_host(hw.host, hw.name)
     sharing = min(layout.n_devices, hw.devices_per_node)
     partition = trainable_params_per_device(model, train, layout) / layout.dp
-    times = offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=backward_s, host=host,
-                          devices_sharing=sharing)
+    times = offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=backward_s,
+                          overlap=layout.stack.dp_overlap, host=host, devices_sharing=sharing)
     return times, host.memory_bytes_per_node / sharing
 
 

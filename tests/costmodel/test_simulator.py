@@ -254,3 +254,12 @@ def test_host_memory_that_does_not_fit_makes_the_layout_not_fit():
     est = simulate(MODEL, TrainConfig(seq_len=2048, global_batch=2), Layout(micro_batch=1, offload="optimizer"), tiny_host)
     assert est.memory.host.capacity_bytes == 1e9
     assert est.memory.total_bytes < est.memory.hbm_bytes and est.memory.host.fits is False and est.fits is False
+
+
+def test_offloaded_gradient_copies_hide_behind_backward_only_where_the_stack_overlaps_them():
+    hw, train = load_machine("a100-40gb"), TrainConfig(seq_len=2048, global_batch=8)
+    lay = Layout(micro_batch=4, recompute=Recompute.FULL, offload="optimizer")
+    overlapped = simulate(LLAMA3_8B, train, lay, hw).breakdown.offload
+    queued = simulate(LLAMA3_8B, train, lay.model_copy(update={"stack": stack_with("jax", dp_overlap=False)}), hw).breakdown.offload
+    assert overlapped.exposed_grads_s == 0 < queued.exposed_grads_s
+    assert queued.exposed_grads_s == pytest.approx((queued.grads_to_host_bytes + queued.grads_from_host_bytes) / queued.link_bytes_per_s)

@@ -261,5 +261,5 @@ def test_offloaded_gradient_copies_hide_behind_backward_only_where_the_stack_ove
     lay = Layout(micro_batch=4, recompute=Recompute.FULL, offload="optimizer")
     overlapped = simulate(LLAMA3_8B, train, lay, hw).breakdown.offload
     queued = simulate(LLAMA3_8B, train, lay.model_copy(update={"stack": stack_with("jax", dp_overlap=False)}), hw).breakdown.offload
-    assert overlapped.exposed_grads_s == 0 < queued.exposed_grads_s
+    assert overlapped.exposed_grads_s < 0.1 * queued.exposed_grads_s
     assert queued.exposed_grads_s == pytest.approx((queued.grads_to_host_bytes + queued.grads_from_host_bytes) / queued.link_bytes_per_s)

@@ -28,7 +28,7 @@ from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
 from planner.serving_search import ServingChoice, choose_serving_layout
 from planner.shardings import logical_rules, param_specs
-from search.layouts import SearchSpace, grid_search
+from search.layouts import NothingFitsError, SearchSpace, grid_search
 
 _GIB = 2**30
 PLANNERS = ("grid", "ilp", "anneal", "beam", "random")
@@ -125,7 +125,7 @@ def plan(
     try:
         result = grid_search(cfg, train, machine, n_devices=n_devices, space=space, time_limit_s=time_limit_s, on_progress=on_progress)
     except InfeasibleError as err:
-        if offload is Offload.NONE and machine.host is not None and "does not fit" in err.cause and not train.is_lora:
+        if offload is Offload.NONE and machine.host is not None and isinstance(err, NothingFitsError) and not train.is_lora:
             raise InfeasibleError(err.cause, fix=f"{err.fix}, or let the optimizer state go to the host (--offload optimizer)") from None
         raise
     best = result.best

@@ -49,7 +49,6 @@ LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
 INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stages are not lowered as chosen yet"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
-_MEMORY_CAUSE = "every layout needs more than the"
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
 
@@ -97,6 +96,14 @@ class SearchResult(BaseModel):
     def complete(self) -> bool:
         """Whether every candidate was costed or pruned (the time limit did not stop the search)."""
         return TIME_LIMIT_RULE not in self.pruned
+
+
+class NothingFitsError(InfeasibleError):
+    """No layout fits in memory (not a time limit, not a rule): the closest misses, nearest first."""
+
+    def __init__(self, cause: str, *, fix: str, closest: list[StepEstimate]) -> None:
+        super().__init__(cause, fix=fix)
+        self.closest = closest
 
 
 def divisors(n: int) -> list[int]:
@@ -221,7 +228,7 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
         try:
             result = _search(model, train, machine, n_devices=n_devices, space=offloaded, keep=keep, time_limit_s=left_s,
                              on_progress=on_progress)
-        except _NothingFits as offloaded_err:  # not even offloading helps: say what the offloaded layouts need too
+        except NothingFitsError as offloaded_err:  # not even offloading helps: say what the offloaded layouts need too
             closest = "; ".join(_over_budget(e) for e in offloaded_err.closest)
             raise InfeasibleError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix) from None
     reason = f"nothing fits in {machine.hbm_bytes / _GIB:.0f} GiB per device without offloading"
@@ -232,7 +239,7 @@ def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: 
     """Whether a search that found nothing fitting should try again offloaded: memory was the
     cause, the planner may offload, the cluster has a host and the workload is full training."""
     return (space.offload_when_nothing_fits and space.stack.offload is Offload.NONE and machine.host is not None
-            and not (train.is_lora or train.is_inference) and not isinstance(err, TimeLimitError) and _MEMORY_CAUSE in err.cause)
+            and not (train.is_lora or train.is_inference) and isinstance(err, NothingFitsError))
 
 
 def _search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace, keep: int,
@@ -268,14 +275,6 @@ def _search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devic
                         evaluated=evaluated, pruned=dict(sorted(pruned.items())))
 
 
-class _NothingFits(InfeasibleError):
-    """No layout fits in memory; keeps the closest misses, for an answer that also tried offloading."""
-
-    def __init__(self, cause: str, *, fix: str, closest: list[StepEstimate]) -> None:
-        super().__init__(cause, fix=fix)
-        self.closest = closest
-
-
 def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine: Machine, missing: list[StepEstimate],
                 pruned: Counter[str]) -> InfeasibleError:
     if not missing:
@@ -289,8 +288,8 @@ def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine:
     have = machine.hbm_bytes / _GIB
     more = 2 ** math.ceil(math.log2(max(2.0, missing[0].memory.total_bytes / machine.hbm_bytes))) * n_devices
     closest = _closest_distinct(missing)
-    return _NothingFits(
-        f"{model.name} does not fit on {n_devices}× {machine.name}: {_MEMORY_CAUSE} {have:.0f} GiB per device; "
+    return NothingFitsError(
+        f"{model.name} does not fit on {n_devices}× {machine.name}: every layout needs more than the {have:.0f} GiB per device; "
         f"closest: {'; '.join(_over_budget(e) for e in closest)}",
         fix=f"use about {more} devices or hardware with more memory", closest=closest,
     )

@@ -66,8 +66,9 @@ class MemoryBreakdown(Record):
     kv_cache_bytes: NonNegativeFloat = Field(0.0, description="Inference: the KV cache one device holds, in whole blocks of the "
                                              "paged allocator (`costmodel.inference`); 0 for training.")
     hbm_bytes: NonNegativeFloat | None = Field(None, description="Device memory, when known.")
-    host: HostMemory | None = Field(None, description="Offloading: the host memory this device's offloaded state takes, "
-                                    "itemised (`costmodel.offload`); None when nothing is offloaded.")
+    host: HostMemory | None = Field(None, description="Offloading: the host memory one device's offloaded state takes, "
+                                    "itemised (`costmodel.offload`), for the pipeline stage that offloads the most; None when "
+                                    "nothing is offloaded.")
 
     @computed_field(description="Sum of all items.")
     @property
@@ -205,4 +206,6 @@ def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
     costed = range(layout.pp) if layout.stage_layers else (0, layout.pp - 1)
     totals = {s: _stage_memory(model, train, layout, s, per_layer, recompute_temporary, host_capacity_bytes) for s in costed}
     busiest = max(totals, key=lambda s: (sum(v for k, v in totals[s].items() if k not in ("frozen_params_bytes", "host")), -s))
-    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **totals[busiest])
+    # Offloaded, the host state is the stage with the most parameters' (the embedding or head may outweigh the busiest's).
+    host = max((t["host"] for t in totals.values() if t["host"]), key=lambda h: h.total_bytes, default=None)
+    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **(totals[busiest] | {"host": host}))

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodel.data_parallel import stage_trainable_params
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.memory import in_flight_microbatches, memory_breakdown
 from costmodel.model_config import ModelConfig
@@ -168,3 +169,10 @@ def test_offloaded_optimizer_state_leaves_the_device_for_the_host():
     partition = kept.optimizer_bytes / 12 / lay.dp  # ZeRO 0 keeps 12 B per parameter of the stage
     assert off.host_bytes == pytest.approx(20 * partition) and off.host.fits
     assert kept.host is None and kept.host_bytes == 0
+
+
+def test_offloaded_host_state_is_the_largest_stage_partitions():
+    wide_vocab = MODEL.model_copy(update={"vocab_size": 256000})  # the end stages hold far more parameters than the middle
+    lay = Layout(pp=4, stage_layers=(1, 3, 3, 1), micro_batch=1, offload="optimizer")
+    most = max(stage_trainable_params(wide_vocab, TRAIN, lay, s) for s in range(lay.pp))
+    assert memory_breakdown(wide_vocab, TRAIN, lay).host.master_weights_bytes == pytest.approx(4 * most)

@@ -264,7 +264,8 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     chunks = f" · {lay.interleave} chunks per stage" if lay.interleave > 1 else ""
     chunks += f" · layers per stage {'/'.join(map(str, lay.stage_layers))}" if lay.stage_layers else ""
     pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
-                       f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}", show_header=False)
+                       f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}"
+                       f"{' · optimizer offloaded' if lay.offload is Offload.OPTIMIZER else ''}", show_header=False)
     for name, value in serving_rows(p) if p.train.is_inference else (
         ("step time", f"{est.step_time_s:.3f} s   (MFU {est.mfu:.1%}, {est.tokens_per_s:,.0f} tokens/s)"),
         ("  compute / memory-bound / recompute", f"{b.compute_s:.3f} / {b.memory_bound_s:.3f} / {b.recompute_s:.3f} s"),

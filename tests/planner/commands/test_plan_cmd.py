@@ -177,7 +177,7 @@ def test_llama3_8b_on_one_a100_40gb_fits_only_offloaded_and_the_summary_says_wha
     assert main([*args]) == 0
     out = capsys.readouterr().out
     assert "optimizer state on the host because nothing fits in 40 GiB per device without offloading; costs" in out
-    assert "s/step of PCIe and" in out and "master / moments / grads / 16-bit copy / accumulators" in out
+    assert "· ZeRO 0 · optimizer offloaded" in out and "s/step of PCIe and" in out and "master / moments / grads / 16-bit copy / accumulators" in out
 
 
 def test_offload_optimizer_is_refused_for_intra_op_planners(capsys):

@@ -17,6 +17,7 @@ import math
 
 from costmodel.fabric import InterNodeFabric, IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
 from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec
+from costmodel.host import HostSpec
 from costmodel.roofline import Efficiency
 from costmodel.storage import ASSUMED_LOCAL_DISK, ASSUMED_SHARED_STORAGE, SUPERPOD_H100_STANDARD, StorageSpec
 
@@ -32,6 +33,7 @@ NVLINK4 = LinkSpec(name="nvlink4", bytes_per_s=450 * GB, latency_s=1e-6, efficie
                    source="H100/H200 SXM: 900 GB/s bidirectional NVLink4 (H100 datasheet); nccl-tests busbw ~360 GB/s")
 PCIE3 = LinkSpec(name="pcie3-x16", bytes_per_s=16 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 3.0 x16: 15.75 GB/s per direction")
 PCIE4 = LinkSpec(name="pcie4-x16", bytes_per_s=32 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 4.0 x16: 31.5 GB/s per direction")
+PCIE5 = LinkSpec(name="pcie5-x16", bytes_per_s=64 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 5.0 x16: 63 GB/s per direction")
 LOOPBACK = LinkSpec(name="shared-memory", bytes_per_s=5 * GB, latency_s=20e-6, efficiency=0.5,
                     source="emulated devices on one host: copies through shared DRAM (placeholder, to calibrate)")
 
@@ -68,6 +70,23 @@ def dcn(chips_per_slice: int) -> InterNodeFabric:
                            latency_s=20e-6, efficiency=0.8,
                            source="Data-centre network between TPU slices: ~200 Gb/s per host of 4 chips, 50 Gbps per chip "
                                   "(Cloud TPU docs: multislice; v5p system architecture)")
+
+
+# --- hosts (for offloading: costmodel.host, costmodel.offload) ---------------------------
+# DRAM peaks are channels × transfer rate × 8 B: EPYC 7742 8× DDR4-3200 per socket, Xeon
+# 8480C 8× DDR5-4800, Xeon 8168 6× DDR4-2666. A100 and H100 SXM reach the host over PCIe
+# Gen4 and Gen5 x16; a node's switches may share an uplink between two GPUs (not modelled).
+_EPYC_7742_PAIR = "2× AMD EPYC 7742, 128 cores, 8 channels DDR4-3200 per socket (409.6 GB/s)"
+_XEON_8480C_PAIR = "2× Intel Xeon Platinum 8480C, 112 cores, 8 channels DDR5-4800 per socket (614.4 GB/s)"
+DGX_A100_320GB_HOST = HostSpec(memory_bytes_per_node=1e12, cpu_cores_per_node=128, dram_bytes_per_s_per_node=409.6 * GB,
+                               link=PCIE4, source=f"DGX A100 datasheet (320 GB system): 1 TB system memory; {_EPYC_7742_PAIR}")
+DGX_A100_640GB_HOST = DGX_A100_320GB_HOST.model_copy(update={
+    "memory_bytes_per_node": 2e12, "source": f"DGX A100 datasheet (640 GB system): 2 TB system memory; {_EPYC_7742_PAIR}"})
+DGX_H100_HOST = HostSpec(memory_bytes_per_node=2e12, cpu_cores_per_node=112, dram_bytes_per_s_per_node=614.4 * GB, link=PCIE5,
+                         source=f"DGX H100/H200 datasheets: 2 TB system memory; {_XEON_8480C_PAIR}")
+DGX2_HOST = HostSpec(memory_bytes_per_node=1.5e12, cpu_cores_per_node=48, dram_bytes_per_s_per_node=256 * GB, link=PCIE3,
+                     source="DGX-2 datasheet: 1.5 TB system memory, 2× Intel Xeon Platinum 8168 (48 cores), 6 channels "
+                            "DDR4-2666 per socket (256 GB/s); the ZeRO-Offload paper's machine")
 
 
 # --- devices -----------------------------------------------------------------------------
@@ -161,9 +180,10 @@ CPU = DeviceSpec(name="cpu", kind=DeviceKind.CPU,
 
 
 def _cluster(device: DeviceSpec, intra: LinkSpec, inter: InterNodeFabric, *, per_node: int = 8,
-             kind: IntraNodeKind = IntraNodeKind.NVSWITCH, storage: StorageSpec = ASSUMED_SHARED_STORAGE) -> ClusterSpec:
+             kind: IntraNodeKind = IntraNodeKind.NVSWITCH, storage: StorageSpec = ASSUMED_SHARED_STORAGE,
+             host: HostSpec | None = None) -> ClusterSpec:
     return ClusterSpec(name=device.name, device=device, devices_per_node=per_node, intra_node=IntraNodeFabric(kind=kind, link=intra),
-                       inter_node=inter, storage=storage)
+                       inter_node=inter, storage=storage, host=host)
 
 
 def _tpu_slice(device: DeviceSpec, ici: LinkSpec, torus: tuple[int, ...]) -> ClusterSpec:
@@ -174,15 +194,16 @@ def _tpu_slice(device: DeviceSpec, ici: LinkSpec, torus: tuple[int, ...]) -> Clu
 
 # Named by their part; `costmodel.clusters` adds clusters named after reference architectures.
 CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
-    _cluster(A100_40GB, NVLINK3, IB_HDR),
-    _cluster(A100_80GB, NVLINK3, IB_HDR),
-    _cluster(H100_SXM, NVLINK4, IB_NDR, storage=SUPERPOD_H100_STANDARD),  # h100-sxm stands for DGX H100 nodes
-    _cluster(H200, NVLINK4, IB_NDR),
+    _cluster(A100_40GB, NVLINK3, IB_HDR, host=DGX_A100_320GB_HOST),
+    _cluster(A100_80GB, NVLINK3, IB_HDR, host=DGX_A100_640GB_HOST),
+    # h100-sxm stands for DGX H100 nodes
+    _cluster(H100_SXM, NVLINK4, IB_NDR, storage=SUPERPOD_H100_STANDARD, host=DGX_H100_HOST),
+    _cluster(H200, NVLINK4, IB_NDR, host=DGX_H100_HOST),
     _cluster(H100_96GB_500W, NVLINK4, IB_NDR),
     _cluster(H100_95GB_LOWTDP, NVLINK4, IB_NDR),
     _cluster(A40, PCIE4, IB_HDR, kind=IntraNodeKind.PCIE),
     # Switched, as on a DGX-2's NVSwitch; a DGX-1's hybrid cube-mesh reaches some pairs more slowly.
-    _cluster(V100, NVLINK2, IB_EDR),
+    _cluster(V100, NVLINK2, IB_EDR, host=DGX2_HOST),
     _cluster(T4, PCIE3, ETH_100, per_node=4, kind=IntraNodeKind.PCIE),
     _tpu_slice(TPU_V4, ICI_V4, (4, 4, 4)),
     _tpu_slice(TPU_V5E, _ici("ici-v5e", 1600, 4), (16, 16)),

@@ -18,6 +18,8 @@ from costmodel.catalog import (
     A100_80GB,
     A100_80GB_PCIE,
     CATALOG,
+    DGX_A100_640GB_HOST,
+    DGX_H100_HOST,
     H100_SXM,
     ICI_V4,
     ICI_V5P,
@@ -51,6 +53,7 @@ DGX_A100 = ClusterSpec(
     intra_node=IntraNodeFabric(kind=IntraNodeKind.NVSWITCH, link=NVLINK3),
     inter_node=InterNodeFabric(name="ib-hdr200", nics_per_node=8, nic_gbit_per_s=200, rail_optimized=True, latency_s=5e-6,
                                efficiency=0.9, source=f"DGX A100 User Guide: 8× ConnectX-6 HDR 200 Gb/s; {_SUPERPOD_A100}"),
+    host=DGX_A100_640GB_HOST,
 )
 
 DGX_H100 = ClusterSpec(
@@ -63,6 +66,7 @@ DGX_H100 = ClusterSpec(
     inter_node=InterNodeFabric(name="ib-ndr400", nics_per_node=8, nic_gbit_per_s=400, rail_optimized=True, latency_s=5e-6,
                                efficiency=0.9, source=f"DGX H100: 8× ConnectX-7 NDR 400 Gb/s; {_SUPERPOD_H100}"),
     storage=SUPERPOD_H100_STANDARD,
+    host=DGX_H100_HOST,
 )
 
 NVLINK3_BRIDGE = LinkSpec(name="nvlink3-bridge", bytes_per_s=300e9, latency_s=1e-6, efficiency=0.77,

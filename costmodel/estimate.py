@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, computed_fi
 
 from costmodel.layout import Layout
 from costmodel.memory import MemoryBreakdown
+from costmodel.offload import OffloadTimes
 from costmodel.pipeline import TimelineEvent
 from costmodel.run_overheads import RunOverheads
 from costmodel.schema import Record
@@ -34,6 +35,11 @@ class TimeBreakdown(Record):
     exposed_comm_s: NonNegativeFloat = Field(description="Communication not hidden behind compute.")
     optimizer_s: NonNegativeFloat = Field(description="Optimizer update (HBM-bound).")
     first_touch_s: NonNegativeFloat = Field(0.0, description="Faulting in temporaries the runtime maps afresh each step (CPU only).")
+    offload_transfer_s: NonNegativeFloat = Field(0.0, description="Offloading: device↔host copies on the critical path (gradients "
+                                                 "beyond the backward they hide behind, the updated parameters up).")
+    cpu_optimizer_s: NonNegativeFloat = Field(0.0, description="Offloading: the Adam step on the host CPU (DeepSpeed CPU Adam).")
+    offload: OffloadTimes | None = Field(None, description="Offloading: bytes each way, link and CPU rates, total and exposed "
+                                         "seconds (`costmodel.offload`); None when nothing is offloaded.")
     comm_s_by_axis: dict[str, NonNegativeFloat] = Field(
         default_factory=dict, description="Total collective time per parallel dimension (tp, cp, ep, pp, dp), overlapped or not."
     )
@@ -42,7 +48,7 @@ class TimeBreakdown(Record):
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.memory_bound_s + self.recompute_s + self.bubble_s + self.exposed_comm_s + self.optimizer_s
-                + self.first_touch_s)
+                + self.first_touch_s + self.offload_transfer_s + self.cpu_optimizer_s)
 
 
 class ServingTimes(Record):

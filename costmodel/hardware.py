@@ -30,6 +30,7 @@ from pydantic import (
 from costmodel.collectives import Tier
 from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
 from costmodel.fabric import MAX_PER_NODE, ByteRate, InterNodeFabric, IntraNodeFabric
+from costmodel.host import HostSpec
 from costmodel.roofline import Efficiency
 from costmodel.storage import ASSUMED_SHARED_STORAGE, StorageSpec
 
@@ -105,6 +106,8 @@ class ClusterSpec(BaseModel):
     inter_node: InterNodeFabric = Field(description="The network between nodes: NICs, their speed, rail-optimised or not.")
     storage: StorageSpec = Field(ASSUMED_SHARED_STORAGE, description="The shared filesystem tokens are read from and "
                                  "checkpoints written to; default an assumption, labelled as one.")
+    host: HostSpec | None = Field(None, description="Each node's host memory, CPU and device-to-host link, for offloading "
+                                  "(`costmodel.offload`); None: not described, offloading refused.")
 
     @field_validator("device", mode="before")
     @classmethod

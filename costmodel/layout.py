@@ -48,6 +48,15 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class Offload(StrEnum):
+    """What lives in host memory (`costmodel.offload`): nothing, or ZeRO-Offload's optimizer
+    state (fp32 master weights, Adam moments and the fp32 gradients they are updated from),
+    with the Adam step on the CPU."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+
+
 class Layout(BaseModel):
     """A complete parallel layout of one training step."""
 
@@ -66,6 +75,8 @@ class Layout(BaseModel):
     recompute: Recompute = Field(Recompute.NONE, description="Activation recompute policy.")
     sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (Megatron SP).")
     zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (FSDP).")
+    offload: Offload = Field(Offload.NONE, description="What is held in host memory: 'none', or 'optimizer' (ZeRO-Offload: "
+                             "master weights, Adam moments and fp32 gradients on the host, Adam on the CPU).")
     stack: SoftwareStack = Field(
         default_factory=lambda: STACKS["jax"],
         description="The software that runs the layout: kernel fusion, overlap, recompute style, ZeRO behaviour "

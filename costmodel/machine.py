@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from costmodel.collectives import Group, Tier
 from costmodel.hardware import ClusterSpec, StepAllocator, load_hardware
+from costmodel.host import HostSpec
 from costmodel.layout import Layout
 from costmodel.roofline import Efficiency
 from costmodel.topology import layout_groups, mesh_groups
@@ -33,6 +34,7 @@ class Machine(BaseModel):
     intra_pair: Tier | None = Field(None, description="NVLink bridge between neighbours 2k, 2k+1 where intra is PCIe; None: none.")
     inter_cross_rail: Tier | None = Field(None, description="Inter-node link between different rails (through the spine); "
                                                             "None: as inter.")
+    host: HostSpec | None = Field(None, description="The node's host memory, CPU and device-to-host link; None: not described.")
 
     def stream_s(self, n_bytes: float) -> float:
         """Seconds a memory-bound kernel takes to read and write ``n_bytes`` of HBM in all."""
@@ -64,6 +66,7 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Mac
         inter=cluster.inter_tier(),
         intra_pair=cluster.intra_tier(pair=True) if cluster.intra_node.pair_link else None,
         inter_cross_rail=cluster.inter_tier(rail_aligned=False),
+        host=cluster.host,
     )
 
 

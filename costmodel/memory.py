@@ -41,8 +41,9 @@ from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.activations import activation_bytes_per_layer
 from costmodel.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
-from costmodel.layout import Layout, Recompute, Schedule
+from costmodel.layout import Layout, Offload, Recompute, Schedule
 from costmodel.model_config import ModelConfig
+from costmodel.offload import HostMemory, device_grad_bytes, host_memory
 from costmodel.schema import Record
 from costmodel.train_config import TrainConfig
 from costmodel.workload import adapter_params_per_layer
@@ -65,6 +66,9 @@ class MemoryBreakdown(Record):
     kv_cache_bytes: NonNegativeFloat = Field(0.0, description="Inference: the KV cache one device holds, in whole blocks of the "
                                              "paged allocator (`costmodel.inference`); 0 for training.")
     hbm_bytes: NonNegativeFloat | None = Field(None, description="Device memory, when known.")
+    host: HostMemory | None = Field(None, description="Offloading: the host memory one device's offloaded state takes, "
+                                    "itemised (`costmodel.offload`), for the pipeline stage that offloads the most; None when "
+                                    "nothing is offloaded.")
 
     @computed_field(description="Sum of all items.")
     @property
@@ -82,10 +86,17 @@ class MemoryBreakdown(Record):
     def margin_bytes(self) -> float | None:
         return None if self.hbm_bytes is None else self.hbm_bytes - self.total_bytes
 
-    @computed_field(description="Whether total_bytes fits in hbm_bytes.")
+    @computed_field(description="Host memory this device's offloaded state takes (host.total_bytes); 0 without offloading.")
+    @property
+    def host_bytes(self) -> float:
+        return 0.0 if self.host is None else self.host.total_bytes
+
+    @computed_field(description="Whether total_bytes fits in hbm_bytes and, when offloading, the host state in its share of host memory.")
     @property
     def fits(self) -> bool | None:
-        return None if self.hbm_bytes is None else self.total_bytes <= self.hbm_bytes
+        if self.hbm_bytes is None:
+            return None
+        return self.total_bytes <= self.hbm_bytes and (self.host is None or self.host.fits is not False)
 
 
 def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices: int) -> float:
@@ -122,8 +133,14 @@ def in_flight_microbatches(layout: Layout, n_microbatches: int, stage: int = 0) 
     return min(p - stage, m)
 
 
+def _largest_param(model: ModelConfig, layout: Layout, *, ends: bool) -> float:
+    """The largest single weight a device of a stage holds: an MLP matrix, or the embedding or head on an end stage."""
+    mlp = model.hidden_size * model.ffn_size / layout.tp
+    return max(mlp, model.hidden_size * model.vocab_size / model.vocab_shards(layout.tp)) if ends else mlp
+
+
 def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int, per_layer: float,
-                  recompute_temporary: float) -> dict[str, float]:
+                  recompute_temporary: float, host_capacity_bytes: float | None = None) -> dict[str, object]:
     dp, zero = layout.dp, layout.zero_stage
     first, last = stage == 0, stage == layout.pp - 1
     n = stage_trainable_params(model, train, layout, stage)
@@ -133,8 +150,13 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
     grads = n * train.grad_dtype.bytes / (dp if zero >= 2 else 1)
     optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
-
     n_micro = max(1, layout.micro_batches(train))
+    offloaded = layout.offload is Offload.OPTIMIZER
+    host = None
+    if offloaded:  # ZeRO-Offload: state and fp32 gradients of the dp partition on the host, a bucket on the device
+        grads, optimizer = device_grad_bytes(n, _largest_param(model, layout, ends=first or last), train), 0.0
+        host = host_memory(n / dp, train, micro_batches=n_micro, capacity_bytes=host_capacity_bytes)
+
     layers = layout.layers_on_stage(model.num_layers, stage)
     sb = layout.micro_batch * train.seq_len / layout.cp
     in_flight = in_flight_microbatches(layout, n_micro, stage)
@@ -142,7 +164,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
 
     temporary = 0.0
-    if n_micro > 1 and not layout.stack.fused_grad_accumulation:
+    if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
         temporary += n * train.compute_dtype.bytes / (dp if zero >= 2 else 1)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
@@ -162,11 +184,13 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         logits = sb * model.vocab_size / model.vocab_shards(layout.tp) * 4  # fp32
         temporary += (in_flight + 1) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
-            "activations_bytes": activations, "temporary_bytes": temporary}
+            "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
 
 
-def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None) -> MemoryBreakdown:
-    """Memory of the most loaded device: the first, a middle or the last pipeline stage.
+def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None,
+                     host_capacity_bytes: float | None = None) -> MemoryBreakdown:
+    """Memory of the most loaded device: the first, a middle or the last pipeline stage
+    (``host_capacity_bytes``: with offloading, the device's share of its node's host memory).
 
     With an even split a middle stage never holds more than the first (fewer layers in
     flight, no embedding), so only the ends are costed; uneven stages are all costed.
@@ -177,9 +201,11 @@ def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
                            activation_bytes_per_layer(model, train, layout.model_copy(update={"recompute": Recompute.NONE})))
     if layout.pp == 1:
         return MemoryBreakdown(stage="only", hbm_bytes=hbm_bytes,
-                               **_stage_memory(model, train, layout, 0, per_layer, recompute_temporary))
+                               **_stage_memory(model, train, layout, 0, per_layer, recompute_temporary, host_capacity_bytes))
     names = {0: "first", layout.pp - 1: "last"}
     costed = range(layout.pp) if layout.stage_layers else (0, layout.pp - 1)
-    totals = {s: _stage_memory(model, train, layout, s, per_layer, recompute_temporary) for s in costed}
-    busiest = max(totals, key=lambda s: (sum(v for k, v in totals[s].items() if k != "frozen_params_bytes"), -s))
-    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **totals[busiest])
+    totals = {s: _stage_memory(model, train, layout, s, per_layer, recompute_temporary, host_capacity_bytes) for s in costed}
+    busiest = max(totals, key=lambda s: (sum(v for k, v in totals[s].items() if k not in ("frozen_params_bytes", "host")), -s))
+    # Offloaded, the host state is the stage with the most parameters' (the embedding or head may outweigh the busiest's).
+    host = max((t["host"] for t in totals.values() if t["host"]), key=lambda h: h.total_bytes, default=None)
+    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **(totals[busiest] | {"host": host}))

@@ -10,6 +10,8 @@
    over micro-batches where it is a kernel of its own, then the optimizer update, with
    fp16's gradient unscaling (all HBM-bound).
 5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
+6. With offloading (`costmodel.offload`), instead of the device's optimizer update and gradient
+   accumulation: the device↔host copies beyond what backward hides, and Adam on the CPU.
 
 >>> from costmodel.collectives import Tier
 >>> from costmodel.machine import Machine
@@ -32,10 +34,11 @@ from costmodel.estimate import StepEstimate, TimeBreakdown
 from costmodel.inference import simulate_inference
 from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
-from costmodel.layout import Layout, Schedule, check_layout
+from costmodel.layout import Layout, Offload, Schedule, check_layout
 from costmodel.machine import Machine
 from costmodel.memory import MemoryBreakdown, memory_breakdown
 from costmodel.model_config import ModelConfig
+from costmodel.offload import OffloadTimes, check_offloadable, offload_times, require_host
 from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
 from costmodel.recompute import recomputed_kernels
 from costmodel.stage_split import identical_stage_layers
@@ -193,6 +196,17 @@ def exposed_stage_transfer_s(send_s: float, stages: list[_Stage], layout: Layout
     return exposed_s(send_s, chunk_step_s, hw.efficiency.overlap_slowdown)
 
 
+def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, backward_s: float) -> tuple[OffloadTimes, float]:
+    """The step's offload costs and the device's share of its node's host memory."""
+    check_offloadable(train)
+    host = require_host(hw.host, hw.name)
+    sharing = min(layout.n_devices, hw.devices_per_node)
+    partition = trainable_params_per_device(model, train, layout) / layout.dp
+    times = offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=backward_s,
+                          overlap=layout.stack.dp_overlap, host=host, devices_sharing=sharing)
+    return times, host.memory_bytes_per_node / sharing
+
+
 def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
     """Predict one training step of ``model`` under ``layout`` on ``hw`` (a prefill or decode
     workload: `costmodel.inference.simulate_inference`)."""
@@ -215,12 +229,17 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM + (LOSS_SCALING_BYTES_PER_PARAM if train.loss_scaled else 0)
     optimizer_s = hw.stream_s(optimizer_params * optimizer_bytes)
     accumulate_s = grad_accumulation_s(model, train, layout, hw)
-    memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes))
-    first_touch_s = _first_touch_s(memory, hw)
-    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + accumulate_s + optimizer_s + first_touch_s
-
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
+    offload, host_capacity = None, None
+    if layout.offload is Offload.OPTIMIZER:  # Adam and the accumulation run on the host instead
+        offload, host_capacity = _offload(model, train, layout, hw, busiest.backward_s)
+        optimizer_s = accumulate_s = 0.0
+    memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes), host_capacity_bytes=host_capacity)
+    first_touch_s = _first_touch_s(memory, hw)
+    offload_s = offload.exposed_transfer_s + offload.cpu_adam_s if offload else 0.0
+    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + accumulate_s + optimizer_s + first_touch_s + offload_s
+
     n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
     transfers_s = n_micro * times.transfers_per_microbatch_s
     breakdown = TimeBreakdown(
@@ -231,6 +250,9 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
         exposed_comm_s=n_micro * busiest.comm_s + transfers_s + dp.exposed_s,
         optimizer_s=optimizer_s,
         first_touch_s=first_touch_s,
+        offload_transfer_s=offload.exposed_transfer_s if offload else 0.0,
+        cpu_optimizer_s=offload.cpu_adam_s if offload else 0.0,
+        offload=offload,
         comm_s_by_axis={
             "tp": n_micro * n_layers * (layer.tp_forward_s + layer.tp_backward_s),
             "cp": n_micro * n_layers * layer.cp_total_s,

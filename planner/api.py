@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedError
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
-from costmodel.layout import Layout, check_sequence
+from costmodel.layout import Layout, Offload, check_sequence
 from costmodel.machine import Machine, machine_for
 from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
@@ -28,7 +28,7 @@ from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
 from planner.serving_search import ServingChoice, choose_serving_layout
 from planner.shardings import logical_rules, param_specs
-from search.layouts import SearchSpace, grid_search
+from search.layouts import NothingFitsError, SearchSpace, grid_search
 
 _GIB = 2**30
 PLANNERS = ("grid", "ilp", "anneal", "beam", "random")
@@ -43,6 +43,7 @@ def plan(
     progress: Report | None = None, tokens: float | None = None, stack: str | SoftwareStack = "jax",
     precision: Precision | str = Precision.BF16, workload: WorkloadKind | str = WorkloadKind.PRETRAIN,
     lora: LoraConfig | None = None, inference: InferenceConfig | None = None, run: RunSettings | None = None,
+    offload: Offload | str | None = None,
 ) -> Plan:
     """Choose the fastest layout that fits for ``model`` on ``mesh`` (or on ``devices``).
 
@@ -67,6 +68,9 @@ def plan(
       tokens: training tokens; the plan's prediction then says how long training takes
         (``time_to_train_s``: tokens / tokens_per_s at the chosen layout, plus ``input_overhead_s``
         and ``checkpoint_overhead_s``, itemised in ``run_overheads``) and ``device_hours``.
+      offload: "none" (never), "optimizer" (always: ZeRO-Offload's optimizer state and Adam on the
+        host, `costmodel.offload`) or None, the planner's choice: offload only when no layout fits
+        in device memory without, and say so in ``solver.offload_reason``.
       run: the checkpoint interval and loader the time to train assumes (default
         `costmodel.run_overheads.RunSettings`: a checkpoint every hour, a prefetching loader).
       workload: "pretrain", "finetune-full" (the same step) or "finetune-lora" (frozen base
@@ -95,6 +99,7 @@ def plan(
         raise UnsupportedError(f"--planner {planner} shards the pretraining step only; {train.workload.value} plans use the grid planner",
                                fix="drop --planner or use --planner grid")
     check_sequence(cfg, train)
+    offload = _offload_choice(offload, planner)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
     machine = machine_for(cluster, compute_dtype=train.compute_dtype.value)
     software = get_stack(stack) if isinstance(stack, str) else stack
@@ -114,10 +119,15 @@ def plan(
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
     attention = attention or (software.attention if planner == "grid" else Attention.MATERIALIZED)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
-    space = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention)), lowered_only=True,
-                        intra_op=planner != "grid")
-    result = grid_search(cfg, train, machine, n_devices=n_devices, space=space,
-                         time_limit_s=time_limit_s, on_progress=on_progress)
+    space = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
+                        lowered_only=True, intra_op=planner != "grid",
+                        offload_when_nothing_fits=offload is None and planner == "grid")
+    try:
+        result = grid_search(cfg, train, machine, n_devices=n_devices, space=space, time_limit_s=time_limit_s, on_progress=on_progress)
+    except InfeasibleError as err:
+        if offload is Offload.NONE and machine.host is not None and isinstance(err, NothingFitsError) and not train.is_lora:
+            raise InfeasibleError(err.cause, fix=f"{err.fix}, or let the optimizer state go to the host (--offload optimizer)") from None
+        raise
     best = result.best
     lay = best.layout
     if mesh_spec is None:
@@ -143,8 +153,19 @@ def plan(
         predicted=with_training_time(best, tokens, model=cfg, train=train, cluster=cluster, run=run),
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
         solver=SolverInfo(planner=planner, status=_status(result.complete, intra_op), evaluated=result.evaluated,
-                          pruned=result.pruned, intra_op=intra_op),
+                          pruned=result.pruned, intra_op=intra_op, offload_reason=result.offload_reason),
     )
+
+
+def _offload_choice(offload: Offload | str | None, planner: str) -> Offload | None:
+    """``offload`` as an `Offload` (None: the planner's choice), refused where it is not planned."""
+    if offload is None:
+        return None
+    if offload not in set(Offload):
+        raise InvalidConfigError(f"unknown offload {offload!r}", fix=f"use one of: {', '.join(o.value for o in Offload)}")
+    if Offload(offload) is Offload.OPTIMIZER and planner != "grid":
+        raise UnsupportedError(f"--planner {planner} does not plan offloaded layouts", fix="use --planner grid or --offload none")
+    return Offload(offload)
 
 
 def _serving_plan(cfg: ModelConfig, train: TrainConfig, cluster: ClusterSpec, machine: Machine, *, mesh_spec: MeshSpec | None,

@@ -134,12 +134,15 @@ def markdown_report(plan: Plan) -> str:
         "| time | seconds |", "|---|---|",
         *(f"| {name} | {value:.3f} |" for name, value in (
             ("compute", b.compute_s), ("memory-bound", b.memory_bound_s), ("recompute", b.recompute_s),
-            ("pipeline bubble", b.bubble_s), ("exposed communication", b.exposed_comm_s), ("optimizer", b.optimizer_s))),
+            ("pipeline bubble", b.bubble_s), ("exposed communication", b.exposed_comm_s), ("optimizer", b.optimizer_s),
+            *((("offload: exposed device-host copies", b.offload_transfer_s), ("offload: CPU Adam", b.cpu_optimizer_s))
+              if b.offload else ()))),
         "",
         "| memory per device | GiB |", "|---|---|",
         *(f"| {name} | {value / _GIB:.2f} |" for name, value in (
             ("parameters", mem.params_bytes), ("gradients", mem.grads_bytes), ("optimizer state", mem.optimizer_bytes),
-            ("activations", mem.activations_bytes), ("temporary", mem.temporary_bytes), ("total", mem.total_bytes))),
+            ("activations", mem.activations_bytes), ("temporary", mem.temporary_bytes), ("total", mem.total_bytes),
+            *((("host (offloaded optimizer state)", mem.host_bytes),) if mem.host else ()))),
         "",
         "| alternative | step time (s) | why not |", "|---|---|---|",
         *(f"| dp{a.layout.dp} tp{a.layout.tp} pp{a.layout.pp} mb{a.layout.micro_batch} {a.layout.recompute} "

@@ -23,7 +23,9 @@ _MAX_EVENTS = 4000
 _LABEL_W = 240  # pixels left of every bar, for its label
 _TIME_PARTS = (("compute", "compute_s", "#4e79a7"), ("memory-bound", "memory_bound_s", "#59a14f"),
                ("recompute", "recompute_s", "#edc948"), ("pipeline bubble", "bubble_s", "#bab0ac"),
-               ("exposed communication", "exposed_comm_s", "#e15759"), ("optimizer", "optimizer_s", "#b07aa1"))
+               ("exposed communication", "exposed_comm_s", "#e15759"), ("optimizer", "optimizer_s", "#b07aa1"),
+               ("offload: exposed device-host copies", "offload_transfer_s", "#9c755f"),
+               ("offload: CPU Adam", "cpu_optimizer_s", "#ff9da7"))
 _MEMORY_PARTS = (("parameters", "params_bytes", "#4e79a7"), ("gradients", "grads_bytes", "#f28e2b"),
                  ("optimizer state", "optimizer_bytes", "#b07aa1"), ("activations", "activations_bytes", "#59a14f"),
                  ("temporary", "temporary_bytes", "#bab0ac"))

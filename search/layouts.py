@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, PlannerError, TimeLimitError
 from costmodel.estimate import StepEstimate
-from costmodel.layout import Layout, Recompute, Schedule, check_layout
+from costmodel.layout import Layout, Offload, Recompute, Schedule, check_layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import balanced_layout, simulate
@@ -67,6 +67,9 @@ class SearchSpace(BaseModel):
     )
     stack: Layout = Field(default_factory=Layout, description="The software stack every candidate runs: each Layout field "
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
+    offload_when_nothing_fits: bool = Field(
+        False, description="When no layout fits in device memory, search again with the optimizer state offloaded to the host "
+        "(`costmodel.offload`; needs a cluster whose host is described); the stack's own offload setting otherwise.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
     intra_op: bool = Field(False, description="An intra-op planner (ILP or search) shards each op of the chosen layout; "
                            "with lowered_only, pipelined layouts are dropped, as the validator lowers such choices without stages.")
@@ -87,11 +90,20 @@ class SearchResult(BaseModel):
     closest_misses: tuple[StepEstimate, ...] = Field(description="Layouts that did not fit, least over first, one per degree split.")
     evaluated: int = Field(description="Candidates costed by the simulator.")
     pruned: dict[str, int] = Field(description="Candidates dropped before simulation, by rule.")
+    offload_reason: str | None = Field(None, description="Why the layouts offload, when the search chose to (nothing fit without).")
 
     @property
     def complete(self) -> bool:
         """Whether every candidate was costed or pruned (the time limit did not stop the search)."""
         return TIME_LIMIT_RULE not in self.pruned
+
+
+class NothingFitsError(InfeasibleError):
+    """No layout fits in memory (not a time limit, not a rule): the closest misses, nearest first."""
+
+    def __init__(self, cause: str, *, fix: str, closest: list[StepEstimate]) -> None:
+        super().__init__(cause, fix=fix)
+        self.closest = closest
 
 
 def divisors(n: int) -> list[int]:
@@ -186,7 +198,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
 
 def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace | None = None,
                 keep: int = 5, time_limit_s: float = math.inf, on_progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Cost every candidate layout; the fastest that fits wins.
+    """Cost every candidate layout; the fastest that fits wins. With ``space.offload_when_nothing_fits``,
+    when nothing fits in device memory the layouts are costed again with the optimizer state on the
+    host, and the result says why (``offload_reason``).
 
     Args:
       time_limit_s: wall seconds; when they run out the search stops and keeps the best
@@ -199,6 +213,34 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
         no candidate is consistent with the model at all, or the time limit ran out first.
     """
     space = space or SearchSpace()
+    start_s = time.perf_counter()
+    try:
+        return _search(model, train, machine, n_devices=n_devices, space=space, keep=keep, time_limit_s=time_limit_s,
+                       on_progress=on_progress)
+    except InfeasibleError as err:
+        if not _may_offload(train, machine, space, err):
+            raise
+        offloaded = space.model_copy(update={"stack": space.stack.model_copy(update={"offload": Offload.OPTIMIZER})})
+        left_s = time_limit_s - (time.perf_counter() - start_s)
+        try:
+            result = _search(model, train, machine, n_devices=n_devices, space=offloaded, keep=keep, time_limit_s=left_s,
+                             on_progress=on_progress)
+        except NothingFitsError as offloaded_err:  # not even offloading helps: say what the offloaded layouts need too
+            closest = "; ".join(_over_budget(e) for e in offloaded_err.closest)
+            raise InfeasibleError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix) from None
+    reason = f"nothing fits in {machine.hbm_bytes / _GIB:.0f} GiB per device without offloading"
+    return result.model_copy(update={"offload_reason": reason})
+
+
+def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: InfeasibleError) -> bool:
+    """Whether a search that found nothing fitting should try again offloaded: memory was the
+    cause, the planner may offload, the cluster has a host and the workload is full training."""
+    return (space.offload_when_nothing_fits and space.stack.offload is Offload.NONE and machine.host is not None
+            and not (train.is_lora or train.is_inference) and isinstance(err, NothingFitsError))
+
+
+def _search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace, keep: int,
+            time_limit_s: float, on_progress: Callable[[int, int], None] | None) -> SearchResult:
     deadline_s = time.perf_counter() + time_limit_s
     total = math.prod(len(k) for k in _knobs(n_devices, space))
     pruned: Counter[str] = Counter()
@@ -242,10 +284,11 @@ def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine:
         )
     have = machine.hbm_bytes / _GIB
     more = 2 ** math.ceil(math.log2(max(2.0, missing[0].memory.total_bytes / machine.hbm_bytes))) * n_devices
-    return InfeasibleError(
+    closest = _closest_distinct(missing)
+    return NothingFitsError(
         f"{model.name} does not fit on {n_devices}× {machine.name}: every layout needs more than the {have:.0f} GiB per device; "
-        f"closest: {'; '.join(_over_budget(e) for e in _closest_distinct(missing))}",
-        fix=f"use about {more} devices or hardware with more memory",
+        f"closest: {'; '.join(_over_budget(e) for e in closest)}",
+        fix=f"use about {more} devices or hardware with more memory", closest=closest,
     )
 
 
@@ -265,6 +308,8 @@ def _closest_distinct(missing: list[StepEstimate], n: int = 3) -> list[StepEstim
 def _over_budget(e: StepEstimate) -> str:
     lay, mem = e.layout, e.memory
     state = (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / _GIB
+    host = (f" and {mem.host.total_bytes / _GIB:.1f} GiB of host against its {mem.host.capacity_bytes / _GIB:.0f}"
+            if mem.host and mem.host.capacity_bytes else "")
     return (f"dp{lay.dp} tp{lay.tp} pp{lay.pp} mb{lay.micro_batch} {lay.recompute} recompute ZeRO {lay.zero_stage} needs "
             f"{mem.total_bytes / _GIB:.1f} GiB (params+grads+optimizer {state:.1f}, "
-            f"activations+temporaries {(mem.activations_bytes + mem.temporary_bytes) / _GIB:.1f})")
+            f"activations+temporaries {(mem.activations_bytes + mem.temporary_bytes) / _GIB:.1f}){host}")

@@ -22,6 +22,12 @@ chose, every equation pinned (`validate.intra_op`), and each item is predicted f
 choice (`validate.intra_op_predict`). A LoRA plan's arguments, FLOPs and collectives are
 predicted by `validate.predict_lora`; a decode plan's (weights and KV cache) by
 `validate.predict_decode`, without the compiled peak (see there).
+
+An offloaded plan (``layout.offload``, `costmodel.offload`) is lowered without its offload:
+the program keeps the optimizer state on the device and runs Adam there (JAX's host memory
+kinds would hold it, but not DeepSpeed's 16-bit device copy and fp32 host master), so its
+device-side program is what is checked (arguments as lowered, FLOPs, collectives) and the
+memory per device, the host memory and the host transfers are not (`offload_not_checked`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections import defaultdict
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from costmodel.layout import Offload
 from planner.schema import Plan
 from validate import intra_op_predict
 from validate.compile_check import CompileReport
@@ -96,6 +103,15 @@ def predicted_argument_bytes(plan: Plan) -> float:
     return params + moments + batch
 
 
+def offload_not_checked(plan: Plan) -> str | None:
+    """What a compile-only validation of an offloaded plan leaves unchecked; None when nothing is offloaded."""
+    if plan.layout.offload is Offload.NONE:
+        return None
+    return (f"offload {plan.layout.offload.value}: lowered without it (optimizer state and Adam on the device), so memory per "
+            "device, host memory and the device-host transfers are not checked; arguments, FLOPs and collectives are the "
+            "device program's")
+
+
 def features_not_predicted(plan: Plan) -> list[str]:
     """Features of ``plan`` whose collectives are not predicted (`validate.predict`, or
     `validate.predict_lora` for LoRA); none for an intra-op plan, predicted from its choice."""
@@ -135,8 +151,9 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
         return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=None,
                      matmul_flops=decode_matmul_flops(plan), collectives=None if unpredicted else decode_collectives(plan))
     lora = plan.train.is_lora
-    return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan),
-                 memory_bytes=(lora_memory_bytes if lora else predicted_memory_bytes)(plan, platform=report.platform),
+    offloaded = offload_not_checked(plan) is not None  # the peak compiled is of the program without offload
+    memory = None if offloaded else (lora_memory_bytes if lora else predicted_memory_bytes)(plan, platform=report.platform)
+    return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=memory,
                  matmul_flops=(lora_matmul_flops if lora else predicted_matmul_flops)(plan),
                  collectives=None if unpredicted else (lora_collectives if lora else predicted_collectives)(plan, platform=report.platform))
 

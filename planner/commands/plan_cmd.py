@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
+from costmodel.estimate import StepEstimate
+from costmodel.layout import Offload
 from costmodel.memory import MemoryBreakdown
 from costmodel.run_overheads import DEFAULT_CHECKPOINT_EVERY_S, RunOverheads, RunSettings
 from costmodel.train_config import Precision, TrainConfig
@@ -50,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "planners on the ILP's strategy space")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
                         help="bf16 (fp32 gradients) or fp16 (fp16 gradients, dynamic loss scaling)")
+    parser.add_argument("--offload", choices=["auto", *(o.value for o in Offload)], default="auto",
+                        help="optimizer state on host memory, Adam on the CPU (ZeRO-Offload): auto (only when no layout fits "
+                             "without; default), none or optimizer")
     add_workload_arguments(parser)
     add_stack_arguments(parser)
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
@@ -79,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         result = plan(args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware, **sizes,
                       devices_per_node=args.devices_per_node, planner=args.planner,
                       time_limit_s=args.time_limit_s, seed=args.seed, progress=report, tokens=args.tokens, run=run_settings(args),
-                      stack=stack_from_args(args), attention=args.attention, precision=args.precision, **workload)
+                      stack=stack_from_args(args), attention=args.attention, precision=args.precision,
+                      offload=None if args.offload == "auto" else args.offload, **workload)
     plan_time_s = time.perf_counter() - start
     page = _html(result, args) if fmt == "html" else None
     if args.out:
@@ -206,6 +212,25 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
     ]
 
 
+def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, str]]:
+    """With offloading: why, what it costs per step, and the host memory it takes, itemised."""
+    off, host = est.breakdown.offload, est.memory.host
+    if off is None or host is None:
+        return []
+    why = f"optimizer state on the host because {reason}" if reason else "optimizer state on the host (--offload optimizer)"
+    capacity = f" of {host.capacity_bytes / _GIB:,.0f} GiB (this device's share of the node)" if host.capacity_bytes else ""
+    return [
+        ("offload", f"{why}; costs {off.exposed_transfer_s:.3f} s/step of PCIe and {off.cpu_adam_s:.3f} s of CPU Adam"),
+        ("  device↔host", f"{(off.grads_to_host_bytes + off.grads_from_host_bytes + off.params_to_device_bytes) / 1e9:,.1f} GB "
+                         f"a step at {off.link_bytes_per_s / 1e9:.1f} GB/s = {off.transfer_s:.3f} s, {off.exposed_transfer_s:.3f} s "
+                         "exposed (gradients run behind backward, parameters go up after Adam)"),
+        ("host memory", f"{host.total_bytes / _GIB:,.1f} GiB{capacity}"),
+        ("  master / moments / grads / 16-bit copy / accumulators",
+         " / ".join(f"{v / _GIB:.1f}" for v in (host.master_weights_bytes, host.moments_bytes, host.grads_bytes,
+                                                 host.param_copy_bytes, host.accumulated_grads_bytes)) + " GiB"),
+    ]
+
+
 def run_settings(args: argparse.Namespace) -> RunSettings:
     """The checkpoint interval and loader of ``--checkpoint-every-s`` and ``--loader``."""
     return RunSettings(checkpoint_every_s=args.checkpoint_every_s, loader_prefetch=args.loader == "prefetch")
@@ -239,13 +264,15 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     chunks = f" · {lay.interleave} chunks per stage" if lay.interleave > 1 else ""
     chunks += f" · layers per stage {'/'.join(map(str, lay.stage_layers))}" if lay.stage_layers else ""
     pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
-                       f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}", show_header=False)
+                       f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}"
+                       f"{' · optimizer offloaded' if lay.offload is Offload.OPTIMIZER else ''}", show_header=False)
     for name, value in serving_rows(p) if p.train.is_inference else (
         ("step time", f"{est.step_time_s:.3f} s   (MFU {est.mfu:.1%}, {est.tokens_per_s:,.0f} tokens/s)"),
         ("  compute / memory-bound / recompute", f"{b.compute_s:.3f} / {b.memory_bound_s:.3f} / {b.recompute_s:.3f} s"),
         ("  bubble / exposed comm / optimizer", f"{b.bubble_s:.3f} / {b.exposed_comm_s:.3f} / {b.optimizer_s:.3f} s"),
         ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
         *memory_rows(mem, lora=p.train.is_lora, digits=1),
+        *offload_rows(est, reason=p.solver.offload_reason),
     ):
         pred.add_row(name, value)
     if p.train.is_lora:

@@ -11,13 +11,13 @@ from rich.table import Table
 
 from costmodel.errors import InvalidPlanError, flag_error
 from costmodel.estimate import StepEstimate
-from costmodel.layout import Layout, Recompute, Schedule, stack_recompute
+from costmodel.layout import Layout, Offload, Recompute, Schedule, stack_recompute
 from costmodel.machine import load_machine
 from costmodel.simulator import simulate
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import Precision, TrainConfig
 from planner.commands.arg_types import non_negative_int, positive_int
-from planner.commands.plan_cmd import memory_rows, serving_rows, titled_workload
+from planner.commands.plan_cmd import memory_rows, offload_rows, serving_rows, titled_workload
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.config import default_seq_len, load_model, train_config
@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
                         help="bf16 (fp32 gradients) or fp16 (fp16 gradients accumulated and all-reduced, dynamic loss scaling)")
+    parser.add_argument("--offload", choices=[o.value for o in Offload], default="none",
+                        help="none (default) or optimizer: master weights, Adam moments and fp32 gradients on host memory, "
+                             "Adam on the CPU (ZeRO-Offload as DeepSpeed runs it)")
     add_workload_arguments(parser)
     add_stack_arguments(parser)
     parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
@@ -64,7 +67,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
         return Layout(
             dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
             interleave=args.interleave, schedule=schedule, recompute=stack_recompute(args.recompute, stack),
-            sequence_parallel=args.sequence_parallel, zero_stage=args.zero, stack=stack,
+            sequence_parallel=args.sequence_parallel, zero_stage=args.zero, stack=stack, offload=args.offload,
         )
     except ValidationError as err:
         raise flag_error(err, InvalidPlanError) from None
@@ -127,9 +130,11 @@ def _table(est: StepEstimate, model: str, *, lora: bool) -> Table:
         ("  compute (matmul, attention)", f"{b.compute_s:.3f} s"), ("  memory-bound kernels", f"{b.memory_bound_s:.3f} s"),
         ("  recompute", f"{b.recompute_s:.3f} s"), ("  pipeline bubble", f"{b.bubble_s:.3f} s"),
         ("  exposed communication", f"{b.exposed_comm_s:.3f} s"), ("  optimizer", f"{b.optimizer_s:.3f} s"),
+        *((("  offload: PCIe exposed / CPU Adam", f"{b.offload_transfer_s:.3f} / {b.cpu_optimizer_s:.3f} s"),) if b.offload else ()),
         *((f"  {axis} collectives (total)", f"{t:.3f} s") for axis, t in b.comm_s_by_axis.items() if t > 0),
         ("memory per device", f"{m.total_bytes / _GIB:.2f} GiB{hbm}"),
         *memory_rows(m, lora=lora, digits=2, state="parameters / gradients / optimizer"),
+        *offload_rows(est, reason=None),
         ("fits", "yes" if est.fits else "NO" if est.fits is False else "unknown"),
     ]
     for name, value in rows:

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.schema import Plan
     from validate.compile_check import CompileReport, compile_in_subprocess
     from validate.multihost import run_processes, validate_processes
-    from validate.report import features_not_predicted
+    from validate.report import features_not_predicted, offload_not_checked
     from validate.report import checks
     from validate.timed import step_time_check
 
@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
+    not_checked = offload_not_checked(plan)
+    if not_checked and not args.compile_only:
+        raise UnsupportedError("the timed check does not run offloaded plans (the host offload is not lowered)",
+                               fix="add --compile-only")
     if args.processes == 1:
         report = compile_in_subprocess(plan)
     else:
@@ -83,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         results.insert(0, step)
     unpredicted = features_not_predicted(plan)
     if args.json:
-        print(json.dumps({"checks": [c.model_dump() for c in results], "unpredicted": unpredicted,
+        print(json.dumps({"checks": [c.model_dump() for c in results], "unpredicted": unpredicted, "not_checked": not_checked,
                           "compile": report.model_dump(exclude={"collectives"}) | {"peak_bytes": report.peak_bytes},
                           "timed": timed.model_dump() if timed else None}, sort_keys=True))
     else:
@@ -105,4 +109,6 @@ def run(args: argparse.Namespace) -> int:
                           f"device(s), spread {timed.spread:.0%}; predicted on the measured cpu profile (float32)")
         if unpredicted:
             console.print(f"collectives not predicted for: {', '.join(unpredicted)}")
+        if not_checked:
+            console.print(not_checked)
     return 0 if all(c.ok is not False for c in results) else 1

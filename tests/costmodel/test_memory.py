@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodel.data_parallel import stage_trainable_params
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.memory import in_flight_microbatches, memory_breakdown
 from costmodel.model_config import ModelConfig
@@ -156,3 +157,25 @@ def test_zero_shards_what_exists_under_lora():
 
 def test_pretraining_has_no_frozen_weights():
     assert memory_breakdown(MODEL, TRAIN, Layout()).frozen_params_bytes == 0
+
+
+def test_offloaded_optimizer_state_leaves_the_device_for_the_host():
+    lay = Layout(dp=2, pp=2, micro_batch=1)
+    kept = memory_breakdown(MODEL, TRAIN, lay)
+    off = memory_breakdown(MODEL, TRAIN, Layout(dp=2, pp=2, micro_batch=1, offload="optimizer"), host_capacity_bytes=1e12)
+    assert off.optimizer_bytes == 0 < kept.optimizer_bytes and off.grads_bytes < kept.grads_bytes
+    assert off.params_bytes == kept.params_bytes and off.stage == kept.stage
+    # Host: this device's 1/dp partition of its stage, 18 B per parameter plus 2 B of accumulators (16 micro-batches).
+    partition = kept.optimizer_bytes / 12 / lay.dp  # ZeRO 0 keeps 12 B per parameter of the stage
+    assert off.host_bytes == pytest.approx(20 * partition) and off.host.fits
+    assert kept.host is None and kept.host_bytes == 0
+
+
+def test_offloaded_host_state_is_the_largest_stage_partitions():
+    # The last stage's logits make it the busiest device; the first, with three layers and the embedding, offloads the most.
+    wide_vocab = MODEL.model_copy(update={"vocab_size": 128000})
+    lay = Layout(pp=4, stage_layers=(3, 2, 2, 1), micro_batch=1, offload="optimizer")
+    mem = memory_breakdown(wide_vocab, TrainConfig(seq_len=4096, global_batch=32), lay)
+    first = stage_trainable_params(wide_vocab, TRAIN, lay, 0)
+    assert mem.stage == "last" and first > stage_trainable_params(wide_vocab, TRAIN, lay, 3)
+    assert mem.host.master_weights_bytes == pytest.approx(4 * first)

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from costmodel.collectives import Tier, all_gather_s, p2p_s
 from costmodel.data_parallel import stage_params_per_device
-from costmodel.errors import InvalidConfigError, InvalidPlanError
+from costmodel.errors import InvalidConfigError, InvalidPlanError, UnsupportedError
 from costmodel.layout import Layout, Recompute
 from costmodel.machine import Machine, load_machine
 from costmodel.model_config import ModelConfig
@@ -216,3 +216,50 @@ def test_lora_step_skips_frozen_weight_gradients():
     assert 0.66 < model_flops_per_step(MODEL, lora) / model_flops_per_step(MODEL, TRAIN) < 0.75  # attention keeps 3×
     assert tuned.breakdown.optimizer_s < full.breakdown.optimizer_s / 100
     assert tuned.memory.total_bytes < full.memory.total_bytes / 3
+
+
+LLAMA3_8B = ModelConfig(name="llama3-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336,
+                        vocab_size=128256)
+
+
+def test_llama3_8b_fits_one_a100_40gb_only_offloaded_and_its_pcie_term_is_the_napkins():
+    hw, train = load_machine("a100-40gb"), TrainConfig(seq_len=2048, global_batch=4)
+    on_device = simulate(LLAMA3_8B, train, Layout(micro_batch=4, recompute=Recompute.FULL), hw)
+    offloaded = simulate(LLAMA3_8B, train, Layout(micro_batch=4, recompute=Recompute.FULL, offload="optimizer"), hw)
+    assert on_device.fits is False and offloaded.fits is True
+    # Napkin: 8.03e9 parameters (embedding and head 2·V·h, per layer q,o h² each, k,v h·h/4 each, MLP 3·h·F, two norms),
+    # fp32 gradients down and bf16 parameters up, over PCIe Gen4 x16 at the ~25 GB/s usable per direction.
+    h, f, v, layers = 4096, 14336, 128256, 32
+    params = 2 * v * h + layers * (2 * h * h + 2 * h * h // 4 + 3 * h * f + 2 * h) + h
+    napkin_s = (4 + 2) * params / 25e9
+    off = offloaded.breakdown.offload
+    assert off.transfer_s == pytest.approx(napkin_s, rel=0.1)
+    # Exposed: the copy up; the gradients (1.25 s) hide behind a 4-sequence backward.
+    assert offloaded.breakdown.offload_transfer_s == pytest.approx(2 * params / 25e9, rel=0.1)
+    assert offloaded.breakdown.cpu_optimizer_s == off.cpu_adam_s > 0 and offloaded.breakdown.optimizer_s == 0
+    assert offloaded.breakdown.total_s == pytest.approx(offloaded.step_time_s, rel=1e-12)
+    host = offloaded.memory.host
+    assert offloaded.memory.host_bytes == host.total_bytes == pytest.approx(18 * params)  # 4 + 8 + 4 + 2 B, one micro-batch
+    assert offloaded.memory.optimizer_bytes == 0 < offloaded.memory.total_bytes < 40 * 2**30
+
+
+def test_offloading_where_no_host_is_described_is_refused():
+    with pytest.raises(UnsupportedError, match="describes no host"):
+        simulate(MODEL, TRAIN, Layout(offload="optimizer"), load_machine("a40"))
+
+
+def test_host_memory_that_does_not_fit_makes_the_layout_not_fit():
+    hw = load_machine("a100-40gb")
+    tiny_host = hw.model_copy(update={"host": hw.host.model_copy(update={"memory_bytes_per_node": 1e9})})
+    est = simulate(MODEL, TrainConfig(seq_len=2048, global_batch=2), Layout(micro_batch=1, offload="optimizer"), tiny_host)
+    assert est.memory.host.capacity_bytes == 1e9
+    assert est.memory.total_bytes < est.memory.hbm_bytes and est.memory.host.fits is False and est.fits is False
+
+
+def test_offloaded_gradient_copies_hide_behind_backward_only_where_the_stack_overlaps_them():
+    hw, train = load_machine("a100-40gb"), TrainConfig(seq_len=2048, global_batch=8)
+    lay = Layout(micro_batch=4, recompute=Recompute.FULL, offload="optimizer")
+    overlapped = simulate(LLAMA3_8B, train, lay, hw).breakdown.offload
+    queued = simulate(LLAMA3_8B, train, lay.model_copy(update={"stack": stack_with("jax", dp_overlap=False)}), hw).breakdown.offload
+    assert overlapped.exposed_grads_s < 0.1 * queued.exposed_grads_s
+    assert queued.exposed_grads_s == pytest.approx((queued.grads_to_host_bytes + queued.grads_from_host_bytes) / queued.link_bytes_per_s)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.api import plan
+from costmodel.layout import Layout
+from planner.api import layout_plan, plan
 from planner.exports import flax_logical_rules, markdown_report, to_maxtext
 
 
@@ -58,3 +59,14 @@ def test_flax_rules_shard_and_compile_a_flax_transformer_on_emulated_devices():
     assert run.returncode == 0, run.stderr[-2000:]
     # wq (embed, heads, head_dim): ZeRO 3 puts embed on data, tensor parallelism the heads
     assert run.stdout.split("\n")[-2] == "P('data', 'tensor', None) P('data', 'tensor') P('tensor', 'data')"
+
+
+def test_markdown_itemises_an_offloaded_step_and_its_host_memory():
+    plan = layout_plan("gpt2", Layout(micro_batch=8, offload="optimizer"), hardware="a100-40gb", global_batch=8, seq_len=256)
+    text = markdown_report(plan)
+    b = plan.predicted.breakdown
+    assert f"| offload: exposed device-host copies | {b.offload_transfer_s:.3f} |" in text
+    assert f"| offload: CPU Adam | {b.cpu_optimizer_s:.3f} |" in text
+    assert f"| host (offloaded optimizer state) | {plan.predicted.memory.host_bytes / 2**30:.2f} |" in text
+    assert "offload" not in markdown_report(layout_plan("gpt2", Layout(micro_batch=8), hardware="a100-40gb", global_batch=8,
+                                                        seq_len=256))

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from costmodel.errors import InfeasibleError
-from costmodel.layout import Recompute
+from costmodel.layout import Offload, Recompute
 from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
@@ -98,3 +98,36 @@ def test_intra_op_planners_get_no_pipelined_layouts():
     assert layouts and all(lay.pp == 1 for lay in layouts) and pruned[INTRA_OP_PIPELINE_RULE] > 0
     grid = list(candidate_layouts(MODEL, TRAIN, 8, space.model_copy(update={"intra_op": False}), Counter(), devices_per_node=8))
     assert any(lay.pp > 1 for lay in grid)
+
+
+LLAMA3_8B = ModelConfig(name="llama3-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336,
+                        vocab_size=128256)
+
+
+def test_offload_only_when_nothing_fits_without_and_the_result_says_why():
+    a100_40, train = load_machine("a100-40gb"), TrainConfig(seq_len=2048, global_batch=8)
+    space = SearchSpace(micro_batches=(1, 2), recompute=(Recompute.FULL,), offload_when_nothing_fits=True)
+    with pytest.raises(InfeasibleError, match="does not fit on 1× a100-40gb"):
+        grid_search(LLAMA3_8B, train, a100_40, n_devices=1, space=space.model_copy(update={"offload_when_nothing_fits": False}))
+    result = grid_search(LLAMA3_8B, train, a100_40, n_devices=1, space=space)
+    assert result.best.layout.offload is Offload.OPTIMIZER and result.best.fits
+    assert result.offload_reason == "nothing fits in 40 GiB per device without offloading"
+    fits_anyway = grid_search(MODEL, TRAIN, HW, n_devices=8, space=space)
+    assert fits_anyway.best.layout.offload is Offload.NONE and fits_anyway.offload_reason is None
+
+
+def test_no_offload_where_the_cluster_describes_no_host():
+    a40 = load_machine("a40")
+    space = SearchSpace(micro_batches=(1,), recompute=(Recompute.FULL,), offload_when_nothing_fits=True)
+    with pytest.raises(InfeasibleError, match="does not fit"):
+        grid_search(LLAMA3_8B, TrainConfig(seq_len=2048, global_batch=8), a40, n_devices=1, space=space)
+
+
+def test_when_offloading_does_not_fit_either_the_answer_says_what_the_host_lacks():
+    a100_40 = load_machine("a100-40gb")
+    small_host = a100_40.model_copy(update={"host": a100_40.host.model_copy(update={"memory_bytes_per_node": 64 * 2**30})})
+    space = SearchSpace(micro_batches=(1,), recompute=(Recompute.FULL,), offload_when_nothing_fits=True)
+    with pytest.raises(InfeasibleError) as err:
+        grid_search(LLAMA3_8B, TrainConfig(seq_len=2048, global_batch=8), small_host, n_devices=1, space=space)
+    offloaded = err.value.cause.split("; offloading the optimizer state, closest: ")[1]
+    assert re.fullmatch(r"dp1 tp1 pp1 mb1 full recompute ZeRO 0 needs [\d.]+ GiB \(.*\) and 1\d\d\.\d GiB of host against its 64", offloaded)

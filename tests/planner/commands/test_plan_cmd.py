@@ -160,3 +160,26 @@ def test_plan_json_contract_for_decode(capsys):
 def test_serving_flags_without_a_serving_workload_are_refused(capsys):
     assert main(["--model", "gpt2", "--mesh", "2", "--context-len", "1024"]) == 2
     assert "--context-len" in capsys.readouterr().err
+
+
+def test_llama3_8b_on_one_a100_40gb_fits_only_offloaded_and_the_summary_says_what_it_costs(capsys, monkeypatch):
+    args = ("--model", "llama3-8b", "--devices", "1", "--hardware", "a100-40gb")
+    code, _, err, _ = _plan(capsys, *args, "--offload", "none")
+    assert code == 4 and "does not fit on 1× a100-40gb" in err
+    assert err.endswith("or let the optimizer state go to the host (--offload optimizer)\n")
+    code, plan, _, _ = _plan(capsys, *args)
+    mem, off = plan["predicted"]["memory"], plan["predicted"]["breakdown"]["offload"]
+    assert plan["layout"]["offload"] == "optimizer" and plan["predicted"]["fits"]
+    assert plan["solver"]["offload_reason"] == "nothing fits in 40 GiB per device without offloading"
+    assert mem["optimizer_bytes"] == 0 and mem["host_bytes"] == mem["host"]["total_bytes"] > mem["host"]["moments_bytes"] > 0
+    assert plan["predicted"]["breakdown"]["offload_transfer_s"] == off["exposed_transfer_s"] > 0
+    monkeypatch.setenv("COLUMNS", "400")  # rows unwrapped
+    assert main([*args]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer state on the host because nothing fits in 40 GiB per device without offloading; costs" in out
+    assert "· ZeRO 0 · optimizer offloaded" in out and "s/step of PCIe and" in out and "master / moments / grads / 16-bit copy / accumulators" in out
+
+
+def test_offload_optimizer_is_refused_for_intra_op_planners(capsys):
+    code = main(["--model", "gpt2", "--devices", "1", "--offload", "optimizer", "--planner", "ilp"])
+    assert code == 5 and "does not plan offloaded layouts" in capsys.readouterr().err

@@ -73,3 +73,13 @@ def test_a_published_run_from_the_command_line_matches_the_benchmark(capsys, tmp
     expected = evaluate([row])[0]["predicted_s"]
     assert est["step_time_s"] == pytest.approx(expected, rel=1e-9)
     assert abs(est["step_time_s"] - float(row["derived_step_time_s"])) / float(row["derived_step_time_s"]) < 0.08
+
+
+def test_offload_optimizer_moves_the_state_to_the_host_and_adds_its_own_terms(capsys):
+    on_device = _simulate(capsys)
+    offloaded = _simulate(capsys, "--offload", "optimizer")
+    b = offloaded["breakdown"]
+    assert offloaded["layout"]["offload"] == "optimizer" and b["optimizer_s"] == 0 < on_device["breakdown"]["optimizer_s"]
+    assert b["cpu_optimizer_s"] > 0 and b["offload_transfer_s"] > 0 and b["total_s"] == pytest.approx(offloaded["step_time_s"])
+    assert offloaded["memory"]["optimizer_bytes"] == 0 and offloaded["memory"]["host_bytes"] > 0
+    assert on_device["memory"]["host_bytes"] == 0 and on_device["breakdown"]["offload"] is None

@@ -37,3 +37,13 @@ def test_without_compile_only_the_step_is_timed_against_the_cpu_profile(capsys, 
     step = next(c for c in out["checks"] if c["item"] == "step time")
     assert code == 0 and step["source"] == "measured" and step["predicted"] > 0 and step["actual"] > 0
     assert len(out["timed"]["repeat_step_s"]) == 2 and out["compile"]["n_devices"] == 1
+
+
+def test_an_offloaded_plan_compiles_and_says_what_is_not_checked(capsys, tmp_path):
+    path = _plan_file(tmp_path, Layout(micro_batch=2, offload="optimizer"))
+    code = main(["validate", path, "--compile-only", "--json", "--tolerance", "0.05"])
+    out = json.loads(capsys.readouterr().out)
+    items = {c["item"] for c in out["checks"]}
+    assert code == 0 and "memory per device" not in items and {"memory arguments", "flops"} <= items
+    assert out["not_checked"].startswith("offload optimizer: lowered without it")
+    assert main(["validate", path]) == 5 and "add --compile-only" in capsys.readouterr().err

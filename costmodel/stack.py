@@ -91,6 +91,10 @@ class SoftwareStack(BaseModel):
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
         "(cast, max, subtract, exp, sum, divide; backward a multiply and the cast back).")
+    fp8_param_gather: bool = Field(
+        False, description="Under the fp8 recipe the layers' weights are kept and all-gathered (ZeRO 1-3) as fp8 "
+        "(Transformer Engine's fp8_model_init, Megatron-LM's --fp8-param-gather, torchao's "
+        "enable_fsdp_float8_all_gather); False: as bf16, cast to fp8 after the gather.")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
 

@@ -14,7 +14,7 @@ from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedErr
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import Layout, check_sequence
-from costmodel.machine import Machine, machine_for
+from costmodel.machine import Machine, machine_for, train_machine
 from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
@@ -62,7 +62,9 @@ def plan(
       stack: the software stack (`costmodel.stack.STACKS` name or a `SoftwareStack`) whose
         step time the layout is chosen for; default "jax", the program `plan validate` lowers.
         Another stack predicts how that framework would run the chosen layout.
-      precision: "bf16" or "fp16" (fp16 gradients, dynamic loss scaling).
+      precision: "fp32", "tf32" (fp32 storage, GEMMs at the tf32 peak), "bf16", "fp16" (fp16 gradients,
+        dynamic loss scaling) or "fp8" (bf16, the linear layers' GEMMs in fp8 as Transformer Engine runs
+        them; `costmodel.fp8`); a part without the dtype's peak is refused (`InvalidConfigError`).
       progress: called as ``progress(phase, done, total)`` while the search runs.
       tokens: training tokens; the plan's prediction then says how long training takes
         (``time_to_train_s``: tokens / tokens_per_s at the chosen layout, plus ``input_overhead_s``
@@ -94,9 +96,12 @@ def plan(
     if (train.is_lora or train.is_inference) and planner != "grid":
         raise UnsupportedError(f"--planner {planner} shards the pretraining step only; {train.workload.value} plans use the grid planner",
                                fix="drop --planner or use --planner grid")
+    if train.is_fp8 and planner != "grid":
+        raise UnsupportedError(f"--planner {planner} costs every GEMM at one peak; fp8 plans use the grid planner",
+                               fix="drop --planner or use --planner grid")
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
-    machine = machine_for(cluster, compute_dtype=train.compute_dtype.value)
+    machine = train_machine(cluster, train)
     software = get_stack(stack) if isinstance(stack, str) else stack
     if (mesh is None) == (devices is None):
         raise InvalidConfigError("give exactly one of --mesh and --devices", fix="e.g. --mesh 8x4 or --devices 32")

@@ -17,7 +17,7 @@ from costmodel.memory import MemoryBreakdown
 from costmodel.run_overheads import DEFAULT_CHECKPOINT_EVERY_S, RunOverheads, RunSettings
 from costmodel.train_config import Precision, TrainConfig
 from costmodel.workload import WorkloadKind, adapter_params_per_layer
-from planner.commands.arg_types import non_negative_int, positive_float, positive_int
+from planner.commands.arg_types import PRECISION_HELP, non_negative_int, positive_float, positive_int
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.progress import progress_display, wanted
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "CP-SAT intra-op ILP shards every parameter and op of a stage; anneal/beam/random: search "
                              "planners on the ILP's strategy space")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
-                        help="bf16 (fp32 gradients) or fp16 (fp16 gradients, dynamic loss scaling)")
+                        help=PRECISION_HELP)
     add_workload_arguments(parser)
     add_stack_arguments(parser)
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
@@ -109,12 +109,12 @@ def run(args: argparse.Namespace) -> int:
 def _html(result: Plan, args: argparse.Namespace) -> str:
     """The HTML report, with the pipeline timeline simulated again for the chosen layout."""
     from costmodel.hardware import load_hardware
-    from costmodel.machine import machine_for
+    from costmodel.machine import train_machine
     from costmodel.simulator import simulate
     from planner.html_report import html_report
 
     cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
-    estimate = simulate(result.model, result.train, result.layout, machine_for(cluster), keep_timeline=True)
+    estimate = simulate(result.model, result.train, result.layout, train_machine(cluster, result.train), keep_timeline=True)
     return html_report(result, devices_per_node=cluster.devices_per_node, timeline=estimate.timeline)
 
 

@@ -15,7 +15,7 @@ from costmodel.hardware import ClusterSpec, StepAllocator, load_hardware
 from costmodel.layout import Layout
 from costmodel.roofline import Efficiency
 from costmodel.topology import layout_groups, mesh_groups
-from costmodel.train_config import TrainConfig
+from costmodel.train_config import Precision, TrainConfig
 
 
 class Machine(BaseModel):
@@ -117,6 +117,17 @@ def check_peak(cluster: ClusterSpec, dtype: str) -> None:
     raise InvalidConfigError(
         f"{cluster.device.name} has no {label} peak; parts with one: {', '.join(having) or 'none'}",
         fix=f"choose one of those with --hardware, or a precision {cluster.device.name} accelerates (`plan hardware` lists them)")
+
+
+def supported_precisions(cluster: ClusterSpec) -> list[Precision]:
+    """The ``--precision`` recipes ``cluster``'s part has every peak for.
+
+    >>> [p.value for p in supported_precisions(load_hardware("v100"))]
+    ['fp32', 'fp16']
+    """
+    peaks = cluster.device.peak_flops_per_s
+    base = TrainConfig()
+    return [p for p in Precision if {base.with_precision(p).matmul_peak_dtype, base.with_precision(p).linear_peak_dtype} <= peaks.keys()]
 
 
 def load_machine(name_or_path: str, *, devices_per_node: int | None = None, compute_dtype: str = "bfloat16") -> Machine:

@@ -14,7 +14,7 @@ from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedErr
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import Layout, check_sequence
-from costmodel.machine import Machine, machine_for, train_machine
+from costmodel.machine import Machine, train_machine
 from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
@@ -175,6 +175,7 @@ def layout_plan(
     model: str | ModelConfig, layout: Layout, *, mesh: str | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
     workload: WorkloadKind | str = WorkloadKind.PRETRAIN, lora: LoraConfig | None = None, inference: InferenceConfig | None = None,
+    precision: Precision | str = Precision.BF16,
 ) -> Plan:
     """The plan for a layout chosen by hand: mesh roles, Megatron shardings, simulated prediction.
 
@@ -187,10 +188,10 @@ def layout_plan(
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch, workload=workload, lora=lora,
-                         inference=inference)
+                         inference=inference).with_precision(Precision(precision))
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
-    machine = machine_for(cluster)
+    machine = train_machine(cluster, train)
     estimate = simulate(cfg, train, layout, machine)
     layout = estimate.layout if train.is_inference else layout  # serving sets the micro-batch itself
     wanted = (layout.dp, layout.tp, layout.pp, layout.cp)

@@ -88,7 +88,7 @@ def train_machine(cluster: ClusterSpec, train: TrainConfig) -> Machine:
 
     >>> from costmodel.train_config import Precision
     >>> m = train_machine(load_hardware("h100-sxm"), TrainConfig().with_precision(Precision.FP8))
-    >>> m.linear_peak / m.peak_flops_per_s
+    >>> round(m.linear_peak / m.peak_flops_per_s, 3)
     2.0
     """
     return machine_for(cluster, compute_dtype=train.matmul_peak_dtype, linear_dtype=train.linear_peak_dtype)

@@ -97,7 +97,7 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     if dropout:
         terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
                   ActivationTerm(name="mlp_dropout_mask", bytes=mask, role=Role.ELEMENTWISE)]
-    if train.is_fp8:
+    if train.is_fp8 and layout.stack.fp8_kept_casts:
         terms = fp8_activation_terms(terms, train)
     return lora_activation_terms(terms, model, train, layout) if train.is_lora else terms
 
@@ -114,13 +114,14 @@ def fp8_activation_terms(terms: list[ActivationTerm], train: TrainConfig) -> lis
     ``_Linear.forward``: ``saved_inputmat_t = inputmat_t`` (or ``saved_inputmat = inputmat``, the
     fp8 cast) in ``ctx.save_for_backward`` unless ``override_linear_precision.wgrad``. Norm
     inputs, q/k/v and the MLP's pre-activation outputs stay 16-bit (the norm, attention and
-    activation kernels run in bf16).
+    activation kernels run in bf16). Only where the stack keeps the casts (`SoftwareStack.fp8_kept_casts`).
 
     >>> from costmodel.model_config import ModelConfig
     >>> from costmodel.train_config import Precision
     >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
     >>> bf16, fp8 = TrainConfig(seq_len=512), TrainConfig(seq_len=512).with_precision(Precision.FP8)
-    >>> {t.name: t.bytes for t in activation_table(m, fp8, Layout())}["mlp_input"] * 2 == 512 * 1024 * 2
+    >>> te = Layout(stack=stack_with("megatron-core"))
+    >>> {t.name: t.bytes for t in activation_table(m, fp8, te)}["mlp_input"] * 2 == 512 * 1024 * 2
     True
     """
     scale = 1 / train.compute_dtype.bytes

@@ -10,11 +10,15 @@ and Adam moments stay fp32 either way. The embedding, head and norms stay 16-bit
 parameters are counted as its linear weights (its norm weights are under 0.1 % of them).
 
 >>> from costmodel.model_config import ModelConfig
+>>> from costmodel.stack import stack_with
 >>> from costmodel.train_config import Precision
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
 >>> fp8 = TrainConfig(seq_len=512).with_precision(Precision.FP8)
->>> fp8_weight_copy_bytes(m, fp8, Layout(), 0, layer_params=m.params_per_layer) == 2 * 4 * m.params_per_layer
+>>> te = Layout(stack=stack_with("megatron-core"))
+>>> fp8_weight_copy_bytes(m, fp8, te, 0, layer_params=m.params_per_layer) == 2 * 4 * m.params_per_layer
 True
+>>> fp8_weight_copy_bytes(m, fp8, Layout(), 0, layer_params=m.params_per_layer)  # the JAX program recasts on use
+0.0
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ def fp8_weight_copy_bytes(model: ModelConfig, train: TrainConfig, layout: Layout
 
     Without ZeRO 3 every layer's cast and transpose stay resident (2 bytes a parameter); with it
     only the layers gathered at once (the one computed and the one prefetched). Under fp8
-    parameters the fp8 weight replaces the bf16 copy (one byte less) and its transpose adds one.
+    parameters the fp8 weight replaces the bf16 copy (one byte less) and its transpose adds one. A stack that recasts on use (`SoftwareStack.fp8_kept_casts` False)
+    keeps no copies.
     """
-    if not train.is_fp8:
+    if not train.is_fp8 or not (layout.stack.fp8_kept_casts or layout.stack.fp8_param_gather):
         return 0.0
     per_layer = layer_params
     layers = layout.layers_on_stage(model.num_layers, stage)

@@ -41,8 +41,8 @@ def fp8_weight_copy_bytes(model: ModelConfig, train: TrainConfig, layout: Layout
 
     Without ZeRO 3 every layer's cast and transpose stay resident (2 bytes a parameter); with it
     only the layers gathered at once (the one computed and the one prefetched). Under fp8
-    parameters the fp8 weight replaces the bf16 copy (one byte less) and its transpose adds one. A stack that recasts on use (`SoftwareStack.fp8_kept_casts` False)
-    keeps no copies.
+    parameters the fp8 weight replaces the bf16 copy (one byte less) and its transpose adds one. A
+    stack that recasts on use (`SoftwareStack.fp8_kept_casts` False) keeps no copies.
     """
     if not train.is_fp8 or not (layout.stack.fp8_kept_casts or layout.stack.fp8_param_gather):
         return 0.0

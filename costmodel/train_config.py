@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from enum import StrEnum
-
 from typing import Any
 
 from pydantic import (

@@ -12,8 +12,7 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
-from planner.commands import (budget_cmd, compare_cmd, hardware_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd,
-                              validate_cmd)
+from planner.commands import budget_cmd, compare_cmd, hardware_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
 from planner.time_limit import add_time_limit, time_limit, wall_limit_s
 
 # Each command module offers add_arguments(parser) and run(args) -> int.

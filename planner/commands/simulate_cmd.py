@@ -11,11 +11,11 @@ from rich.table import Table
 
 from costmodel.errors import InvalidPlanError, flag_error
 from costmodel.estimate import StepEstimate
-from costmodel.layout import Layout, Recompute, Schedule, stack_recompute
 from costmodel.hardware import load_hardware
+from costmodel.layout import Layout, Recompute, Schedule, stack_recompute
 from costmodel.machine import train_machine
-from costmodel.simulator import simulate
 from costmodel.model_config import ModelConfig
+from costmodel.simulator import simulate
 from costmodel.train_config import Precision, TrainConfig
 from planner.commands.arg_types import PRECISION_HELP, non_negative_int, positive_int
 from planner.commands.plan_cmd import memory_rows, serving_rows, titled_workload

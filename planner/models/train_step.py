@@ -36,8 +36,8 @@ import jax.numpy as jnp
 
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import AdamW, TrainConfig
-from planner.models.lora import abstract_adapters, abstract_frozen, merge_adapters
 from planner.models.fp8 import fp8_linear
+from planner.models.lora import abstract_adapters, abstract_frozen, merge_adapters
 from planner.models.params import Params, abstract_params
 from planner.models.transformer import forward
 

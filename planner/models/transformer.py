@@ -185,7 +185,8 @@ def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str =
     """MLP on any leading shape ``[..., D]`` (also one expert's slice ``[..., C, D]``)."""
     x = checkpoint_name(x, "mlp_input" if not prefix else "shared_expert")
     h = constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_in", dt, lora_scale, linear))
-    gate = constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_gate", dt, lora_scale, linear)) if cfg.mlp.gated else None
+    gate = (constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_gate", dt, lora_scale, linear))
+            if cfg.mlp.gated else None)
     if "b_in" in p and not prefix:
         h = h + p["b_in"].astype(dt)
         gate = gate + p["b_gate"].astype(dt) if gate is not None else None
@@ -275,7 +276,8 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
             y_BxSxD, aux = _moe(h_BxSxD, p["moe"], cfg, dt, experts)
     else:
         with jax.named_scope("mlp"):
-            y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain, lora_scale=lora_scale, linear=linear), jnp.zeros((), jnp.float32)
+            y_BxSxD = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain, lora_scale=lora_scale, linear=linear)
+            aux = jnp.zeros((), jnp.float32)
     return constrain("residual_BxSxD", x_BxSxD + y_BxSxD), aux
 
 

@@ -116,4 +116,5 @@ def test_fp8_gemms_read_one_byte_operands_and_add_their_casts():
     assert cast.bytes == 4 * tokens * h and cast.bytes * cast.backward_scale == 4 * tokens * f
     assert quant["mlp_in_weight_cast"].bytes == 4 * h * f and quant["mlp_in_weight_cast"].backward_scale == 0
     assert not any(k.linear for k in quant.values() if k.in_attention_core)  # attention stays bf16
-    assert set(quant) - set(plain) == {f"{g}_{c}_cast" for g in ("qkv", "attn_out", "mlp_in", "mlp_out") for c in ("input", "weight")}
+    gemms = ("qkv", "attn_out", "mlp_in", "mlp_out")
+    assert set(quant) - set(plain) == {f"{g}_{c}_cast" for g in gemms for c in ("input", "weight")}

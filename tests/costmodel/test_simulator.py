@@ -94,7 +94,7 @@ def test_software_facts_move_step_time_the_right_way():
 
 def test_fp16_pays_for_loss_scaling_on_top_of_its_fp16_gradient_traffic():
     layout = Layout(dp=8, micro_batch=8)  # one micro-batch: no accumulation kernel
-    bf16, fp16 = (TRAIN.with_precision(p) for p in (Precision.BF16, Precision.FP16))
+    bf16, fp16 = (TRAIN.with_precision(Precision(p)) for p in ("bf16", "fp16"))
     params = stage_params_per_device(MODEL, layout)
     bandwidth = HW.hbm_bytes_per_s * HW.efficiency.hbm
     bf16_as_fp16 = simulate(MODEL, bf16.model_copy(update={"grad_dtype": Dtype.FP16}), layout, HW)

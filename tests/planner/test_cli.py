@@ -90,7 +90,8 @@ def test_simulate_table_and_timeline(capsys, tmp_path):
      "num_heads=32 is not divisible by tp=6"),
     (["simulate", "--model", "llama3-8b", "--devices", "8", "--global-batch", "12"], 3, "global_batch=12 is not divisible"),
     (["simulate", "--model", "llama3-8b", "--devices", "64", "--pp", "64", "--global-batch", "64"], 3, "num_layers=32 < pp"),
-    (["simulate", "--model", "llama3-8b", "--hardware", "v100", "--devices", "8", "--global-batch", "8"], 2, "v100 has no bfloat16 peak; parts with one: "),
+    (["simulate", "--model", "llama3-8b", "--hardware", "v100", "--devices", "8", "--global-batch", "8"], 2,
+     "v100 has no bfloat16 peak; parts with one: "),
     (["validate", "/nonexistent/plan.json", "--compile-only"], 2, "does not exist"),
     (["validate", "/nonexistent/plan.json", "--processes", "2"], 5, "add --compile-only"),
 ])

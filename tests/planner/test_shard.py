@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedError
+from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.hardware import load_hardware
 from planner.shard import shard
 

@@ -163,8 +163,14 @@ def workload_label(train: TrainConfig) -> str:
 
 
 def titled_workload(train: TrainConfig) -> str:
-    """`` (workload ...)`` after a model's name in a title; nothing for pretraining, the default."""
-    return "" if train.workload is WorkloadKind.PRETRAIN else f" ({workload_label(train)})"
+    """`` (workload ..., precision)`` after a model's name in a title; nothing for bf16 pretraining, the default.
+
+    >>> titled_workload(TrainConfig().with_precision(Precision.FP8))
+    ' (fp8)'
+    """
+    parts = [workload_label(train)] if train.workload is not WorkloadKind.PRETRAIN else []
+    parts += [train.precision.value] if train.precision is not Precision.BF16 else []
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "params / grads / optimizer") -> list[tuple[str, str]]:

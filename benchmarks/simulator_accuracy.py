@@ -38,8 +38,9 @@ from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
 from costmodel.catalog import MICROBENCHMARK_EFFICIENCY
+from costmodel.hardware import load_hardware
 from costmodel.layout import Layout, Schedule, stack_recompute
-from costmodel.machine import Machine, load_machine
+from costmodel.machine import Machine, train_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.stack import SoftwareStack, apply_options, get_stack, stack_with
@@ -101,9 +102,8 @@ def train_from_row(row: dict[str, str]) -> TrainConfig:
 
 
 def machine_from_row(row: dict[str, str]) -> Machine:
-    """The row's hardware profile, computing in the row's compute dtype."""
-    return load_machine(row["hardware"], devices_per_node=int(row["devices_per_node"]),
-                        compute_dtype=train_from_row(row).compute_dtype.value)
+    """The row's hardware profile as the row's precision runs on it (fp8: the linear layers at the fp8 peak)."""
+    return train_machine(load_hardware(row["hardware"], devices_per_node=int(row["devices_per_node"])), train_from_row(row))
 
 
 def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:

@@ -97,7 +97,35 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     if dropout:
         terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
                   ActivationTerm(name="mlp_dropout_mask", bytes=mask, role=Role.ELEMENTWISE)]
+    if train.is_fp8 and layout.stack.fp8_kept_casts:
+        terms = fp8_activation_terms(terms, train)
     return lora_activation_terms(terms, model, train, layout) if train.is_lora else terms
+
+
+# The inputs of the fp8 GEMMs: what their weight gradients read in backward.
+FP8_SAVED_INPUTS = frozenset({"qkv_input", "attn_out_proj_input", "mlp_input", "mlp_down_input", "expert_inputs"})
+
+
+def fp8_activation_terms(terms: list[ActivationTerm], train: TrainConfig) -> list[ActivationTerm]:
+    """``terms`` as Transformer Engine keeps them under the fp8 recipe: a linear layer saves its
+    input for the weight gradient as the fp8 cast it already made (one byte per element, one
+    copy: the transpose when its fused cast-transpose wrote one, else the cast), not the 16-bit
+    tensor. NVIDIA/TransformerEngine @0004dbd (v1.5), transformer_engine/pytorch/module/linear.py,
+    ``_Linear.forward``: ``saved_inputmat_t = inputmat_t`` (or ``saved_inputmat = inputmat``, the
+    fp8 cast) in ``ctx.save_for_backward`` unless ``override_linear_precision.wgrad``. Norm
+    inputs, q/k/v and the MLP's pre-activation outputs stay 16-bit (the norm, attention and
+    activation kernels run in bf16). Only where the stack keeps the casts (`SoftwareStack.fp8_kept_casts`).
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> from costmodel.train_config import Precision
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> bf16, fp8 = TrainConfig(seq_len=512), TrainConfig(seq_len=512).with_precision(Precision.FP8)
+    >>> te = Layout(stack=stack_with("megatron-core"))
+    >>> {t.name: t.bytes for t in activation_table(m, fp8, te)}["mlp_input"] * 2 == 512 * 1024 * 2
+    True
+    """
+    scale = 1 / train.compute_dtype.bytes
+    return [t.model_copy(update={"bytes": t.bytes * scale}) if t.name in FP8_SAVED_INPUTS else t for t in terms]
 
 
 # Matmul inputs a layer keeps only for weight gradients, by the adapter group whose ``A``

@@ -37,6 +37,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.collectives import all_gather_s, all_reduce_s, exposed_s, reduce_scatter_s
+from costmodel.fp8 import gathered_layer_param_bytes
 from costmodel.layer_costs import LayerCosts
 from costmodel.layout import Layout
 from costmodel.machine import Machine
@@ -131,7 +132,9 @@ def data_parallel_costs(
     if layout.zero_stage == 0:
         reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
     else:
-        reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(params * param_bytes, group)
+        layer_params = layers * layer_params_per_device(model, layout)  # fp8 parameters gather as fp8 (`costmodel.fp8`)
+        gathered_bytes = layer_params * gathered_layer_param_bytes(train, layout) + (params - layer_params) * param_bytes
+        reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(gathered_bytes, group)
     # DeepSpeed's ZeRO-2 reduce-scatters after every micro-batch, not only the last.
     n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
     total_s = n_reductions * reduce_s + regather_s
@@ -160,7 +163,7 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         ends_s = 2 * all_gather_s(other_gather, group)
         gathered_bytes = n_micro * 2 * (layers * gather + other_gather)
     else:
-        gather_s = all_gather_s(per_layer * param_bytes, group)
+        gather_s = all_gather_s(per_layer * gathered_layer_param_bytes(train, layout), group)
         scatter_s = reduce_scatter_s(per_layer * grad_bytes, group)
         other = stage_params_per_device(model, layout) - layers * per_layer
         ends_s = 2 * all_gather_s(other * param_bytes, group) + reduce_scatter_s(other * grad_bytes, group)

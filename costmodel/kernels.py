@@ -108,6 +108,8 @@ class Kernel(BaseModel):
     count: NonNegativeFloat = Field(1.0, description="Launches of this kernel (may be fractional: an average over layers).")
     fused: bool = Field(False, description="Runs inside a kernel another op launches (an OpGraph op in a fusion, "
                         "`costmodel.fusion`): its bytes count, the launch floor does not.")
+    linear: bool = Field(False, description="A linear layer's weight GEMM: runs at the peak of the train config's "
+                         "linear dtype (fp8 under the fp8 recipe), not the compute dtype's.")
 
     def scaled(self, factor: float) -> Kernel:
         """The same kernel launched ``factor`` times as often (same size per launch)."""
@@ -124,6 +126,42 @@ def _matmul(name: str, m: float, n: float, k: float, *, elem_bytes: int, batch: 
         name=name, kind=KernelKind.MATMUL, flops=2 * batch * m * n * k,
         bytes=batch * elem_bytes * (m * k + k * n + m * n), in_attention_core=core,
     )
+
+
+def _linear(name: str, m: float, n: float, k: float, *, train: TrainConfig) -> list[Kernel]:
+    """A linear layer's GEMM x[m,k]·W[k,n] at the train config's linear dtype and, under the fp8
+    recipe, the casts that feed it (`fp8_cast_kernels`): fp8 operands, a compute-dtype result."""
+    e = train.compute_dtype.bytes
+    if not train.is_fp8:
+        return [_matmul(name, m, n, k, elem_bytes=e).model_copy(update={"linear": True})]
+    gemm = Kernel(name=name, kind=KernelKind.MATMUL, flops=2 * m * n * k, bytes=(m * k + k * n) * FP8_BYTES + m * n * e, linear=True)
+    return [gemm, *fp8_cast_kernels(name, m, n, k, train=train)]
+
+
+FP8_BYTES = 1
+# Transformer Engine's fused cast-transpose (Hopper's fp8 GEMMs take only the "TN" layout, so
+# every fp8 operand is written twice, row- and column-major) reads one compute-dtype tensor and
+# writes two fp8 ones, and reduces its amax in the same pass: 2 + 2 bytes per element.
+FP8_CAST_BYTES_PER_ELEMENT = 4
+
+
+def fp8_cast_kernels(name: str, m: float, n: float, k: float, *, train: TrainConfig) -> list[Kernel]:
+    """The HBM passes that quantize one fp8 GEMM's operands, each its own launch as torchao's
+    Float8Linear runs them (Transformer Engine fuses the input's cast into the norm or activation
+    before it where it can: counting it apart is the upper bound). Forward casts the input
+    x[m,k] and the weight W[k,n]; backward casts the output gradient dy[m,n] (e5m2), so the
+    input cast's backward is that one (``backward_scale`` n/k). The weight is cast once per
+    micro-batch here (TE caches it over micro-batches, ``is_first_microbatch``: the bound).
+    Delayed scaling's amax history and scale update is one small fused kernel per step (not counted).
+
+    >>> [(k.bytes, k.backward_scale) for k in fp8_cast_kernels("mlp_out", 10, 20, 30, train=TrainConfig())]
+    [(1200.0, 0.6666666666666666), (2400.0, 0.0)]
+    """
+    per = FP8_CAST_BYTES_PER_ELEMENT * train.compute_dtype.bytes / 2
+    return [
+        Kernel(name=f"{name}_input_cast", kind=KernelKind.MEMORY, flops=0, bytes=m * k * per, backward_scale=n / k),
+        Kernel(name=f"{name}_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=k * n * per, backward_scale=0.0),
+    ]
 
 
 def _memory(name: str, elements: float, passes: tuple[float, float], *, elem_bytes: int, core: bool = False) -> Kernel:
@@ -156,16 +194,16 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     norm_passes = _passes(model.norm, layout)
     kernels = [
         _memory("attn_norm", residual_tokens * h, norm_passes, elem_bytes=e),
-        _matmul("qkv", tokens, q_width + 2 * kv_width, h, elem_bytes=e),
+        *_linear("qkv", tokens, q_width + 2 * kv_width, h, train=train),
     ]
     if model.positions is Positions.ROPE:
         kernels.append(_memory("rope", tokens * (q_width + kv_width), _passes("rope", layout), elem_bytes=e))
     kernels += [
         *_attention_core(model, train, layout),
-        _matmul("attn_out", tokens, h, q_width, elem_bytes=e),
+        *_linear("attn_out", tokens, h, q_width, train=train),
         _memory("attn_residual", residual_tokens * h, residual_passes, elem_bytes=e),
         _memory("mlp_norm", residual_tokens * h, norm_passes, elem_bytes=e),
-        *_mlp(model, tokens, layout, elem_bytes=e),
+        *_mlp(model, tokens, layout, train=train),
         _memory("mlp_residual", residual_tokens * h, residual_passes, elem_bytes=e),
     ]
     return lora_kernels(kernels, model, train, layout) if train.is_lora else kernels
@@ -219,16 +257,16 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
     ]
 
 
-def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, elem_bytes: int) -> list[Kernel]:
-    h, t = model.hidden_size, layout.tp
+def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfig) -> list[Kernel]:
+    h, t, elem_bytes = model.hidden_size, layout.tp, train.compute_dtype.bytes
     n_in = 2 if model.mlp.gated else 1
     act_passes = _passes(model.mlp, layout)
     if not model.is_moe:
         f = model.ffn_size / t
         return [
-            _matmul("mlp_in", tokens, n_in * f, h, elem_bytes=elem_bytes),
+            *_linear("mlp_in", tokens, n_in * f, h, train=train),
             _memory("mlp_activation", tokens * f, act_passes, elem_bytes=elem_bytes),
-            _matmul("mlp_out", tokens, h, f, elem_bytes=elem_bytes),
+            *_linear("mlp_out", tokens, h, f, train=train),
         ]
     # Each token visits top-k experts; expert weights are split over tp like a dense MLP.
     routed = tokens * model.experts_per_token
@@ -236,17 +274,17 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, elem_bytes: int) 
     kernels = [
         _matmul("router", tokens, model.num_experts, h, elem_bytes=elem_bytes),
         _memory("dispatch", routed * h, _passes("dispatch", layout), elem_bytes=elem_bytes),
-        _matmul("expert_in", routed, n_in * f, h, elem_bytes=elem_bytes),
+        *_linear("expert_in", routed, n_in * f, h, train=train),
         _memory("expert_activation", routed * f, act_passes, elem_bytes=elem_bytes),
-        _matmul("expert_out", routed, h, f, elem_bytes=elem_bytes),
+        *_linear("expert_out", routed, h, f, train=train),
         _memory("combine", routed * h, _passes("dispatch", layout), elem_bytes=elem_bytes),
     ]
     if model.shared_expert_ffn_size:
         fs = model.shared_expert_ffn_size / t
         kernels += [
-            _matmul("shared_in", tokens, n_in * fs, h, elem_bytes=elem_bytes),
+            *_linear("shared_in", tokens, n_in * fs, h, train=train),
             _memory("shared_activation", tokens * fs, act_passes, elem_bytes=elem_bytes),
-            _matmul("shared_out", tokens, h, fs, elem_bytes=elem_bytes),
+            *_linear("shared_out", tokens, h, fs, train=train),
         ]
     return kernels
 

@@ -51,7 +51,8 @@ def phase_time(kernels: list[Kernel], hw: Machine, *, backward: bool = False) ->
     for k in kernels:
         if backward:
             k = k.scaled(k.backward_scale)
-        t = kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
+        peak = hw.linear_peak if k.linear else hw.peak_flops_per_s
+        t = kernel_time_s(k, peak_flops_per_s=peak, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
         if k.kind is KernelKind.MEMORY:
             memory_s += t
         else:

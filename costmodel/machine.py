@@ -10,11 +10,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from costmodel.collectives import Group, Tier
+from costmodel.errors import InvalidConfigError
 from costmodel.hardware import ClusterSpec, StepAllocator, load_hardware
 from costmodel.host import HostSpec
 from costmodel.layout import Layout
 from costmodel.roofline import Efficiency
 from costmodel.topology import layout_groups, mesh_groups
+from costmodel.train_config import Precision, TrainConfig
 
 
 class Machine(BaseModel):
@@ -23,7 +25,9 @@ class Machine(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Hardware profile name.")
-    peak_flops_per_s: PositiveFloat = Field(description="Dense peak of the compute dtype.")
+    peak_flops_per_s: PositiveFloat = Field(description="Dense peak of the compute dtype (MFU is against it).")
+    linear_peak_flops_per_s: PositiveFloat | None = Field(
+        None, description="Dense peak the linear layers' GEMMs run at where it differs (fp8 recipe); None: peak_flops_per_s.")
     hbm_bytes_per_s: PositiveFloat = Field(description="HBM bandwidth.")
     hbm_bytes: PositiveFloat = Field(description="HBM capacity.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
@@ -35,6 +39,11 @@ class Machine(BaseModel):
     inter_cross_rail: Tier | None = Field(None, description="Inter-node link between different rails (through the spine); "
                                                             "None: as inter.")
     host: HostSpec | None = Field(None, description="The node's host memory, CPU and device-to-host link; None: not described.")
+
+    @property
+    def linear_peak(self) -> float:
+        """Peak FLOP/s of the linear layers' GEMMs."""
+        return self.linear_peak_flops_per_s or self.peak_flops_per_s
 
     def stream_s(self, n_bytes: float) -> float:
         """Seconds a memory-bound kernel takes to read and write ``n_bytes`` of HBM in all."""
@@ -52,11 +61,17 @@ class Machine(BaseModel):
                 "inter_cross_rail": self.inter_cross_rail}
 
 
-def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Machine:
-    """The simulator's view of ``cluster`` computing in ``compute_dtype``."""
+def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16", linear_dtype: str | None = None) -> Machine:
+    """The simulator's view of ``cluster`` computing in ``compute_dtype`` (its linear layers'
+    GEMMs in ``linear_dtype`` where given); a dtype the part has no peak for is refused
+    (`check_peak`)."""
+    check_peak(cluster, compute_dtype)
+    if linear_dtype is not None:
+        check_peak(cluster, linear_dtype)
     return Machine(
         name=cluster.name,
         peak_flops_per_s=cluster.device.peak_for(compute_dtype),
+        linear_peak_flops_per_s=cluster.device.peak_for(linear_dtype) if linear_dtype and linear_dtype != compute_dtype else None,
         hbm_bytes_per_s=cluster.device.hbm_bytes_per_s,
         hbm_bytes=cluster.device.hbm_bytes,
         efficiency=cluster.device.efficiency,
@@ -68,6 +83,54 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16") -> Mac
         inter_cross_rail=cluster.inter_tier(rail_aligned=False),
         host=cluster.host,
     )
+
+
+def train_machine(cluster: ClusterSpec, train: TrainConfig) -> Machine:
+    """``cluster`` as ``train``'s precision runs on it: its GEMMs at ``train.matmul_peak_dtype``,
+    the linear layers' at ``train.linear_peak_dtype``.
+
+    >>> from costmodel.train_config import Precision
+    >>> m = train_machine(load_hardware("h100-sxm"), TrainConfig().with_precision(Precision.FP8))
+    >>> round(m.linear_peak / m.peak_flops_per_s, 3)
+    2.0
+    """
+    return machine_for(cluster, compute_dtype=train.matmul_peak_dtype, linear_dtype=train.linear_peak_dtype)
+
+
+# Users name dtypes by recipe; the catalog keys peaks by numpy-style names.
+_DTYPE_LABELS = {"float8_e4m3fn": "float8", "float32": "float32", "tf32": "tf32", "bfloat16": "bfloat16", "float16": "float16",
+                 "int8": "int8"}
+
+
+def check_peak(cluster: ClusterSpec, dtype: str) -> None:
+    """Refuse (exit 2) a dtype ``cluster``'s part has no peak for, naming the built-in parts that have one.
+
+    >>> try:
+    ...     check_peak(load_hardware("a100-80gb"), "float8_e4m3fn")
+    ... except InvalidConfigError as err:
+    ...     print(str(err).split(";")[0])
+    a100-80gb has no float8 peak
+    """
+    from costmodel.catalog import CATALOG  # the catalog builds on this module's neighbours
+
+    if dtype in cluster.device.peak_flops_per_s:
+        return
+    label = _DTYPE_LABELS.get(dtype, dtype)
+    having = sorted({c.device.name for c in CATALOG.values() if dtype in c.device.peak_flops_per_s})
+    raise InvalidConfigError(
+        f"{cluster.device.name} has no {label} peak; parts with one: {', '.join(having) or 'none'}",
+        fix=f"choose one of those with --hardware, or a precision {cluster.device.name} accelerates (`plan hardware` lists them)")
+
+
+def supported_precisions(cluster: ClusterSpec) -> list[Precision]:
+    """The ``--precision`` recipes ``cluster``'s part has every peak for.
+
+    >>> [p.value for p in supported_precisions(load_hardware("v100"))]
+    ['fp32', 'fp16']
+    """
+    peaks = cluster.device.peak_flops_per_s
+    base = TrainConfig()
+    return [p for p in Precision if {base.with_precision(p).matmul_peak_dtype, base.with_precision(p).linear_peak_dtype} <= peaks.keys()]
 
 
 def load_machine(name_or_path: str, *, devices_per_node: int | None = None, compute_dtype: str = "bfloat16") -> Machine:

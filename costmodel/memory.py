@@ -41,6 +41,7 @@ from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.activations import activation_bytes_per_layer
 from costmodel.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
+from costmodel.fp8 import fp8_weight_copy_bytes
 from costmodel.layout import Layout, Offload, Recompute, Schedule
 from costmodel.model_config import ModelConfig
 from costmodel.offload import HostMemory, device_grad_bytes, host_memory
@@ -147,6 +148,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     mixed = train.param_dtype != train.compute_dtype
     optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
     params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
+    params += fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
     frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
     grads = n * train.grad_dtype.bytes / (dp if zero >= 2 else 1)
     optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)

@@ -91,6 +91,16 @@ class SoftwareStack(BaseModel):
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
         "(cast, max, subtract, exp, sum, divide; backward a multiply and the cast back).")
+    fp8_kept_casts: bool = Field(
+        True, description="Under the fp8 recipe a linear layer keeps its input for backward as the fp8 cast it made, and "
+        "each layer weight's fp8 cast and transpose stay resident between micro-batches (Transformer Engine @0004dbd "
+        "transformer_engine/pytorch/module/linear.py; torchao Float8Linear keeps its fp8 input too); False: the 16-bit "
+        "inputs are kept and every cast is redone where used (this project's JAX program, whose remat policy saves the "
+        "inputs by name).")
+    fp8_param_gather: bool = Field(
+        False, description="Under the fp8 recipe the layers' weights are kept and all-gathered (ZeRO 1-3) as fp8 "
+        "(Transformer Engine's fp8_model_init, Megatron-LM's --fp8-param-gather, torchao's "
+        "enable_fsdp_float8_all_gather); False: as bf16, cast to fp8 after the gather.")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
 
@@ -100,7 +110,8 @@ _TITAN = "pytorch/torchtitan"
 
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
-        name="jax", citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
+        name="jax", fp8_kept_casts=False,
+        citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
         "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches; what `plan validate` lowers.",
     ),
     SoftwareStack(

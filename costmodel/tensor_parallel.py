@@ -95,7 +95,7 @@ def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout
 
     def behind(names: frozenset[str]) -> float:
         """Exposed seconds of one collective beside each GEMM in ``names`` (one per block)."""
-        return sum(exposed_s(one_s, kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s,
+        return sum(exposed_s(one_s, kernel_time_s(k, peak_flops_per_s=hw.linear_peak, hbm_bytes_per_s=hw.hbm_bytes_per_s,
                                                   efficiency=hw.efficiency), slowdown)
                    for k in kernels if k.name in names)
 

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from enum import StrEnum
-
 from typing import Any
 
 from pydantic import (
@@ -32,21 +31,31 @@ class Dtype(StrEnum):
     """Numeric formats the planner reasons about."""
 
     FP32 = "float32"
+    TF32 = "tf32"  # fp32 storage; the tensor cores' 10-bit-mantissa mode for fp32 GEMMs
     BF16 = "bfloat16"
     FP16 = "float16"
     FP8 = "float8_e4m3fn"
 
     @property
     def bytes(self) -> int:
-        return {Dtype.FP32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FP8: 1}[self]
+        return {Dtype.FP32: 4, Dtype.TF32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FP8: 1}[self]
 
 
 class Precision(StrEnum):
-    """Mixed-precision recipe a user names: bf16 (fp32 gradients) or fp16 (fp16 gradients,
-    dynamic loss scaling), as Megatron-LM's --bf16 / --fp16 run them."""
+    """Precision recipe a user names.
 
+    fp32: everything fp32 at the fp32 (CUDA-core) peak. tf32: fp32 storage, every GEMM at
+    the tf32 tensor-core peak (PyTorch's ``allow_tf32``, JAX's default matmul precision on
+    Ampere and later). bf16 / fp16: as Megatron-LM's --bf16 / --fp16 run them (fp16: fp16
+    gradients, dynamic loss scaling). fp8: bf16 as the base, the linear layers' GEMMs in fp8
+    as Transformer Engine runs them (`costmodel.precision`).
+    """
+
+    FP32 = "fp32"
+    TF32 = "tf32"
     BF16 = "bf16"
     FP16 = "fp16"
+    FP8 = "fp8"
 
 
 class AdamW(BaseModel):
@@ -75,6 +84,9 @@ class TrainConfig(BaseModel):
     global_batch: PositiveInt = Field(256, description="Sequences per optimizer step, over all devices.")
     param_dtype: Dtype = Field(Dtype.FP32, description="Master copy of the parameters.")
     compute_dtype: Dtype = Field(Dtype.BF16, description="Matmul inputs and stored activations.")
+    linear_dtype: Dtype | None = Field(None, description="Inputs of the linear layers' GEMMs where they differ from "
+                                       "compute_dtype: float8_e4m3fn (fp8 recipe) or tf32 (every fp32 GEMM at the tf32 "
+                                       "peak); None: compute_dtype.")
     grad_dtype: Dtype = Field(Dtype.FP32, description="Gradients as reduced and accumulated.")
     optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
     optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
@@ -136,16 +148,47 @@ class TrainConfig(BaseModel):
         """fp16 compute needs dynamic loss scaling (bf16 has fp32's exponent range)."""
         return self.compute_dtype is Dtype.FP16
 
+    @property
+    def is_fp8(self) -> bool:
+        """Whether the linear layers' GEMMs take fp8 inputs (the fp8 recipe)."""
+        return self.linear_dtype is Dtype.FP8
+
+    @property
+    def linear_peak_dtype(self) -> str:
+        """The catalog dtype whose peak the linear layers' GEMMs run at."""
+        return (self.linear_dtype or self.compute_dtype).value
+
+    @property
+    def matmul_peak_dtype(self) -> str:
+        """The catalog dtype whose peak every other GEMM (attention, the head) runs at: tf32
+        is a mode of every fp32 GEMM, fp8 only of the linear layers'."""
+        return Dtype.TF32.value if self.linear_dtype is Dtype.TF32 else self.compute_dtype.value
+
+    @property
+    def precision(self) -> Precision:
+        """The recipe this dtype policy is (`with_precision` inverted)."""
+        if self.linear_dtype is not None:
+            return Precision.FP8 if self.is_fp8 else Precision.TF32
+        return {Dtype.FP32: Precision.FP32, Dtype.FP16: Precision.FP16}.get(self.compute_dtype, Precision.BF16)
+
     def with_precision(self, precision: Precision) -> TrainConfig:
         """This config under ``precision``: bf16 computes in bf16 and accumulates and reduces
         gradients in fp32 (Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` for bf16);
         fp16 computes in fp16 and accumulates and all-reduces gradients in fp16 (Megatron-LM's
-        default for --fp16), unscaling them before the optimizer.
+        default for --fp16), unscaling them before the optimizer. fp32 and tf32 keep everything
+        in fp32 (no separate compute copy of the weights); fp8 is bf16 with the linear layers'
+        GEMM inputs in fp8.
 
         >>> t = TrainConfig().with_precision(Precision.FP16)
         >>> t.compute_dtype.value, t.grad_dtype.value, t.loss_scaled
         ('float16', 'float16', True)
+        >>> f = TrainConfig().with_precision(Precision.FP8)
+        >>> f.compute_dtype.value, f.linear_peak_dtype, f.matmul_peak_dtype, f.precision.value
+        ('bfloat16', 'float8_e4m3fn', 'bfloat16', 'fp8')
+        >>> TrainConfig().with_precision(Precision.TF32).matmul_peak_dtype
+        'tf32'
         """
-        half = Dtype.FP16 if precision is Precision.FP16 else Dtype.BF16
+        compute = {Precision.FP32: Dtype.FP32, Precision.TF32: Dtype.FP32, Precision.FP16: Dtype.FP16}.get(precision, Dtype.BF16)
         grads = Dtype.FP16 if precision is Precision.FP16 else Dtype.FP32
-        return self.model_copy(update={"compute_dtype": half, "grad_dtype": grads})
+        linear = {Precision.TF32: Dtype.TF32, Precision.FP8: Dtype.FP8}.get(precision)
+        return self.model_copy(update={"compute_dtype": compute, "grad_dtype": grads, "linear_dtype": linear})

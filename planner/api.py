@@ -14,7 +14,7 @@ from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedErr
 from costmodel.estimate import StepEstimate
 from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import Layout, Offload, check_sequence
-from costmodel.machine import Machine, machine_for
+from costmodel.machine import Machine, train_machine
 from costmodel.memory import min_state_bytes_per_device
 from costmodel.mesh import MeshSpec, axis_links, parse_mesh
 from costmodel.model_config import ModelConfig
@@ -63,7 +63,9 @@ def plan(
       stack: the software stack (`costmodel.stack.STACKS` name or a `SoftwareStack`) whose
         step time the layout is chosen for; default "jax", the program `plan validate` lowers.
         Another stack predicts how that framework would run the chosen layout.
-      precision: "bf16" or "fp16" (fp16 gradients, dynamic loss scaling).
+      precision: "fp32", "tf32" (fp32 storage, GEMMs at the tf32 peak), "bf16", "fp16" (fp16 gradients,
+        dynamic loss scaling) or "fp8" (bf16, the linear layers' GEMMs in fp8 as Transformer Engine runs
+        them; `costmodel.fp8`); a part without the dtype's peak is refused (`InvalidConfigError`).
       progress: called as ``progress(phase, done, total)`` while the search runs.
       tokens: training tokens; the plan's prediction then says how long training takes
         (``time_to_train_s``: tokens / tokens_per_s at the chosen layout, plus ``input_overhead_s``
@@ -98,10 +100,13 @@ def plan(
     if (train.is_lora or train.is_inference) and planner != "grid":
         raise UnsupportedError(f"--planner {planner} shards the pretraining step only; {train.workload.value} plans use the grid planner",
                                fix="drop --planner or use --planner grid")
+    if train.is_fp8 and planner != "grid":
+        raise UnsupportedError(f"--planner {planner} costs every GEMM at one peak; fp8 plans use the grid planner",
+                               fix="drop --planner or use --planner grid")
     check_sequence(cfg, train)
     offload = _offload_choice(offload, planner)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
-    machine = machine_for(cluster, compute_dtype=train.compute_dtype.value)
+    machine = train_machine(cluster, train)
     software = get_stack(stack) if isinstance(stack, str) else stack
     if (mesh is None) == (devices is None):
         raise InvalidConfigError("give exactly one of --mesh and --devices", fix="e.g. --mesh 8x4 or --devices 32")
@@ -191,6 +196,7 @@ def layout_plan(
     model: str | ModelConfig, layout: Layout, *, mesh: str | None = None, hardware: str = "h100-sxm",
     seq_len: int | None = None, global_batch: int = 256, devices_per_node: int | None = None,
     workload: WorkloadKind | str = WorkloadKind.PRETRAIN, lora: LoraConfig | None = None, inference: InferenceConfig | None = None,
+    precision: Precision | str = Precision.BF16,
 ) -> Plan:
     """The plan for a layout chosen by hand: mesh roles, Megatron shardings, simulated prediction.
 
@@ -203,10 +209,10 @@ def layout_plan(
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     train = train_config(seq_len=seq_len or default_seq_len(cfg), global_batch=global_batch, workload=workload, lora=lora,
-                         inference=inference)
+                         inference=inference).with_precision(Precision(precision))
     check_sequence(cfg, train)
     cluster = load_hardware(hardware, devices_per_node=devices_per_node)
-    machine = machine_for(cluster)
+    machine = train_machine(cluster, train)
     estimate = simulate(cfg, train, layout, machine)
     layout = estimate.layout if train.is_inference else layout  # serving sets the micro-batch itself
     wanted = (layout.dp, layout.tp, layout.pp, layout.cp)

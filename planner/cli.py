@@ -12,13 +12,15 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
-from planner.commands import budget_cmd, compare_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
+from planner.commands import budget_cmd, compare_cmd, hardware_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
 from planner.time_limit import add_time_limit, time_limit, wall_limit_s
 
 # Each command module offers add_arguments(parser) and run(args) -> int.
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "layout": ("choose a layout (the default command: plan --model M --mesh 8x4)", plan_cmd.add_arguments, plan_cmd.run),
     "inspect": ("parameter count, FLOPs and graph size of a model", inspect_cmd.add_arguments, inspect_cmd.run),
+    "hardware": ("which dtypes each part accelerates and at what peak (the --precision it runs)", hardware_cmd.add_arguments,
+                 hardware_cmd.run),
     "simulate": ("predict step time and memory of one layout", simulate_cmd.add_arguments, simulate_cmd.run),
     "validate": ("compile a plan on its (emulated) device mesh and compare", validate_cmd.add_arguments, validate_cmd.run),
     "largest": ("the largest model of a family whose training step fits the devices", largest_cmd.add_arguments,

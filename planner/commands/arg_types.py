@@ -46,3 +46,8 @@ def _whole(text: str, *, minimum: int, what: str, example: str) -> int:
     if value < minimum:
         raise argparse.ArgumentTypeError(f"{text!r} is not a {what}; fix: give a whole number of at least {minimum}, e.g. {example}")
     return value
+
+
+PRECISION_HELP = ("fp32 (everything fp32), tf32 (fp32 storage, GEMMs at the tf32 peak), bf16 (default; fp32 gradients), "
+                  "fp16 (fp16 gradients, dynamic loss scaling) or fp8 (bf16 with the linear layers' GEMMs in fp8, as "
+                  "Transformer Engine runs them); the part needs that dtype's peak (`plan hardware` lists them)")

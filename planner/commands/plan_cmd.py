@@ -19,7 +19,7 @@ from costmodel.memory import MemoryBreakdown
 from costmodel.run_overheads import DEFAULT_CHECKPOINT_EVERY_S, RunOverheads, RunSettings
 from costmodel.train_config import Precision, TrainConfig
 from costmodel.workload import WorkloadKind, adapter_params_per_layer
-from planner.commands.arg_types import non_negative_int, positive_float, positive_int
+from planner.commands.arg_types import PRECISION_HELP, non_negative_int, positive_float, positive_int
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.progress import progress_display, wanted
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "CP-SAT intra-op ILP shards every parameter and op of a stage; anneal/beam/random: search "
                              "planners on the ILP's strategy space")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
-                        help="bf16 (fp32 gradients) or fp16 (fp16 gradients, dynamic loss scaling)")
+                        help=PRECISION_HELP)
     parser.add_argument("--offload", choices=["auto", *(o.value for o in Offload)], default="auto",
                         help="optimizer state on host memory, Adam on the CPU (ZeRO-Offload): auto (only when no layout fits "
                              "without; default), none or optimizer")
@@ -115,12 +115,12 @@ def run(args: argparse.Namespace) -> int:
 def _html(result: Plan, args: argparse.Namespace) -> str:
     """The HTML report, with the pipeline timeline simulated again for the chosen layout."""
     from costmodel.hardware import load_hardware
-    from costmodel.machine import machine_for
+    from costmodel.machine import train_machine
     from costmodel.simulator import simulate
     from planner.html_report import html_report
 
     cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
-    estimate = simulate(result.model, result.train, result.layout, machine_for(cluster), keep_timeline=True)
+    estimate = simulate(result.model, result.train, result.layout, train_machine(cluster, result.train), keep_timeline=True)
     return html_report(result, devices_per_node=cluster.devices_per_node, timeline=estimate.timeline)
 
 
@@ -169,8 +169,14 @@ def workload_label(train: TrainConfig) -> str:
 
 
 def titled_workload(train: TrainConfig) -> str:
-    """`` (workload ...)`` after a model's name in a title; nothing for pretraining, the default."""
-    return "" if train.workload is WorkloadKind.PRETRAIN else f" ({workload_label(train)})"
+    """`` (workload ..., precision)`` after a model's name in a title; nothing for bf16 pretraining, the default.
+
+    >>> titled_workload(TrainConfig().with_precision(Precision.FP8))
+    ' (fp8)'
+    """
+    parts = [workload_label(train)] if train.workload is not WorkloadKind.PRETRAIN else []
+    parts += [train.precision.value] if train.precision is not Precision.BF16 else []
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "params / grads / optimizer") -> list[tuple[str, str]]:

@@ -11,12 +11,14 @@ from rich.table import Table
 
 from costmodel.errors import InvalidPlanError, flag_error
 from costmodel.estimate import StepEstimate
+from costmodel.hardware import load_hardware
 from costmodel.layout import Layout, Offload, Recompute, Schedule, stack_recompute
-from costmodel.machine import load_machine
+from costmodel.machine import train_machine
 from costmodel.simulator import simulate
 from costmodel.model_config import ModelConfig
+from costmodel.simulator import simulate
 from costmodel.train_config import Precision, TrainConfig
-from planner.commands.arg_types import non_negative_int, positive_int
+from planner.commands.arg_types import PRECISION_HELP, non_negative_int, positive_int
 from planner.commands.plan_cmd import memory_rows, offload_rows, serving_rows, titled_workload
 from planner.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
-                        help="bf16 (fp32 gradients) or fp16 (fp16 gradients accumulated and all-reduced, dynamic loss scaling)")
+                        help=PRECISION_HELP)
     parser.add_argument("--offload", choices=[o.value for o in Offload], default="none",
                         help="none (default) or optimizer: master weights, Adam moments and fp32 gradients on host memory, "
                              "Adam on the CPU (ZeRO-Offload as DeepSpeed runs it)")
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             f"tp·pp·dp·cp = {layout.tp}·{layout.pp}·{layout.dp}·{layout.cp} = {layout.n_devices} but --devices={args.devices}",
             fix="make the degrees multiply to the device count",
         )
-    machine = load_machine(args.hardware, devices_per_node=args.devices_per_node, compute_dtype=train.compute_dtype.value)
+    machine = train_machine(load_hardware(args.hardware, devices_per_node=args.devices_per_node), train)
     estimate = simulate(model, train, layout, machine, keep_timeline=bool(args.timeline))
     if args.timeline:
         write_timeline(estimate, args.timeline)

@@ -25,6 +25,9 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
     "fsdp_copy_out": (["yes", "no"], "ZeRO-3 copies gathered parameters out of the all-gather buffer (PyTorch FSDP2)"),
     "fused_grad_accumulation": (["yes", "no"], "weight-gradient GEMMs add into the accumulator (Megatron-LM)"),
     "reduce_every_micro_batch": (["yes", "no"], "ZeRO-2 reduce-scatters after every micro-batch (DeepSpeed)"),
+    "fp8_kept_casts": (["yes", "no"], "with --precision fp8, GEMM inputs kept in fp8 and weight casts resident (Transformer "
+                       "Engine, torchao; no: the JAX program's bf16 inputs, casts redone)"),
+    "fp8_param_gather": (["yes", "no"], "with --precision fp8, weights kept and all-gathered in fp8 (Megatron-LM --fp8-param-gather)"),
 }
 
 

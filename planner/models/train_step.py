@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import AdamW, TrainConfig
+from planner.models.fp8 import fp8_linear
 from planner.models.lora import abstract_adapters, abstract_frozen, merge_adapters
 from planner.models.params import Params, abstract_params
 from planner.models.transformer import forward
@@ -134,6 +135,8 @@ def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "n
     """
     compute_dtype = jnp.dtype(train.compute_dtype.value)
     lora_scale = train.lora.alpha / train.lora.rank if train.is_lora else 1.0
+    if train.is_fp8:  # the dense layers' projections in fp8 (`planner.models.fp8`)
+        hooks = {**(hooks or {}), "linear": fp8_linear}
     loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale)
 
     def trained_loss(params: Params, batch: Batch, cfg: ModelConfig, frozen: Params | None, **kwargs: Any) -> jax.Array:

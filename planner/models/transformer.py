@@ -38,6 +38,7 @@ Lookup = Callable[[jax.Array, jax.Array], jax.Array]
 Experts = Callable[[Callable[..., jax.Array]], Callable[..., jax.Array]]
 # Wraps the checkpointed layer, choosing how its backward keeps residuals (`planner.models.residuals`).
 KeepResiduals = Callable[[Callable[..., Any]], Callable[..., Any]]
+Linear = Callable[[str, jax.Array, jax.Array, Any], jax.Array]  # (einsum equation, x, w, result dtype) -> x·w
 ATTENTION_KERNELS = ("materialized", "flash")
 # Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
 MOE_CAPACITY_FACTOR = 1.25
@@ -92,10 +93,16 @@ def _take(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
     return jnp.take(table_VxD, tokens_BxS, axis=0)
 
 
-def _project(equation: str, x: jax.Array, p: Params, name: str, dt: Any, lora_scale: float) -> jax.Array:
-    """``x·W`` for the weight ``p[name]`` (``equation`` as for ``jnp.einsum``), plus its LoRA
-    adapter's ``(x·A)·B · lora_scale`` where the layer has one (`planner.models.lora`)."""
-    y = jnp.einsum(equation, x, p[name].astype(dt))
+def _einsum_linear(equation: str, x: jax.Array, w: jax.Array, dt: Any) -> jax.Array:
+    return jnp.einsum(equation, x, w)
+
+
+def _project(equation: str, x: jax.Array, p: Params, name: str, dt: Any, lora_scale: float,
+             linear: Linear = _einsum_linear) -> jax.Array:
+    """``x·W`` for the weight ``p[name]`` (``equation`` as for ``jnp.einsum``, computed by
+    ``linear``), plus its LoRA adapter's ``(x·A)·B · lora_scale`` where the layer has one
+    (`planner.models.lora`)."""
+    y = linear(equation, x, p[name].astype(dt), dt)
     if f"{name}_lora_a" not in p:
         return y
     operands, out = equation.split("->")
@@ -110,13 +117,13 @@ def _project(equation: str, x: jax.Array, p: Params, name: str, dt: Any, lora_sc
 
 
 def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, kernel: str = "materialized",
-               lora_scale: float = 1.0) -> jax.Array:
+               lora_scale: float = 1.0, linear: Linear = _einsum_linear) -> jax.Array:
     b, s, _ = x_BxSxD.shape
     k_heads, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
     x_BxSxD = checkpoint_name(x_BxSxD, "qkv_input")
-    q_BxSxNxH = constrain("attention_heads_BxSxNxH", _project("bsd,dnh->bsnh", x_BxSxD, p, "wq", dt, lora_scale))
-    k_BxSxKxH = constrain("kv_heads_BxSxKxH", _project("bsd,dkh->bskh", x_BxSxD, p, "wk", dt, lora_scale))
-    v_BxSxKxH = constrain("kv_heads_BxSxKxH", _project("bsd,dkh->bskh", x_BxSxD, p, "wv", dt, lora_scale))
+    q_BxSxNxH = constrain("attention_heads_BxSxNxH", _project("bsd,dnh->bsnh", x_BxSxD, p, "wq", dt, lora_scale, linear))
+    k_BxSxKxH = constrain("kv_heads_BxSxKxH", _project("bsd,dkh->bskh", x_BxSxD, p, "wk", dt, lora_scale, linear))
+    v_BxSxKxH = constrain("kv_heads_BxSxKxH", _project("bsd,dkh->bskh", x_BxSxD, p, "wv", dt, lora_scale, linear))
     if "bq" in p:
         q_BxSxNxH, k_BxSxKxH, v_BxSxKxH = q_BxSxNxH + p["bq"].astype(dt), k_BxSxKxH + p["bk"].astype(dt), v_BxSxKxH + p["bv"].astype(dt)
     if cfg.positions is Positions.ROPE:
@@ -130,7 +137,7 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
     else:
         out_BxSxKxGxH = checkpoint_name(_materialized(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, cfg, dt, constrain), "attn_out_proj_input")
     out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
-    y_BxSxD = _project("bsnh,nhd->bsd", out_BxSxNxH, p, "wo", dt, lora_scale)
+    y_BxSxD = _project("bsnh,nhd->bsd", out_BxSxNxH, p, "wo", dt, lora_scale, linear)
     return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
 
 
@@ -180,15 +187,16 @@ def _activation(h: jax.Array, gate: jax.Array | None, kind: MlpKind) -> jax.Arra
 
 
 def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str = "", constrain: Constrain = _keep,
-               lora_scale: float = 1.0) -> jax.Array:
+               lora_scale: float = 1.0, linear: Linear = _einsum_linear) -> jax.Array:
     """MLP on any leading shape ``[..., D]`` (also one expert's slice ``[..., C, D]``)."""
     x = checkpoint_name(x, "mlp_input" if not prefix else "shared_expert")
-    h = constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_in", dt, lora_scale))
-    gate = constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_gate", dt, lora_scale)) if cfg.mlp.gated else None
+    h = constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_in", dt, lora_scale, linear))
+    gate = (constrain("mlp_hidden_BxSxF", _project("...d,df->...f", x, p, f"{prefix}w_gate", dt, lora_scale, linear))
+            if cfg.mlp.gated else None)
     if "b_in" in p and not prefix:
         h = h + p["b_in"].astype(dt)
         gate = gate + p["b_gate"].astype(dt) if gate is not None else None
-    y = _project("...f,fd->...d", _activation(h, gate, cfg.mlp), p, f"{prefix}w_out", dt, lora_scale)
+    y = _project("...f,fd->...d", _activation(h, gate, cfg.mlp), p, f"{prefix}w_out", dt, lora_scale, linear)
     return y + p["b_out"].astype(dt) if "b_out" in p and not prefix else y
 
 
@@ -262,10 +270,11 @@ def _moe(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, experts: Expe
 
 
 def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain = _keep,
-           attention: str = "materialized", experts: Experts = _run, lora_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
+           attention: str = "materialized", experts: Experts = _run, lora_scale: float = 1.0,
+           linear: Linear = _einsum_linear) -> tuple[jax.Array, jax.Array]:
     with jax.named_scope("attention"):
         x_BxSxD = checkpoint_name(x_BxSxD, "attn_norm_input")
-        attended_BxSxD = _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain, attention, lora_scale)
+        attended_BxSxD = _attention(_norm(x_BxSxD, p["attn_norm"], cfg), p["attn"], cfg, dt, constrain, attention, lora_scale, linear)
         x_BxSxD = checkpoint_name(constrain("residual_BxSxD", x_BxSxD + attended_BxSxD), "mlp_norm_input")
     h_BxSxD = _norm(x_BxSxD, p["mlp_norm"], cfg)
     if cfg.is_moe:
@@ -273,14 +282,15 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
             y_BxSxD, aux = _moe(h_BxSxD, p["moe"], cfg, dt, experts)
     else:
         with jax.named_scope("mlp"):
-            y_BxSxD, aux = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain, lora_scale=lora_scale), jnp.zeros((), jnp.float32)
+            y_BxSxD = _dense_mlp(h_BxSxD, p["mlp"], cfg, dt, constrain=constrain, lora_scale=lora_scale, linear=linear)
+            aux = jnp.zeros((), jnp.float32)
     return constrain("residual_BxSxD", x_BxSxD + y_BxSxD), aux
 
 
 def forward(
     params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
     constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized", experts: Experts = _run,
-    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced,
+    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced, linear: Linear = _einsum_linear,
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
@@ -295,12 +305,14 @@ def forward(
     vocab-parallel one for a vocabulary-sharded table). ``experts(fn)`` wraps the experts'
     computation of an MoE layer (the validator runs it manual over the tensor axes).
     ``lora_scale`` (alpha / rank) multiplies the LoRA adapters' output where the layers carry
-    adapters (`planner.models.lora`). ``keep_residuals`` wraps each checkpointed layer (the
+    adapters (`planner.models.lora`). ``linear(equation, x, w, dtype)`` computes the dense
+    layers' projections (`planner.models.fp8.fp8_linear` for the fp8 recipe; MoE experts and the
+    head stay in the compute dtype). ``keep_residuals`` wraps each checkpointed layer (the
     validator passes `planner.models.residuals.residuals_as_bits` on the CPU backend).
     """
     x_BxSxD = embed(params, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
     x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention, experts=experts,
-                                lora_scale=lora_scale, keep_residuals=keep_residuals)
+                                lora_scale=lora_scale, keep_residuals=keep_residuals, linear=linear)
     return head(x_BxSxD, params, cfg, constrain=constrain), aux_L.mean()
 
 
@@ -316,7 +328,8 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
 
 def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
                constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run,
-               lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced) -> tuple[jax.Array, jax.Array]:
+               lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced,
+               linear: Linear = _einsum_linear) -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
     output and each layer's MoE balancing loss. ``keep_residuals`` wraps the checkpointed layer."""
     if remat not in _REMAT_POLICIES:
@@ -326,7 +339,7 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, layer_params, cfg, x.dtype, constrain, attention, experts, lora_scale)
+            return _layer(x, layer_params, cfg, x.dtype, constrain, attention, experts, lora_scale, linear)
 
     body = keep_residuals(jax.checkpoint(body, policy=_REMAT_POLICIES[remat]))
     return jax.lax.scan(body, x_BxSxD, layers)

@@ -108,3 +108,16 @@ def test_lora_keeps_inputs_only_where_an_adapter_reads_them():
     no_adapters_on_attn = TrainConfig(seq_len=S, workload="finetune-lora", lora={"targets": ["mlp"]})
     flash = {t.name for t in activation_table(m, no_adapters_on_attn, Layout(stack=stack_with("jax", attention="flash")))}
     assert "attn_out_proj_input" in flash and "qkv_input" not in flash  # the flash backward reads its output
+
+
+def test_fp8_keeps_the_linear_inputs_in_one_byte():
+    from costmodel.train_config import Precision
+
+    m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+    bf16 = {t.name: t.bytes for t in activation_table(m, TrainConfig(seq_len=512), Layout())}
+    fp8_train = TrainConfig(seq_len=512).with_precision(Precision.FP8)
+    fp8 = {t.name: t.bytes for t in activation_table(m, fp8_train, Layout(stack=stack_with("megatron-core")))}
+    assert {t.name: t.bytes for t in activation_table(m, fp8_train, Layout())} == bf16  # the JAX program keeps bf16 inputs
+    halved = {n for n in bf16 if fp8[n] == bf16[n] / 2}
+    assert halved == {"qkv_input", "attn_out_proj_input", "mlp_input", "mlp_down_input"}
+    assert all(fp8[n] == bf16[n] for n in bf16.keys() - halved)  # norm inputs, q/k/v, MLP pre-activations: bf16

@@ -98,3 +98,23 @@ def test_lora_freezes_weight_gemms_and_adds_thin_adapter_gemms():
     assert {n for n in tuned if n.startswith("lora_")} == {f"lora_{w}_{p}" for w in ("wq", "wk", "wv", "wo") for p in ("down", "up")}
     head = {k.name: k for k in head_forward_kernels(LLAMA, lora, Layout())}
     assert head["lm_head"].backward_scale == 1.0
+
+
+def test_fp8_gemms_read_one_byte_operands_and_add_their_casts():
+    from costmodel.train_config import Precision
+
+    m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000, mlp="gelu")
+    bf16 = TrainConfig(seq_len=512)
+    fp8 = bf16.with_precision(Precision.FP8)
+    plain = {k.name: k for k in layer_forward_kernels(m, bf16, Layout())}
+    quant = {k.name: k for k in layer_forward_kernels(m, fp8, Layout())}
+    tokens, h, f = 512, 1024, 4096
+    assert quant["mlp_in"].linear and quant["mlp_in"].flops == plain["mlp_in"].flops
+    assert quant["mlp_in"].bytes == tokens * h + h * f + 2 * tokens * f  # x and W in fp8, y in bf16
+    # Read bf16, write the fp8 cast and its transpose: 4 bytes an element of x; the backward's casts dy.
+    cast = quant["mlp_in_input_cast"]
+    assert cast.bytes == 4 * tokens * h and cast.bytes * cast.backward_scale == 4 * tokens * f
+    assert quant["mlp_in_weight_cast"].bytes == 4 * h * f and quant["mlp_in_weight_cast"].backward_scale == 0
+    assert not any(k.linear for k in quant.values() if k.in_attention_core)  # attention stays bf16
+    gemms = ("qkv", "attn_out", "mlp_in", "mlp_out")
+    assert set(quant) - set(plain) == {f"{g}_{c}_cast" for g in gemms for c in ("input", "weight")}

@@ -94,7 +94,7 @@ def test_software_facts_move_step_time_the_right_way():
 
 def test_fp16_pays_for_loss_scaling_on_top_of_its_fp16_gradient_traffic():
     layout = Layout(dp=8, micro_batch=8)  # one micro-batch: no accumulation kernel
-    bf16, fp16 = (TRAIN.with_precision(p) for p in Precision)
+    bf16, fp16 = (TRAIN.with_precision(Precision(p)) for p in ("bf16", "fp16"))
     params = stage_params_per_device(MODEL, layout)
     bandwidth = HW.hbm_bytes_per_s * HW.efficiency.hbm
     bf16_as_fp16 = simulate(MODEL, bf16.model_copy(update={"grad_dtype": Dtype.FP16}), layout, HW)
@@ -263,3 +263,34 @@ def test_offloaded_gradient_copies_hide_behind_backward_only_where_the_stack_ove
     queued = simulate(LLAMA3_8B, train, lay.model_copy(update={"stack": stack_with("jax", dp_overlap=False)}), hw).breakdown.offload
     assert overlapped.exposed_grads_s < 0.1 * queued.exposed_grads_s
     assert queued.exposed_grads_s == pytest.approx((queued.grads_to_host_bytes + queued.grads_from_host_bytes) / queued.link_bytes_per_s)
+
+
+def _precision_step(model_name: str, hardware: str, precision: str, *, layout: Layout):
+    from costmodel.hardware import load_hardware
+    from costmodel.machine import train_machine
+    from planner.config import load_model
+
+    train = TrainConfig(seq_len=1024, global_batch=8).with_precision(Precision(precision))
+    return simulate(load_model(model_name), train, layout, train_machine(load_hardware(hardware), train))
+
+
+@pytest.mark.parametrize("hardware, slow, fast, peak_ratio", [("t4", "fp32", "fp16", 65 / 8.1), ("a100-80gb", "tf32", "bf16", 2.0),
+                                                             ("a100-80gb", "fp32", "tf32", 156 / 19.5)])
+def test_gemm_time_scales_with_the_dtype_peaks(hardware, slow, fast, peak_ratio):
+    # Compute-bound: gpt2-medium, 8 × 1024 tokens on one device; the GEMM efficiency curve is
+    # one per part, so the GEMM and attention time follows the peaks exactly.
+    layout = Layout(micro_batch=8, recompute="full")
+    a, b = (_precision_step("gpt2-medium", hardware, p, layout=layout) for p in (slow, fast))
+    assert a.breakdown.compute_s / b.breakdown.compute_s == pytest.approx(peak_ratio, rel=0.01)
+    # The whole step moves less: HBM-bound kernels only double their bytes from 16 to 32 bits.
+    assert 1 < a.step_time_s / b.step_time_s < peak_ratio
+
+
+def test_fp8_speeds_up_the_linear_gemms_only():
+    layout = Layout(dp=4, tp=2, micro_batch=1, recompute="selective", sequence_parallel=True, stack=stack_with("megatron-core"))
+    bf16, fp8 = (_precision_step("llama3-8b", "h100-sxm", p, layout=layout) for p in ("bf16", "fp8"))
+    # Linear GEMMs at twice the peak, attention and the head not: less than 2×, and the casts add HBM time.
+    assert 1.2 < bf16.breakdown.compute_s / fp8.breakdown.compute_s < 2.0
+    assert fp8.breakdown.memory_bound_s > bf16.breakdown.memory_bound_s
+    assert fp8.mfu > bf16.mfu and fp8.model_flops == bf16.model_flops  # MFU stays against the bf16 peak
+    assert fp8.memory.activations_bytes < bf16.memory.activations_bytes

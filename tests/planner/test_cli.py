@@ -90,7 +90,8 @@ def test_simulate_table_and_timeline(capsys, tmp_path):
      "num_heads=32 is not divisible by tp=6"),
     (["simulate", "--model", "llama3-8b", "--devices", "8", "--global-batch", "12"], 3, "global_batch=12 is not divisible"),
     (["simulate", "--model", "llama3-8b", "--devices", "64", "--pp", "64", "--global-batch", "64"], 3, "num_layers=32 < pp"),
-    (["simulate", "--model", "llama3-8b", "--hardware", "v100", "--devices", "8", "--global-batch", "8"], 5, "v100 has no bfloat16"),
+    (["simulate", "--model", "llama3-8b", "--hardware", "v100", "--devices", "8", "--global-batch", "8"], 2,
+     "v100 has no bfloat16 peak; parts with one: "),
     (["validate", "/nonexistent/plan.json", "--compile-only"], 2, "does not exist"),
     (["validate", "/nonexistent/plan.json", "--processes", "2"], 5, "add --compile-only"),
 ])
@@ -113,3 +114,24 @@ def test_bad_config_files_from_the_command_line(capsys, tmp_path, content):
 def test_console_script_prints_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "inspect", "--model", "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "unknown model 'nope'" in proc.stderr
+
+
+def test_fp8_on_a_part_without_an_fp8_peak_exits_2_with_one_line(capsys):
+    code, out, err = _run(capsys, "--model", "llama3-8b", "--devices", "8", "--hardware", "a100-80gb", "--precision", "fp8")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("plan: error: a100-80gb has no float8 peak; parts with one: ") and "h100-sxm" in err
+
+
+def test_simulate_fp8_json_has_the_fields_of_bf16(capsys):
+    args = ("simulate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--devices", "8", "--tp", "8", "--global-batch", "8",
+            "--micro-batch", "1", "--seq-len", "2048", "--json")
+    _, bf16, _ = _run(capsys, *args)
+    code, fp8, _ = _run(capsys, *args, "--precision", "fp8")
+    bf16, fp8 = json.loads(bf16), json.loads(fp8)
+    assert code == 0 and set(fp8) == set(bf16) and fp8["step_time_s"] < bf16["step_time_s"]
+
+
+def test_tf32_on_a_v100_is_refused(capsys):
+    code, _, err = _run(capsys, "simulate", "--model", "gpt2", "--hardware", "v100", "--devices", "1", "--global-batch", "1",
+                        "--precision", "tf32")
+    assert code == 2 and "v100 has no tf32 peak" in err

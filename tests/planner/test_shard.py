@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from costmodel.errors import InfeasibleError, UnsupportedError
+from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.hardware import load_hardware
 from planner.shard import shard
 
@@ -174,7 +174,7 @@ def test_compute_dtype_comes_from_the_program_and_any_profile_with_its_peak_take
     for hardware in ("t4", "v100", "a100-80gb", "tpu-v5e"):
         has_peak = expected in load_hardware(hardware).device.peak_flops_per_s
         if not has_peak:
-            with pytest.raises(UnsupportedError, match=f"no {expected} peak"):
+            with pytest.raises(InvalidConfigError, match=f"no {expected} peak"):
                 shard(lambda x, w: jnp.tanh(x @ w), x, w, mesh="data=4", hardware=hardware)
             continue
         result = shard(lambda x, w: jnp.tanh(x @ w), x, w, mesh="data=4", hardware=hardware)
@@ -184,7 +184,7 @@ def test_compute_dtype_comes_from_the_program_and_any_profile_with_its_peak_take
 def test_explicit_compute_dtype_overrides_the_program():
     x = jax.ShapeDtypeStruct((256, 1024), jnp.float32)
     assert shard(lambda x: x @ x.T, x, mesh="data=4", hardware="t4", compute_dtype="float16").compute_dtype == "float16"
-    with pytest.raises(UnsupportedError, match="t4 has no bfloat16 peak"):
+    with pytest.raises(InvalidConfigError, match="t4 has no bfloat16 peak"):
         shard(lambda x: x @ x.T, x, mesh="data=4", hardware="t4", compute_dtype="bfloat16")
 
 

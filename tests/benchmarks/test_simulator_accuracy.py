@@ -4,8 +4,8 @@ import csv
 
 import pytest
 
-from benchmarks.simulator_accuracy import (DEFAULT_DATA, _errors_at_scale, evaluate, leave_one_source_out_pct,
-                                           source_family)
+from benchmarks.simulator_accuracy import (DEFAULT_DATA, FP8_DATA, _errors_at_scale, evaluate, leave_one_source_out_pct,
+                                           simulated, source_family)
 
 ROWS = list(csv.DictReader(DEFAULT_DATA.open()))
 
@@ -33,3 +33,13 @@ def test_the_left_out_source_never_informs_its_own_fit():
     copy = {**row, "source": "Elsewhere et al.", "derived_step_time_s": str(1.2 * float(row["derived_step_time_s"]))}
     held_out, _ = leave_one_source_out_pct([row, copy])
     assert 14 < held_out < 26
+
+
+def test_fp8_rows_run_at_the_fp8_peak_and_lora_rows_are_named_not_simulated():
+    rows, skipped = simulated(list(csv.DictReader(FP8_DATA.open())))
+    assert len(rows) >= 13 and all(r["precision"] == "fp8" for r in rows)
+    assert skipped and all("LoRA" in line for line in skipped)
+    fp8 = evaluate(rows[:1])[0]
+    bf16 = evaluate([{**rows[0], "precision": "bf16"}])[0]
+    # The same GPT-3 step: fp8's linear GEMMs at twice the peak make it faster, not twice as fast.
+    assert 1.1 < bf16["predicted_s"] / fp8["predicted_s"] < 2.0

@@ -139,7 +139,7 @@ def _split_s(kernels: list[Kernel], hw: Machine) -> tuple[float, float, float]:
     for k in kernels:
         t = kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
         peak = hw.efficiency.matmul(k.flops) if k.kind is KernelKind.MATMUL else hw.efficiency.flash_attention
-        if hw.stream_s(k.bytes) >= k.flops / (hw.peak_flops_per_s * peak):
+        if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= k.flops / (hw.peak_flops_per_s * peak):
             memory += t
         else:
             compute += t

@@ -38,7 +38,13 @@ class Efficiency(BaseModel):
         description="(GEMM FLOPs, fraction of peak reached) points, ascending; interpolated in log FLOPs.",
     )
     flash_attention: float = Field(0.6, ge=MIN_EFFICIENCY, le=1, description="Fraction of peak a fused attention kernel reaches.")
-    hbm: float = Field(0.85, ge=MIN_EFFICIENCY, le=1, description="Fraction of HBM bandwidth a streaming kernel reaches.")
+    hbm: float = Field(0.85, ge=MIN_EFFICIENCY, le=1,
+                       description="Fraction of HBM bandwidth a memory-bound elementwise or row kernel (norms, softmax) reaches.")
+    gemm_hbm: float | None = Field(
+        None, ge=MIN_EFFICIENCY, le=1,
+        description="Fraction of HBM bandwidth a memory-bound GEMM reaches: a GEMV streams its weights once, as a plain "
+        "copy does (a decode step's GEMMs); None: as `hbm`.",
+    )
     kernel_floor_s: NonNegativeFloat = Field(5e-6, description="Launch and tail latency added to every kernel.")
     overlap_slowdown: float = Field(
         0.0, ge=0, lt=1,
@@ -71,6 +77,14 @@ class Efficiency(BaseModel):
             update["overlap_slowdown"] = overlap_slowdown
         return self.model_copy(update=update)
 
+    def hbm_for(self, kind: KernelKind) -> float:
+        """The fraction of HBM bandwidth a memory-bound kernel of ``kind`` reaches.
+
+        >>> Efficiency(hbm=0.6, gemm_hbm=0.85).hbm_for(KernelKind.MATMUL), Efficiency(hbm=0.6).hbm_for(KernelKind.MATMUL)
+        (0.85, 0.6)
+        """
+        return self.gemm_hbm if kind is KernelKind.MATMUL and self.gemm_hbm is not None else self.hbm
+
     def matmul(self, flops: float) -> float:
         """GEMM efficiency at ``flops``, log-linear between points, flat outside."""
         sizes = [p[0] for p in self.matmul_curve]
@@ -86,7 +100,7 @@ class Efficiency(BaseModel):
 
 def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency) -> float:
     """Seconds ``kernel.count`` launches of ``kernel`` take on a device with these peaks."""
-    memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm)
+    memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm_for(kernel.kind))
     if kernel.kind is KernelKind.MATMUL:
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.matmul(kernel.flops))
     elif kernel.kind is KernelKind.FLASH_ATTENTION:

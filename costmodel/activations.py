@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 from costmodel.kernels import local_widths, uses_dropout
 from costmodel.layout import Layout, Recompute
 from costmodel.model_config import ModelConfig
-from costmodel.stack import Attention, stack_with
+from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
 from costmodel.workload import LoraTarget, adapted_matrices
 

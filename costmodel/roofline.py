@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_valid
 
 from costmodel.kernels import Kernel, KernelKind
 
-
 # Below this no kernel was ever measured; smaller values only make products of a profile's
 # numbers underflow to zero (a fuzzed profile with 1e-300 efficiencies and peaks did).
 MIN_EFFICIENCY = 1e-3

@@ -42,8 +42,8 @@ from planner.models.params import abstract_params
 from planner.models.residuals import residuals_as_bits
 from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
 from planner.models.transformer import Experts, KeepResiduals
-from planner.schema import Plan
 from planner.pinned import to_partition_spec
+from planner.schema import Plan
 from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
 from validate.intra_op import constrained, intra_op_program
 

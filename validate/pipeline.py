@@ -76,6 +76,7 @@ from planner.models.transformer import SAVED, embed, head, run_layers
 from planner.schema import Plan
 from validate.lowering import activation_constraint, embedding_lookup, residual_storage
 
+
 def check_pipeline(plan: Plan) -> tuple[str, ...]:
     """The pipeline's mesh axes; raises `UnsupportedError` for what is not lowered."""
     lay, layers = plan.layout, plan.model.num_layers

@@ -56,11 +56,11 @@ from typing import Any
 import jax
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodel.activations import activation_table
 from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
 from costmodel.machine import machine_for
-from costmodel.activations import activation_table
 from costmodel.memory import activation_bytes_per_layer
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate

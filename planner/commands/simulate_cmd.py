@@ -14,7 +14,6 @@ from costmodel.estimate import StepEstimate
 from costmodel.hardware import load_hardware
 from costmodel.layout import Layout, Offload, Recompute, Schedule, stack_recompute
 from costmodel.machine import train_machine
-from costmodel.simulator import simulate
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import Precision, TrainConfig

@@ -55,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.schema import Plan
     from validate.compile_check import CompileReport, compile_in_subprocess
     from validate.multihost import run_processes, validate_processes
-    from validate.report import features_not_predicted, offload_not_checked
-    from validate.report import checks
+    from validate.report import checks, features_not_predicted, offload_not_checked
     from validate.timed import step_time_check
 
     if not args.compile_only and args.processes > 1:

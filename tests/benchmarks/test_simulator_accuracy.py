@@ -4,8 +4,15 @@ import csv
 
 import pytest
 
-from benchmarks.simulator_accuracy import (DEFAULT_DATA, FP8_DATA, _errors_at_scale, evaluate, leave_one_source_out_pct,
-                                           simulated, source_family)
+from benchmarks.simulator_accuracy import (
+    DEFAULT_DATA,
+    FP8_DATA,
+    _errors_at_scale,
+    evaluate,
+    leave_one_source_out_pct,
+    simulated,
+    source_family,
+)
 
 ROWS = list(csv.DictReader(DEFAULT_DATA.open()))
 

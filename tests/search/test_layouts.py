@@ -12,9 +12,18 @@ from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.train_config import TrainConfig
-from search.layouts import (INTRA_OP_PIPELINE_RULE, PIPELINE_MOE_TP_RULE, PIPELINE_ZERO3_TP_RULE, TIME_LIMIT_RULE, UNEVEN_RULE,
-                            SearchSpace,
-                            candidate_layouts, degree_splits, divisors, grid_search)
+from search.layouts import (
+    INTRA_OP_PIPELINE_RULE,
+    PIPELINE_MOE_TP_RULE,
+    PIPELINE_ZERO3_TP_RULE,
+    TIME_LIMIT_RULE,
+    UNEVEN_RULE,
+    SearchSpace,
+    candidate_layouts,
+    degree_splits,
+    divisors,
+    grid_search,
+)
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=2048, global_batch=64)

@@ -27,6 +27,7 @@ input (the adapter's ``A`` gradient needs it); norms, attention and activation f
 their inputs as before; each adapter keeps its ``x·A`` (``r`` wide) for ``B``'s gradient.
 
 >>> from costmodel.model_config import ModelConfig
+>>> from costmodel.stack import stack_with
 >>> gpt = ModelConfig(name="g", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288,
 ...                   vocab_size=51200, norm="layernorm", mlp="gelu", positions="learned")
 >>> lay = Layout(tp=8, stack=stack_with("jax", attention="materialized"))
@@ -117,6 +118,7 @@ def fp8_activation_terms(terms: list[ActivationTerm], train: TrainConfig) -> lis
     activation kernels run in bf16). Only where the stack keeps the casts (`SoftwareStack.fp8_kept_casts`).
 
     >>> from costmodel.model_config import ModelConfig
+    >>> from costmodel.stack import stack_with
     >>> from costmodel.train_config import Precision
     >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
     >>> bf16, fp8 = TrainConfig(seq_len=512), TrainConfig(seq_len=512).with_precision(Precision.FP8)

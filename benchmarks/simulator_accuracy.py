@@ -241,6 +241,16 @@ def _report(title: str, results: list[dict[str, object]]) -> None:
         print_table(f"{title}: |error| per {key}", error_summary(results, key))
 
 
+def data_sets(published: Path, heldout: Path, fp8: Path, finetune: Path) -> list[tuple[str, Path]]:
+    """The sets evaluated, by name, each on the same code path; the fine-tuning set only where its CSV exists.
+
+    >>> [name for name, _ in data_sets(DEFAULT_DATA, HELDOUT_DATA, FP8_DATA, Path("/nonexistent.csv"))]
+    ['published', 'held out', 'fp8']
+    """
+    sets = [("published", published), ("held out", heldout), ("fp8", fp8)]
+    return sets + ([("finetune", finetune)] if finetune.exists() else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="published runs CSV")
@@ -250,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/simulator_accuracy.csv"), help="where to write the CSV")
     args = parser.parse_args(argv)
     results = []
-    sets = [("published", args.data), ("held out", args.heldout), ("fp8", args.fp8)]
-    for name, path in sets + ([("finetune", args.finetune)] if args.finetune.exists() else []):
+    for name, path in data_sets(args.data, args.heldout, args.fp8, args.finetune):
         with path.open() as f:
             raw = list(csv.DictReader(f))
         for line in unmodelled(raw):

@@ -14,9 +14,9 @@ Llama 2 70B LoRA fine-tuning runs) are a third set, simulated with ``--precision
 of ``benchmarks/data/finetune_runs.csv``, where it exists, a fourth ("finetune"). A row's
 ``workload`` column (blank: pretrain) and, for finetune-lora, its ``lora_rank``, ``lora_alpha``,
 ``lora_targets`` and ``frozen_dtype`` columns say what step it ran (`workload_from_row`); what
-such a row ran that the simulator does not model is printed beside it (`unmodelled`). It also times ``plan simulate`` end to end (a fresh process,
-imports included) on the largest layout, GPT-1T on 3072 devices, against a 1 s budget, and
-exits 1 past it.
+such a row ran that the simulator does not model is printed beside it (`unmodelled`). It also
+times ``plan simulate`` end to end (a fresh process, imports included) on the largest layout,
+GPT-1T on 3072 devices, against a 1 s budget, and exits 1 past it.
 
     python -m benchmarks.simulator_accuracy [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
 

@@ -60,7 +60,8 @@ def check_frozen_dtype(train: TrainConfig) -> None:
     stored = train.lora.frozen_dtype
     if stored is FrozenDtype.FP8 and not train.is_fp8:
         raise InvalidConfigError(f"--frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not {train.precision.value}",
-                                 fix="add --precision fp8 (on a part with an fp8 peak: h100-sxm, h200) or use --frozen-dtype bf16, int8 or int4")
+                                 fix="add --precision fp8 (on a part with an fp8 peak: h100-sxm, h200) "
+                                     "or use --frozen-dtype bf16, int8 or int4")
     if stored in (FrozenDtype.INT8, FrozenDtype.INT4) and train.is_fp8:
         raise UnsupportedError(f"{stored.value} frozen weights under --precision fp8 are not modelled",
                                fix="use --frozen-dtype fp8 (fp8 frozen weights) or bf16, or another --precision")

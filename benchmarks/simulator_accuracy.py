@@ -9,10 +9,14 @@ published runs of the same sources that are not in the shared data and that no
 calibration saw (torchtitan's eager FSDP rows on the capped H100, its per-op checkpointing
 rows on the A100). Prints a table per set, then the error per hardware type, per source and
 per stack, and the leave-one-source-out error (`leave_one_source_out_pct`), and writes one
-CSV. The rows of ``benchmarks/data/fp8_runs.csv`` (MLPerf Training's fp8 GPT-3 175B runs)
-are a third set, simulated with ``--precision fp8``. It also times ``plan simulate`` end to end (a fresh process,
-imports included) on the largest layout, GPT-1T on 3072 devices, against a 1 s budget, and
-exits 1 past it.
+CSV. The rows of ``benchmarks/data/fp8_runs.csv`` (MLPerf Training's fp8 GPT-3 175B runs and
+Llama 2 70B LoRA fine-tuning runs) are a third set, simulated with ``--precision fp8``, and the rows
+of ``benchmarks/data/finetune_runs.csv``, where it exists, a fourth ("finetune"). A row's
+``workload`` column (blank: pretrain) and, for finetune-lora, its ``lora_rank``, ``lora_alpha``,
+``lora_targets`` and ``frozen_dtype`` columns say what step it ran (`workload_from_row`); what
+such a row ran that the simulator does not model is printed beside it (`unmodelled`). It also
+times ``plan simulate`` end to end (a fresh process, imports included) on the largest layout,
+GPT-1T on 3072 devices, against a 1 s budget, and exits 1 past it.
 
     python -m benchmarks.simulator_accuracy [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
 
@@ -47,6 +51,7 @@ from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.stack import SoftwareStack, apply_options, get_stack, stack_with
 from costmodel.train_config import Precision, TrainConfig
+from costmodel.workload import FrozenDtype, LoraConfig, LoraTarget, WorkloadKind
 
 # The shared data sit beside the project's checkout (main or a worktree under it).
 DEFAULT_DATA = next((p / "shared" / "data" / "published_training_runs.csv" for p in Path(__file__).resolve().parents
@@ -54,6 +59,12 @@ DEFAULT_DATA = next((p / "shared" / "data" / "published_training_runs.csv" for p
                     Path(__file__).resolve().parents[2] / "shared" / "data" / "published_training_runs.csv")
 HELDOUT_DATA = Path(__file__).resolve().parent / "data" / "heldout_runs.csv"
 FP8_DATA = Path(__file__).resolve().parent / "data" / "fp8_runs.csv"
+FINETUNE_DATA = Path(__file__).resolve().parent / "data" / "finetune_runs.csv"
+# What a row's notes name that the simulator does not model, and what it runs instead.
+UNMODELLED_NOTES = {
+    "FP8_DPA=1": "fp8 attention (FP8_DPA) is not modelled: attention runs in bf16",
+    "FP8_ACTIVATION=True": "fp8 activation storage (FP8_ACTIVATION) is not modelled: kept activations in bf16",
+}
 # MLPerf's GPT-3 rows do not state their SentencePiece vocabulary: GPT-3's own 50257 stands in
 # (a few percent either way moves a 175B step by well under 0.1 %).
 ASSUMED_VOCAB = 50257
@@ -101,9 +112,25 @@ def layout_from_row(row: dict[str, str]) -> Layout:
     )
 
 
+def workload_from_row(row: dict[str, str]) -> dict[str, object]:
+    """A row's workload and LoRA settings from its own columns (absent or blank: pretraining).
+
+    >>> workload_from_row({"workload": "finetune-lora", "lora_rank": "16", "lora_alpha": "32", "lora_targets": "attn",
+    ...                    "frozen_dtype": "fp8"})["lora"].frozen_dtype.value
+    'fp8'
+    """
+    workload = row.get("workload") or WorkloadKind.PRETRAIN.value
+    if workload != WorkloadKind.FINETUNE_LORA:
+        return {"workload": workload}
+    lora = LoraConfig(rank=int(row["lora_rank"]), alpha=float(row["lora_alpha"]),
+                      targets=tuple(LoraTarget(t.strip()) for t in row["lora_targets"].split(",")),
+                      frozen_dtype=FrozenDtype(row["frozen_dtype"] or FrozenDtype.BF16.value))
+    return {"workload": workload, "lora": lora}
+
+
 def train_from_row(row: dict[str, str]) -> TrainConfig:
-    """Sequence length, batch and precision of a row."""
-    train = TrainConfig(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch_seqs"]))
+    """Sequence length, batch, workload and precision of a row."""
+    train = TrainConfig(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch_seqs"]), **workload_from_row(row))
     return train.with_precision(Precision(row["precision"] or "bf16"))
 
 
@@ -112,12 +139,10 @@ def machine_from_row(row: dict[str, str]) -> Machine:
     return train_machine(load_hardware(row["hardware"], devices_per_node=int(row["devices_per_node"])), train_from_row(row))
 
 
-def simulated(rows: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[str]]:
-    """The rows the simulator can express, and a line for each it cannot (fine-tuning runs:
-    LoRA over fp8 frozen weights is not modelled)."""
-    lora = [r for r in rows if "LoRA" in r["model"]]
-    return [r for r in rows if r not in lora], [f"{r['model']} on {r['devices']} {r['hardware']}: LoRA over fp8 weights is not "
-                                                "modelled" for r in lora]
+def unmodelled(rows: list[dict[str, str]]) -> list[str]:
+    """A line for each thing a row ran that the simulator does not model (`UNMODELLED_NOTES`)."""
+    return [f"{r['model']} on {r['devices']} {r['hardware']}: {why}"
+            for r in rows for note, why in UNMODELLED_NOTES.items() if note in r["notes"]]
 
 
 def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
@@ -131,7 +156,7 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         measured = float(row["derived_step_time_s"])
         results.append({
             "source": row["source"].split(" (")[0], "table": row["table"], "model": row["model"], "hardware": row["hardware"],
-            "stack": row["stack"] or "jax",
+            "stack": row["stack"] or "jax", "workload": train.workload.value,
             "devices": layout.n_devices, "layout": f"tp{layout.tp} pp{layout.pp} dp{layout.dp} mb{layout.micro_batch} "
             f"v{layout.interleave} {layout.recompute}{' sp' if layout.sequence_parallel else ''} z{layout.zero_stage}",
             "measured_s": measured, "predicted_s": est.step_time_s, "error_pct": 100 * (est.step_time_s - measured) / measured,
@@ -216,19 +241,30 @@ def _report(title: str, results: list[dict[str, object]]) -> None:
         print_table(f"{title}: |error| per {key}", error_summary(results, key))
 
 
+def data_sets(published: Path, heldout: Path, fp8: Path, finetune: Path) -> list[tuple[str, Path]]:
+    """The sets evaluated, by name, each on the same code path; the fine-tuning set only where its CSV exists.
+
+    >>> [name for name, _ in data_sets(DEFAULT_DATA, HELDOUT_DATA, FP8_DATA, Path("/nonexistent.csv"))]
+    ['published', 'held out', 'fp8']
+    """
+    sets = [("published", published), ("held out", heldout), ("fp8", fp8)]
+    return sets + ([("finetune", finetune)] if finetune.exists() else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="published runs CSV")
     parser.add_argument("--heldout", type=Path, default=HELDOUT_DATA, help="published runs never calibrated on")
     parser.add_argument("--fp8", type=Path, default=FP8_DATA, help="published fp8 runs (benchmarks/data/README.md)")
+    parser.add_argument("--finetune", type=Path, default=FINETUNE_DATA, help="published fine-tuning runs (used where it exists)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/simulator_accuracy.csv"), help="where to write the CSV")
     args = parser.parse_args(argv)
     results = []
-    for name, path in (("published", args.data), ("held out", args.heldout), ("fp8", args.fp8)):
+    for name, path in data_sets(args.data, args.heldout, args.fp8, args.finetune):
         with path.open() as f:
-            raw, skipped = simulated(list(csv.DictReader(f)))
-        for line in skipped:
-            print(f"{name}: not simulated: {line}")
+            raw = list(csv.DictReader(f))
+        for line in unmodelled(raw):
+            print(f"{name}: not modelled: {line}")
         rows = [{"set": name, **r} for r in evaluate(raw)]
         _report(f"Simulator vs published step time, {name}", rows)
         if name == "published":

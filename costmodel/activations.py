@@ -98,7 +98,9 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     if dropout:
         terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
                   ActivationTerm(name="mlp_dropout_mask", bytes=mask, role=Role.ELEMENTWISE)]
-    if train.is_fp8 and layout.stack.fp8_kept_casts:
+    # Under LoRA a frozen fp8 GEMM keeps nothing for a weight gradient: the inputs kept are the
+    # adapters', which run in the compute dtype and keep it.
+    if train.is_fp8 and layout.stack.fp8_kept_casts and not train.is_lora:
         terms = fp8_activation_terms(terms, train)
     return lora_activation_terms(terms, model, train, layout) if train.is_lora else terms
 

@@ -9,6 +9,12 @@ weight itself is fp8 and only its transpose is extra, and ZeRO gathers it as fp8
 and Adam moments stay fp32 either way. The embedding, head and norms stay 16-bit; a layer's
 parameters are counted as its linear weights (its norm weights are under 0.1 % of them).
 
+LoRA over fp8 frozen weights (NeMo's ``fp8_params``, `costmodel.workload.FrozenDtype.FP8`): the
+frozen weight is stored as its fp8 cast, so a stack that keeps casts holds only the transpose
+beside it (one byte a parameter); frozen bf16 weights keep cast and transpose (two bytes). Frozen
+weights have no master copy or moments, and int8/int4 storage is not combined with the fp8 recipe
+(`check_frozen_dtype`).
+
 >>> from costmodel.model_config import ModelConfig
 >>> from costmodel.stack import stack_with
 >>> from costmodel.train_config import Precision
@@ -19,15 +25,46 @@ parameters are counted as its linear weights (its norm weights are under 0.1 % o
 True
 >>> fp8_weight_copy_bytes(m, fp8, Layout(), 0, layer_params=m.params_per_layer)  # the JAX program recasts on use
 0.0
+>>> lora = TrainConfig(seq_len=512, workload="finetune-lora", lora={"frozen_dtype": "fp8"}).with_precision(Precision.FP8)
+>>> fp8_weight_copy_bytes(m, lora, te, 0, layer_params=m.params_per_layer) == 4 * m.params_per_layer  # the transposes
+True
 """
 
 from __future__ import annotations
 
+from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
+from costmodel.workload import FrozenDtype
 
 FP8_BYTES = 1
+
+
+def check_frozen_dtype(train: TrainConfig) -> None:
+    """Refuse in one line a weight storage the precision cannot run: fp8 frozen weights outside
+    the fp8 recipe or outside LoRA fine-tuning, int8/int4 frozen weights under it.
+
+    >>> from costmodel.train_config import Precision
+    >>> try:
+    ...     check_frozen_dtype(TrainConfig(workload="finetune-lora", lora={"frozen_dtype": "fp8"}))
+    ... except InvalidConfigError as err:
+    ...     print(str(err).split(";")[0])
+    --frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not bf16
+    """
+    if train.inference is not None and train.inference.weight_dtype is FrozenDtype.FP8:
+        raise UnsupportedError("fp8 weight storage for prefill and decode is not modelled",
+                               fix="use --frozen-dtype bf16, int8 or int4 for serving")
+    if train.lora is None:
+        return
+    stored = train.lora.frozen_dtype
+    if stored is FrozenDtype.FP8 and not train.is_fp8:
+        raise InvalidConfigError(f"--frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not {train.precision.value}",
+                                 fix="add --precision fp8 (on a part with an fp8 peak: h100-sxm, h200) "
+                                     "or use --frozen-dtype bf16, int8 or int4")
+    if stored in (FrozenDtype.INT8, FrozenDtype.INT4) and train.is_fp8:
+        raise UnsupportedError(f"{stored.value} frozen weights under --precision fp8 are not modelled",
+                               fix="use --frozen-dtype fp8 (fp8 frozen weights) or bf16, or another --precision")
 
 
 def gathered_layer_param_bytes(train: TrainConfig, layout: Layout) -> int:
@@ -42,12 +79,16 @@ def fp8_weight_copy_bytes(model: ModelConfig, train: TrainConfig, layout: Layout
     Without ZeRO 3 every layer's cast and transpose stay resident (2 bytes a parameter); with it
     only the layers gathered at once (the one computed and the one prefetched). Under fp8
     parameters the fp8 weight replaces the bf16 copy (one byte less) and its transpose adds one. A
-    stack that recasts on use (`SoftwareStack.fp8_kept_casts` False) keeps no copies.
+    stack that recasts on use (`SoftwareStack.fp8_kept_casts` False) keeps no copies. Under LoRA
+    they are copies of the frozen weights: cast and transpose of bf16 ones, the transpose of fp8 ones.
     """
     if not train.is_fp8 or not (layout.stack.fp8_kept_casts or layout.stack.fp8_param_gather):
         return 0.0
     per_layer = layer_params
     layers = layout.layers_on_stage(model.num_layers, stage)
+    if train.lora is not None:  # frozen: no master copy; an fp8-stored weight is its own cast
+        copies = FP8_BYTES if train.lora.frozen_dtype is FrozenDtype.FP8 else 2 * FP8_BYTES
+        return (layers if layout.zero_stage < 3 else min(2, layers)) * per_layer * copies
     e = train.compute_dtype.bytes
     if layout.zero_stage < 3:
         return layers * per_layer * (2 * FP8_BYTES if not layout.stack.fp8_param_gather else 2 * FP8_BYTES - e)

@@ -9,7 +9,8 @@ Its matmul FLOPs equal the OpGraph's (checked in tests).
 LoRA fine-tuning (`costmodel.workload`): a frozen weight's GEMM computes only the input
 gradient in backward (``backward_scale`` 1, not 2: the step's frozen matmuls cost 4·N·tokens
 instead of 6·N·tokens), and each adapted matrix adds its adapter's two thin GEMMs, ``x·A``
-and ``(x·A)·B``, which train like any weight.
+and ``(x·A)·B``, which train like any weight. Under the fp8 recipe the frozen GEMMs (forward
+and input gradient) run in fp8 at the fp8 peak and the adapters' GEMMs in the compute dtype.
 
 Dimension letters: b micro-batch, s sequence on this device (seq_len / cp), h width,
 a query heads, k kv heads, d head width, f MLP width, t tensor-parallel degree.
@@ -31,7 +32,7 @@ from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig, Norm, Positions
 from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
-from costmodel.workload import adapted_matrices
+from costmodel.workload import FrozenDtype, adapted_matrices
 
 # HBM passes (reads plus writes of one compute-dtype tensor; a one-byte dropout mask is half
 # a pass) of each memory-bound kernel, forward and backward, fused into one kernel
@@ -153,15 +154,19 @@ def fp8_cast_kernels(name: str, m: float, n: float, k: float, *, train: TrainCon
     input cast's backward is that one (``backward_scale`` n/k). The weight is cast once per
     micro-batch here (TE caches it over micro-batches, ``is_first_microbatch``: the bound).
     Delayed scaling's amax history and scale update is one small fused kernel per step (not counted).
+    A frozen weight stored in fp8 (LoRA, `FrozenDtype.FP8`) is read as stored: no weight cast.
 
     >>> [(k.bytes, k.backward_scale) for k in fp8_cast_kernels("mlp_out", 10, 20, 30, train=TrainConfig())]
     [(1200.0, 0.6666666666666666), (2400.0, 0.0)]
+    >>> lora = TrainConfig(workload="finetune-lora", lora={"frozen_dtype": "fp8"})
+    >>> [k.name for k in fp8_cast_kernels("mlp_out", 10, 20, 30, train=lora)]
+    ['mlp_out_input_cast']
     """
     per = FP8_CAST_BYTES_PER_ELEMENT * train.compute_dtype.bytes / 2
-    return [
-        Kernel(name=f"{name}_input_cast", kind=KernelKind.MEMORY, flops=0, bytes=m * k * per, backward_scale=n / k),
-        Kernel(name=f"{name}_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=k * n * per, backward_scale=0.0),
-    ]
+    input_cast = Kernel(name=f"{name}_input_cast", kind=KernelKind.MEMORY, flops=0, bytes=m * k * per, backward_scale=n / k)
+    if train.lora is not None and train.lora.frozen_dtype is FrozenDtype.FP8:
+        return [input_cast]
+    return [input_cast, Kernel(name=f"{name}_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=k * n * per, backward_scale=0.0)]
 
 
 def _memory(name: str, elements: float, passes: tuple[float, float], *, elem_bytes: int, core: bool = False) -> Kernel:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from costmodel.collectives import Group, Tier
 from costmodel.errors import InvalidConfigError
+from costmodel.fp8 import check_frozen_dtype
 from costmodel.hardware import ClusterSpec, StepAllocator, load_hardware
 from costmodel.host import HostSpec
 from costmodel.layout import Layout
@@ -87,14 +88,17 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16", linear
 
 def train_machine(cluster: ClusterSpec, train: TrainConfig) -> Machine:
     """``cluster`` as ``train``'s precision runs on it: its GEMMs at ``train.matmul_peak_dtype``,
-    the linear layers' at ``train.linear_peak_dtype``.
+    the linear layers' at ``train.linear_peak_dtype``; a weight storage the precision cannot run
+    is refused (`costmodel.fp8.check_frozen_dtype`).
 
     >>> from costmodel.train_config import Precision
     >>> m = train_machine(load_hardware("h100-sxm"), TrainConfig().with_precision(Precision.FP8))
     >>> round(m.linear_peak / m.peak_flops_per_s, 3)
     2.0
     """
-    return machine_for(cluster, compute_dtype=train.matmul_peak_dtype, linear_dtype=train.linear_peak_dtype)
+    machine = machine_for(cluster, compute_dtype=train.matmul_peak_dtype, linear_dtype=train.linear_peak_dtype)
+    check_frozen_dtype(train)  # after the peaks: a part without fp8 is named first
+    return machine
 
 
 # Users name dtypes by recipe; the catalog keys peaks by numpy-style names.

@@ -22,7 +22,8 @@ LoRA fine-tuning (`costmodel.workload`): the frozen base weights are held as sto
 or int8/int4) with no gradient, no optimizer state and no master copy (``frozen_params_bytes``,
 part of ``params_bytes``); the adapters are accounted as any trained weight (compute-dtype
 copy, fp32 gradient, fp32 master and moments). ZeRO shards what exists: stage 3 the frozen
-weights too, stages 1–2 only the adapters' state. Activations follow
+weights too, stages 1–2 only the adapters' state. Under the fp8 recipe the fp8 copies a stack
+keeps of the frozen weights (`costmodel.fp8.fp8_weight_copy_bytes`) count as frozen weights. Activations follow
 `costmodel.activations.lora_activation_terms`.
 
 >>> from costmodel.model_config import ModelConfig
@@ -148,8 +149,12 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     mixed = train.param_dtype != train.compute_dtype
     optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
     params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
-    params += fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
+    fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
     frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
+    if train.is_lora:  # the fp8 copies are of the frozen weights, not of the adapters
+        frozen += fp8_copies
+    else:
+        params += fp8_copies
     grads = n * train.grad_dtype.bytes / (dp if zero >= 2 else 1)
     optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
     n_micro = max(1, layout.micro_batches(train))

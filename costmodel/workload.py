@@ -52,23 +52,27 @@ class LoraTarget(StrEnum):
 
 
 class FrozenDtype(StrEnum):
-    """How the frozen base weight matrices are stored: 16-bit, or weight-only int8/int4 (QLoRA
-    style, cast to the compute dtype on use). Scales of the quantized formats are not counted
-    (per-channel: under 0.1 % of the weights; QLoRA's block-64 scales: about 3 % of int4)."""
+    """How the frozen base weight matrices are stored: 16-bit, weight-only int8/int4 (QLoRA
+    style, cast to the compute dtype on use), or fp8 e4m3 read by the fp8 GEMMs as stored
+    (NeMo's ``fp8_params``, Transformer Engine's ``fp8_model_init``; only under the fp8 recipe).
+    Scales are not counted (per-channel: under 0.1 % of the weights; QLoRA's block-64 scales:
+    about 3 % of int4; fp8: one per tensor)."""
 
     BF16 = "bf16"
     INT8 = "int8"
     INT4 = "int4"
+    FP8 = "fp8"
 
     @property
     def bytes(self) -> float:
         """Bytes per stored element (int4 packs two in a byte)."""
-        return {FrozenDtype.BF16: 2.0, FrozenDtype.INT8: 1.0, FrozenDtype.INT4: 0.5}[self]
+        return {FrozenDtype.BF16: 2.0, FrozenDtype.INT8: 1.0, FrozenDtype.INT4: 0.5, FrozenDtype.FP8: 1.0}[self]
 
     @property
     def jax_name(self) -> str:
         """The numpy/JAX dtype name the reference program stores them in."""
-        return {FrozenDtype.BF16: "bfloat16", FrozenDtype.INT8: "int8", FrozenDtype.INT4: "int4"}[self]
+        return {FrozenDtype.BF16: "bfloat16", FrozenDtype.INT8: "int8", FrozenDtype.INT4: "int4",
+                FrozenDtype.FP8: "float8_e4m3fn"}[self]
 
 
 class LoraConfig(BaseModel):

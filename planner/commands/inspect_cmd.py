@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.errors import InvalidConfigError
+from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.hardware import ClusterSpec, load_hardware
 from costmodel.layout import check_sequence
 from costmodel.mesh import AxisLink, axis_links, parse_mesh
+from costmodel.workload import FrozenDtype
 from planner.commands.arg_types import positive_int
 from planner.commands.workload_args import add_workload_arguments, workload_from_args
 from planner.config import default_seq_len, load_model, train_config
@@ -67,6 +68,9 @@ def _inspect(args: argparse.Namespace) -> InspectReport:
     cfg = load_model(args.model)
     train = train_config(seq_len=args.seq_len or default_seq_len(cfg), global_batch=args.global_batch, **workload_from_args(args))
     check_sequence(cfg, train)
+    if train.lora is not None and train.lora.frozen_dtype is FrozenDtype.FP8:  # fp8 storage needs the fp8 recipe
+        raise UnsupportedError("plan inspect traces the bf16 program; --frozen-dtype fp8 needs --precision fp8",
+                               fix="inspect with --frozen-dtype bf16, or use plan / plan simulate with --precision fp8")
     return inspect_model(cfg, train)
 
 

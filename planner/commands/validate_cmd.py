@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.schema import Plan
     from validate.compile_check import CompileReport, compile_in_subprocess
     from validate.multihost import run_processes, validate_processes
-    from validate.report import checks, features_not_predicted, offload_not_checked
+    from validate.report import checks, features_not_predicted, fp8_frozen_not_checked, offload_not_checked
     from validate.timed import step_time_check
 
     if not args.compile_only and args.processes > 1:
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         report = CompileReport.model_validate_json(run_processes("validate.multihost:compile_plan_json", plan.model_dump_json(),
                                                                  n_processes=args.processes, devices_per_process=per_process))
     results = checks(plan, report, tolerance=args.tolerance)
+    not_checked = not_checked or fp8_frozen_not_checked(plan, platform=report.platform)
     timed = None
     if not args.compile_only:
         step, timed = step_time_check(plan, compiled_peak_bytes=report.peak_bytes, steps=args.steps, repeats=args.repeats,

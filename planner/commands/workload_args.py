@@ -41,8 +41,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-targets", type=lora_targets,
                         help="matrices with adapters: attn (q, k, v, o; the default) or attn,mlp (finetune-lora only)")
     parser.add_argument("--frozen-dtype", choices=[d.value for d in FrozenDtype],
-                        help="storage of the frozen base weight matrices: bf16 (default), or int8 / int4 weight-only "
-                             "as QLoRA stores them (finetune-lora); for prefill and decode, the layer weights' storage")
+                        help="storage of the frozen base weight matrices: bf16 (default), int8 / int4 weight-only "
+                             "as QLoRA stores them, or fp8 as NeMo's fp8_params (finetune-lora with --precision fp8); "
+                             "for prefill and decode, the layer weights' storage (bf16, int8, int4)")
     parser.add_argument("--batch", type=positive_int, help="sequences each replica serves together (prefill and decode; "
                                                            "default 1); data parallelism adds replicas")
     parser.add_argument("--context-len", type=positive_int, help="tokens in each sequence's KV cache at the predicted decode step "

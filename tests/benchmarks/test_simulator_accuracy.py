@@ -8,11 +8,15 @@ from benchmarks.simulator_accuracy import (
     DEFAULT_DATA,
     FP8_DATA,
     _errors_at_scale,
+    data_sets,
     evaluate,
     leave_one_source_out_pct,
-    simulated,
     source_family,
+    train_from_row,
+    unmodelled,
+    workload_from_row,
 )
+from costmodel.workload import FrozenDtype, LoraTarget
 
 ROWS = list(csv.DictReader(DEFAULT_DATA.open()))
 
@@ -42,11 +46,44 @@ def test_the_left_out_source_never_informs_its_own_fit():
     assert 14 < held_out < 26
 
 
-def test_fp8_rows_run_at_the_fp8_peak_and_lora_rows_are_named_not_simulated():
-    rows, skipped = simulated(list(csv.DictReader(FP8_DATA.open())))
-    assert len(rows) >= 13 and all(r["precision"] == "fp8" for r in rows)
-    assert skipped and all("LoRA" in line for line in skipped)
-    fp8 = evaluate(rows[:1])[0]
-    bf16 = evaluate([{**rows[0], "precision": "bf16"}])[0]
+FP8_ROWS = list(csv.DictReader(FP8_DATA.open()))
+
+
+def test_fp8_rows_run_at_the_fp8_peak():
+    assert len(FP8_ROWS) >= 15 and all(r["precision"] == "fp8" for r in FP8_ROWS)
+    fp8 = evaluate(FP8_ROWS[:1])[0]
+    bf16 = evaluate([{**FP8_ROWS[0], "precision": "bf16"}])[0]
     # The same GPT-3 step: fp8's linear GEMMs at twice the peak make it faster, not twice as fast.
     assert 1.1 < bf16["predicted_s"] / fp8["predicted_s"] < 2.0
+
+
+def test_lora_rows_are_simulated_as_lora_over_fp8_frozen_weights_from_their_columns():
+    lora = [r for r in FP8_ROWS if "LoRA" in r["model"]]
+    assert len(lora) == 2 and all(r["workload"] == "finetune-lora" for r in lora)
+    train = train_from_row(lora[0])
+    assert train.is_fp8 and train.lora.rank == 16 and train.lora.alpha == 32
+    assert train.lora.targets == (LoraTarget.ATTN,) and train.lora.frozen_dtype is FrozenDtype.FP8
+    results = evaluate(lora)
+    assert [r["workload"] for r in results] == ["finetune-lora"] * 2 and all(r["fits"] for r in results)
+    # Pretraining the same rows (every weight gradient, AdamW for all 70B) is slower.
+    pretrain = evaluate([{**r, "workload": ""} for r in lora])
+    assert all(p["predicted_s"] > 1.2 * r["predicted_s"] for p, r in zip(pretrain, results))
+    # fp8 attention is named as not modelled on both rows.
+    assert sum("FP8_DPA" in line for line in unmodelled(lora)) == 2
+
+
+def test_rows_without_workload_columns_are_pretraining():
+    assert workload_from_row(ROWS[0]) == {"workload": "pretrain"}
+    assert not train_from_row(ROWS[0]).is_lora
+
+
+def test_a_finetune_csv_is_a_fourth_set_where_it_exists(tmp_path):
+    path = tmp_path / "finetune_runs.csv"
+    assert [name for name, _ in data_sets(DEFAULT_DATA, DEFAULT_DATA, FP8_DATA, path)] == ["published", "held out", "fp8"]
+    lora = [r for r in FP8_ROWS if "LoRA" in r["model"]]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(lora[0]))
+        writer.writeheader()
+        writer.writerows(lora)
+    assert data_sets(DEFAULT_DATA, DEFAULT_DATA, FP8_DATA, path)[-1] == ("finetune", path)
+    assert [r["workload"] for r in evaluate(list(csv.DictReader(path.open())))] == ["finetune-lora"] * 2

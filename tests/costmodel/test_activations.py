@@ -121,3 +121,14 @@ def test_fp8_keeps_the_linear_inputs_in_one_byte():
     halved = {n for n in bf16 if fp8[n] == bf16[n] / 2}
     assert halved == {"qkv_input", "attn_out_proj_input", "mlp_input", "mlp_down_input"}
     assert all(fp8[n] == bf16[n] for n in bf16.keys() - halved)  # norm inputs, q/k/v, MLP pre-activations: bf16
+
+
+def test_fp8_lora_keeps_the_adapters_inputs_in_bf16_and_no_fp8_inputs_of_frozen_gemms():
+    from costmodel.train_config import Precision
+
+    m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    te = Layout(stack=stack_with("megatron-core"))
+    lora = TrainConfig(seq_len=512, workload="finetune-lora", lora={"frozen_dtype": "fp8"})
+    fp8 = {t.name: t.bytes for t in activation_table(m, lora.with_precision(Precision.FP8), te)}
+    assert fp8 == {t.name: t.bytes for t in activation_table(m, lora, te)}  # what LoRA keeps is bf16 either way
+    assert fp8["qkv_input"] == 512 * 1024 * 2 and "mlp_input" not in fp8

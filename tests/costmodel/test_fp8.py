@@ -1,7 +1,10 @@
-"""Tests `costmodel/fp8.py`: the fp8 weight copies and what ZeRO gathers under the fp8 recipe."""
+"""Tests `costmodel/fp8.py`: the fp8 weight copies, what ZeRO gathers under the fp8 recipe, and fp8 frozen weights."""
+
+import pytest
 
 from costmodel.data_parallel import layer_params_per_device
-from costmodel.fp8 import fp8_weight_copy_bytes, gathered_layer_param_bytes
+from costmodel.errors import InvalidConfigError, UnsupportedError
+from costmodel.fp8 import check_frozen_dtype, fp8_weight_copy_bytes, gathered_layer_param_bytes
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
 from costmodel.stack import stack_with
@@ -35,3 +38,25 @@ def test_fp8_parameters_replace_the_bf16_copy():
     assert _copies(FP8, Layout(dp=4, zero_stage=1, stack=FP8_PARAMS)) == 0  # fp8 weight + transpose = one bf16 copy
     assert _copies(FP8, Layout(dp=4, zero_stage=3, stack=FP8_PARAMS)) < 0  # the kept shard is fp8
     assert gathered_layer_param_bytes(FP8, Layout(stack=FP8_PARAMS)) == 1 and gathered_layer_param_bytes(FP8, Layout()) == 2
+
+
+LORA_FP8 = TrainConfig(seq_len=512, global_batch=8, workload="finetune-lora", lora={"frozen_dtype": "fp8"}).with_precision(Precision.FP8)
+LORA_BF16 = TrainConfig(seq_len=512, global_batch=8, workload="finetune-lora").with_precision(Precision.FP8)
+
+
+def test_lora_keeps_the_transpose_of_fp8_frozen_weights_and_both_copies_of_bf16_ones():
+    per_device = 8 * M.params_per_layer / 2
+    assert _copies(LORA_FP8, Layout(tp=2, stack=TE)) == per_device  # the stored fp8 weight is its own cast
+    assert _copies(LORA_BF16, Layout(tp=2, stack=TE)) == 2 * per_device
+    assert _copies(LORA_FP8, Layout(tp=2)) == 0  # the JAX program keeps no transposes
+    assert _copies(LORA_FP8, Layout(dp=4, zero_stage=3, stack=TE)) == 2 * M.params_per_layer  # the two layers gathered
+
+
+def test_fp8_frozen_weights_need_the_fp8_recipe_and_int_ones_are_refused_under_it():
+    check_frozen_dtype(LORA_FP8)
+    with pytest.raises(InvalidConfigError, match="needs --precision fp8"):
+        check_frozen_dtype(LORA_FP8.with_precision(Precision.BF16))
+    with pytest.raises(UnsupportedError, match="int8 frozen weights under --precision fp8"):
+        check_frozen_dtype(TrainConfig(workload="finetune-lora", lora={"frozen_dtype": "int8"}).with_precision(Precision.FP8))
+    with pytest.raises(UnsupportedError, match="prefill and decode"):
+        check_frozen_dtype(TrainConfig(workload="decode", inference={"weight_dtype": "fp8"}))

@@ -118,3 +118,21 @@ def test_fp8_gemms_read_one_byte_operands_and_add_their_casts():
     assert not any(k.linear for k in quant.values() if k.in_attention_core)  # attention stays bf16
     gemms = ("qkv", "attn_out", "mlp_in", "mlp_out")
     assert set(quant) - set(plain) == {f"{g}_{c}_cast" for g in gemms for c in ("input", "weight")}
+
+
+def test_fp8_lora_runs_frozen_gemms_in_fp8_without_weight_gradients_and_adapters_in_bf16():
+    from costmodel.train_config import Precision
+
+    lora = TrainConfig(seq_len=512, global_batch=8, workload="finetune-lora", lora={"frozen_dtype": "fp8"}).with_precision(Precision.FP8)
+    ks = {k.name: k for k in layer_forward_kernels(LLAMA, lora, Layout(tp=2))}
+    for name in ("qkv", "attn_out", "mlp_in", "mlp_out"):
+        assert ks[name].linear and ks[name].backward_scale == 1.0  # fp8 peak, input gradient only
+        assert f"{name}_input_cast" in ks and f"{name}_weight_cast" not in ks  # stored fp8: no weight cast
+    # qkv reads its fp8 input and weight at one byte, writes a bf16 result.
+    tokens, qkv_out = 512, (1024 + 2 * 256) / 2
+    assert ks["qkv"].bytes == tokens * 1024 + 1024 * qkv_out + 2 * tokens * qkv_out
+    adapters = [k for n, k in ks.items() if n.startswith("lora_")]
+    assert adapters and not any(k.linear for k in adapters) and all(k.backward_scale == 2.0 for k in adapters)
+    bf16_frozen = {k.name for k in layer_forward_kernels(LLAMA, lora.model_copy(update={"lora": lora.lora.model_copy(
+        update={"frozen_dtype": "bf16"})}), Layout(tp=2))}
+    assert "qkv_weight_cast" in bf16_frozen

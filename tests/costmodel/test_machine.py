@@ -38,3 +38,12 @@ def test_supported_precisions_follow_the_catalog():
     assert [p.value for p in supported_precisions(load_hardware("a100-80gb"))] == ["fp32", "tf32", "bf16", "fp16"]
     assert [p.value for p in supported_precisions(load_hardware("tpu-v5p"))] == ["bf16"]
     check_peak(load_hardware("h200"), "float8_e4m3fn")  # has it: no error
+
+
+def test_fp8_frozen_weights_are_refused_outside_the_fp8_recipe():
+    lora = TrainConfig(workload="finetune-lora", lora={"frozen_dtype": "fp8"})
+    assert train_machine(load_hardware("h100-sxm"), lora.with_precision(Precision.FP8)).linear_peak > 0
+    with pytest.raises(InvalidConfigError, match="needs --precision fp8"):
+        train_machine(load_hardware("h100-sxm"), lora)
+    with pytest.raises(InvalidConfigError, match="no float8 peak"):  # the part is named before the storage
+        train_machine(load_hardware("a100-80gb"), lora.with_precision(Precision.FP8))

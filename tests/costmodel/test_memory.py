@@ -179,3 +179,18 @@ def test_offloaded_host_state_is_the_largest_stage_partitions():
     first = stage_trainable_params(wide_vocab, TRAIN, lay, 0)
     assert mem.stage == "last" and first > stage_trainable_params(wide_vocab, TRAIN, lay, 3)
     assert mem.host.master_weights_bytes == pytest.approx(4 * first)
+
+
+def test_fp8_frozen_weights_take_one_byte_and_te_keeps_their_transposes_as_frozen_memory():
+    from costmodel.train_config import Precision
+    from costmodel.workload import norm_params_per_layer
+
+    train = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora", lora={"frozen_dtype": "fp8"}).with_precision(Precision.FP8)
+    matrices = MODEL.num_layers * (MODEL.params_per_layer - norm_params_per_layer(MODEL))
+    rest = MODEL.total_params - matrices
+    jax_program = memory_breakdown(MODEL, train, Layout(micro_batch=1))
+    assert jax_program.frozen_params_bytes == pytest.approx(matrices + 2 * rest)
+    te = memory_breakdown(MODEL, train, Layout(micro_batch=1, stack=stack_with("megatron-core")))
+    assert te.frozen_params_bytes - jax_program.frozen_params_bytes == pytest.approx(MODEL.num_layers * MODEL.params_per_layer)
+    assert te.params_bytes - te.frozen_params_bytes == pytest.approx(jax_program.params_bytes - jax_program.frozen_params_bytes)
+    assert te.grads_bytes == jax_program.grads_bytes  # adapters only

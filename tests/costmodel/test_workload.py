@@ -37,7 +37,8 @@ def test_mlp_adapters_on_experts_are_refused_in_one_line():
 
 
 def test_frozen_formats_bytes():
-    assert [FrozenDtype(d).bytes for d in ("bf16", "int8", "int4")] == [2.0, 1.0, 0.5]
+    assert [FrozenDtype(d).bytes for d in ("bf16", "int8", "int4", "fp8")] == [2.0, 1.0, 0.5, 1.0]
+    assert FrozenDtype.FP8.jax_name == "float8_e4m3fn"
 
 
 def test_train_config_fills_lora_defaults_and_refuses_lora_settings_elsewhere():

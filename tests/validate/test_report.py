@@ -83,3 +83,13 @@ def test_a_pipeline_holds_its_bubble_ticks_activations_and_with_one_micro_batch_
     tick_gradient = stage_params_per_device(LLAMA, plan.layout) * plan.train.compute_dtype.bytes
     bubble_ticks = (plan.layout.pp - 1) * (LLAMA.num_layers // 2) * activation_bytes_per_layer(LLAMA, plan.train, plan.layout)
     assert predicted_memory_bytes(plan) == pytest.approx(simulated + tick_gradient + bubble_ticks)
+
+
+def test_fp8_frozen_lora_plans_say_their_emulated_memory_peak_is_not_checked():
+    from validate.report import fp8_frozen_not_checked
+
+    lora = {"workload": "finetune-lora", "lora": {"frozen_dtype": "fp8"}, "precision": "fp8", "global_batch": 8, "seq_len": 64}
+    p = layout_plan(LLAMA, Layout(dp=2, micro_batch=1), **lora)
+    assert "memory per device is not checked" in fp8_frozen_not_checked(p)
+    assert fp8_frozen_not_checked(p, platform="gpu") is None
+    assert fp8_frozen_not_checked(layout_plan(LLAMA, Layout(dp=2, micro_batch=1), **{**lora, "lora": None})) is None

@@ -145,6 +145,16 @@ def test_plan_json_contract_for_lora(capsys):
     assert data["predicted"]["memory"]["per_device_bytes"] > 0
 
 
+def test_plan_json_contract_for_lora_over_fp8_frozen_weights_and_the_ilp_refusal(capsys):
+    flags = ("--model", "gpt2", "--mesh", "2", "--hardware", "h100-sxm", "--global-batch", "16", "--workload", "finetune-lora",
+             "--precision", "fp8", "--frozen-dtype", "fp8")
+    code, data, err, _ = _plan(capsys, *flags)
+    assert code == 0 and data["train"]["lora"]["frozen_dtype"] == "fp8" and data["train"]["linear_dtype"] == "float8_e4m3fn"
+    assert data["predicted"]["memory"]["per_device_bytes"] > 0
+    code, _, err, _ = _plan(capsys, *flags, "--planner", "ilp")
+    assert code == 5 and "grid planner" in err and "fix:" in err
+
+
 def test_plan_json_contract_for_decode(capsys):
     # The contract: latency, first-token time, throughput, memory with the KV cache.
     code, data, err, _ = _plan(capsys, "--model", "llama3-8b", "--mesh", "8", "--workload", "decode", "--batch", "64",

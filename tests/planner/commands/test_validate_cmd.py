@@ -47,3 +47,15 @@ def test_an_offloaded_plan_compiles_and_says_what_is_not_checked(capsys, tmp_pat
     assert code == 0 and "memory per device" not in items and {"memory arguments", "flops"} <= items
     assert out["not_checked"].startswith("offload optimizer: lowered without it")
     assert main(["validate", path]) == 5 and "add --compile-only" in capsys.readouterr().err
+
+
+def test_a_lora_plan_over_fp8_frozen_weights_validates_and_says_what_it_leaves_unchecked(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(layout_plan(TINY, Layout(dp=2, tp=2, micro_batch=1), hardware="h100-sxm", seq_len=16, global_batch=4,
+                                workload="finetune-lora", lora={"frozen_dtype": "fp8"}, precision="fp8").model_dump_json())
+    main(["validate", str(path), "--compile-only", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    items = {c["item"] for c in report["checks"]}
+    assert "memory arguments" in items and "flops" in items and "memory per device" not in items
+    assert "frozen fp8 weights" in report["not_checked"]
+    assert next(c for c in report["checks"] if c["item"] == "memory arguments")["ok"]

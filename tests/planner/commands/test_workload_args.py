@@ -48,3 +48,8 @@ def test_serving_flags_refused_for_training_and_latency_for_prefill():
         workload_from_args(_parse("--workload", "prefill", "--max-token-latency-ms", "10"))
     with pytest.raises(InvalidConfigError, match="--frozen-dtype applies to finetune-lora, prefill and decode"):
         workload_from_args(_parse("--frozen-dtype", "int8"))
+
+
+def test_fp8_frozen_dtype_is_a_lora_choice():
+    out = workload_from_args(_parse("--workload", "finetune-lora", "--frozen-dtype", "fp8"))
+    assert out["lora"].frozen_dtype == "fp8"

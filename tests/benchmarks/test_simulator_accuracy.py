@@ -6,10 +6,12 @@ import pytest
 
 from benchmarks.simulator_accuracy import (
     DEFAULT_DATA,
+    FINETUNE_DATA,
     FP8_DATA,
     _errors_at_scale,
     data_sets,
     evaluate,
+    evaluate_memory,
     leave_one_source_out_pct,
     source_family,
     train_from_row,
@@ -87,3 +89,14 @@ def test_a_finetune_csv_is_a_fourth_set_where_it_exists(tmp_path):
         writer.writerows(lora)
     assert data_sets(DEFAULT_DATA, DEFAULT_DATA, FP8_DATA, path)[-1] == ("finetune", path)
     assert [r["workload"] for r in evaluate(list(csv.DictReader(path.open())))] == ["finetune-lora"] * 2
+
+
+def test_finetune_memory_rows_compare_peak_memory_and_partial_attention_targets_are_named():
+    rows = [r for r in csv.DictReader(FINETUNE_DATA.open()) if r["measured_metric"] == "peak_memory_gib_per_device"]
+    assert rows and all(r["lora_targets"] == "q,v" for r in rows)
+    assert workload_from_row(rows[0])["lora"].targets == (LoraTarget.ATTN,)
+    assert all("LoRA on q,v is simulated on q, k, v and o" in line for line in unmodelled(rows))
+    results = evaluate_memory(rows)
+    assert len(results) == len(rows) and all(r["predicted_gib"] > 0 for r in results)
+    by_dtype = {r["frozen_dtype"]: r["predicted_gib"] for r in results if r["model"] == "Llama 2 7B" and r["devices"] == 1}
+    assert by_dtype["int4"] < by_dtype["bf16"] / 2  # QLoRA's 4-bit frozen weights

@@ -128,7 +128,8 @@ def workload_from_row(row: dict[str, str]) -> dict[str, object]:
     names = {t.strip() for t in row["lora_targets"].split(",")}
     targets = (LoraTarget.ATTN,) if names <= _ATTENTION_PROJECTIONS else tuple(LoraTarget(t) for t in sorted(names))
     lora = LoraConfig(rank=int(row["lora_rank"]), alpha=float(row["lora_alpha"]), targets=targets,
-                      frozen_dtype=FrozenDtype(row["frozen_dtype"] or FrozenDtype.BF16.value))
+                      frozen_dtype=FrozenDtype(row["frozen_dtype"] or FrozenDtype.BF16.value),
+                      dropout=float(row.get("lora_dropout") or 0.0), fused_qkv=row.get("lora_fused_qkv") == "yes")
     return {"workload": workload, "lora": lora}
 
 

@@ -236,8 +236,39 @@ def lora_kernels(kernels: list[Kernel], model: ModelConfig, train: TrainConfig, 
     adapters = []
     for a in adapted_matrices(model, train.lora):
         d_in, d_out = (a.d_in, a.d_out / t) if a.split == "column" else (a.d_in / t, a.d_out)
-        adapters += [_matmul(f"lora_{a.name}_down", tokens, r, d_in, elem_bytes=e), _matmul(f"lora_{a.name}_up", tokens, d_out, r, elem_bytes=e)]
+        adapters += [_matmul(f"lora_{a.name}_down", tokens, r, d_in, elem_bytes=e), _matmul(f"lora_{a.name}_up", tokens, d_out, r, elem_bytes=e),
+                     *adapter_elementwise_kernels(a.name, tokens * d_in, tokens * d_out, dropout=train.lora.dropout, elem_bytes=e)]
     return [_frozen(k) for k in kernels] + adapters
+
+
+# HBM passes of an adapter's eager elementwise ops, as NeMo's ParallelLinearAdapter.forward
+# (NVIDIA/NeMo @b2eccd2, v2.0.0.rc0.beta, nemo/collections/nlp/modules/common/megatron/adapters/
+# parallel_adapters.py, and mcore_mixins.py's `mixed_qkv + lora_mixed_qkv`, `output + lora_output`)
+# and Hugging Face PEFT's `result + lora_B(lora_A(dropout(x))) * scaling` run them:
+# dropout writes the dropped input and a one-byte mask (2.5 passes), its backward reads the
+# gradient and the mask (2.5); the alpha/r scale reads and writes the adapter output, both ways (2, 2);
+# the add into the frozen GEMM's output reads two tensors and writes one (3), and has no backward
+# of its own, but the adapter's input also feeds the frozen GEMM, so autograd sums the two
+# input gradients (3 passes over the input).
+_ADAPTER_DROPOUT_PASSES = (2.5, 2.5)
+_ADAPTER_SCALE_PASSES = (2.0, 2.0)
+_ADAPTER_ADD_PASSES = 3.0
+_ADAPTER_INPUT_GRAD_SUM_PASSES = 3.0
+
+
+def adapter_elementwise_kernels(name: str, in_elements: float, out_elements: float, *, dropout: float, elem_bytes: int) -> list[Kernel]:
+    """One adapter's memory-bound kernels beside its two GEMMs: the dropout on its input
+    (only where ``dropout`` > 0), the alpha/r scale of its output, and the add into the frozen
+    output (forward) with the sum of the two input gradients (backward).
+
+    >>> [(k.name, k.bytes, k.backward_scale) for k in adapter_elementwise_kernels("wo", 100, 10, dropout=0.1, elem_bytes=2)]
+    [('lora_wo_dropout', 500.0, 1.0), ('lora_wo_scale', 40.0, 1.0), ('lora_wo_add', 60.0, 10.0)]
+    """
+    kernels = [_memory(f"lora_{name}_dropout", in_elements, _ADAPTER_DROPOUT_PASSES, elem_bytes=elem_bytes)] if dropout > 0 else []
+    add = _memory(f"lora_{name}_add", out_elements, (_ADAPTER_ADD_PASSES, _ADAPTER_ADD_PASSES), elem_bytes=elem_bytes)
+    grad_sum_bytes = in_elements * _ADAPTER_INPUT_GRAD_SUM_PASSES * elem_bytes
+    return kernels + [_memory(f"lora_{name}_scale", out_elements, _ADAPTER_SCALE_PASSES, elem_bytes=elem_bytes),
+                      add.model_copy(update={"backward_scale": grad_sum_bytes / add.bytes})]
 
 
 def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:

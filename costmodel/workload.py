@@ -84,6 +84,11 @@ class LoraConfig(BaseModel):
     targets: tuple[LoraTarget, ...] = Field((LoraTarget.ATTN,), description="Matrix groups with adapters: attn (q, k, v, o), mlp.")
     alpha: PositiveFloat = Field(32.0, description="Adapter scale numerator: the adapter's output is multiplied by alpha / rank.")
     frozen_dtype: FrozenDtype = Field(FrozenDtype.BF16, description="Storage of the frozen base weight matrices.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Probability of the dropout on each adapter's input (NeMo's "
+                           "adapter_dropout with dropout_position pre, Hugging Face PEFT's lora_dropout); 0: none.")
+    fused_qkv: bool = Field(False, description="q, k and v share one adapter over the fused qkv projection (NeMo's "
+                            "LoraKQVAdapter, PEFT on a fused qkv_proj): one A (hidden x r) and one B (r x (q + 2 kv)); "
+                            "False: one adapter each.")
 
     @field_validator("targets")
     @classmethod
@@ -128,8 +133,8 @@ def adapted_matrices(model: ModelConfig, lora: LoraConfig) -> list[AdaptedMatrix
     d, q, kv = model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     out = []
     if LoraTarget.ATTN in lora.targets:
-        out += [AdaptedMatrix(group=LoraTarget.ATTN, name=n, d_in=i, d_out=o, split=s)
-                for n, i, o, s in (("wq", d, q, "column"), ("wk", d, kv, "column"), ("wv", d, kv, "column"), ("wo", q, d, "row"))]
+        qkv = [("wqkv", d, q + 2 * kv, "column")] if lora.fused_qkv else [("wq", d, q, "column"), ("wk", d, kv, "column"), ("wv", d, kv, "column")]
+        out += [AdaptedMatrix(group=LoraTarget.ATTN, name=n, d_in=i, d_out=o, split=s) for n, i, o, s in (*qkv, ("wo", q, d, "row"))]
     if LoraTarget.MLP in lora.targets:
         if model.is_moe:
             raise UnsupportedError(f"LoRA on the MLP of {model.name}, a mixture-of-experts model, is not modelled",

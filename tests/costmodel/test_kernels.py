@@ -95,9 +95,29 @@ def test_lora_freezes_weight_gemms_and_adds_thin_adapter_gemms():
     tokens, r = 512, 16
     # wq: A whole (1024 x 16), B split over tp (16 x 1024/2): 2·tokens·(1024·16 + 16·512).
     assert tuned["lora_wq_down"].flops + tuned["lora_wq_up"].flops == 2 * tokens * (1024 * r + r * 512)
-    assert {n for n in tuned if n.startswith("lora_")} == {f"lora_{w}_{p}" for w in ("wq", "wk", "wv", "wo") for p in ("down", "up")}
+    assert {n for n in tuned if n.startswith("lora_") and tuned[n].kind is KernelKind.MATMUL} == {
+        f"lora_{w}_{p}" for w in ("wq", "wk", "wv", "wo") for p in ("down", "up")}
     head = {k.name: k for k in head_forward_kernels(LLAMA, lora, Layout())}
     assert head["lm_head"].backward_scale == 1.0
+
+
+def test_lora_adapter_elementwise_passes_dropout_and_fused_qkv():
+    plain = TrainConfig(**{**TRAIN.model_dump(), "workload": "finetune-lora"})
+    nemo = TrainConfig(**{**TRAIN.model_dump(), "workload": "finetune-lora", "lora": {"dropout": 0.1, "fused_qkv": True}})
+    without = {k.name: k for k in layer_forward_kernels(LLAMA, plain, Layout(tp=2))}
+    tuned = {k.name: k for k in layer_forward_kernels(LLAMA, nemo, Layout(tp=2))}
+    tokens, h = 512, 1024
+    assert "lora_wo_dropout" not in without  # no dropout unless the run set one
+    # wo is row-parallel: its adapter reads tokens x h/2; dropout writes the input and a 1-byte mask.
+    drop = tuned["lora_wo_dropout"]
+    assert drop.bytes == 2.5 * 2 * tokens * h / 2 and drop.backward_scale == 1.0
+    # The add's backward is the sum of the two gradients of the adapter's input (3 passes over it).
+    add = tuned["lora_wo_add"]
+    assert add.bytes == 3 * 2 * tokens * h and add.bytes * add.backward_scale == 3 * 2 * tokens * h / 2
+    # One adapter over the fused qkv: one down GEMM reads the input once instead of three times.
+    assert "lora_wqkv_down" in tuned and "lora_wq_down" not in tuned
+    assert tuned["lora_wqkv_down"].flops == without["lora_wq_down"].flops
+    assert tuned["lora_wqkv_up"].flops == sum(without[f"lora_{w}_up"].flops for w in ("wq", "wk", "wv"))
 
 
 def test_fp8_gemms_read_one_byte_operands_and_add_their_casts():
@@ -131,7 +151,7 @@ def test_fp8_lora_runs_frozen_gemms_in_fp8_without_weight_gradients_and_adapters
     # qkv reads its fp8 input and weight at one byte, writes a bf16 result.
     tokens, qkv_out = 512, (1024 + 2 * 256) / 2
     assert ks["qkv"].bytes == tokens * 1024 + 1024 * qkv_out + 2 * tokens * qkv_out
-    adapters = [k for n, k in ks.items() if n.startswith("lora_")]
+    adapters = [k for n, k in ks.items() if n.startswith("lora_") and k.kind is KernelKind.MATMUL]
     assert adapters and not any(k.linear for k in adapters) and all(k.backward_scale == 2.0 for k in adapters)
     bf16_frozen = {k.name for k in layer_forward_kernels(LLAMA, lora.model_copy(update={"lora": lora.lora.model_copy(
         update={"frozen_dtype": "bf16"})}), Layout(tp=2))}

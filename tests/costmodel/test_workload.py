@@ -55,3 +55,12 @@ def test_workload_round_trips_through_json():
     t = TrainConfig(workload="finetune-lora", lora=LoraConfig(rank=64, frozen_dtype="int4", targets=("mlp", "attn", "mlp")))
     assert TrainConfig.model_validate_json(t.model_dump_json()) == t
     assert t.lora.targets == ("attn", "mlp")
+
+
+def test_fused_qkv_adapter_has_one_a_and_the_qkv_width_of_b():
+    r = 16
+    fused = adapted_matrices(LLAMA, LoraConfig(rank=r, fused_qkv=True))
+    assert [(a.name, a.d_in, a.d_out) for a in fused] == [("wqkv", 4096, 4096 + 2 * 1024), ("wo", 4096, 4096)]
+    assert adapter_params_per_layer(LLAMA, LoraConfig(rank=r, fused_qkv=True)) == r * ((4096 + 6144) + (4096 + 4096))
+    with pytest.raises(ValidationError):
+        LoraConfig(dropout=1.0)

@@ -237,7 +237,8 @@ def lora_kernels(kernels: list[Kernel], model: ModelConfig, train: TrainConfig, 
     for a in adapted_matrices(model, train.lora):
         d_in, d_out = (a.d_in, a.d_out / t) if a.split == "column" else (a.d_in / t, a.d_out)
         adapters += [_matmul(f"lora_{a.name}_down", tokens, r, d_in, elem_bytes=e), _matmul(f"lora_{a.name}_up", tokens, d_out, r, elem_bytes=e),
-                     *adapter_elementwise_kernels(a.name, tokens * d_in, tokens * d_out, dropout=train.lora.dropout, elem_bytes=e)]
+                     *(adapter_elementwise_kernels(a.name, tokens * d_in, tokens * d_out, dropout=train.lora.dropout, elem_bytes=e)
+                       if layout.stack.eager_adapters else ())]
     return [_frozen(k) for k in kernels] + adapters
 
 

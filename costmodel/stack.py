@@ -101,6 +101,10 @@ class SoftwareStack(BaseModel):
         False, description="Under the fp8 recipe the layers' weights are kept and all-gathered (ZeRO 1-3) as fp8 "
         "(Transformer Engine's fp8_model_init, Megatron-LM's --fp8-param-gather, torchao's "
         "enable_fsdp_float8_all_gather); False: as bf16, cast to fp8 after the gather.")
+    eager_adapters: bool = Field(
+        True, description="LoRA adapters' dropout, alpha/r scale and add run as kernels of their own (NeMo's "
+        "ParallelLinearAdapter @b2eccd2, Hugging Face PEFT's LoRA layer); False: a compiler fuses them into the "
+        "neighbouring kernels (XLA, Inductor).")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
 
@@ -110,12 +114,12 @@ _TITAN = "pytorch/torchtitan"
 
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
-        name="jax", fp8_kept_casts=False,
+        name="jax", fp8_kept_casts=False, eager_adapters=False,
         citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
         "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches; what `plan validate` lowers.",
     ),
     SoftwareStack(
-        name="maxtext", tp_overlap=TpOverlap.GEMM,
+        name="maxtext", tp_overlap=TpOverlap.GEMM, eager_adapters=False,
         citation="AI-Hypercomputer/maxtext @e591f30: XLA GSPMD with the latency-hiding scheduler "
         "(docs/run_maxtext/run_maxtext_single_host_gpu.md, --xla_gpu_enable_latency_hiding_scheduler=true; "
         "benchmarks/xla_flags_library.py, --xla_tpu_enable_async_collective_fusion) and collective matmul "
@@ -182,7 +186,8 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "selective_ac_option='op'; DTensor [batch, seq, hidden] sequence parallelism; vanilla (not async) TP.",
     ),
     SoftwareStack(
-        name="torchtitan-compile", batch_major=True, fsdp_copy_out=True, selective_recompute=SelectiveRecompute.PER_OP,
+        name="torchtitan-compile", batch_major=True, fsdp_copy_out=True, eager_adapters=False,
+        selective_recompute=SelectiveRecompute.PER_OP,
         citation=f"{_TITAN} @9dec370: as 'torchtitan' with compile=true (train_configs/*.toml, parallelize_llama.py "
         "torch.compile per TransformerBlock): Inductor fuses elementwise ops and norms; FSDP2 copy-out unchanged.",
     ),

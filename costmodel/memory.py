@@ -4,9 +4,7 @@ Mixed-precision accounting (Megatron-LM's, 18 bytes per parameter without ZeRO):
 ``params`` is the compute-dtype copy the kernels read (2 B); ``grads`` the gradients as
 reduced (fp32, 4 B); ``optimizer`` the fp32 master copy and Adam's two moments (12 B).
 ZeRO 1 shards the optimizer state over dp, ZeRO 2 also the gradients, ZeRO 3 (FSDP) also
-the parameters; there the fp32 master shard is the parameter unless the stack keeps a 16-bit
-shard beside it (`SoftwareStack.zero3_param_copy`: DeepSpeed). With ``param_dtype ==
-compute_dtype`` there is no separate master copy.
+the parameters. With ``param_dtype == compute_dtype`` there is no separate master copy.
 
 Activations are `costmodel.activations` per layer times the layers a stage holds times
 the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);
@@ -151,8 +149,6 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     mixed = train.param_dtype != train.compute_dtype
     optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
     params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
-    if zero >= 3 and mixed and not layout.stack.zero3_param_copy and layout.offload is Offload.NONE:
-        params = 0.0  # the fp32 master shard (in optimizer) is the parameter; each gather casts it
     fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
     frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
     if train.is_lora:  # the fp8 copies are of the frozen weights, not of the adapters

@@ -101,11 +101,6 @@ class SoftwareStack(BaseModel):
         False, description="Under the fp8 recipe the layers' weights are kept and all-gathered (ZeRO 1-3) as fp8 "
         "(Transformer Engine's fp8_model_init, Megatron-LM's --fp8-param-gather, torchao's "
         "enable_fsdp_float8_all_gather); False: as bf16, cast to fp8 after the gather.")
-    zero3_param_copy: bool = Field(
-        False, description="With ZeRO-3 each rank also keeps a 16-bit shard of the parameters beside its fp32 master shard "
-        "(DeepSpeed deepspeed/runtime/zero/stage3.py: fp16_partitioned_groups_flat beside fp32_partitioned_groups_flat); "
-        "False: the fp32 shard is the parameter and each gather casts what it gathers (PyTorch FSDP1/FSDP2 mixed "
-        "precision, the JAX program).")
     eager_adapters: bool = Field(
         True, description="LoRA adapters' dropout, alpha/r scale and add run as kernels of their own (NeMo's "
         "ParallelLinearAdapter @b2eccd2, Hugging Face PEFT's LoRA layer); False: a compiler fuses them into the "
@@ -162,7 +157,7 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "before the chunk that needs them).",
     ),
     SoftwareStack(
-        name="deepspeed", batch_major=True, zero3_param_copy=True, reduce_every_micro_batch=True, fused_elementwise=False, fused_norm=False,
+        name="deepspeed", batch_major=True, reduce_every_micro_batch=True, fused_elementwise=False, fused_norm=False,
         citation="deepspeedai/DeepSpeed @aecfec7 (Jun 2024): runtime/engine.py allreduce_gradients ('ZeRO stage >= 2 "
         "communicates during non gradient accumulation boundaries as well'); runtime/zero/partitioned_param_coordinator.py "
         "fetches ZeRO-3 parameters per submodule in trace order with prefetch (stage3_prefetch_bucket_size) into "
@@ -170,7 +165,7 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "in the models it wraps (Hugging Face).",
     ),
     SoftwareStack(
-        name="megatron-deepspeed", attention=Attention.MATERIALIZED, zero3_param_copy=True, reentrant_recompute=True, reduce_every_micro_batch=True,
+        name="megatron-deepspeed", attention=Attention.MATERIALIZED, reentrant_recompute=True, reduce_every_micro_batch=True,
         fused_cross_entropy=False,
         citation="deepspeedai/Megatron-DeepSpeed (Megatron-LM 2021 fork): Megatron's fused kernels and reentrant "
         "CheckpointFunction and op-by-op vocab-parallel cross-entropy, [s, b, h] activations; ZeRO from DeepSpeed @aecfec7 runtime/engine.py (ZeRO-2 reduces "

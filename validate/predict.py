@@ -152,6 +152,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp)) // lay.interleave
         bubble_activations = (lay.pp - 1) * layers * activation_bytes_per_layer(plan.model, plan.train, gpipe)
     total = memory.total_bytes + bubble_activations
+    if lay.zero_stage >= 3 and not plan.train.is_lora and plan.train.param_dtype != plan.train.compute_dtype:
+        # The program keeps no compute-dtype copy of a ZeRO-3 shard: each layer casts what it gathers.
+        total -= memory.params_bytes
     logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * _F32
     if lay.pp > 1:
         # Every pipeline group runs the head, one micro-batch at a time (`validate.pipeline`):

@@ -28,7 +28,6 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
     "fp8_kept_casts": (["yes", "no"], "with --precision fp8, GEMM inputs kept in fp8 and weight casts resident (Transformer "
                        "Engine, torchao; no: the JAX program's bf16 inputs, casts redone)"),
     "fp8_param_gather": (["yes", "no"], "with --precision fp8, weights kept and all-gathered in fp8 (Megatron-LM --fp8-param-gather)"),
-    "zero3_param_copy": (["yes", "no"], "ZeRO-3 keeps a 16-bit parameter shard beside the fp32 one (DeepSpeed; no: FSDP, JAX)"),
     "eager_adapters": (["yes", "no"], "LoRA adapters' dropout, scale and add as kernels of their own (NeMo, PEFT; no: fused by a compiler)"),
 }
 

@@ -131,7 +131,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     accumulates its gradients over ticks even with one micro-batch, and whose every pipeline
     group runs the head one micro-batch at a time. An interleaved plan is
     compared with the same GPipe estimate (its ticks save ``M·v`` chunks, ``M`` stages' worth)
-    plus ``S − 1`` bubble chunks, not with Megatron's interleaved 1F1B.
+    plus ``S − 1`` bubble chunks, not with Megatron's interleaved 1F1B. With ZeRO-3 the
+    program keeps no compute-dtype copy of its parameter shard (each layer casts what it
+    gathers), which the simulator counts (DeepSpeed keeps one).
 
     On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization would keep
     the layers' saved activations as fp32 (f32 stacks in the layer loop); the lowering keeps

@@ -115,6 +115,10 @@ def layout_from_row(row: dict[str, str]) -> Layout:
     )
 
 
+def _lora_target_names(row: dict[str, str]) -> set[str]:
+    return {t.strip() for t in row.get("lora_targets", "").split(",")}
+
+
 def workload_from_row(row: dict[str, str]) -> dict[str, object]:
     """A row's workload and LoRA settings from its own columns (absent or blank: pretraining).
 
@@ -125,7 +129,7 @@ def workload_from_row(row: dict[str, str]) -> dict[str, object]:
     workload = row.get("workload") or WorkloadKind.PRETRAIN.value
     if workload != WorkloadKind.FINETUNE_LORA:
         return {"workload": workload}
-    names = {t.strip() for t in row["lora_targets"].split(",")}
+    names = _lora_target_names(row)
     targets = (LoraTarget.ATTN,) if names <= _ATTENTION_PROJECTIONS else tuple(LoraTarget(t) for t in sorted(names))
     lora = LoraConfig(rank=int(row["lora_rank"]), alpha=float(row["lora_alpha"]), targets=targets,
                       frozen_dtype=FrozenDtype(row["frozen_dtype"] or FrozenDtype.BF16.value),
@@ -150,7 +154,7 @@ def unmodelled(rows: list[dict[str, str]]) -> list[str]:
     lines = [f"{r['model']} on {r['devices']} {r['hardware']}: {why}"
              for r in rows for note, why in UNMODELLED_NOTES.items() if note in r["notes"]]
     return lines + [f"{r['model']} on {r['devices']} {r['hardware']}: LoRA on {r['lora_targets']} is simulated on q, k, v and o"
-                    for r in rows if {t.strip() for t in r.get("lora_targets", "").split(",")} < _ATTENTION_PROJECTIONS]
+                    for r in rows if _lora_target_names(r) < _ATTENTION_PROJECTIONS]
 
 
 def evaluate_memory(rows: list[dict[str, str]]) -> list[dict[str, object]]:

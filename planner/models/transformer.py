@@ -81,11 +81,7 @@ def _keep(name: str, x: jax.Array) -> jax.Array:
     return x
 
 
-def _run(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-    return fn
-
-
-def _as_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _run(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
@@ -290,7 +286,7 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
 def forward(
     params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
     constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized", experts: Experts = _run,
-    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced, linear: Linear = _einsum_linear,
+    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _run, linear: Linear = _einsum_linear,
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
@@ -328,7 +324,7 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
 
 def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
                constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run,
-               lora_scale: float = 1.0, keep_residuals: KeepResiduals = _as_traced,
+               lora_scale: float = 1.0, keep_residuals: KeepResiduals = _run,
                linear: Linear = _einsum_linear) -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
     output and each layer's MoE balancing loss. ``keep_residuals`` wraps the checkpointed layer."""

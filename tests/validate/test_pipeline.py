@@ -1,9 +1,6 @@
 """Tests `validate/pipeline.py`: the interleaved schedule computes the single-device loss and gradients."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,6 +10,7 @@ from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import Dtype
 from planner.api import layout_plan
+from validate.emulated import run_emulated
 from validate.pipeline import check_pipeline, interleaved_layer_order
 
 LLAMA = ModelConfig(name="tiny-llama-8", hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256)
@@ -48,11 +46,7 @@ print(json.dumps({"loss": float(loss), "reference": float(reference_loss), "grad
 def test_interleaved_step_matches_the_single_device_loss_and_gradients(layout):
     plan = layout_plan(LLAMA, layout, hardware="a100-80gb", seq_len=16, global_batch=8)
     plan = plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype("float32")})})
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", _RUN], input=plan.model_dump_json(), capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(run_emulated(_RUN, 4, stdin=plan.model_dump_json(), timeout_s=300, failure="the step failed", fix="-"))
     assert out["loss"] == pytest.approx(out["reference"], rel=1e-5)
     assert out["grad_error"] < 1e-4  # relative to each gradient's largest entry
 

@@ -61,6 +61,24 @@ class StepAllocator(BaseModel):
     first_touch_s_per_byte: NonNegativeFloat = Field(description="Seconds to fault in and zero one byte of freshly mapped memory.")
 
 
+class GradientTranspose(BaseModel):
+    """What a weight gradient costs beyond its GEMM where the compiler transposes the cotangent.
+
+    A weight gradient ``xᵀ·g`` contracts the tokens, the leading dimension of both operands.
+    cuBLAS and TPU matrix units take a transposed operand as it lies (no catalog profile sets
+    this); XLA's CPU backend first copies the output cotangent ``g`` transposed, and where an
+    elementwise backward produces ``g`` (an activation's, a softmax's, a norm's, the loss's) it
+    fuses that op into the copy, whose strided reads then run far below a plain copy's
+    (`validate.cpu_profile` measures both, per byte of cotangent).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
+
+    plain_s_per_byte: NonNegativeFloat = Field(description="Seconds per cotangent byte where the copy only transposes.")
+    fused_s_per_byte: NonNegativeFloat = Field(
+        description="Seconds per cotangent byte where an elementwise backward is fused into the transposing copy.")
+
+
 class DeviceSpec(BaseModel):
     """One accelerator: peaks per dtype, memory, and what its kernels reach of them."""
 
@@ -76,6 +94,9 @@ class DeviceSpec(BaseModel):
     power_limit_w: PositiveFloat | None = Field(None, description="Board power limit the peaks and efficiencies assume.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
     step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
+    gradient_transpose: GradientTranspose | None = Field(
+        None, description="Extra cost of weight gradients whose cotangent the compiler copies transposed; None where GEMMs "
+                          "take it as it lies.")
     source: str = Field(description="Where the numbers come from.")
 
     def peak_for(self, dtype: str) -> float:

@@ -111,6 +111,10 @@ class Kernel(BaseModel):
                         "`costmodel.fusion`): its bytes count, the launch floor does not.")
     linear: bool = Field(False, description="A linear layer's weight GEMM: runs at the peak of the train config's "
                          "linear dtype (fp8 under the fp8 recipe), not the compute dtype's.")
+    cotangent_bytes: NonNegativeFloat = Field(
+        0.0, description="Bytes of a GEMM's output: its weight gradient contracts their gradient over the leading dimension.")
+    cotangent_fused: bool = Field(False, description="The output's gradient comes from an elementwise backward (activation, "
+                                  "softmax, norm, loss) a compiler may fuse into the GEMM's operand copy.")
 
     def scaled(self, factor: float) -> Kernel:
         """The same kernel launched ``factor`` times as often (same size per launch)."""
@@ -121,21 +125,24 @@ class Kernel(BaseModel):
         return self.flops * self.count
 
 
-def _matmul(name: str, m: float, n: float, k: float, *, elem_bytes: int, batch: float = 1.0, core: bool = False) -> Kernel:
+def _matmul(name: str, m: float, n: float, k: float, *, elem_bytes: int, batch: float = 1.0, core: bool = False,
+            cotangent_fused: bool = False) -> Kernel:
     """A (batched) GEMM [m,k]×[k,n]: 2mnk FLOPs, operands and result read/written once."""
     return Kernel(
         name=name, kind=KernelKind.MATMUL, flops=2 * batch * m * n * k,
-        bytes=batch * elem_bytes * (m * k + k * n + m * n), in_attention_core=core,
+        bytes=batch * elem_bytes * (m * k + k * n + m * n), in_attention_core=core, cotangent_bytes=batch * m * n * elem_bytes,
+        cotangent_fused=cotangent_fused,
     )
 
 
-def _linear(name: str, m: float, n: float, k: float, *, train: TrainConfig) -> list[Kernel]:
+def _linear(name: str, m: float, n: float, k: float, *, train: TrainConfig, cotangent_fused: bool = False) -> list[Kernel]:
     """A linear layer's GEMM x[m,k]·W[k,n] at the train config's linear dtype and, under the fp8
     recipe, the casts that feed it (`fp8_cast_kernels`): fp8 operands, a compute-dtype result."""
     e = train.compute_dtype.bytes
     if not train.is_fp8:
-        return [_matmul(name, m, n, k, elem_bytes=e).model_copy(update={"linear": True})]
-    gemm = Kernel(name=name, kind=KernelKind.MATMUL, flops=2 * m * n * k, bytes=(m * k + k * n) * FP8_BYTES + m * n * e, linear=True)
+        return [_matmul(name, m, n, k, elem_bytes=e, cotangent_fused=cotangent_fused).model_copy(update={"linear": True})]
+    gemm = Kernel(name=name, kind=KernelKind.MATMUL, flops=2 * m * n * k, bytes=(m * k + k * n) * FP8_BYTES + m * n * e, linear=True,
+                  cotangent_bytes=m * n * e, cotangent_fused=cotangent_fused)
     return [gemm, *fp8_cast_kernels(name, m, n, k, train=train)]
 
 
@@ -199,13 +206,14 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     norm_passes = _passes(model.norm, layout)
     kernels = [
         _memory("attn_norm", residual_tokens * h, norm_passes, elem_bytes=e),
-        *_linear("qkv", tokens, q_width + 2 * kv_width, h, train=train),
+        *_linear("qkv", tokens, q_width + 2 * kv_width, h, train=train, cotangent_fused=model.positions is Positions.ROPE),
     ]
     if model.positions is Positions.ROPE:
         kernels.append(_memory("rope", tokens * (q_width + kv_width), _passes("rope", layout), elem_bytes=e))
     kernels += [
         *_attention_core(model, train, layout),
-        *_linear("attn_out", tokens, h, q_width, train=train),
+        # Its output's gradient is the residual stream's after the MLP norm's backward.
+        *_linear("attn_out", tokens, h, q_width, train=train, cotangent_fused=True),
         _memory("attn_residual", residual_tokens * h, residual_passes, elem_bytes=e),
         _memory("mlp_norm", residual_tokens * h, norm_passes, elem_bytes=e),
         *_mlp(model, tokens, layout, train=train),
@@ -288,7 +296,7 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
     scores = b * heads * s_q * s_kv
     passes = _passes("softmax_dropout" if uses_dropout(model) else "softmax", layout)
     return [
-        _matmul("scores", s_q, s_kv, d, elem_bytes=e, batch=b * heads, core=True),
+        _matmul("scores", s_q, s_kv, d, elem_bytes=e, batch=b * heads, core=True, cotangent_fused=True),
         _memory("softmax_dropout", scores, passes, elem_bytes=e, core=True),
         _matmul("attn_v", s_q, d, s_kv, elem_bytes=e, batch=b * heads, core=True),
     ]
@@ -301,7 +309,7 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfi
     if not model.is_moe:
         f = model.ffn_size / t
         return [
-            *_linear("mlp_in", tokens, n_in * f, h, train=train),
+            *_linear("mlp_in", tokens, n_in * f, h, train=train, cotangent_fused=True),
             _memory("mlp_activation", tokens * f, act_passes, elem_bytes=elem_bytes),
             *_linear("mlp_out", tokens, h, f, train=train),
         ]
@@ -311,7 +319,7 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfi
     kernels = [
         _matmul("router", tokens, model.num_experts, h, elem_bytes=elem_bytes),
         _memory("dispatch", routed * h, _passes("dispatch", layout), elem_bytes=elem_bytes),
-        *_linear("expert_in", routed, n_in * f, h, train=train),
+        *_linear("expert_in", routed, n_in * f, h, train=train, cotangent_fused=True),
         _memory("expert_activation", routed * f, act_passes, elem_bytes=elem_bytes),
         *_linear("expert_out", routed, h, f, train=train),
         _memory("combine", routed * h, _passes("dispatch", layout), elem_bytes=elem_bytes),
@@ -319,7 +327,7 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfi
     if model.shared_expert_ffn_size:
         fs = model.shared_expert_ffn_size / t
         kernels += [
-            *_linear("shared_in", tokens, n_in * fs, h, train=train),
+            *_linear("shared_in", tokens, n_in * fs, h, train=train, cotangent_fused=True),
             _memory("shared_activation", tokens * fs, act_passes, elem_bytes=elem_bytes),
             *_linear("shared_out", tokens, h, fs, train=train),
         ]
@@ -332,7 +340,7 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
     v = model.vocab_size / model.vocab_shards(layout.tp)
-    head = _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e)
+    head = _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e, cotangent_fused=True)
     loss = "cross_entropy" if layout.stack.fused_cross_entropy else "vocab_parallel_cross_entropy"
     return [
         _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),

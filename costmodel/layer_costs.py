@@ -44,12 +44,34 @@ class Phase(BaseModel):
         return self.compute_s + self.memory_s
 
 
+def cotangent_transpose_s(kernel: Kernel, hw: Machine) -> float:
+    """Seconds the backward of ``kernel`` spends copying its output's gradient transposed before
+    the weight-gradient GEMM, on a machine whose compiler does (`costmodel.hardware.GradientTranspose`);
+    a frozen matrix's GEMM (no weight gradient) copies nothing.
+
+    >>> from costmodel.collectives import Tier
+    >>> from costmodel.hardware import GradientTranspose
+    >>> hw = Machine(name="cpu", peak_flops_per_s=1e11, hbm_bytes_per_s=1e10, hbm_bytes=8e9, devices_per_node=1,
+    ...              intra=Tier(bytes_per_s=1e10, latency_s=0), inter=Tier(bytes_per_s=1e10, latency_s=0),
+    ...              gradient_transpose=GradientTranspose(plain_s_per_byte=1e-10, fused_s_per_byte=1e-9))
+    >>> k = Kernel(name="mlp_in", kind=KernelKind.MATMUL, flops=1e9, bytes=1e7, cotangent_bytes=4e6, cotangent_fused=True)
+    >>> cotangent_transpose_s(k, hw), cotangent_transpose_s(k.model_copy(update={"backward_scale": 1.0}), hw)
+    (0.004, 0.0)
+    """
+    transpose = hw.gradient_transpose
+    if transpose is None or kernel.backward_scale < 2:
+        return 0.0
+    s_per_byte = transpose.fused_s_per_byte if kernel.cotangent_fused else transpose.plain_s_per_byte
+    return kernel.count * kernel.cotangent_bytes * s_per_byte
+
+
 def phase_time(kernels: list[Kernel], hw: Machine, *, backward: bool = False) -> Phase:
     """Roofline time of ``kernels`` run once (forward) or differentiated (backward, each kernel
     ``backward_scale`` times its forward work)."""
     compute_s = memory_s = 0.0
     for k in kernels:
         if backward:
+            memory_s += cotangent_transpose_s(k, hw)
             k = k.scaled(k.backward_scale)
         peak = hw.linear_peak if k.linear else hw.peak_flops_per_s
         t = kernel_time_s(k, peak_flops_per_s=peak, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 from costmodel.collectives import Group, Tier
 from costmodel.errors import InvalidConfigError
 from costmodel.fp8 import check_frozen_dtype
-from costmodel.hardware import ClusterSpec, StepAllocator, load_hardware
+from costmodel.hardware import ClusterSpec, GradientTranspose, StepAllocator, load_hardware
 from costmodel.host import HostSpec
 from costmodel.layout import Layout
 from costmodel.roofline import Efficiency
@@ -33,6 +33,8 @@ class Machine(BaseModel):
     hbm_bytes: PositiveFloat = Field(description="HBM capacity.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
     step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
+    gradient_transpose: GradientTranspose | None = Field(
+        None, description="Extra cost of weight gradients whose cotangent the compiler copies transposed (XLA:CPU); None elsewhere.")
     devices_per_node: PositiveInt = Field(description="Devices sharing the intra-node link.")
     intra: Tier = Field(description="Intra-node link as one device sees it (NVLink, PCIe, ICI).")
     inter: Tier = Field(description="Inter-node link as one device sees it (its share of the NICs, DCN), rail-aligned.")
@@ -77,6 +79,7 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16", linear
         hbm_bytes=cluster.device.hbm_bytes,
         efficiency=cluster.device.efficiency,
         step_allocator=cluster.device.step_allocator,
+        gradient_transpose=cluster.device.gradient_transpose,
         devices_per_node=cluster.devices_per_node,
         intra=cluster.intra_tier(),
         inter=cluster.inter_tier(),

@@ -44,8 +44,9 @@ Measurements are cached per device count in ``~/.cache/jax-parallel-planner/cpu_
 (another host or JAX version re-measures; ``recalibrate=True`` forces it).
 
 >>> m = CpuMeasurement(n_devices=4, matmul_flops_per_s=((1e6, 2e9), (1e9, 4e10)), memory_kernel_bytes_per_s=2e9,
-...                    first_touch_s_per_byte=1e-9, kernel_floor_s=2e-6, link_bytes_per_s=1e9, link_latency_s=1e-5,
-...                    load_average=0.5, other_cpu_share=0.0, host="x", jax_version="0")
+...                    first_touch_s_per_byte=1e-9, transpose_s_per_byte=1e-10, fused_transpose_s_per_byte=1e-9,
+...                    kernel_floor_s=2e-6, link_bytes_per_s=1e9, link_latency_s=1e-5, load_average=0.5, other_cpu_share=0.0,
+...                    host="x", jax_version="0")
 >>> c = cpu_cluster(m)
 >>> c.device.peak_flops_per_s["float32"], c.device.hbm_bytes_per_s, c.devices_per_node, c.intra_node.link.bytes_per_s
 (40000000000.0, 2000000000.0, 4, 1000000000.0)
@@ -65,7 +66,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from costmodel.fabric import IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
-from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, StepAllocator
+from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, GradientTranspose, StepAllocator
 from costmodel.roofline import Efficiency
 from validate.emulated import run_emulated
 
@@ -77,6 +78,8 @@ _STREAM_BYTES = 64 * 2**20  # per device, read, and as much written: above the l
 _MMAP_THRESHOLD_MAX_BYTES = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 _LINK_BYTES = 4 * 2**20  # per device
 _REPEATS = 7
+_TRANSPOSE_TOKENS = 1024  # over the host: the timed check's GPT runs 8 × 128 tokens per step
+_TRANSPOSE_REPEATS = 15  # the differences are a few ms: more repeats than elsewhere
 
 
 class CpuMeasurement(BaseModel):
@@ -89,6 +92,10 @@ class CpuMeasurement(BaseModel):
         description="(FLOPs of one device's GEMM, FLOP/s one device reached over forward + both gradient GEMMs), ascending.")
     memory_kernel_bytes_per_s: PositiveFloat = Field(description="One device's bandwidth in a fused layer norm, read + write, all at once.")
     first_touch_s_per_byte: NonNegativeFloat = Field(description="One device's seconds per byte to fault in fresh memory, all at once.")
+    transpose_s_per_byte: NonNegativeFloat = Field(
+        description="One device's seconds per cotangent byte a weight gradient spends beyond its GEMM (a transposing copy), all at once.")
+    fused_transpose_s_per_byte: NonNegativeFloat = Field(
+        description="The same with a ReLU's backward fused into the transposing copy.")
     kernel_floor_s: NonNegativeFloat = Field(description="Seconds per iteration of a compiled loop around a tiny GEMM.")
     link_bytes_per_s: PositiveFloat = Field(description="psum ring bandwidth per device (the memory-kernel bandwidth for 1 device).")
     link_latency_s: NonNegativeFloat = Field(description="Per-step latency (alpha) of the psum ring (0 for 1 device).")
@@ -183,6 +190,39 @@ def _link(per_device: Callable[..., Any], mesh: Any, n_devices: int) -> tuple[fl
     return steps / n_devices * _LINK_BYTES / max(large_s - small_s, 1e-9), small_s / steps
 
 
+def _gradient_transpose(mesh: Any, n_devices: int) -> tuple[float, float]:
+    """Seconds per cotangent byte a weight gradient ``xᵀ·g`` costs beyond the same GEMM on
+    2-D operands, with ``g`` as it lies and with a ReLU's backward producing it: XLA's CPU
+    backend copies ``g`` transposed (`costmodel.hardware.GradientTranspose`). Per device
+    x: [tokens, 256], g: [tokens, 1024] with 4 Mi tokens·features over the host, as JAX's
+    transpose rule emits it for a ``[batch, seq, features]`` layer."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    tokens, width, features = max(1, _TRANSPOSE_TOKENS // n_devices), 256, 1024
+    cotangent_bytes = tokens * features * 4
+
+    def local(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:  # each device runs fn on its own block
+        return jax.jit(jax.shard_map(lambda *blocks: fn(*(b[0] for b in blocks))[None], mesh=mesh,
+                                     in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
+
+    def weight_gradient(g_1xTxF: jax.Array, x_1xTxD: jax.Array) -> jax.Array:
+        _, vjp = jax.vjp(lambda w: jnp.einsum("bsd,df->bsf", x_1xTxD, w), jnp.zeros((width, features), jnp.float32))
+        return vjp(g_1xTxF)[0]
+
+    def block(shape: tuple[int, ...], seed: int) -> jax.Array:
+        values = jax.random.normal(jax.random.key(seed), (n_devices, *shape), jnp.float32)
+        return jax.device_put(values, NamedSharding(mesh, PartitionSpec("d")))
+
+    pre_1xTxF, g_1xTxF, x_1xTxD = block((1, tokens, features), 1), block((1, tokens, features), 2), block((1, tokens, width), 3)
+    gemm_s = _median_s(local(lambda g, x: jnp.einsum("td,tf->df", x[0], g[0])), g_1xTxF, x_1xTxD, repeats=_TRANSPOSE_REPEATS)
+    plain_s = _median_s(local(weight_gradient), g_1xTxF, x_1xTxD, repeats=_TRANSPOSE_REPEATS)
+    fused_s = _median_s(local(lambda pre, g, x: weight_gradient(jnp.where(pre > 0, g, 0.0), x)), pre_1xTxF, g_1xTxF, x_1xTxD,
+                        repeats=_TRANSPOSE_REPEATS)
+    return max(0.0, plain_s - gemm_s) / cotangent_bytes, max(0.0, fused_s - gemm_s) / cotangent_bytes
+
+
 def _layer_norm(x: Any) -> Any:
     import jax
 
@@ -220,8 +260,10 @@ def measure(n_devices: int) -> CpuMeasurement:
 
     floor_s = _per_iteration_s(tiny_gemms, per_device(8, 8, value=1 / 8), iterations=(100, 1100))
     link_bytes_per_s, latency_s = _link(per_device, mesh, n_devices) if n_devices > 1 else (memory_kernel_bytes_per_s, 0.0)
+    transpose_s_per_byte, fused_transpose_s_per_byte = _gradient_transpose(mesh, n_devices)
     return CpuMeasurement(n_devices=n_devices, matmul_flops_per_s=tuple(curve), memory_kernel_bytes_per_s=memory_kernel_bytes_per_s,
                           first_touch_s_per_byte=max(0.0, fresh_s - in_place_s) / _STREAM_BYTES,
+                          transpose_s_per_byte=transpose_s_per_byte, fused_transpose_s_per_byte=fused_transpose_s_per_byte,
                           kernel_floor_s=floor_s, link_bytes_per_s=link_bytes_per_s, link_latency_s=latency_s,
                           load_average=os.getloadavg()[0], other_cpu_share=other_cpu_share(start, cpu_clock()),
                           host=host_name(), jax_version=version("jax"))
@@ -237,6 +279,8 @@ def cpu_cluster(measured: CpuMeasurement) -> ClusterSpec:
         # Attention runs as its matmuls here: no fused kernel, so flash_attention is unused.
         efficiency=Efficiency(matmul_curve=curve, flash_attention=1.0, hbm=1.0, kernel_floor_s=measured.kernel_floor_s),
         step_allocator=StepAllocator(fresh_above_bytes=_MMAP_THRESHOLD_MAX_BYTES, first_touch_s_per_byte=measured.first_touch_s_per_byte),
+        gradient_transpose=GradientTranspose(plain_s_per_byte=measured.transpose_s_per_byte,
+                                             fused_s_per_byte=measured.fused_transpose_s_per_byte),
         source=f"validate.cpu_profile micro-benchmarks on {measured.host}, {measured.n_devices} emulated devices at once",
     )
     link = LinkSpec(name="shared-memory", bytes_per_s=measured.link_bytes_per_s, latency_s=measured.link_latency_s, efficiency=1.0,

@@ -8,7 +8,8 @@ from validate.cpu_profile import CpuMeasurement, cached_measurement, cpu_clock, 
 
 def _fake(n_devices: int, peak: float = 8e10) -> CpuMeasurement:
     return CpuMeasurement(n_devices=n_devices, matmul_flops_per_s=((1e6, peak / 4), (1e9, peak)), memory_kernel_bytes_per_s=4e9,
-                          first_touch_s_per_byte=1e-9, kernel_floor_s=1e-6, link_bytes_per_s=1e9, link_latency_s=1e-5, load_average=0.3,
+                          first_touch_s_per_byte=1e-9, transpose_s_per_byte=1e-10, fused_transpose_s_per_byte=1e-9, kernel_floor_s=1e-6,
+                          link_bytes_per_s=1e9, link_latency_s=1e-5, load_average=0.3,
                           other_cpu_share=0.0, host=host_name(), jax_version=cpu_profile.version("jax"))
 
 
@@ -22,6 +23,8 @@ def test_two_devices_measure_sane_numbers_and_are_cached(tmp_path):
     assert 1e7 < measured.memory_kernel_bytes_per_s < 1e12 and 1e7 < measured.link_bytes_per_s < 1e12
     assert 0 <= measured.kernel_floor_s < 1e-3 and 0 <= measured.link_latency_s < 1e-2
     assert 0 <= measured.first_touch_s_per_byte < 1e-7  # faulting in 1 GB takes well under 100 s
+    # A transposing copy streams its bytes at ~0.1-30 GB/s per device; fusing a ReLU's backward into it makes it slower, not faster.
+    assert 0 <= measured.transpose_s_per_byte < measured.fused_transpose_s_per_byte < 1e-7
     assert measured.other_cpu_share is None or 0 <= measured.other_cpu_share <= 1
 
 
@@ -46,6 +49,7 @@ def test_cluster_holds_one_device_of_n():
     assert cluster.device.efficiency.matmul(1e6) == 0.25 and cluster.device.efficiency.matmul(1e9) == 1.0
     assert (cluster.device.hbm_bytes_per_s, cluster.intra_node.link.bytes_per_s, cluster.intra_node.link.latency_s) == (4e9, 1e9, 1e-5)
     assert cluster.device.step_allocator.first_touch_s_per_byte == 1e-9 and cluster.device.step_allocator.fresh_above_bytes == 32 * 2**20
+    assert (cluster.device.gradient_transpose.plain_s_per_byte, cluster.device.gradient_transpose.fused_s_per_byte) == (1e-10, 1e-9)
 
 
 def test_other_cpu_share_is_a_fraction():

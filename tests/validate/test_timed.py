@@ -17,7 +17,8 @@ TINY = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=4, ffn_s
 
 def _cluster(n_devices: int):
     return cpu_cluster(CpuMeasurement(n_devices=n_devices, matmul_flops_per_s=((1e6, 2e9), (1e9, 4e10)), memory_kernel_bytes_per_s=8e9,
-                                      first_touch_s_per_byte=1e-9, kernel_floor_s=1e-6, link_bytes_per_s=1e9, link_latency_s=1e-5,
+                                      first_touch_s_per_byte=1e-9, transpose_s_per_byte=1e-10,
+                                      fused_transpose_s_per_byte=1e-9, kernel_floor_s=1e-6, link_bytes_per_s=1e9, link_latency_s=1e-5,
                                       load_average=0.0, other_cpu_share=None, host="test", jax_version="0"))
 
 

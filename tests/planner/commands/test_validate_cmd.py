@@ -28,8 +28,9 @@ def test_compile_only_prints_a_table_of_checks(capsys, tmp_path, monkeypatch):
 
 def test_without_compile_only_the_step_is_timed_against_the_cpu_profile(capsys, tmp_path, monkeypatch):
     profile = CpuMeasurement(n_devices=1, matmul_flops_per_s=((1e6, 1e10), (1e9, 4e10)), memory_kernel_bytes_per_s=4e9,
-                             first_touch_s_per_byte=1e-9, kernel_floor_s=1e-6, link_bytes_per_s=4e9, link_latency_s=0.0, load_average=0.0,
-                             other_cpu_share=None, host=host_name(), jax_version="0")
+                             first_touch_s_per_byte=1e-9, transpose_s_per_byte=1e-10,
+                             fused_transpose_s_per_byte=1e-9, kernel_floor_s=1e-6, link_bytes_per_s=4e9, link_latency_s=0.0,
+                             load_average=0.0, other_cpu_share=None, host=host_name(), jax_version="0")
     monkeypatch.setattr(cpu_profile, "cached_measurement", lambda n: profile)  # the micro-benchmarks are tested on their own
     code = main(["validate", _plan_file(tmp_path, Layout(micro_batch=2)), "--json", "--steps", "1", "--repeats", "2",
                  "--time-tolerance", "1000", "--tolerance", "1000"])

@@ -13,7 +13,7 @@ CSV. The rows of ``benchmarks/data/fp8_runs.csv`` (MLPerf Training's fp8 GPT-3 1
 Llama 2 70B LoRA fine-tuning runs) are a third set, simulated with ``--precision fp8``, and the rows
 of ``benchmarks/data/finetune_runs.csv``, where it exists, a fourth ("finetune"). A row's
 ``workload`` column (blank: pretrain) and, for finetune-lora, its ``lora_rank``, ``lora_alpha``,
-``lora_targets`` and ``frozen_dtype`` columns say what step it ran (`workload_from_row`); what
+``lora_targets`` (matrices or groups: ``q,v``, ``attn``) and ``frozen_dtype`` columns say what step it ran (`workload_from_row`); what
 such a row ran that the simulator does not model is printed beside it (`unmodelled`). It also
 times ``plan simulate`` end to end (a fresh process, imports included) on the largest layout,
 GPT-1T on 3072 devices, against a 1 s budget, and exits 1 past it.
@@ -51,7 +51,7 @@ from costmodel.model_config import ModelConfig
 from costmodel.simulator import simulate
 from costmodel.stack import SoftwareStack, apply_options, get_stack, stack_with
 from costmodel.train_config import Precision, TrainConfig
-from costmodel.workload import FrozenDtype, LoraConfig, LoraTarget, WorkloadKind
+from costmodel.workload import FrozenDtype, LoraConfig, WorkloadKind
 
 # The shared data sit beside the project's checkout (main or a worktree under it).
 DEFAULT_DATA = next((p / "shared" / "data" / "published_training_runs.csv" for p in Path(__file__).resolve().parents
@@ -65,9 +65,6 @@ UNMODELLED_NOTES = {
     "FP8_DPA=1": "fp8 attention (FP8_DPA) is not modelled: attention runs in bf16",
     "FP8_ACTIVATION=True": "fp8 activation storage (FP8_ACTIVATION) is not modelled: kept activations in bf16",
 }
-# LoRA target cells the simulator's target groups do not name, run on their group: adapters on
-# a subset of q, k, v, o are simulated on all four (a rank-8 adapter is under 0.1 % of a weight).
-_ATTENTION_PROJECTIONS = {"q", "k", "v", "o"}
 # MLPerf's GPT-3 rows do not state their SentencePiece vocabulary: GPT-3's own 50257 stands in
 # (a few percent either way moves a 175B step by well under 0.1 %).
 ASSUMED_VOCAB = 50257
@@ -115,10 +112,6 @@ def layout_from_row(row: dict[str, str]) -> Layout:
     )
 
 
-def _lora_target_names(row: dict[str, str]) -> set[str]:
-    return {t.strip() for t in row.get("lora_targets", "").split(",")}
-
-
 def workload_from_row(row: dict[str, str]) -> dict[str, object]:
     """A row's workload and LoRA settings from its own columns (absent or blank: pretraining).
 
@@ -129,9 +122,7 @@ def workload_from_row(row: dict[str, str]) -> dict[str, object]:
     workload = row.get("workload") or WorkloadKind.PRETRAIN.value
     if workload != WorkloadKind.FINETUNE_LORA:
         return {"workload": workload}
-    names = _lora_target_names(row)
-    targets = (LoraTarget.ATTN,) if names <= _ATTENTION_PROJECTIONS else tuple(LoraTarget(t) for t in sorted(names))
-    lora = LoraConfig(rank=int(row["lora_rank"]), alpha=float(row["lora_alpha"]), targets=targets,
+    lora = LoraConfig(rank=int(row["lora_rank"]), alpha=float(row["lora_alpha"]), targets=row["lora_targets"],
                       frozen_dtype=FrozenDtype(row["frozen_dtype"] or FrozenDtype.BF16.value),
                       dropout=float(row.get("lora_dropout") or 0.0), fused_qkv=row.get("lora_fused_qkv") == "yes")
     return {"workload": workload, "lora": lora}
@@ -149,12 +140,9 @@ def machine_from_row(row: dict[str, str]) -> Machine:
 
 
 def unmodelled(rows: list[dict[str, str]]) -> list[str]:
-    """A line for each thing a row ran that the simulator does not model (`UNMODELLED_NOTES`,
-    LoRA on part of the attention projections)."""
-    lines = [f"{r['model']} on {r['devices']} {r['hardware']}: {why}"
-             for r in rows for note, why in UNMODELLED_NOTES.items() if note in r["notes"]]
-    return lines + [f"{r['model']} on {r['devices']} {r['hardware']}: LoRA on {r['lora_targets']} is simulated on q, k, v and o"
-                    for r in rows if _lora_target_names(r) < _ATTENTION_PROJECTIONS]
+    """A line for each thing a row ran that the simulator does not model (`UNMODELLED_NOTES`)."""
+    return [f"{r['model']} on {r['devices']} {r['hardware']}: {why}"
+            for r in rows for note, why in UNMODELLED_NOTES.items() if note in r["notes"]]
 
 
 def evaluate_memory(rows: list[dict[str, str]]) -> list[dict[str, object]]:

@@ -50,7 +50,7 @@ from costmodel.layout import Layout, Recompute
 from costmodel.model_config import ModelConfig
 from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
-from costmodel.workload import LoraTarget, adapted_matrices
+from costmodel.workload import LoraGroup, LoraTarget, adapted_matrices
 
 
 class Role(StrEnum):
@@ -132,10 +132,12 @@ def fp8_activation_terms(terms: list[ActivationTerm], train: TrainConfig) -> lis
     return [t.model_copy(update={"bytes": t.bytes * scale}) if t.name in FP8_SAVED_INPUTS else t for t in terms]
 
 
-# Matmul inputs a layer keeps only for weight gradients, by the adapter group whose ``A``
+# Matmul inputs a layer keeps only for weight gradients, with the targets whose adapter ``A``
 # gradient would also need them (the attention output also feeds the flash kernel's backward).
-_WEIGHT_GRADIENT_INPUTS = {"qkv_input": LoraTarget.ATTN, "attn_out_proj_input": LoraTarget.ATTN, "mlp_input": LoraTarget.MLP,
-                           "mlp_down_input": LoraTarget.MLP, "expert_inputs": LoraTarget.MLP, "shared_expert": LoraTarget.MLP}
+_Q, _K, _V, _O = LoraTarget.Q, LoraTarget.K, LoraTarget.V, LoraTarget.O
+_MLP = LoraGroup.MLP.targets
+_WEIGHT_GRADIENT_INPUTS = {"qkv_input": (_Q, _K, _V), "attn_out_proj_input": (_O,), "mlp_input": (LoraTarget.UP, LoraTarget.GATE),
+                           "mlp_down_input": (LoraTarget.DOWN,), "expert_inputs": _MLP, "shared_expert": _MLP}
 
 
 def lora_activation_terms(terms: list[ActivationTerm], model: ModelConfig, train: TrainConfig,
@@ -149,10 +151,15 @@ def lora_activation_terms(terms: list[ActivationTerm], model: ModelConfig, train
     >>> names = [t.name for t in activation_table(m, TrainConfig(seq_len=512, workload="finetune-lora"), Layout())]
     >>> "mlp_input" in names, "qkv_input" in names, "lora_wq_down_output" in names
     (False, True, True)
+    >>> from costmodel.stack import stack_with
+    >>> qv = TrainConfig(seq_len=512, workload="finetune-lora", lora={"targets": "q,v"})
+    >>> names = [t.name for t in activation_table(m, qv, Layout(stack=stack_with("jax", attention="materialized")))]
+    >>> "qkv_input" in names, "attn_out_proj_input" in names, "lora_wo_down_output" in names
+    (True, False, False)
     """
     flash = layout.stack.attention is Attention.FLASH
-    targets = train.lora.targets
-    kept = [t for t in terms if _WEIGHT_GRADIENT_INPUTS.get(t.name, targets[0]) in targets
+    targets = set(train.lora.targets)
+    kept = [t for t in terms if t.name not in _WEIGHT_GRADIENT_INPUTS or targets & set(_WEIGHT_GRADIENT_INPUTS[t.name])
             or (flash and t.name == "attn_out_proj_input")]
     tokens = layout.micro_batch * train.seq_len / layout.cp
     return kept + [ActivationTerm(name=f"lora_{a.name}_down_output", bytes=tokens * train.lora.rank * train.compute_dtype.bytes,

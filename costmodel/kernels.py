@@ -228,7 +228,8 @@ def _frozen(k: Kernel) -> Kernel:
 
 
 def lora_kernels(kernels: list[Kernel], model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
-    """A layer's forward ``kernels`` under LoRA: weight GEMMs frozen, each adapter's down
+    """A layer's forward ``kernels`` under LoRA: weight GEMMs frozen (unless the stack's ZeRO-3
+    gives frozen weights gradients, `SoftwareStack.fsdp_frozen_grads`), each adapter's down
     (``x·A``) and up (``(x·A)·B``) GEMMs added. Under tensor parallelism a column-parallel
     matrix's ``A`` is whole on every device and its ``B`` split; a row-parallel one's ``A``
     split (its ``x·A`` a partial sum) and ``B`` whole.
@@ -247,7 +248,8 @@ def lora_kernels(kernels: list[Kernel], model: ModelConfig, train: TrainConfig, 
         adapters += [_matmul(f"lora_{a.name}_down", tokens, r, d_in, elem_bytes=e), _matmul(f"lora_{a.name}_up", tokens, d_out, r, elem_bytes=e),
                      *(adapter_elementwise_kernels(a.name, tokens * d_in, tokens * d_out, dropout=train.lora.dropout, elem_bytes=e)
                        if layout.stack.eager_adapters else ())]
-    return [_frozen(k) for k in kernels] + adapters
+    frozen_grads = layout.zero_stage >= 3 and layout.stack.fsdp_frozen_grads
+    return (kernels if frozen_grads else [_frozen(k) for k in kernels]) + adapters
 
 
 # HBM passes of an adapter's eager elementwise ops, as NeMo's ParallelLinearAdapter.forward

@@ -155,9 +155,11 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         frozen += fp8_copies
     else:
         params += fp8_copies
-    grads = n * train.grad_dtype.bytes / (dp if zero >= 2 else 1)
-    optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
     n_micro = max(1, layout.micro_batches(train))
+    # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
+    grad_shards = dp if zero >= 2 and not (n_micro > 1 and layout.stack.unsharded_grad_accumulation) else 1
+    grads = n * train.grad_dtype.bytes / grad_shards + frozen_grad_bytes(model, train, layout, stage) / grad_shards
+    optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
     offloaded = layout.offload is Offload.OPTIMIZER
     host = None
     if offloaded:  # ZeRO-Offload: state and fp32 gradients of the dp partition on the host, a bucket on the device
@@ -178,7 +180,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         trained_layer = layer_params if not train.is_lora else adapter_params_per_layer(model, train.lora, tp=layout.tp)
         if zero >= 2:
             # One layer's full gradient exists until it is reduce-scattered.
-            temporary += trained_layer * train.grad_dtype.bytes
+            temporary += trained_layer * train.grad_dtype.bytes + frozen_grad_bytes(model, train, layout, stage) / max(1, layers)
         elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends
             temporary += _REDUCTION_BUCKETS_BYTES if not train.is_lora else min(_REDUCTION_BUCKETS_BYTES, n * train.grad_dtype.bytes)
         if zero >= 3:
@@ -192,6 +194,24 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         temporary += (in_flight + 1) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
+
+
+def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int = 0) -> float:
+    """Gradient bytes of a stage's frozen layer weights before any sharding: none, unless a
+    stack's ZeRO-3 gives them one (`SoftwareStack.fsdp_frozen_grads`), in the dtype they are held in.
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> from costmodel.stack import stack_with
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> lora = TrainConfig(seq_len=512, global_batch=8, workload="finetune-lora")
+    >>> frozen_grad_bytes(m, lora, Layout(dp=2, zero_stage=3, stack=stack_with("lit-gpt"))) == 4 * frozen_layer_bytes(m, lora, Layout())
+    True
+    >>> frozen_grad_bytes(m, lora, Layout(dp=2, zero_stage=3, stack=stack_with("pytorch-fsdp1")))
+    0.0
+    """
+    if not (train.is_lora and layout.zero_stage >= 3 and layout.stack.fsdp_frozen_grads):
+        return 0.0
+    return layout.layers_on_stage(model.num_layers, stage) * frozen_layer_bytes(model, train, layout)
 
 
 def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None,

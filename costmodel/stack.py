@@ -105,6 +105,16 @@ class SoftwareStack(BaseModel):
         True, description="LoRA adapters' dropout, alpha/r scale and add run as kernels of their own (NeMo's "
         "ParallelLinearAdapter @b2eccd2, Hugging Face PEFT's LoRA layer); False: a compiler fuses them into the "
         "neighbouring kernels (XLA, Inductor).")
+    fsdp_frozen_grads: bool = Field(
+        False, description="With ZeRO-3 under LoRA, a layer's frozen weights share one FSDP flat parameter with its "
+        "adapters and so get a gradient, in the dtype they are held in, and their weight-gradient GEMMs run (FSDP1 with "
+        "use_orig_params=True: 'the gradient memory usage will be higher than expected (namely, equivalent to not "
+        "freezing those parameters)', pytorch/pytorch torch/distributed/fsdp/fully_sharded_data_parallel.py); False: "
+        "frozen weights have no gradient.")
+    unsharded_grad_accumulation: bool = Field(
+        False, description="With ZeRO 2-3 and several micro-batches, gradients are accumulated unsharded and "
+        "reduce-scattered after the last micro-batch only (FSDP1's no_sync: 'FSDP will accumulate the full model "
+        "gradients (instead of gradient shards) until the eventual sync'); False: sharded after every micro-batch.")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
 
@@ -176,6 +186,15 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         citation="pytorch/pytorch @v2.3.0 torch/distributed/fsdp/_flat_param.py: FlatParameter all-gathered into one flat "
         "buffer whose views compute reads (no copy-out); backward_prefetch=BACKWARD_PRE, limit_all_gathers; "
         "as Composer / llm-foundry wrap it: eager kernels, non-reentrant checkpoint_wrapper.",
+    ),
+    SoftwareStack(
+        name="lit-gpt", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_frozen_grads=True,
+        unsharded_grad_accumulation=True,
+        citation="Lightning-AI/litgpt @8641822 (Oct 2023) finetune/lora.py: eager PyTorch model (lit_gpt/model.py), "
+        "on several GPUs Fabric's FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}) "
+        "wrapping each Block's frozen weights and LoRA adapters into one flat parameter (FSDP1, use_orig_params: the "
+        "mixed requires_grad runs), and fabric.no_backward_sync(model, enabled=is_accumulating) on every micro-batch "
+        "but the last of a step (Lightning Fabric _FSDPBackwardSyncControl: module.no_sync()).",
     ),
     SoftwareStack(
         name="torchtitan", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_copy_out=True,

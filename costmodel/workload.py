@@ -17,13 +17,16 @@ or optimizer state; `InferenceConfig` has their settings and `costmodel.inferenc
 [('wq', 4096, 4096, 'column'), ('wk', 4096, 1024, 'column'), ('wv', 4096, 1024, 'column'), ('wo', 4096, 4096, 'row')]
 >>> int(adapter_params_per_layer(m, lora))  # 16 · (8192 + 5120 + 5120 + 8192)
 425984
+>>> int(adapter_params_per_layer(m, LoraConfig(rank=8, targets="q,v")))  # Lit-GPT's default: 8 · (8192 + 5120)
+106496
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from costmodel.errors import UnsupportedError
 from costmodel.model_config import ModelConfig, Norm
@@ -44,11 +47,55 @@ class WorkloadKind(StrEnum):
         return self in (WorkloadKind.PREFILL, WorkloadKind.DECODE)
 
 
-class LoraTarget(StrEnum):
-    """Groups of matrices that get adapters: the attention projections (q, k, v, o) or the MLP's."""
+class LoraGroup(StrEnum):
+    """The two groups of a layer's matrices, each a shorthand for its targets (``--lora-targets attn``)."""
 
     ATTN = "attn"
     MLP = "mlp"
+
+    @property
+    def targets(self) -> tuple[LoraTarget, ...]:
+        """The matrices of the group, in the layer's order."""
+        return tuple(t for t in LoraTarget if t.group is self)
+
+
+class LoraTarget(StrEnum):
+    """One matrix of a layer that may carry an adapter: the attention projections q, k, v, o,
+    or the MLP's gate, up and down projections (a non-gated MLP has no gate)."""
+
+    Q = "q"
+    K = "k"
+    V = "v"
+    O = "o"  # noqa: E741 (the output projection's usual name)
+    GATE = "gate"
+    UP = "up"
+    DOWN = "down"
+
+    @property
+    def group(self) -> LoraGroup:
+        """attn for q, k, v, o; mlp for gate, up, down."""
+        return LoraGroup.ATTN if self in (LoraTarget.Q, LoraTarget.K, LoraTarget.V, LoraTarget.O) else LoraGroup.MLP
+
+
+_QKV = frozenset({LoraTarget.Q, LoraTarget.K, LoraTarget.V})
+
+
+def parse_lora_targets(names: str | Iterable[str]) -> tuple[LoraTarget, ...]:
+    """Target names (matrices, or the groups attn and mlp as shorthands), comma-separated text
+    or a sequence, as matrices in the layer's order without repeats; an unknown name is a ``ValueError``.
+
+    >>> parse_lora_targets("v, q")
+    (<LoraTarget.Q: 'q'>, <LoraTarget.V: 'v'>)
+    >>> [t.value for t in parse_lora_targets(["mlp", "o"])]
+    ['o', 'gate', 'up', 'down']
+    """
+    items = [str(n).strip() for n in (names.split(",") if isinstance(names, str) else names)]
+    groups, matrices = {g.value for g in LoraGroup}, {t.value for t in LoraTarget}
+    bad = [n for n in items if n not in groups | matrices]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a LoRA target; use q, k, v, o, gate, up, down or the groups attn, mlp (e.g. q,v)")
+    chosen = {t for n in items for t in (LoraGroup(n).targets if n in groups else (LoraTarget(n),))}
+    return tuple(t for t in LoraTarget if t in chosen)
 
 
 class FrozenDtype(StrEnum):
@@ -81,7 +128,8 @@ class LoraConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rank: PositiveInt = Field(16, description="Adapter rank r (inner width of A and B).")
-    targets: tuple[LoraTarget, ...] = Field((LoraTarget.ATTN,), description="Matrix groups with adapters: attn (q, k, v, o), mlp.")
+    targets: tuple[LoraTarget, ...] = Field(LoraGroup.ATTN.targets, description="Matrices with adapters: q, k, v, o, gate, up, "
+                                            "down; attn (q, k, v, o) and mlp (gate, up, down) name their groups.")
     alpha: PositiveFloat = Field(32.0, description="Adapter scale numerator: the adapter's output is multiplied by alpha / rank.")
     frozen_dtype: FrozenDtype = Field(FrozenDtype.BF16, description="Storage of the frozen base weight matrices.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Probability of the dropout on each adapter's input (NeMo's "
@@ -90,12 +138,32 @@ class LoraConfig(BaseModel):
                             "LoraKQVAdapter, PEFT on a fused qkv_proj): one A (hidden x r) and one B (r x (q + 2 kv)); "
                             "False: one adapter each.")
 
-    @field_validator("targets")
+    @field_validator("targets", mode="before")
     @classmethod
-    def _distinct_targets(cls, targets: tuple[LoraTarget, ...]) -> tuple[LoraTarget, ...]:
-        if not targets:
-            raise ValueError("LoRA needs at least one target group (attn, mlp)")
-        return tuple(t for t in LoraTarget if t in targets)  # canonical order, no repeats
+    def _matrices(cls, targets: object) -> tuple[LoraTarget, ...]:
+        parsed = parse_lora_targets(targets)
+        if not parsed:
+            raise ValueError("LoRA needs at least one target (q, k, v, o, gate, up, down, attn, mlp)")
+        return parsed
+
+    @model_validator(mode="after")
+    def _fused_qkv_adapts_all_three(self) -> LoraConfig:
+        if self.fused_qkv and not _QKV <= set(self.targets):
+            raise ValueError(f"a fused qkv adapter adapts q, k and v together, but targets={self.target_label!r}")
+        return self
+
+    @property
+    def target_label(self) -> str:
+        """The targets as users write them: a whole group by its name (``attn``, ``mlp``), else its matrices.
+
+        >>> LoraConfig(targets="q,k,v,o,up").target_label, LoraConfig(targets="q,v").target_label
+        ('attn,up', 'q,v')
+        """
+        names = []
+        for group in LoraGroup:
+            chosen = [t for t in group.targets if t in self.targets]
+            names += [group.value] if chosen == list(group.targets) else [t.value for t in chosen]
+        return ",".join(names)
 
 
 class InferenceConfig(BaseModel):
@@ -120,28 +188,42 @@ class AdaptedMatrix(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    group: LoraTarget = Field(description="attn or mlp.")
-    name: str = Field(description="The reference model's weight name (wq, wk, wv, wo, w_in, w_gate, w_out).")
+    group: LoraGroup = Field(description="attn or mlp: the layer's parameter group that holds the matrix.")
+    name: str = Field(description="The reference model's weight name (wq, wk, wv, wo, wqkv when fused, w_in, w_gate, w_out).")
     d_in: PositiveInt = Field(description="Input width of the matrix (A's rows).")
     d_out: PositiveInt = Field(description="Output width of the matrix (B's columns).")
     split: str = Field(description="How tensor parallelism splits the matrix: column (its output) or row (its input).")
 
 
+# The reference model's weight name of each target (up is w_in, as in `planner.models.transformer`).
+WEIGHT_NAMES = {LoraTarget.Q: "wq", LoraTarget.K: "wk", LoraTarget.V: "wv", LoraTarget.O: "wo",
+                LoraTarget.UP: "w_in", LoraTarget.GATE: "w_gate", LoraTarget.DOWN: "w_out"}
+
+
 def adapted_matrices(model: ModelConfig, lora: LoraConfig) -> list[AdaptedMatrix]:
-    """The matrices of one layer that get adapters, in the layer's order; MLP targets of a
-    mixture-of-experts model are refused (one adapter per expert is not modelled)."""
-    d, q, kv = model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    """The matrices of one layer that get adapters, in the layer's order (q, k, v, o, up, gate,
+    down); a gate target of a non-gated MLP adapts nothing (the MLP has no gate), and MLP
+    targets of a mixture-of-experts model are refused (one adapter per expert is not modelled).
+
+    >>> m = ModelConfig(name="m", hidden_size=64, num_layers=1, num_heads=4, ffn_size=256, vocab_size=8, mlp="gelu")
+    >>> [a.name for a in adapted_matrices(m, LoraConfig(targets="q,v,mlp"))]
+    ['wq', 'wv', 'w_in', 'w_out']
+    """
+    d, q, kv, f = model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim, model.ffn_size
+    shapes = {LoraTarget.Q: (d, q, "column"), LoraTarget.K: (d, kv, "column"), LoraTarget.V: (d, kv, "column"),
+              LoraTarget.O: (q, d, "row"), LoraTarget.UP: (d, f, "column"), LoraTarget.GATE: (d, f, "column"),
+              LoraTarget.DOWN: (f, d, "row")}
+    if model.is_moe and any(t.group is LoraGroup.MLP for t in lora.targets):
+        raise UnsupportedError(f"LoRA on the MLP of {model.name}, a mixture-of-experts model, is not modelled",
+                               fix="use --lora-targets attn (or some of q,k,v,o)")
+    order = [t for t in WEIGHT_NAMES if t in lora.targets and (t is not LoraTarget.GATE or model.mlp.gated)]
+    if lora.fused_qkv:  # one adapter over the fused projection, where q stood
+        order = [t for t in order if t not in (LoraTarget.K, LoraTarget.V)]
     out = []
-    if LoraTarget.ATTN in lora.targets:
-        qkv = [("wqkv", d, q + 2 * kv, "column")] if lora.fused_qkv else [("wq", d, q, "column"), ("wk", d, kv, "column"), ("wv", d, kv, "column")]
-        out += [AdaptedMatrix(group=LoraTarget.ATTN, name=n, d_in=i, d_out=o, split=s) for n, i, o, s in (*qkv, ("wo", q, d, "row"))]
-    if LoraTarget.MLP in lora.targets:
-        if model.is_moe:
-            raise UnsupportedError(f"LoRA on the MLP of {model.name}, a mixture-of-experts model, is not modelled",
-                                   fix="use --lora-targets attn")
-        f = model.ffn_size
-        mlp = [("w_in", d, f, "column"), *([("w_gate", d, f, "column")] if model.mlp.gated else []), ("w_out", f, d, "row")]
-        out += [AdaptedMatrix(group=LoraTarget.MLP, name=n, d_in=i, d_out=o, split=s) for n, i, o, s in mlp]
+    for t in order:
+        d_in, d_out, split = (d, q + 2 * kv, "column") if lora.fused_qkv and t is LoraTarget.Q else shapes[t]
+        name = "wqkv" if lora.fused_qkv and t is LoraTarget.Q else WEIGHT_NAMES[t]
+        out.append(AdaptedMatrix(group=t.group, name=name, d_in=d_in, d_out=d_out, split=split))
     return out
 
 

@@ -165,7 +165,7 @@ def workload_label(train: TrainConfig) -> str:
     if not train.is_lora:
         return train.workload.value
     lora = train.lora
-    return f"{train.workload.value}: rank {lora.rank} on {'+'.join(lora.targets)}, frozen weights {lora.frozen_dtype.value}"
+    return f"{train.workload.value}: rank {lora.rank} on {lora.target_label}, frozen weights {lora.frozen_dtype.value}"
 
 
 def titled_workload(train: TrainConfig) -> str:

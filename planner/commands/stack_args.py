@@ -29,6 +29,8 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
                        "Engine, torchao; no: the JAX program's bf16 inputs, casts redone)"),
     "fp8_param_gather": (["yes", "no"], "with --precision fp8, weights kept and all-gathered in fp8 (Megatron-LM --fp8-param-gather)"),
     "eager_adapters": (["yes", "no"], "LoRA adapters' dropout, scale and add as kernels of their own (NeMo, PEFT; no: fused by a compiler)"),
+    "fsdp_frozen_grads": (["yes", "no"], "LoRA with ZeRO-3: frozen weights in the adapters' FSDP flat parameters get gradients (FSDP1, Lit-GPT)"),
+    "unsharded_grad_accumulation": (["yes", "no"], "ZeRO 2-3 accumulates whole gradients until the last micro-batch (FSDP1 no_sync, Lit-GPT)"),
 }
 
 

@@ -2,8 +2,10 @@
 
 >>> parser = argparse.ArgumentParser()
 >>> add_workload_arguments(parser)
->>> workload_from_args(parser.parse_args(["--workload", "finetune-lora", "--lora-targets", "attn,mlp"]))["lora"].targets
-(<LoraTarget.ATTN: 'attn'>, <LoraTarget.MLP: 'mlp'>)
+>>> workload_from_args(parser.parse_args(["--workload", "finetune-lora", "--lora-targets", "attn,mlp"]))["lora"].target_label
+'attn,mlp'
+>>> workload_from_args(parser.parse_args(["--workload", "finetune-lora", "--lora-targets", "q,v"]))["lora"].targets
+(<LoraTarget.Q: 'q'>, <LoraTarget.V: 'v'>)
 >>> args = parser.parse_args(["--workload", "decode", "--batch", "64", "--context-len", "4096", "--max-token-latency-ms", "20"])
 >>> workload_from_args(args)["inference"].max_token_latency_ms, serving_sizes(args)
 (20.0, {'global_batch': 64, 'seq_len': 4096})
@@ -15,7 +17,7 @@ import argparse
 from typing import Any
 
 from costmodel.errors import InvalidConfigError
-from costmodel.workload import FrozenDtype, InferenceConfig, LoraConfig, LoraTarget, WorkloadKind
+from costmodel.workload import FrozenDtype, InferenceConfig, LoraConfig, LoraTarget, WorkloadKind, parse_lora_targets
 from planner.commands.arg_types import positive_float, positive_int
 
 _LORA_FLAGS = ("lora_rank", "lora_targets")
@@ -23,13 +25,11 @@ _SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", 
 
 
 def lora_targets(text: str) -> tuple[LoraTarget, ...]:
-    """``attn`` or ``attn,mlp`` (any order) as target groups."""
-    names = [t.strip() for t in text.split(",")]
-    known = [t.value for t in LoraTarget]
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not a LoRA target group; fix: use {' or '.join(known)}, e.g. attn,mlp")
-    return tuple(LoraTarget(n) for n in names)
+    """``q,v``, ``attn`` or ``attn,mlp`` (any order; `costmodel.workload.parse_lora_targets`) as matrices."""
+    try:
+        return parse_lora_targets(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{err}; fix: name matrices or groups, e.g. --lora-targets q,v") from None
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +39,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "(one token per sequence per step, against a KV cache)")
     parser.add_argument("--lora-rank", type=positive_int, help="LoRA adapter rank (default 16; finetune-lora only)")
     parser.add_argument("--lora-targets", type=lora_targets,
-                        help="matrices with adapters: attn (q, k, v, o; the default) or attn,mlp (finetune-lora only)")
+                        help="matrices with adapters, comma-separated: q, k, v, o, gate, up, down, or the groups attn (q,k,v,o; "
+                             "the default) and mlp (gate,up,down), e.g. q,v or attn,mlp (finetune-lora only)")
     parser.add_argument("--frozen-dtype", choices=[d.value for d in FrozenDtype],
                         help="storage of the frozen base weight matrices: bf16 (default), int8 / int4 weight-only "
                              "as QLoRA stores them, or fp8 as NeMo's fp8_params (finetune-lora with --precision fp8); "

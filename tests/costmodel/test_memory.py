@@ -194,3 +194,20 @@ def test_fp8_frozen_weights_take_one_byte_and_te_keeps_their_transposes_as_froze
     assert te.frozen_params_bytes - jax_program.frozen_params_bytes == pytest.approx(MODEL.num_layers * MODEL.params_per_layer)
     assert te.params_bytes - te.frozen_params_bytes == pytest.approx(jax_program.params_bytes - jax_program.frozen_params_bytes)
     assert te.grads_bytes == jax_program.grads_bytes  # adapters only
+
+
+def test_fsdp1_lora_gives_frozen_weights_gradients_held_whole_under_no_sync():
+    from costmodel.data_parallel import frozen_layer_bytes
+    from costmodel.workload import adapter_params_per_layer
+
+    lora = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora", lora={"targets": "q,v"})
+    frozen_layers = MODEL.num_layers * frozen_layer_bytes(MODEL, lora, Layout())
+    adapter_grads = MODEL.num_layers * adapter_params_per_layer(MODEL, lora.lora) * lora.grad_dtype.bytes
+
+    def grads(stack, global_batch):
+        train = lora.model_copy(update={"global_batch": global_batch})
+        return memory_breakdown(MODEL, train, Layout(dp=4, micro_batch=1, zero_stage=3, stack=stack_with(stack))).grads_bytes
+
+    assert grads("pytorch-fsdp1", 32) == pytest.approx(adapter_grads / 4)  # frozen: no gradient, sharded adapters'
+    assert grads("lit-gpt", 32) == pytest.approx(adapter_grads + frozen_layers)  # 8 micro-batches: whole, under no_sync
+    assert grads("lit-gpt", 4) == pytest.approx((adapter_grads + frozen_layers) / 4)  # one micro-batch: reduce-scattered

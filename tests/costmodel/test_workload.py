@@ -54,7 +54,7 @@ def test_train_config_fills_lora_defaults_and_refuses_lora_settings_elsewhere():
 def test_workload_round_trips_through_json():
     t = TrainConfig(workload="finetune-lora", lora=LoraConfig(rank=64, frozen_dtype="int4", targets=("mlp", "attn", "mlp")))
     assert TrainConfig.model_validate_json(t.model_dump_json()) == t
-    assert t.lora.targets == ("attn", "mlp")
+    assert t.lora.target_label == "attn,mlp" and len(t.lora.targets) == 7
 
 
 def test_fused_qkv_adapter_has_one_a_and_the_qkv_width_of_b():
@@ -64,3 +64,19 @@ def test_fused_qkv_adapter_has_one_a_and_the_qkv_width_of_b():
     assert adapter_params_per_layer(LLAMA, LoraConfig(rank=r, fused_qkv=True)) == r * ((4096 + 6144) + (4096 + 4096))
     with pytest.raises(ValidationError):
         LoraConfig(dropout=1.0)
+
+
+def test_single_matrix_targets_have_the_napkin_count_and_groups_are_shorthands():
+    r, d, kv, f = 8, 4096, 1024, 14336
+    assert adapter_params_per_layer(LLAMA, LoraConfig(rank=r, targets="q,v")) == r * (d + d) + r * (d + kv)
+    assert adapter_params_per_layer(LLAMA, LoraConfig(rank=r, targets=("gate", "down"))) == r * (d + f) + r * (f + d)
+    assert LoraConfig(targets="attn") == LoraConfig(targets="q,k,v,o") == LoraConfig()
+    assert [a.name for a in adapted_matrices(LLAMA, LoraConfig(targets="down,up,o"))] == ["wo", "w_in", "w_out"]
+    with pytest.raises(ValidationError, match="'qkv' is not a LoRA target"):
+        LoraConfig(targets="qkv")
+
+
+def test_a_fused_qkv_adapter_needs_all_three_projections():
+    assert [a.name for a in adapted_matrices(LLAMA, LoraConfig(targets="q,k,v", fused_qkv=True))] == ["wqkv"]
+    with pytest.raises(ValidationError, match="fused qkv adapter adapts q, k and v together"):
+        LoraConfig(targets="q,v", fused_qkv=True)

@@ -17,7 +17,9 @@ LLAMA = ModelConfig(name="tiny-llama", hidden_size=256, num_layers=4, num_heads=
     (Layout(dp=2, tp=4, micro_batch=1), LoraConfig()),
     (Layout(dp=4, tp=2, micro_batch=2, zero_stage=1, recompute="full"), LoraConfig(targets=("attn", "mlp"), frozen_dtype="int8")),
     (Layout(dp=8, micro_batch=1), LoraConfig(frozen_dtype="int4")),
-], ids=["dp-tp", "zero1-full-recompute-mlp-int8", "dp-int4"])
+    (Layout(dp=2, tp=4, micro_batch=1), LoraConfig(rank=8, targets="q,v")),
+    (Layout(dp=4, tp=2, micro_batch=1, zero_stage=1), LoraConfig(targets="o,up,down")),
+], ids=["dp-tp", "zero1-full-recompute-mlp-int8", "dp-int4", "dp-tp-query-value", "zero1-out-up-down"])
 def test_lora_arguments_flops_and_collectives_match_the_compiled_module(layout, lora):
     plan = layout_plan(LLAMA, layout, hardware="a100-80gb", seq_len=128, global_batch=8, workload="finetune-lora", lora=lora)
     assert lora_unpredicted_features(plan) == []
@@ -25,6 +27,7 @@ def test_lora_arguments_flops_and_collectives_match_the_compiled_module(layout, 
     exact = {k: c for k, c in results.items() if k[0] != "memory per device"}
     assert all(c.ok for c in exact.values()), {k: (c.predicted, c.actual) for k, c in exact.items() if not c.ok}
     assert ("all-reduce bytes", "data") in results and (layout.tp == 1 or ("all-reduce bytes", "tensor") in results)
+    assert results[("memory arguments", None)].ok
 
 
 def test_zero3_and_sequence_parallel_lora_are_reported_not_predicted():

@@ -17,7 +17,14 @@ def _parse(*argv):
 def test_lora_flags_become_settings():
     out = workload_from_args(_parse("--workload", "finetune-lora", "--lora-rank", "64", "--frozen-dtype", "int4"))
     assert out["workload"] == "finetune-lora" and out["lora"].rank == 64 and out["lora"].frozen_dtype == "int4"
-    assert out["lora"].targets == ("attn",)
+    assert out["lora"].targets == ("q", "k", "v", "o") and out["lora"].target_label == "attn"
+
+
+def test_lora_targets_name_single_matrices_and_groups():
+    qv = workload_from_args(_parse("--workload", "finetune-lora", "--lora-targets", "v,q"))["lora"]
+    assert qv.targets == ("q", "v")
+    mixed = workload_from_args(_parse("--workload", "finetune-lora", "--lora-targets", "o,mlp,down"))["lora"]
+    assert mixed.targets == ("o", "gate", "up", "down") and mixed.target_label == "o,mlp"
 
 
 def test_pretraining_has_no_lora_settings_and_refuses_lora_flags():
@@ -29,7 +36,8 @@ def test_pretraining_has_no_lora_settings_and_refuses_lora_flags():
 def test_unknown_target_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         _parse("--workload", "finetune-lora", "--lora-targets", "attn,ffn")
-    assert "'ffn' is not a LoRA target group" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'ffn' is not a LoRA target" in err and "fix: name matrices or groups, e.g. --lora-targets q,v" in err
 
 
 def test_serving_flags_become_settings_and_sizes():

@@ -184,7 +184,7 @@ def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "
     def gib(*values: float) -> str:
         return " / ".join(f"{v / _GIB:.{digits}f}" for v in values) + " GiB"
 
-    row = (("  frozen weights / adapters / adapter grads / optimizer",
+    row = (("  frozen weights / adapters / grads / optimizer",
             gib(mem.frozen_params_bytes, mem.params_bytes - mem.frozen_params_bytes, mem.grads_bytes, mem.optimizer_bytes))
            if lora else (f"  {state}", gib(mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes)))
     return [row, ("  activations / temporary", gib(mem.activations_bytes, mem.temporary_bytes))]

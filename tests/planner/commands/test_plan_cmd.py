@@ -133,7 +133,7 @@ def test_lora_summary_names_the_workload_and_itemizes_frozen_weights_and_adapter
     assert titled_workload(p.train) == " (finetune-lora: rank 16 on attn, frozen weights int8)"
     (label, values), _ = memory_rows(p.predicted.memory, lora=True, digits=1)
     # 7.0 B layer weights at 1 B, embedding and head (1.05 B) at 2 B: 9.1 GB.
-    assert label.strip() == "frozen weights / adapters / adapter grads / optimizer" and values.startswith("8.5 / 0.0 / 0.1")
+    assert label.strip() == "frozen weights / adapters / grads / optimizer" and values.startswith("8.5 / 0.0 / 0.1")
     assert titled_workload(plan("gpt2", mesh="2", global_batch=16).train) == ""
 
 

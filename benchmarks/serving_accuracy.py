@@ -1,8 +1,8 @@
 """Serving-model accuracy against published inference measurements.
 
 Every row of ``benchmarks/data/inference_runs.csv`` is predicted from its own columns alone
-(model preset, hardware, tp / pp / replicas, batch, input and output lengths, precision and
-weight storage) with the function ``plan --workload decode`` and ``plan simulate --workload
+(model preset, hardware, tp / pp / replicas, batch, input and output lengths, precision,
+weight and KV-cache storage; fp8 rows: fp8 weights with the GEMMs in fp8, W8A8) with the function ``plan --workload decode`` and ``plan simulate --workload
 decode`` call, `costmodel.inference.simulate_inference`. One call gives the time per output
 token (TPOT) at the row's mean decode context (``input + output // 2``: the steps of a
 generation see every context from the prompt to its end), the time to first token (TTFT,
@@ -16,8 +16,7 @@ it:
 - ``decode_tokens_per_s``: one sequence's decode rate, ``1 / TPOT``;
 - ``tpot_s`` and ``ttft_s``: as predicted.
 
-A row the serving model cannot express (FP8 compute, unstated lengths, a model without a
-preset) is listed as skipped with why. Prints the table (measured, predicted, the HBM bound
+A row the serving model cannot express (unstated lengths, a model without a preset) is listed as skipped with why. Prints the table (measured, predicted, the HBM bound
 in the metric's own unit, error), the mean and max |error| per source, and the decode
 must-show (llama3-8b and llama3-70b at batch 1 and 64 on H100 and A100: HBM floor, predicted,
 published where a row matches); writes one CSV. Exits 1 if any predicted TPOT is below its
@@ -42,7 +41,8 @@ from costmodel.errors import PlannerError
 from costmodel.estimate import StepEstimate
 from costmodel.inference import simulate_inference
 from costmodel.layout import Layout
-from costmodel.machine import load_machine
+from costmodel.hardware import load_hardware
+from costmodel.machine import train_machine
 from costmodel.train_config import Precision, TrainConfig
 from costmodel.workload import InferenceConfig
 from planner.config import load_model, train_config
@@ -52,8 +52,9 @@ DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "inference_runs.csv"
 # Units the sources quote, to the seconds and tokens/s the predictions are in.
 UNIT_SCALE = {"ms": 1e-3, "tokens/s": 1.0, "tokens/s/GPU": 1.0, "tokens/s per sequence": 1.0}
 THROUGHPUT_METRICS = ("output_tokens_per_s", "output_tokens_per_s_per_device", "decode_tokens_per_s")
-COMPUTE_PRECISIONS = {"bf16": Precision.BF16, "fp16": Precision.FP16}
-WEIGHT_DTYPES = {"bf16": "bf16", "fp16": "bf16", "int8": "int8", "int4": "int4"}  # fp16 weights: 2 bytes, as bf16
+# fp8 serving computes in bf16 around fp8 GEMMs: the fp8 is the weights' storage (`TrainConfig.serves_fp8`).
+COMPUTE_PRECISIONS = {"bf16": Precision.BF16, "fp16": Precision.FP16, "fp8": Precision.BF16}
+WEIGHT_DTYPES = {"bf16": "bf16", "fp16": "bf16", "int8": "int8", "int4": "int4", "fp8": "fp8"}  # fp16 weights: 2 bytes, as bf16
 MUST_SHOW = (("llama3-8b", "h100-sxm", 1), ("llama3-8b", "a100-80gb", 1), ("llama3-8b", "a100-40gb", 1),
              ("llama3-70b", "h100-sxm", 4), ("llama3-70b", "a100-80gb", 4), ("llama3-70b", "a100-80gb", 8))
 MUST_SHOW_BATCHES = (1, 16, 64)
@@ -63,11 +64,11 @@ MUST_SHOW_LENGTHS = (1024, 128)  # input, output tokens
 def skip_reason(row: dict[str, str]) -> str | None:
     """Why the serving model cannot predict ``row`` from its columns, or None.
 
-    >>> skip_reason({"precision": "fp8", "weight_dtype": "fp8", "preset": "llama2-7b", "input_len": "1", "output_len": "1"})
-    'FP8 compute: the serving model computes in bf16 / fp16 and stores weights as bf16, int8 or int4'
+    >>> skip_reason({"precision": "fp8", "weight_dtype": "fp8", "preset": "llama2-7b", "input_len": "", "output_len": "1"})
+    'input and output lengths not published'
     """
     if row["precision"] not in COMPUTE_PRECISIONS or row["weight_dtype"] not in WEIGHT_DTYPES:
-        return "FP8 compute: the serving model computes in bf16 / fp16 and stores weights as bf16, int8 or int4"
+        return f"{row['precision']} compute with {row['weight_dtype']} weights is not modelled"
     if not row["input_len"] or not row["output_len"]:
         return "input and output lengths not published"
     if row["preset"] not in PRESETS:
@@ -76,17 +77,17 @@ def skip_reason(row: dict[str, str]) -> str | None:
 
 
 def serving_estimate(*, preset: str, hardware: str, tp: int, pp: int = 1, replicas: int = 1, batch: int, input_len: int,
-                     output_len: int, precision: str = "bf16", weight_dtype: str = "bf16") -> StepEstimate:
+                     output_len: int, precision: str = "bf16", weight_dtype: str = "bf16", kv_cache_dtype: str = "auto") -> StepEstimate:
     """The serving model's estimate for one configuration, as ``plan simulate --workload decode`` builds it.
 
     >>> est = serving_estimate(preset="llama3-8b", hardware="h100-sxm", tp=1, batch=1, input_len=1024, output_len=128)
     >>> est.time_per_output_token_s >= est.serving.hbm_lower_bound_s
     True
     """
-    inference = InferenceConfig(prompt_len=input_len, weight_dtype=WEIGHT_DTYPES[weight_dtype])
+    inference = InferenceConfig(prompt_len=input_len, weight_dtype=WEIGHT_DTYPES[weight_dtype], kv_cache_dtype=kv_cache_dtype)
     train: TrainConfig = train_config(workload="decode", global_batch=batch, seq_len=input_len + output_len // 2, lora=None,
                                       inference=inference).with_precision(COMPUTE_PRECISIONS[precision])
-    machine = load_machine(hardware, compute_dtype=train.compute_dtype.value)
+    machine = train_machine(load_hardware(hardware), train)
     return simulate_inference(load_model(preset), train, Layout(dp=replicas, tp=tp, pp=pp), machine)
 
 
@@ -117,7 +118,7 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         result: dict[str, object] = {
             "source": source_family(row), "model": row["model"], "hardware": row["hardware"],
             "layout": f"tp{row['tp']} pp{row['pp']} x{row['replicas']}", "batch": int(row["batch"]),
-            "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "weights": row["weight_dtype"], "metric": row["metric"],
+            "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "weights": row["weight_dtype"], "kv": row["kv_cache_dtype"], "metric": row["metric"],
             "measured": measured, "predicted": None, "hbm_bound": None, "error_pct": None, "tpot_ms": None, "hbm_floor_ms": None,
             "fits": None, "skipped": skip_reason(row) or "",
         }
@@ -125,7 +126,8 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
             try:
                 est = serving_estimate(preset=row["preset"], hardware=row["hardware"], tp=int(row["tp"]), pp=int(row["pp"]),
                                        replicas=int(row["replicas"]), batch=int(row["batch"]), input_len=int(row["input_len"]),
-                                       output_len=int(row["output_len"]), precision=row["precision"], weight_dtype=row["weight_dtype"])
+                                       output_len=int(row["output_len"]), precision=row["precision"], weight_dtype=row["weight_dtype"],
+                                       kv_cache_dtype=row["kv_cache_dtype"] or "auto")
             except PlannerError as err:
                 result["skipped"] = str(err).split(";")[0]
             else:

@@ -42,8 +42,9 @@ FP8_BYTES = 1
 
 
 def check_frozen_dtype(train: TrainConfig) -> None:
-    """Refuse in one line a weight storage the precision cannot run: fp8 frozen weights outside
-    the fp8 recipe or outside LoRA fine-tuning, int8/int4 frozen weights under it.
+    """Refuse in one line a weight storage the precision cannot run: fp8 frozen LoRA weights outside
+    the fp8 recipe, int8/int4 frozen weights under it, and the training fp8 recipe for serving
+    (serving's fp8 is ``--frozen-dtype fp8``: `TrainConfig.serves_fp8`).
 
     >>> from costmodel.train_config import Precision
     >>> try:
@@ -52,9 +53,9 @@ def check_frozen_dtype(train: TrainConfig) -> None:
     ...     print(str(err).split(";")[0])
     --frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not bf16
     """
-    if train.inference is not None and train.inference.weight_dtype is FrozenDtype.FP8:
-        raise UnsupportedError("fp8 weight storage for prefill and decode is not modelled",
-                               fix="use --frozen-dtype bf16, int8 or int4 for serving")
+    if train.inference is not None and train.is_fp8:
+        raise UnsupportedError("--precision fp8 is a training recipe; serving's fp8 stores the weights in fp8 and runs "
+                               "the linear GEMMs on them", fix="use --frozen-dtype fp8 with --precision bf16 (the default)")
     if train.lora is None:
         return
     stored = train.lora.frozen_dtype

@@ -14,6 +14,9 @@ included.
   parallelism (independent replicas) nothing: each replica holds its own batch's cache.
 - Weights: the layer matrices in ``InferenceConfig.weight_dtype``, norms, embedding and
   head in the compute dtype; split as in training (`costmodel.data_parallel.stage_params`).
+  fp8 weights run the linear GEMMs in fp8 at the part's fp8 peak (W8A8); a mixture of experts
+  holds every expert but a step reads only those its tokens touch (`costmodel.serving_kernels`).
+- KV cache in ``InferenceConfig.kv_cache_dtype`` (the compute dtype, or fp8: one byte).
 - Tensor parallelism: two all-reduces per layer of ``tokens × hidden`` (after the attention
   output and the MLP down projections), on the critical path.
 - Pipeline parallelism: a replica's sequences are split into as many micro-batches as
@@ -52,6 +55,7 @@ from costmodel.machine import Machine
 from costmodel.memory import MemoryBreakdown
 from costmodel.model_config import ModelConfig
 from costmodel.roofline import kernel_time_s
+from costmodel.serving_kernels import head_kernel, kv_element_bytes, layer_kernels, untouched_expert_bytes
 from costmodel.topology import link_between_stages
 from costmodel.train_config import TrainConfig
 from costmodel.workload import WorkloadKind, norm_params_per_layer
@@ -83,7 +87,7 @@ def micro_batches(train: TrainConfig, layout: Layout) -> int:
 
 def kv_cache_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, *, stage: int = 0) -> float:
     """KV-cache bytes one device of pipeline stage ``stage`` holds (module docstring)."""
-    per_token_layer = 2 * kv_heads_per_device(model, layout.tp) * model.head_dim * train.compute_dtype.bytes
+    per_token_layer = 2 * kv_heads_per_device(model, layout.tp) * model.head_dim * kv_element_bytes(train)
     layers = layout.layers_on_stage(model.num_layers, stage)
     return per_token_layer * layers * replica_batch(train, layout) * padded_context(train)
 
@@ -102,44 +106,14 @@ def stage_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, s
     return layers * layer_weight_bytes(model, train, layout) + outer * train.compute_dtype.bytes
 
 
-def _layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, sequences: int, new_tokens: int) -> list[Kernel]:
-    """One layer's kernels on one device for ``sequences`` sequences each adding ``new_tokens``
-    (1: a decode step against the cache; the prompt: prefill, causal)."""
-    e, tp = train.compute_dtype.bytes, layout.tp
-    d, hd, f = model.hidden_size, model.head_dim, model.ffn_size
-    q, kv = model.num_heads // tp * hd, kv_heads_per_device(model, tp) * hd
-    tokens = sequences * new_tokens
-    w = train.inference.weight_dtype.bytes
-
-    def gemm(name: str, d_in: float, d_out: float) -> Kernel:
-        return Kernel(name=name, kind=KernelKind.MATMUL, flops=2 * tokens * d_in * d_out,
-                      bytes=d_in * d_out * w + tokens * (d_in + d_out) * e)
-
-    up = (2 if model.mlp.gated else 1) * f / tp
-    if new_tokens == 1:  # decode: each new query attends the whole cache, read once
-        attn_flops = 4 * sequences * train.seq_len * q
-        attn_bytes = sequences * (2 * kv * padded_context(train) + 2 * q) * e
-    else:  # prefill: causal, half the score matrix; q, k, v and the output pass HBM once
-        attn_flops = 2 * sequences * new_tokens ** 2 * q
-        attn_bytes = tokens * (2 * q + 2 * kv) * e
-    return [gemm("qkv", d, q + 2 * kv), Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=attn_bytes),
-            gemm("attn_out", q, d), gemm("mlp_up", d, up), gemm("mlp_down", f / tp, d)]
-
-
-def _head_kernel(model: ModelConfig, train: TrainConfig, layout: Layout, sequences: int) -> Kernel:
-    """The vocabulary projection of each sequence's last token (vocab-parallel over tp)."""
-    v = model.vocab_size / model.vocab_shards(layout.tp)
-    d, e = model.hidden_size, train.compute_dtype.bytes
-    return Kernel(name="head", kind=KernelKind.MATMUL, flops=2 * sequences * d * v, bytes=d * v * e + sequences * v * _F32)
-
-
 def _split_s(kernels: list[Kernel], hw: Machine) -> tuple[float, float, float]:
     """(total, compute-limited part, HBM-limited part) seconds of ``kernels`` on ``hw``, launch floors included."""
     compute = memory = 0.0
     for k in kernels:
-        t = kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
+        peak_flops_per_s = hw.linear_peak if k.linear else hw.peak_flops_per_s
+        t = kernel_time_s(k, peak_flops_per_s=peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
         peak = hw.efficiency.matmul(k.flops) if k.kind is KernelKind.MATMUL else hw.efficiency.flash_attention
-        if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= k.flops / (hw.peak_flops_per_s * peak):
+        if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= k.flops / (peak_flops_per_s * peak):
             memory += t
         else:
             compute += t
@@ -150,9 +124,11 @@ def _stage_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
              new_tokens: int) -> tuple[float, float, float, float]:
     """(total, compute-limited, HBM-limited, tensor-parallel comm) seconds of one stage's pass over ``sequences``."""
     layers = layout.layers_on_stage(model.num_layers, stage)
-    kernels = [k.scaled(layers) for k in _layer_kernels(model, train, layout, sequences=sequences, new_tokens=new_tokens)]
+    per_layer = layer_kernels(model, train, layout, sequences=sequences, new_tokens=new_tokens,
+                              kv_heads=kv_heads_per_device(model, layout.tp), cache_tokens=padded_context(train))
+    kernels = [k.scaled(layers) for k in per_layer]
     if stage == layout.pp - 1:
-        kernels.append(_head_kernel(model, train, layout, sequences))
+        kernels.append(head_kernel(model, train, layout, sequences))
     total, compute, memory = _split_s(kernels, hw)
     tp_bytes = sequences * new_tokens * model.hidden_size * train.compute_dtype.bytes
     comm = 2 * layers * all_reduce_s(tp_bytes, hw.groups(layout)["tp"]) if layout.tp > 1 else 0.0
@@ -169,10 +145,8 @@ def _handoff_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machi
 
 def check_inference_layout(model: ModelConfig, train: TrainConfig, layout: Layout) -> Layout:
     """``layout`` with its micro-batch set for serving (`micro_batches`); refuses what is not modelled."""
-    if model.is_moe:
-        raise UnsupportedError(f"serving {model.name}, a mixture-of-experts model, is not modelled", fix="choose a dense model")
     if layout.cp > 1 or layout.ep > 1 or layout.zero_stage > 0 or layout.interleave > 1:
-        raise UnsupportedError("serving layouts use tensor, pipeline and data (replica) parallelism only",
+        raise UnsupportedError("serving layouts use tensor, pipeline and data (replica) parallelism only (experts split by tp)",
                                fix="drop --cp, --ep, --zero-stage and --interleave")
     lay = layout.model_copy(update={"micro_batch": replica_batch(train, layout) // micro_batches(train, layout)})
     check_layout(lay, model, train.model_copy(update={"global_batch": train.global_batch * lay.dp}), n_devices=lay.n_devices)
@@ -187,7 +161,8 @@ def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
     b = layout.micro_batch if train.workload is WorkloadKind.DECODE else replica_batch(train, layout)
     tokens = b * (1 if train.workload is WorkloadKind.DECODE else train.prompt_len)
     stage = max(range(layout.pp), key=lambda s: stage_weight_bytes(model, train, layout, s) + kv_cache_bytes(model, train, layout, stage=s))
-    widest = max((2 if model.mlp.gated else 1) * model.ffn_size, (model.num_heads + 2 * model.num_kv_heads) * model.head_dim) / layout.tp
+    mlp_per_token = model.experts_per_token * model.moe_ffn_size + model.shared_expert_ffn_size if model.is_moe else model.ffn_size
+    widest = max((2 if model.mlp.gated else 1) * mlp_per_token, (model.num_heads + 2 * model.num_kv_heads) * model.head_dim) / layout.tp
     logits = b * model.vocab_size / model.vocab_shards(layout.tp) * _F32 if stage == layout.pp - 1 else 0.0
     return MemoryBreakdown(
         stage="only" if layout.pp == 1 else ("last" if stage == layout.pp - 1 else "first"),
@@ -209,7 +184,8 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
     prefill = [_stage_s(model, train, lay, hw, s, sequences=rb, new_tokens=prompt) for s in range(pp)]
     hops_s = (pp - 1) * _handoff_s(model, train, lay, hw, rb * prompt)
     ttft_s = sum(t[0] for t in prefill) + hops_s
-    read_bytes = [stage_weight_bytes(model, train, lay, s) + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
+    read_bytes = [stage_weight_bytes(model, train, lay, s) - lay.layers_on_stage(model.num_layers, s) * untouched_expert_bytes(model, train, lay, b)
+                  + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
     serving = ServingTimes(
         decode_compute_s=sum(t[1] for t in decode), decode_hbm_s=sum(t[2] for t in decode),
         decode_tp_comm_s=sum(t[3] for t in decode), decode_pp_handoff_s=chain_s - sum(t[0] for t in decode),
@@ -222,8 +198,9 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
     busiest = max(runs[0], key=lambda t: t[0])
     compute_s, memory_s, tp_s = (runs[1] * x for x in busiest[1:])
     attn_per_token = 4 * model.num_layers * model.num_heads * model.head_dim
-    model_flops = lay.dp * (train.global_batch * (2 * model.total_params + attn_per_token * train.seq_len) if is_decode else
-                   train.global_batch * prompt * (2 * model.total_params + attn_per_token * prompt / 2))
+    active_params = model.total_params - model.num_layers * (model.params_per_layer - model.active_params_per_layer)
+    model_flops = lay.dp * (train.global_batch * (2 * active_params + attn_per_token * train.seq_len) if is_decode else
+                   train.global_batch * prompt * (2 * active_params + attn_per_token * prompt / 2))
     utilisation = model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
     memory = inference_memory(model, train, lay, hbm_bytes=hw.hbm_bytes)
     return StepEstimate(

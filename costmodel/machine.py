@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from costmodel.collectives import Group, Tier
-from costmodel.errors import InvalidConfigError
+from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.fp8 import check_frozen_dtype
 from costmodel.hardware import ClusterSpec, GradientTranspose, StepAllocator, load_hardware
 from costmodel.host import HostSpec
@@ -99,6 +99,7 @@ def train_machine(cluster: ClusterSpec, train: TrainConfig) -> Machine:
     >>> round(m.linear_peak / m.peak_flops_per_s, 3)
     2.0
     """
+    check_serving_peak(cluster, train)
     machine = machine_for(cluster, compute_dtype=train.matmul_peak_dtype, linear_dtype=train.linear_peak_dtype)
     check_frozen_dtype(train)  # after the peaks: a part without fp8 is named first
     return machine
@@ -127,6 +128,26 @@ def check_peak(cluster: ClusterSpec, dtype: str) -> None:
     raise InvalidConfigError(
         f"{cluster.device.name} has no {label} peak; parts with one: {', '.join(having) or 'none'}",
         fix=f"choose one of those with --hardware, or a precision {cluster.device.name} accelerates (`plan hardware` lists them)")
+
+
+def check_serving_peak(cluster: ClusterSpec, train: TrainConfig) -> None:
+    """Refuse (exit 5) serving fp8 weights on a part without an fp8 peak: its GEMMs cannot take
+    fp8 inputs (TensorRT-LLM and vLLM run fp8 W8A8 on Hopper and later; vLLM's weight-only
+    fp8 Marlin path on Ampere is not modelled).
+
+    >>> try:
+    ...     check_serving_peak(load_hardware("a100-80gb"), TrainConfig(workload="decode", inference={"weight_dtype": "fp8"}))
+    ... except UnsupportedError as err:
+    ...     print(str(err).split(";")[0])
+    serving fp8 weights runs the GEMMs in fp8, and a100-80gb has no fp8 peak
+    """
+    from costmodel.catalog import CATALOG
+
+    if not train.serves_fp8 or "float8_e4m3fn" in cluster.device.peak_flops_per_s:
+        return
+    having = sorted({c.name for c in CATALOG.values() if "float8_e4m3fn" in c.device.peak_flops_per_s})
+    raise UnsupportedError(f"serving fp8 weights runs the GEMMs in fp8, and {cluster.device.name} has no fp8 peak",
+                           fix=f"use --frozen-dtype int8 (weight-only, 1 byte too) or --hardware {' / '.join(having)}")
 
 
 def supported_precisions(cluster: ClusterSpec) -> list[Precision]:

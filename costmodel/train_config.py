@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from costmodel.workload import InferenceConfig, LoraConfig, WorkloadKind
+from costmodel.workload import FrozenDtype, InferenceConfig, LoraConfig, WorkloadKind
 
 
 class Dtype(StrEnum):
@@ -154,9 +154,19 @@ class TrainConfig(BaseModel):
         return self.linear_dtype is Dtype.FP8
 
     @property
+    def serves_fp8(self) -> bool:
+        """Whether a prefill or decode serves fp8 weights with its linear GEMMs in fp8 (W8A8).
+
+        >>> TrainConfig(workload="decode", inference={"weight_dtype": "fp8"}).serves_fp8
+        True
+        """
+        return self.inference is not None and self.inference.weight_dtype is FrozenDtype.FP8
+
+    @property
     def linear_peak_dtype(self) -> str:
-        """The catalog dtype whose peak the linear layers' GEMMs run at."""
-        return (self.linear_dtype or self.compute_dtype).value
+        """The catalog dtype whose peak the linear layers' GEMMs run at (fp8 for the fp8 recipe
+        and for serving fp8 weights)."""
+        return Dtype.FP8.value if self.serves_fp8 else (self.linear_dtype or self.compute_dtype).value
 
     @property
     def matmul_peak_dtype(self) -> str:

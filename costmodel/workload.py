@@ -122,6 +122,23 @@ class FrozenDtype(StrEnum):
                 FrozenDtype.FP8: "float8_e4m3fn"}[self]
 
 
+class KvCacheDtype(StrEnum):
+    """How the serving KV cache is stored (vLLM's ``--kv-cache-dtype``): ``auto`` keeps the
+    compute dtype, ``fp8`` stores e4m3 with a per-tensor scale (TensorRT-LLM's
+    ``--kv_cache_dtype fp8``), read back to the compute dtype inside the attention kernel."""
+
+    AUTO = "auto"
+    FP8 = "fp8"
+
+    def bytes(self, compute_bytes: float) -> float:
+        """Bytes per cached element when the model computes in ``compute_bytes``-byte floats.
+
+        >>> KvCacheDtype.AUTO.bytes(2), KvCacheDtype.FP8.bytes(2)
+        (2, 1)
+        """
+        return 1 if self is KvCacheDtype.FP8 else compute_bytes
+
+
 class LoraConfig(BaseModel):
     """LoRA's settings: rank, which matrices get adapters, how the frozen weights are stored."""
 
@@ -179,8 +196,11 @@ class InferenceConfig(BaseModel):
                                                        "each sequence's cache is rounded up to whole blocks.")
     max_token_latency_ms: PositiveFloat | None = Field(None, description="Decode: the most milliseconds per output token a "
                                                                          "layout may take; None: no bound.")
-    weight_dtype: FrozenDtype = Field(FrozenDtype.BF16, description="Storage of the layer weight matrices: bf16, or int8 / "
-                                                                    "int4 weight-only (cast to the compute dtype on use).")
+    weight_dtype: FrozenDtype = Field(FrozenDtype.BF16, description="Storage of the layer weight matrices: bf16, int8 / "
+                                      "int4 weight-only (cast to the compute dtype on use), or fp8 e4m3 with the linear "
+                                      "layers' GEMMs in fp8 (W8A8: activations quantized per tensor), on parts with an fp8 peak.")
+    kv_cache_dtype: KvCacheDtype = Field(KvCacheDtype.AUTO, description="Storage of the KV cache: auto (the compute dtype) "
+                                         "or fp8 e4m3 (1 byte; dequantized to the compute dtype as attention reads it).")
 
 
 class AdaptedMatrix(BaseModel):

@@ -2,8 +2,8 @@
 computes and communicates per device: the decode branch of `validate.predict`.
 
 - Arguments: each weight as served (`planner.models.decode.served_dtype_of`) split by the
-  plan's spec, the K and V caches (``2 · layers · batch · allocated tokens ·
-  kv_heads/tp · head_dim`` elements  in the compute dtype; whole KV heads where the tensor
+  plan's spec (fp8 weights one byte each), the K and V caches (``2 · layers · batch · allocated tokens ·
+  kv_heads/tp · head_dim`` elements in the cache's dtype, `costmodel.workload.KvCacheDtype`; whole KV heads where the tensor
   axes do not divide them), the tokens (int32) and the position.
 - Matmul FLOPs (batch: sequences per replica): ``2 · batch`` per weight element a device holds in the layers and the
   head (the embedding is a lookup), and the attention's two products over the whole
@@ -24,6 +24,7 @@ import math
 
 import jax.numpy as jnp
 
+from costmodel.serving_kernels import kv_element_bytes
 from planner.models.decode import abstract_decode_inputs, served_dtype_of
 from planner.schema import Plan
 from validate.predict import PredictedCollective, _per_device
@@ -60,7 +61,7 @@ def decode_argument_bytes(plan: Plan) -> float:
     for path, (elements, _, _) in _per_device(plan).items():
         dtype = served_dtype_of(path, plan.train)
         weights += elements * (0.5 if dtype == jnp.int4 else jnp.dtype(dtype).itemsize)  # XLA packs two int4 per byte
-    cache = _cache_elements_per_device(plan) * plan.train.compute_dtype.bytes
+    cache = _cache_elements_per_device(plan) * kv_element_bytes(plan.train)
     return weights + cache + _replica_batch(plan) * 4 + 4
 
 

@@ -52,6 +52,7 @@ def _format(value: float | None, unit: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # The validator imports planner; the CLI loads it only for this command (DESIGN: composition root).
+    from planner.models.decode import check_decode_lowered
     from planner.schema import Plan
     from validate.compile_check import CompileReport, compile_in_subprocess
     from validate.multihost import run_processes, validate_processes
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
+    if plan.train.workload.value == "decode":
+        check_decode_lowered(plan.model)  # before any process starts
     not_checked = offload_not_checked(plan)
     if not_checked and not args.compile_only:
         raise UnsupportedError("the timed check does not run offloaded plans (the host offload is not lowered)",

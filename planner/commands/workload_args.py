@@ -17,11 +17,11 @@ import argparse
 from typing import Any
 
 from costmodel.errors import InvalidConfigError
-from costmodel.workload import FrozenDtype, InferenceConfig, LoraConfig, LoraTarget, WorkloadKind, parse_lora_targets
+from costmodel.workload import FrozenDtype, InferenceConfig, KvCacheDtype, LoraConfig, LoraTarget, WorkloadKind, parse_lora_targets
 from planner.commands.arg_types import positive_float, positive_int
 
 _LORA_FLAGS = ("lora_rank", "lora_targets")
-_SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", "kv_block_size")
+_SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", "kv_block_size", "kv_cache_dtype")
 
 
 def lora_targets(text: str) -> tuple[LoraTarget, ...]:
@@ -44,7 +44,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frozen-dtype", choices=[d.value for d in FrozenDtype],
                         help="storage of the frozen base weight matrices: bf16 (default), int8 / int4 weight-only "
                              "as QLoRA stores them, or fp8 as NeMo's fp8_params (finetune-lora with --precision fp8); "
-                             "for prefill and decode, the layer weights' storage (bf16, int8, int4)")
+                             "for prefill and decode, the layer weights' storage (bf16; int8, int4 weight-only; fp8 "
+                             "with the GEMMs in fp8, W8A8, on parts with an fp8 peak)")
     parser.add_argument("--batch", type=positive_int, help="sequences each replica serves together (prefill and decode; "
                                                            "default 1); data parallelism adds replicas")
     parser.add_argument("--context-len", type=positive_int, help="tokens in each sequence's KV cache at the predicted decode step "
@@ -52,6 +53,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=positive_int, help="prompt tokens prefilled per sequence (default the whole context)")
     parser.add_argument("--max-token-latency-ms", type=positive_float,
                         help="decode: the most milliseconds per output token; the planner takes the most tokens/s within it")
+    parser.add_argument("--kv-cache-dtype", choices=[d.value for d in KvCacheDtype],
+                        help="KV cache storage (prefill and decode): auto (the compute dtype, default) or fp8 (one byte)")
     parser.add_argument("--kv-block-size", type=positive_int, help="tokens per block of the paged KV-cache allocator (default 16)")
 
 
@@ -73,7 +76,8 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
         return {"workload": args.workload, "lora": LoraConfig(**{k: v for k, v in settings.items() if v is not None}), "inference": None}
     if workload.is_inference:
         settings = {"prompt_len": args.prompt_len, "kv_block_size": args.kv_block_size,
-                    "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype}
+                    "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype,
+                    "kv_cache_dtype": args.kv_cache_dtype}
         return {"workload": args.workload, "lora": None,
                 "inference": InferenceConfig(**{k: v for k, v in settings.items() if v is not None})}
     return {"workload": args.workload, "lora": None, "inference": None}

@@ -7,7 +7,10 @@ allocated cache (``[layers, B, T, kv_heads, head_dim]``, T the context rounded u
 blocks of the paged allocator), positions after the current one masked out. Query heads are
 grouped by the KV head they share (GQA), as in training. Weights are served as stored
 (`served_dtype_of`: layer matrices in the serving weight dtype, the rest in the compute
-dtype) and cast to the compute dtype on use; the score softmax and the logits are fp32.
+dtype) and cast to the compute dtype on use, fp8 ones too (the weights' bytes and the FLOPs are
+the W8A8 program's; the activations' fp8 quantization is not lowered); the KV cache is stored in its dtype
+(`kv_cache_dtype_of`) and read back to the compute dtype; the score softmax and the logits are fp32.
+Mixture-of-experts models are not lowered (refused in one line).
 
 >>> from costmodel.model_config import ModelConfig
 >>> from costmodel.train_config import TrainConfig
@@ -29,9 +32,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from costmodel.errors import UnsupportedError
 from costmodel.inference import padded_context
 from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import TrainConfig
+from costmodel.workload import KvCacheDtype
 from planner.models.params import Params, abstract_params
 from planner.models.transformer import Constrain, Lookup, _activation, _keep, _norm, _take, head
 
@@ -41,6 +46,11 @@ def served_dtype_of(path: str, train: TrainConfig) -> Any:
     weight dtype, embedding, head and norms in the compute dtype."""
     quantized = path.startswith("layers/") and "norm/" not in path
     return jnp.dtype(train.inference.weight_dtype.jax_name if quantized else train.compute_dtype.value)
+
+
+def kv_cache_dtype_of(train: TrainConfig) -> Any:
+    """The dtype the K and V caches are stored in: the compute dtype, or ``float8_e4m3fn`` for an fp8 cache."""
+    return jnp.dtype("float8_e4m3fn" if train.inference.kv_cache_dtype is KvCacheDtype.FP8 else train.compute_dtype.value)
 
 
 def kv_cache_shape(cfg: ModelConfig, train: TrainConfig, *, replicas: int = 1) -> tuple[int, int, int, int, int]:
@@ -53,7 +63,7 @@ def abstract_decode_inputs(cfg: ModelConfig, train: TrainConfig, *, replicas: in
     """``(params, kv_cache, batch)`` of a decode step as ``jax.ShapeDtypeStruct``s, the batch of ``replicas`` replicas."""
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: jax.ShapeDtypeStruct(x.shape, served_dtype_of("/".join(str(k.key) for k in path), train)), abstract_params(cfg))
-    cache = jax.ShapeDtypeStruct(kv_cache_shape(cfg, train, replicas=replicas), jnp.dtype(train.compute_dtype.value))
+    cache = jax.ShapeDtypeStruct(kv_cache_shape(cfg, train, replicas=replicas), kv_cache_dtype_of(train))
     batch = {"tokens": jax.ShapeDtypeStruct((train.global_batch * replicas, 1), jnp.int32), "position": jax.ShapeDtypeStruct((), jnp.int32)}
     return params, {"k": cache, "v": cache}, batch
 
@@ -83,10 +93,11 @@ def _attend(x_BxD: jax.Array, p: Params, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Ar
     v_BxTxKxH = constrain("kv_cache_BxTxKxH", jax.lax.dynamic_update_slice(v_BxTxKxH, v_BxKxH[:, None].astype(v_BxTxKxH.dtype),
                                                                            (zero, position, zero, zero)))
     q_BxKxGxH = q_BxNxH.reshape(b, k_heads, group, cfg.head_dim)
-    scores_BxKxGxT = jnp.einsum("bkgh,btkh->bkgt", q_BxKxGxH, k_BxTxKxH).astype(jnp.float32) / math.sqrt(cfg.head_dim)
+    # An fp8 cache is read back to the compute dtype (a no-op for a compute-dtype cache).
+    scores_BxKxGxT = jnp.einsum("bkgh,btkh->bkgt", q_BxKxGxH, k_BxTxKxH.astype(dt)).astype(jnp.float32) / math.sqrt(cfg.head_dim)
     visible_T = jnp.arange(k_BxTxKxH.shape[1]) <= position
     probs_BxKxGxT = jax.nn.softmax(jnp.where(visible_T, scores_BxKxGxT, -jnp.inf), axis=-1).astype(dt)
-    out_BxNxH = jnp.einsum("bkgt,btkh->bkgh", probs_BxKxGxT, v_BxTxKxH).reshape(b, cfg.num_heads, cfg.head_dim)
+    out_BxNxH = jnp.einsum("bkgt,btkh->bkgh", probs_BxKxGxT, v_BxTxKxH.astype(dt)).reshape(b, cfg.num_heads, cfg.head_dim)
     y_BxD = jnp.einsum("bnh,nhd->bd", out_BxNxH, p["wo"].astype(dt))
     return (y_BxD + p["bo"].astype(dt) if "bo" in p else y_BxD), k_BxTxKxH, v_BxTxKxH
 
@@ -98,13 +109,21 @@ def _mlp(x_BxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> jax.Array:
     return y_BxD + p["b_out"].astype(dt) if "b_out" in p else y_BxD
 
 
+def check_decode_lowered(cfg: ModelConfig) -> None:
+    """Refuse in one line a model whose decode step is not lowered: a mixture of experts (the
+    serving cost model predicts it; the training MoE layer's capacity dispatch would run every
+    expert on each sequence's one token, not the top-k the model costs)."""
+    if cfg.is_moe:
+        raise UnsupportedError(f"the decode step of {cfg.name}, a mixture-of-experts model, is not lowered yet (dense models are)",
+                               fix="validate a dense model's decode plan; plan and plan simulate predict this one")
+
+
 def decode_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str, jax.Array], cfg: ModelConfig, *,
                 compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep, lookup: Lookup = _take) -> tuple[jax.Array, dict[str, jax.Array]]:
     """fp32 logits ``[B, V]`` of the next token and the cache with this token's keys and values
     written (module docstring). ``constrain`` pins named activations (``residual_BxSxD``,
     ``kv_cache_BxTxKxH``, ``logits_BxSxV``), ``lookup`` gathers embedding rows, as in training."""
-    if cfg.is_moe:
-        raise NotImplementedError("the decode step covers dense models")  # planner.serving refuses MoE before this
+    check_decode_lowered(cfg)
     tokens_Bx1, position = batch["tokens"], batch["position"]
     x_Bx1xD = constrain("residual_BxSxD", lookup(params["embed"]["tokens"], tokens_Bx1).astype(compute_dtype))
     if cfg.positions is Positions.LEARNED:

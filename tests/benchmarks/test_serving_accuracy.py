@@ -41,9 +41,14 @@ def test_each_row_maps_to_a_prediction_or_a_stated_skip():
     assert sum(1 for r in results if not r["skipped"]) >= 15
 
 
-def test_fp8_rows_are_skipped_not_approximated():
-    fp8 = [r for r in ROWS if r["precision"] == "fp8"]
-    assert fp8 and all("FP8" in (skip_reason(r) or "") for r in fp8)
+def test_fp8_rows_are_predicted_with_fp8_weights_and_faster_than_bf16():
+    fp8 = [r for r in ROWS if r["weight_dtype"] == "fp8" and skip_reason(r) is None]
+    assert fp8
+    for row in fp8:
+        shape = {"preset": row["preset"], "hardware": row["hardware"], "tp": int(row["tp"]), "batch": int(row["batch"]),
+                 "input_len": int(row["input_len"]), "output_len": int(row["output_len"])}
+        fast, slow = serving_estimate(**shape, weight_dtype="fp8"), serving_estimate(**shape)
+        assert fast.serving.hbm_lower_bound_s < slow.serving.hbm_lower_bound_s and fast.time_to_first_token_s < slow.time_to_first_token_s
 
 
 def test_predicted_per_token_latency_never_beats_the_hbm_floor():

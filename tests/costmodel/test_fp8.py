@@ -58,5 +58,6 @@ def test_fp8_frozen_weights_need_the_fp8_recipe_and_int_ones_are_refused_under_i
         check_frozen_dtype(LORA_FP8.with_precision(Precision.BF16))
     with pytest.raises(UnsupportedError, match="int8 frozen weights under --precision fp8"):
         check_frozen_dtype(TrainConfig(workload="finetune-lora", lora={"frozen_dtype": "int8"}).with_precision(Precision.FP8))
-    with pytest.raises(UnsupportedError, match="prefill and decode"):
-        check_frozen_dtype(TrainConfig(workload="decode", inference={"weight_dtype": "fp8"}))
+    check_frozen_dtype(TrainConfig(workload="decode", inference={"weight_dtype": "fp8"}))  # serving fp8 weights: W8A8
+    with pytest.raises(UnsupportedError, match="--precision fp8 is a training recipe"):
+        check_frozen_dtype(TrainConfig(workload="decode").with_precision(Precision.FP8))

@@ -167,6 +167,21 @@ def test_plan_json_contract_for_decode(capsys):
     assert memory["kv_cache_bytes"] == 32 * 8 * 128 * 2 * 2 * 64 * 4096 / 8 and memory["per_device_bytes"] > memory["kv_cache_bytes"]
 
 
+def test_decode_with_fp8_weights_and_of_a_mixture_of_experts(capsys):
+    serve = ("--mesh", "1x8", "--workload", "decode", "--batch", "1", "--context-len", "4096")
+    tpot = {}
+    for dtype in ("bf16", "fp8"):
+        code, data, err, _ = _plan(capsys, "--model", "llama3-70b", *serve, "--hardware", "h100-sxm", "--frozen-dtype", dtype)
+        assert code == 0 and err == ""
+        tpot[dtype] = data["predicted"]["serving"]["hbm_lower_bound_s"] * data["layout"]["tp"]  # the replica's bytes read
+    assert tpot["fp8"] < 0.6 * tpot["bf16"]  # layer matrices at 1 byte, embedding and head still 2
+    code, _, err, _ = _plan(capsys, "--model", "llama3-70b", *serve, "--hardware", "a100-80gb", "--frozen-dtype", "fp8")
+    assert code == 5 and "no fp8 peak" in err and "fix:" in err and "Traceback" not in err
+    code, data, err, _ = _plan(capsys, "--model", "mixtral-8x7b", *serve, "--hardware", "h100-sxm")
+    held = data["predicted"]["memory"]["params_bytes"] * data["layout"]["tp"] * data["layout"]["pp"]
+    assert code == 0 and held > 2 * 46e9  # every expert of 46.7B parameters held, in bf16
+
+
 def test_serving_flags_without_a_serving_workload_are_refused(capsys):
     assert main(["--model", "gpt2", "--mesh", "2", "--context-len", "1024"]) == 2
     assert "--context-len" in capsys.readouterr().err

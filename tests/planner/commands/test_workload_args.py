@@ -61,3 +61,11 @@ def test_serving_flags_refused_for_training_and_latency_for_prefill():
 def test_fp8_frozen_dtype_is_a_lora_choice():
     out = workload_from_args(_parse("--workload", "finetune-lora", "--frozen-dtype", "fp8"))
     assert out["lora"].frozen_dtype == "fp8"
+
+
+def test_serving_takes_fp8_weights_and_an_fp8_kv_cache():
+    out = workload_from_args(_parse("--workload", "decode", "--frozen-dtype", "fp8", "--kv-cache-dtype", "fp8"))
+    assert out["inference"].weight_dtype == "fp8" and out["inference"].kv_cache_dtype == "fp8"
+    assert workload_from_args(_parse("--workload", "prefill"))["inference"].kv_cache_dtype == "auto"
+    with pytest.raises(InvalidConfigError, match="--kv-cache-dtype applies to --workload decode"):
+        workload_from_args(_parse("--kv-cache-dtype", "fp8"))

@@ -7,7 +7,7 @@ the prompt ``P``), ``S`` pipeline stages, ``M`` micro-batches per replica
 a pipeline, where ``M = 1``).
 
 - Arguments: each weight as served (`planner.models.decode.served_dtype_of`) split by the
-  plan's spec, the K and V caches (``2 · layers/S · B · allocated tokens · kv_heads/tp ·
+  plan's spec (the embedding and head whole on every pipeline stage), the K and V caches (``2 · layers/S · B · allocated tokens · kv_heads/tp ·
   head_dim`` elements in the compute dtype; whole KV heads where the tensor axes do not
   divide them), the tokens (int32: ``B · n``) and, decoding, the position.
 - Matmul FLOPs: every tick, ``2 · b · n`` per layer weight element a device holds (its
@@ -82,8 +82,8 @@ def serving_argument_bytes(plan: Plan) -> float:
     >>> round(serving_argument_bytes(p) / 2**30, 2)  # 1.87 GiB of bf16 weights, 4 GiB of cache
     5.87
     >>> q = layout_plan("llama3-8b", Layout(tp=4, pp=2), global_batch=64, seq_len=4096, workload="decode")
-    >>> round(serving_argument_bytes(q) / 2**30, 2)  # each stage: half the layers' weights and cache
-    5.0
+    >>> round(serving_argument_bytes(q) / 2**30, 2)  # half the layers and cache; embedding and head on every stage
+    6.11
     """
     weights = 0.0
     for path, (elements, _, _) in _per_device(plan).items():

@@ -20,7 +20,10 @@ the whole replica batch stage after stage, as the cost model's time to first tok
 sequence ``i`` of a data shard in micro-batch ``i mod M``, so nothing moves between devices.
 On tick ``t`` of ``M + S − 1`` stage 0 takes micro-batch ``t``, every other stage what its
 predecessor ``ppermute``d on tick ``t − 1``, runs its layers against that micro-batch's cache
-slice and writes the slice back (unchanged on a bubble tick). Every device runs the same
+slice and writes the slice back. Bubble ticks need no mask: one before a stage's first
+micro-batch writes (garbage) only the slots that micro-batch's own tick writes again before
+reading them, and one after its last repeats that micro-batch's work exactly (stage 0 takes
+the same input again, and so, a tick later, does each next stage). Every device runs the same
 program, so stages also compute in the bubble ticks: ``(M + S − 1) / M`` times the useful
 layer work. The last stage keeps the micro-batches' outputs (prefill: each sequence's last
 token) and a float32 ``psum`` over the pipeline axis hands them to every pipeline group
@@ -65,6 +68,10 @@ def serving_program(plan: Plan, mesh: Mesh) -> Step:
     >>> logits.shape, cache["k"].shape
     ((2, 50257), (12, 2, 64, 12, 64))
     """
+    lay = plan.layout
+    if lay.pp > 1 and (plan.model.num_layers % lay.pp or (lay.stage_layers and len(set(lay.stage_layers)) > 1)):
+        raise UnsupportedError(f"a serving plan with uneven pipeline stages ({plan.model.num_layers} layers on {lay.pp} stages) "
+                               "is not lowered yet", fix="plan it with a pipeline degree that divides the layers")
     model, prefill = plan.model, plan.train.workload.value == "prefill"
     dt = jnp.dtype(plan.train.compute_dtype.value)
     constrain_activation = activation_constraint(plan, mesh)
@@ -103,9 +110,6 @@ def _pipelined(plan: Plan, mesh: Mesh, *, embedding: Callable[..., jax.Array], l
                last_token: Callable[[jax.Array], jax.Array], head_of: Callable[..., jax.Array]) -> Step:
     """The serving step with its layers in the pipeline schedule of the module docstring."""
     lay, axes = plan.layout, plan.axes_of("pp")
-    if plan.model.num_layers % lay.pp or (lay.stage_layers and len(set(lay.stage_layers)) > 1):
-        raise UnsupportedError(f"a serving plan with uneven pipeline stages ({plan.model.num_layers} layers on {lay.pp} stages) "
-                               "is not lowered yet", fix="plan it with a pipeline degree that divides the layers")
     stages, micro = lay.pp, serving_micro_batches(plan)
     dt = jnp.dtype(plan.train.compute_dtype.value)
     sends = [(i, i + 1) for i in range(stages - 1)]
@@ -123,7 +127,6 @@ def _pipelined(plan: Plan, mesh: Mesh, *, embedding: Callable[..., jax.Array], l
             useful, mb = (work >= 0) & (work < micro), jnp.clip(work, 0, micro - 1)
             mine = jax.tree.map(lambda c: jax.lax.dynamic_index_in_dim(c, mb, axis=2, keepdims=False), cache)
             y, written = layers(jnp.where(first, x_MxBx_[mb], received), stage_layers, mine, extras)
-            written = jax.tree.map(lambda new, old: jnp.where(useful, new, old), written, mine)
             cache = jax.tree.map(lambda c, w: jax.lax.dynamic_update_index_in_dim(c, w, mb, axis=2), cache, written)
             out_MxBxD = out_MxBxD.at[mb].set(jnp.where(last & useful, last_token(y), out_MxBxD[mb]))
             return (jax.lax.ppermute(y, axes, sends), out_MxBxD, cache), None

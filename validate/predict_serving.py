@@ -7,9 +7,10 @@ the prompt ``P``), ``S`` pipeline stages, ``M`` micro-batches per replica
 a pipeline, where ``M = 1``).
 
 - Arguments: each weight as served (`planner.models.decode.served_dtype_of`) split by the
-  plan's spec (the embedding and head whole on every pipeline stage), the K and V caches (``2 · layers/S · B · allocated tokens · kv_heads/tp ·
-  head_dim`` elements in the compute dtype; whole KV heads where the tensor axes do not
-  divide them), the tokens (int32: ``B · n``) and, decoding, the position.
+  plan's spec (the embedding and head whole on every pipeline stage), the K and V caches
+  (``2 · layers/S · B · allocated tokens · kv_heads/tp · head_dim`` elements in the compute
+  dtype; whole KV heads where the tensor axes do not divide them), the tokens (int32:
+  ``B · n``) and, decoding, the position.
 - Matmul FLOPs: every tick, ``2 · b · n`` per layer weight element a device holds (its
   stage's layers: bubble ticks compute too) plus the attention's two products — decode:
   over the whole allocated cache, ``4 · b · tokens · heads/tp · head_dim`` per layer;

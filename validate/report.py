@@ -52,8 +52,8 @@ from validate.predict import (
     predicted_memory_bytes,
     unpredicted_features,
 )
-from validate.predict_serving import serving_argument_bytes, serving_collectives, serving_matmul_flops
 from validate.predict_lora import lora_argument_bytes, lora_collectives, lora_matmul_flops, lora_memory_bytes, lora_unpredicted_features
+from validate.predict_serving import serving_argument_bytes, serving_collectives, serving_matmul_flops
 
 MEMORY_TOLERANCE = 0.15
 FLOPS_TOLERANCE = 0.02

@@ -125,7 +125,8 @@ def decode_layers(x_BxD: jax.Array, layers: Params, kv_cache: dict[str, jax.Arra
 
 
 def decode_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str, jax.Array], cfg: ModelConfig, *,
-                compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep, lookup: Lookup = _take) -> tuple[jax.Array, dict[str, jax.Array]]:
+                compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep,
+                lookup: Lookup = _take) -> tuple[jax.Array, dict[str, jax.Array]]:
     """fp32 logits ``[B, V]`` of the next token and the cache with this token's keys and values
     written (module docstring). ``constrain`` pins named activations (``residual_BxSxD``,
     ``kv_cache_BxTxKxH``, ``logits_BxSxV``), ``lookup`` gathers embedding rows, as in training."""

@@ -90,7 +90,7 @@ def compile_in_subprocess(plan: Plan, *, timeout_s: float = 600) -> CompileRepor
     from validate.lowering import check_param_specs
 
     check_param_specs(plan)  # here, so a broken spec is named in plain words rather than by the child's traceback
-    if plan.train.workload.value == "decode":
+    if plan.train.is_inference:
         check_decode_lowered(plan.model)  # likewise
     code = ("import sys; from planner.schema import Plan; from validate.compile_check import compile_plan; "
             "print(compile_plan(Plan.model_validate_json(sys.stdin.read())).model_dump_json())")

@@ -17,12 +17,8 @@ plan's ``param_specs`` and are neither donated nor updated; each adapter is shar
 the matrix it adapts (`planner.models.lora.adapter_specs`), its moments over the data axes
 too with ZeRO ≥ 1. Pipelined LoRA plans are not lowered.
 
-A decode plan (``train.workload == "decode"``) takes ``(params, kv_cache, batch)`` and returns
-``(logits, kv_cache)`` (`planner.models.decode`), every replica's batch together: the weights as served with the plan's
-``param_specs``, the cache ``[layers, batch, tokens, kv_heads, head_dim]`` split over the
-data axes by sequence and over the tensor axes by KV head (whole where the tensor axes do
-not divide the KV heads, as the plan's ``wk`` is), and donated. Prefill and pipelined decode
-plans are not lowered.
+A serving plan (``train.workload`` prefill or decode) takes ``(params, kv_cache, batch)`` and
+returns ``(logits, kv_cache)``: `validate.serving`.
 """
 
 from __future__ import annotations
@@ -122,7 +118,7 @@ def input_specs(plan: Plan) -> tuple[Any, ...]:
     param_specs = partition_spec_tree(plan.model, plan.param_specs)
     data_axes = plan.axes_of("dp")
     if plan.train.is_inference:
-        return _decode_specs(plan, param_specs, data_axes)
+        return _serving_specs(plan, param_specs, data_axes)
     if plan.train.is_lora:
         return (param_specs, *_lora_specs(plan, data_axes))
     moment_specs = param_specs
@@ -136,15 +132,19 @@ def input_specs(plan: Plan) -> tuple[Any, ...]:
 
 
 def kv_cache_spec(plan: Plan) -> PartitionSpec:
-    """How the decode step's K (and V) cache ``[layers, batch, tokens, kv_heads, head_dim]`` is split."""
+    """How a serving step's K (and V) cache ``[layers, batch, tokens, kv_heads, head_dim]`` is split:
+    by layer over the pipeline axes, by sequence over the data axes, by KV head as the plan's ``wk``."""
     kv_split = plan.param_specs["layers/attn/wk"][2]
-    return PartitionSpec(None, plan.axes_of("dp") or None, None, kv_split, None)
+    return PartitionSpec(plan.axes_of("pp") or None, plan.axes_of("dp") or None, None, kv_split, None)
 
 
-def _decode_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
-    """``PartitionSpec`` trees of a decode step's weights, KV cache and batch."""
+def _serving_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
+    """``PartitionSpec`` trees of a serving step's weights, KV cache and batch (prompts, or a token and its position)."""
     cache = kv_cache_spec(plan)
-    return param_specs, {"k": cache, "v": cache}, {"tokens": PartitionSpec(data_axes or None, None), "position": PartitionSpec()}
+    batch = {"tokens": PartitionSpec(data_axes or None, None)}
+    if plan.train.workload.value == "decode":
+        batch["position"] = PartitionSpec()
+    return param_specs, {"k": cache, "v": cache}, batch
 
 
 def _lora_specs(plan: Plan, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
@@ -169,8 +169,10 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
 
     if plan.train.is_inference:
         from planner.models.decode import abstract_decode_inputs
+        from planner.models.prefill import abstract_prefill_inputs
 
-        inputs = abstract_decode_inputs(plan.model, plan.train, replicas=plan.layout.dp)
+        serving_inputs = abstract_decode_inputs if plan.train.workload.value == "decode" else abstract_prefill_inputs
+        inputs = serving_inputs(plan.model, plan.train, replicas=plan.layout.dp)
     else:
         inputs = abstract_train_inputs(plan.model, plan.train)
     return tuple(sharded(t, s) for t, s in zip(inputs, input_specs(plan)))
@@ -312,35 +314,16 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     specs = input_specs(plan)
     named = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
     if plan.train.is_inference:
+        from validate.serving import serving_program
+
         logits = NamedSharding(mesh, PartitionSpec(plan.axes_of("dp") or None, plan.activation_specs["logits_BxSxV"][2]))
-        return jax.jit(decode_program(plan, mesh), in_shardings=named, out_shardings=(logits, named[1]), donate_argnums=(1,))
+        return jax.jit(serving_program(plan, mesh), in_shardings=named, out_shardings=(logits, named[1]), donate_argnums=(1,))
     program = intra_op_program(plan)
     step = constrained(program, mesh) if program is not None else train_step(plan, mesh)
     # What the step updates (the parameters, or a LoRA plan's adapters, and the optimizer state) is donated.
     updated = (1, 2) if plan.train.is_lora else (0, 1)
     return jax.jit(step, in_shardings=named, out_shardings=(*(named[i] for i in updated), NamedSharding(mesh, PartitionSpec())),
                    donate_argnums=updated)
-
-
-def decode_program(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
-    """The plan's decode step ``(params, kv_cache, batch) -> (logits, kv_cache)``, its activations
-    and cache pinned to the plan's specs and its embedding vocab-parallel as in training."""
-    from planner.models.decode import decode_step
-
-    if plan.train.workload.value != "decode" or plan.layout.pp > 1:
-        raise UnsupportedError(f"a {plan.train.workload.value} plan with {plan.layout.pp} pipeline stage(s) is not lowered yet; "
-                               "decode plans without pipeline stages are", fix="validate a decode plan on a mesh without a pipeline axis")
-    constrain_activation = activation_constraint(plan, mesh)
-    cache = NamedSharding(mesh, PartitionSpec(*(d for i, d in enumerate(kv_cache_spec(plan)) if i != 0)))
-
-    def constrain(name: str, x: jax.Array) -> jax.Array:
-        return jax.lax.with_sharding_constraint(x, cache) if name == "kv_cache_BxTxKxH" else constrain_activation(name, x)
-
-    def step(params: Any, kv_cache: Any, batch: Any) -> tuple[jax.Array, Any]:
-        return decode_step(params, kv_cache, batch, plan.model, compute_dtype=jnp.dtype(plan.train.compute_dtype.value),
-                           constrain=constrain, lookup=embedding_lookup(plan, mesh))
-
-    return step
 
 
 def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

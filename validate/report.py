@@ -20,8 +20,8 @@ run's) value, their ratio and whether it is within tolerance. Items:
 An intra-op plan (``--planner ilp`` and the search planners) is compiled as the program it
 chose, every equation pinned (`validate.intra_op`), and each item is predicted from that
 choice (`validate.intra_op_predict`). A LoRA plan's arguments, FLOPs and collectives are
-predicted by `validate.predict_lora`; a decode plan's (weights and KV cache) by
-`validate.predict_decode`, without the compiled peak (see there).
+predicted by `validate.predict_lora`; a prefill or decode plan's (weights and KV cache) by
+`validate.predict_serving`, without the compiled peak (see there).
 
 An offloaded plan (``layout.offload``, `costmodel.offload`) is lowered without its offload:
 the program keeps the optimizer state on the device and runs Adam there (JAX's host memory
@@ -52,8 +52,8 @@ from validate.predict import (
     predicted_memory_bytes,
     unpredicted_features,
 )
-from validate.predict_decode import decode_argument_bytes, decode_collectives, decode_matmul_flops, decode_unpredicted_features
 from validate.predict_lora import lora_argument_bytes, lora_collectives, lora_matmul_flops, lora_memory_bytes, lora_unpredicted_features
+from validate.predict_serving import serving_argument_bytes, serving_collectives, serving_matmul_flops
 
 MEMORY_TOLERANCE = 0.15
 FLOPS_TOLERANCE = 0.02
@@ -96,7 +96,7 @@ def predicted_argument_bytes(plan: Plan) -> float:
     split them), Adam moments (also split over the data axes with ZeRO ≥ 1), the batch."""
     lay, train = plan.layout, plan.train
     if train.is_inference:
-        return decode_argument_bytes(plan)
+        return serving_argument_bytes(plan)
     if train.is_lora:
         return lora_argument_bytes(plan)
     n = parameters_per_device(plan)
@@ -130,8 +130,8 @@ def features_not_predicted(plan: Plan) -> list[str]:
     `validate.predict_lora` for LoRA); none for an intra-op plan, predicted from its choice."""
     if intra_op_program(plan) is not None:
         return []
-    if plan.train.is_inference:
-        return decode_unpredicted_features(plan)
+    if plan.train.is_inference:  # every serving program lowered is predicted (`validate.predict_serving`)
+        return []
     return (lora_unpredicted_features if plan.train.is_lora else unpredicted_features)(plan)
 
 
@@ -159,10 +159,10 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
                      matmul_flops=intra_op_predict.predicted_matmul_flops(program),
                      collectives=intra_op_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh),
                                                                         platform=report.platform))
-    unpredicted = bool(features_not_predicted(plan))
     if plan.train.is_inference:  # the CPU backend's fp32 weight copies say nothing of a GPU's peak: no memory row
         return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=None,
-                     matmul_flops=decode_matmul_flops(plan), collectives=None if unpredicted else decode_collectives(plan))
+                     matmul_flops=serving_matmul_flops(plan), collectives=serving_collectives(plan))
+    unpredicted = bool(features_not_predicted(plan))
     lora = plan.train.is_lora
     offloaded = offload_not_checked(plan) is not None  # the peak compiled is of the program without offload
     unchecked_peak = offloaded or fp8_frozen_not_checked(plan, platform=report.platform) is not None

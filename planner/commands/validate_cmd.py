@@ -69,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
-    if plan.train.workload.value == "decode":
+    if plan.train.is_inference:
         check_decode_lowered(plan.model)  # before any process starts
+        if not args.compile_only:
+            raise UnsupportedError(f"the timed check runs training steps; a {plan.train.workload.value} plan is checked compiled only",
+                                   fix="add --compile-only")
     not_checked = offload_not_checked(plan)
     if not_checked and not args.compile_only:
         raise UnsupportedError("the timed check does not run offloaded plans (the host offload is not lowered)",

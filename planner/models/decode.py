@@ -110,25 +110,29 @@ def _mlp(x_BxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> jax.Array:
 
 
 def check_decode_lowered(cfg: ModelConfig) -> None:
-    """Refuse in one line a model whose decode step is not lowered: a mixture of experts (the
+    """Refuse in one line a model whose serving steps are not lowered: a mixture of experts (the
     serving cost model predicts it; the training MoE layer's capacity dispatch would run every
     expert on each sequence's one token, not the top-k the model costs)."""
     if cfg.is_moe:
-        raise UnsupportedError(f"the decode step of {cfg.name}, a mixture-of-experts model, is not lowered yet (dense models are)",
-                               fix="validate a dense model's decode plan; plan and plan simulate predict this one")
+        raise UnsupportedError(f"the serving steps of {cfg.name}, a mixture-of-experts model, are not lowered yet (dense models' are)",
+                               fix="validate a dense model's serving plan; plan and plan simulate predict this one")
 
 
-def decode_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str, jax.Array], cfg: ModelConfig, *,
-                compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep, lookup: Lookup = _take) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """fp32 logits ``[B, V]`` of the next token and the cache with this token's keys and values
-    written (module docstring). ``constrain`` pins named activations (``residual_BxSxD``,
-    ``kv_cache_BxTxKxH``, ``logits_BxSxV``), ``lookup`` gathers embedding rows, as in training."""
-    check_decode_lowered(cfg)
+def decode_embed(params: Params, batch: dict[str, jax.Array], cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16,
+                 constrain: Constrain = _keep, lookup: Lookup = _take) -> jax.Array:
+    """The new tokens' embeddings ``[B, D]`` in the compute dtype (learned positions added at ``batch["position"]``)."""
     tokens_Bx1, position = batch["tokens"], batch["position"]
     x_Bx1xD = constrain("residual_BxSxD", lookup(params["embed"]["tokens"], tokens_Bx1).astype(compute_dtype))
     if cfg.positions is Positions.LEARNED:
         x_Bx1xD = x_Bx1xD + jax.lax.dynamic_slice_in_dim(params["embed"]["positions"], position, 1).astype(compute_dtype)[None]
+    return x_Bx1xD[:, 0]
 
+
+def decode_layers(x_BxD: jax.Array, layers: Params, kv_cache: dict[str, jax.Array], position: jax.Array, cfg: ModelConfig, *,
+                  compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The stacked ``layers`` (a pipeline stage's, or all) on one token per sequence, against
+    their slice of the cache ``[layers, B, T, kv_heads, head_dim]``: the residual stream after
+    them and the cache with the token's keys and values written at ``position``."""
     def body(x_BxD: jax.Array, layer: tuple[Params, jax.Array, jax.Array]) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         p, k_BxTxKxH, v_BxTxKxH = layer
         attended_BxD, k_BxTxKxH, v_BxTxKxH = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k_BxTxKxH, v_BxTxKxH,
@@ -136,6 +140,18 @@ def decode_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str,
         x_BxD = x_BxD + attended_BxD
         return x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, compute_dtype), (k_BxTxKxH, v_BxTxKxH)
 
-    x_BxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(body, x_Bx1xD[:, 0], (params["layers"], kv_cache["k"], kv_cache["v"]))
-    logits_Bx1xV = head(x_BxD[:, None], params, cfg, constrain=constrain)
-    return logits_Bx1xV[:, 0], {"k": k_LxBxTxKxH, "v": v_LxBxTxKxH}
+    x_BxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(body, x_BxD, (layers, kv_cache["k"], kv_cache["v"]))
+    return x_BxD, {"k": k_LxBxTxKxH, "v": v_LxBxTxKxH}
+
+
+def decode_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str, jax.Array], cfg: ModelConfig, *,
+                compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep,
+                lookup: Lookup = _take) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """fp32 logits ``[B, V]`` of the next token and the cache with this token's keys and values
+    written (module docstring). ``constrain`` pins named activations (``residual_BxSxD``,
+    ``kv_cache_BxTxKxH``, ``logits_BxSxV``), ``lookup`` gathers embedding rows, as in training."""
+    check_decode_lowered(cfg)
+    x_BxD = decode_embed(params, batch, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
+    x_BxD, kv_cache = decode_layers(x_BxD, params["layers"], kv_cache, batch["position"], cfg, compute_dtype=compute_dtype,
+                                    constrain=constrain)
+    return head(x_BxD[:, None], params, cfg, constrain=constrain)[:, 0], kv_cache

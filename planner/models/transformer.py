@@ -112,10 +112,11 @@ def _project(equation: str, x: jax.Array, p: Params, name: str, dt: Any, lora_sc
     return y + jnp.einsum(f"{rows}{r},{r}{w_out}->{out}", down, p[f"{name}_lora_b"].astype(dt))
 
 
-def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, kernel: str = "materialized",
-               lora_scale: float = 1.0, linear: Linear = _einsum_linear) -> jax.Array:
+def _qkv(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, lora_scale: float = 1.0,
+         linear: Linear = _einsum_linear) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries grouped by the kv head they share ``[B, S, K, G, H]``, keys and values ``[B, S, K, H]``,
+    biased and rotated: what attention (and a KV cache) takes."""
     b, s, _ = x_BxSxD.shape
-    k_heads, group = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
     x_BxSxD = checkpoint_name(x_BxSxD, "qkv_input")
     q_BxSxNxH = constrain("attention_heads_BxSxNxH", _project("bsd,dnh->bsnh", x_BxSxD, p, "wq", dt, lora_scale, linear))
     k_BxSxKxH = constrain("kv_heads_BxSxKxH", _project("bsd,dkh->bskh", x_BxSxD, p, "wk", dt, lora_scale, linear))
@@ -127,7 +128,14 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
     q_BxSxNxH, k_BxSxKxH, v_BxSxKxH = (checkpoint_name(q_BxSxNxH, "q"), checkpoint_name(k_BxSxKxH, "k"),
                                        checkpoint_name(v_BxSxKxH, "v"))
     # Grouped-query attention: query heads grouped by the kv head they share, no k/v copies.
-    q_BxSxKxGxH = q_BxSxNxH.reshape(b, s, k_heads, group, cfg.head_dim)
+    return q_BxSxNxH.reshape(b, s, cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim), k_BxSxKxH, v_BxSxKxH
+
+
+def _attend_and_project(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, p: Params, cfg: ModelConfig, dt: Any,
+                        constrain: Constrain, kernel: str = "materialized", lora_scale: float = 1.0,
+                        linear: Linear = _einsum_linear) -> jax.Array:
+    """Causal attention of ``_qkv``'s outputs with ``kernel``, then the output projection ``[B, S, D]``."""
+    b, s = q_BxSxKxGxH.shape[:2]
     if kernel == "flash":  # keeps its own output (`planner.models.attention`): one copy, not a second reshaped one
         out_BxSxKxGxH = flash_attention(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH)
     else:
@@ -135,6 +143,12 @@ def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constra
     out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
     y_BxSxD = _project("bsnh,nhd->bsd", out_BxSxNxH, p, "wo", dt, lora_scale, linear)
     return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
+
+
+def _attention(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, kernel: str = "materialized",
+               lora_scale: float = 1.0, linear: Linear = _einsum_linear) -> jax.Array:
+    q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH = _qkv(x_BxSxD, p, cfg, dt, constrain, lora_scale, linear)
+    return _attend_and_project(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, p, cfg, dt, constrain, kernel, lora_scale, linear)
 
 
 def _materialized(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, cfg: ModelConfig, dt: Any,

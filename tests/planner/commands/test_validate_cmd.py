@@ -60,3 +60,14 @@ def test_a_lora_plan_over_fp8_frozen_weights_validates_and_says_what_it_leaves_u
     assert "memory arguments" in items and "flops" in items and "memory per device" not in items
     assert "frozen fp8 weights" in report["not_checked"]
     assert next(c for c in report["checks"] if c["item"] == "memory arguments")["ok"]
+
+
+def test_a_pipelined_prefill_plan_compiles_with_every_check_predicted_and_is_not_timed(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(layout_plan(TINY, Layout(pp=2, tp=2), hardware="h100-sxm", seq_len=32, global_batch=4, workload="prefill",
+                                inference={"prompt_len": 16}).model_dump_json())
+    code = main(["validate", str(path), "--compile-only", "--json"])
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert code == 0 and all(c["ok"] for c in checks)
+    assert {"memory arguments", "flops", "collective-permute bytes"} <= {c["item"] for c in checks}
+    assert main(["validate", str(path)]) == 5 and "add --compile-only" in capsys.readouterr().err

@@ -25,6 +25,8 @@ LoRA fine-tuning (`costmodel.workload`) keeps what the backward through frozen l
 a matmul input kept only for its weight gradient is dropped unless an adapter reads the same
 input (the adapter's ``A`` gradient needs it); norms, attention and activation functions keep
 their inputs as before; each adapter keeps its ``x·A`` (``r`` wide) for ``B``'s gradient.
+Over NF4 frozen weights on a stack whose bitsandbytes keeps every 4-bit linear's input
+(`SoftwareStack.bnb_4bit_saves_input`), no matmul input is dropped.
 
 >>> from costmodel.model_config import ModelConfig
 >>> from costmodel.stack import stack_with
@@ -159,8 +161,10 @@ def lora_activation_terms(terms: list[ActivationTerm], model: ModelConfig, train
     """
     flash = layout.stack.attention is Attention.FLASH
     targets = set(train.lora.targets)
+    # bitsandbytes' 4-bit matmul keeps the input of every frozen linear (`SoftwareStack.bnb_4bit_saves_input`).
+    frozen_keep_inputs = train.lora.frozen_dtype.is_bitsandbytes and layout.stack.bnb_4bit_saves_input
     kept = [t for t in terms if t.name not in _WEIGHT_GRADIENT_INPUTS or targets & set(_WEIGHT_GRADIENT_INPUTS[t.name])
-            or (flash and t.name == "attn_out_proj_input")]
+            or (flash and t.name == "attn_out_proj_input") or frozen_keep_inputs]
     tokens = layout.micro_batch * train.seq_len / layout.cp
     return kept + [ActivationTerm(name=f"lora_{a.name}_down_output", bytes=tokens * train.lora.rank * train.compute_dtype.bytes,
                                   role=Role.MATMUL_OUTPUT) for a in adapted_matrices(model, train.lora)]

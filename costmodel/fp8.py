@@ -43,7 +43,7 @@ FP8_BYTES = 1
 
 def check_frozen_dtype(train: TrainConfig) -> None:
     """Refuse in one line a weight storage the precision cannot run: fp8 frozen weights outside
-    the fp8 recipe or outside LoRA fine-tuning, int8/int4 frozen weights under it.
+    the fp8 recipe or outside LoRA fine-tuning, int8/int4/NF4 frozen weights under it.
 
     >>> from costmodel.train_config import Precision
     >>> try:
@@ -62,7 +62,7 @@ def check_frozen_dtype(train: TrainConfig) -> None:
         raise InvalidConfigError(f"--frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not {train.precision.value}",
                                  fix="add --precision fp8 (on a part with an fp8 peak: h100-sxm, h200) "
                                      "or use --frozen-dtype bf16, int8 or int4")
-    if stored in (FrozenDtype.INT8, FrozenDtype.INT4) and train.is_fp8:
+    if stored in (FrozenDtype.INT8, FrozenDtype.INT4, FrozenDtype.NF4, FrozenDtype.NF4_DQ) and train.is_fp8:
         raise UnsupportedError(f"{stored.value} frozen weights under --precision fp8 are not modelled",
                                fix="use --frozen-dtype fp8 (fp8 frozen weights) or bf16, or another --precision")
 

@@ -115,6 +115,11 @@ class SoftwareStack(BaseModel):
         False, description="With ZeRO 2-3 and several micro-batches, gradients are accumulated unsharded and "
         "reduce-scattered after the last micro-batch only (FSDP1's no_sync: 'FSDP will accumulate the full model "
         "gradients (instead of gradient shards) until the eventual sync'); False: sharded after every micro-batch.")
+    bnb_4bit_saves_input: bool = Field(
+        False, description="Under LoRA over NF4 frozen weights (--frozen-dtype nf4 / nf4-dq), every 4-bit linear keeps "
+        "its input for backward although its weight is frozen: bitsandbytes 0.41.0-0.43.1 MatMul4Bit.forward saves "
+        "ctx.tensors = (A, B) whenever any input needs a gradient (bitsandbytes/autograd/_functions.py; 0.43.2, #1270, "
+        "saves (None, B)); False: a frozen linear keeps no input (bitsandbytes >= 0.43.2, PyTorch's own linear).")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
 
@@ -189,12 +194,13 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     ),
     SoftwareStack(
         name="lit-gpt", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_frozen_grads=True,
-        unsharded_grad_accumulation=True,
+        unsharded_grad_accumulation=True, bnb_4bit_saves_input=True,
         citation="Lightning-AI/litgpt @8641822 (Oct 2023) finetune/lora.py: eager PyTorch model (lit_gpt/model.py), "
         "on several GPUs Fabric's FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}) "
         "wrapping each Block's frozen weights and LoRA adapters into one flat parameter (FSDP1, use_orig_params: the "
         "mixed requires_grad runs), and fabric.no_backward_sync(model, enabled=is_accumulating) on every micro-batch "
-        "but the last of a step (Lightning Fabric _FSDPBackwardSyncControl: module.no_sync()).",
+        "but the last of a step (Lightning Fabric _FSDPBackwardSyncControl: module.no_sync()); quantized runs on "
+        "Fabric's BitsandbytesPrecision with bitsandbytes 0.41.1 (the resource table's), whose MatMul4Bit keeps its input.",
     ),
     SoftwareStack(
         name="torchtitan", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_copy_out=True,

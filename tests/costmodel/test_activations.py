@@ -110,6 +110,19 @@ def test_lora_keeps_inputs_only_where_an_adapter_reads_them():
     assert "attn_out_proj_input" in flash and "qkv_input" not in flash  # the flash backward reads its output
 
 
+def test_bitsandbytes_4bit_linears_keep_every_frozen_input():
+    m = ModelConfig(name="l", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=2752, vocab_size=1000)
+    qv = {"rank": 8, "targets": "q,v"}
+    lit, nf4 = Layout(stack=stack_with("lit-gpt")), TrainConfig(seq_len=S, workload="finetune-lora", lora=qv | {"frozen_dtype": "nf4"})
+    int4 = TrainConfig(seq_len=S, workload="finetune-lora", lora=qv | {"frozen_dtype": "int4"})
+    kept = sum(t.bytes for t in activation_table(m, nf4, lit))
+    # MatMul4Bit keeps the MLP's input (h wide) and the down projection's input (ffn wide); q,v's adapters and the flash
+    # backward already keep the qkv and output projections' inputs.
+    assert kept - sum(t.bytes for t in activation_table(m, int4, lit)) == S * (1024 + 2752) * 2
+    newer_bnb = Layout(stack=stack_with("lit-gpt", bnb_4bit_saves_input=False))
+    assert sum(t.bytes for t in activation_table(m, nf4, newer_bnb)) == sum(t.bytes for t in activation_table(m, int4, lit))
+
+
 def test_fp8_keeps_the_linear_inputs_in_one_byte():
     from costmodel.train_config import Precision
 

@@ -60,3 +60,14 @@ def test_a_lora_plan_over_fp8_frozen_weights_validates_and_says_what_it_leaves_u
     assert "memory arguments" in items and "flops" in items and "memory per device" not in items
     assert "frozen fp8 weights" in report["not_checked"]
     assert next(c for c in report["checks"] if c["item"] == "memory arguments")["ok"]
+
+
+def test_a_lora_plan_over_nf4_weights_is_refused_in_one_line_before_compiling(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(layout_plan(TINY, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=16, global_batch=4,
+                                workload="finetune-lora", lora={"frozen_dtype": "nf4-dq"}).model_dump_json())
+    code = main(["validate", str(path), "--compile-only"])
+    captured = capsys.readouterr()
+    assert code != 0 and captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "nf4-dq frozen weights" in lines[0] and "not lowered" in lines[0] and "fix:" in lines[0]

@@ -25,6 +25,8 @@ LoRA fine-tuning (`costmodel.workload`) keeps what the backward through frozen l
 a matmul input kept only for its weight gradient is dropped unless an adapter reads the same
 input (the adapter's ``A`` gradient needs it); norms, attention and activation functions keep
 their inputs as before; each adapter keeps its ``x·A`` (``r`` wide) for ``B``'s gradient.
+Over NF4 frozen weights on a stack whose bitsandbytes keeps every 4-bit linear's input
+(`SoftwareStack.bnb_4bit_saves_input`), no matmul input is dropped.
 
 >>> from costmodel.model_config import ModelConfig
 >>> from costmodel.stack import stack_with
@@ -86,14 +88,12 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     terms = [
         ActivationTerm(name="attn_norm_input", bytes=residual, role=Role.INPUT),
         ActivationTerm(name="qkv_input", bytes=residual, role=Role.INPUT),
-        ActivationTerm(name="q", bytes=sb * q * e, role=Role.MATMUL_OUTPUT),
-        ActivationTerm(name="k", bytes=sb * kv * e, role=Role.MATMUL_OUTPUT),
-        ActivationTerm(name="v", bytes=sb * kv * e, role=Role.MATMUL_OUTPUT),
+        *_attention_inputs(model, layout, sb=sb, q=q, kv=kv, e=e),
         *_attention_core(model, train, layout, dropout=dropout),
         ActivationTerm(name="attn_out_proj_input", bytes=sb * q * e, role=Role.ATTENTION_OUTPUT),
         ActivationTerm(name="mlp_norm_input", bytes=residual, role=Role.INPUT),
         ActivationTerm(name="mlp_input", bytes=residual, role=Role.INPUT),
-        *_mlp(model, sb, t, e),
+        *_mlp(model, sb, t, e, eager=not layout.stack.fused_elementwise),
     ]
     if dropout:
         terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
@@ -158,12 +158,40 @@ def lora_activation_terms(terms: list[ActivationTerm], model: ModelConfig, train
     (True, False, False)
     """
     flash = layout.stack.attention is Attention.FLASH
-    targets = set(train.lora.targets)
-    kept = [t for t in terms if t.name not in _WEIGHT_GRADIENT_INPUTS or targets & set(_WEIGHT_GRADIENT_INPUTS[t.name])
-            or (flash and t.name == "attn_out_proj_input")]
+    # bitsandbytes' 4-bit matmul keeps the input of every frozen linear (`SoftwareStack.bnb_4bit_saves_input`).
+    frozen_keep_inputs = train.lora.frozen_dtype.is_bitsandbytes and layout.stack.bnb_4bit_saves_input
+    readers = _adapter_readers(model, train, layout)
+    eager_dropout = layout.stack.adapter_dropout_saved and train.lora.dropout > 0
+    kept, dropouts = [], []
+    for t in terms:
+        read = readers.get(t.name, 0) if t.name in _WEIGHT_GRADIENT_INPUTS else 0
+        if eager_dropout and read:  # each adapter's A reads its own dropout's output, kept with its one-byte mask
+            dropouts += [ActivationTerm(name=f"lora_{t.name}_dropout_output", bytes=read * t.bytes, role=Role.ELEMENTWISE),
+                         ActivationTerm(name=f"lora_{t.name}_dropout_mask", bytes=read * t.bytes / train.compute_dtype.bytes,
+                                        role=Role.ELEMENTWISE)]
+            read = 0
+        if t.name not in _WEIGHT_GRADIENT_INPUTS or read or (flash and t.name == "attn_out_proj_input") or frozen_keep_inputs:
+            kept.append(t)
     tokens = layout.micro_batch * train.seq_len / layout.cp
-    return kept + [ActivationTerm(name=f"lora_{a.name}_down_output", bytes=tokens * train.lora.rank * train.compute_dtype.bytes,
-                                  role=Role.MATMUL_OUTPUT) for a in adapted_matrices(model, train.lora)]
+    return kept + dropouts + [ActivationTerm(name=f"lora_{a.name}_down_output", role=Role.MATMUL_OUTPUT,
+                                             bytes=tokens * train.lora.rank * train.compute_dtype.bytes)
+                              for a in adapted_matrices(model, train.lora)]
+
+
+# The matmul input each adapted matrix reads (`costmodel.workload.WEIGHT_NAMES`).
+_ADAPTER_INPUTS = {"wq": "qkv_input", "wk": "qkv_input", "wv": "qkv_input", "wqkv": "qkv_input", "wo": "attn_out_proj_input",
+                   "w_in": "mlp_input", "w_gate": "mlp_input", "w_out": "mlp_down_input"}
+
+
+def _adapter_readers(model: ModelConfig, train: TrainConfig, layout: Layout) -> dict[str, int]:
+    """How many adapters (each with its own dropout) read each matmul input; adapters on a fused
+    qkv projection (`SoftwareStack.fused_qkv_views`) are one module with one dropout."""
+    readers: dict[str, int] = {}
+    for a in adapted_matrices(model, train.lora):
+        readers[_ADAPTER_INPUTS[a.name]] = readers.get(_ADAPTER_INPUTS[a.name], 0) + 1
+    if layout.stack.fused_qkv_views and "qkv_input" in readers:
+        readers["qkv_input"] = 1
+    return readers
 
 
 def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout, *, dropout: bool) -> list[ActivationTerm]:
@@ -180,12 +208,27 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout, *, d
     return terms
 
 
-def _mlp(model: ModelConfig, sb: float, t: int, e: int) -> list[ActivationTerm]:
+def _attention_inputs(model: ModelConfig, layout: Layout, *, sb: float, q: float, kv: float, e: int) -> list[ActivationTerm]:
+    """q, k and v as attention's backward keeps them; on a stack that takes them as views of one
+    fused projection (`SoftwareStack.fused_qkv_views`), what those views keep alive."""
+    if not layout.stack.fused_qkv_views:
+        return [ActivationTerm(name=n, bytes=sb * w * e, role=Role.MATMUL_OUTPUT) for n, w in (("q", q), ("k", kv), ("v", kv))]
+    if model.num_kv_heads == model.num_heads:  # v a view of the fused output; q and k roped copies
+        return [ActivationTerm(name="q", bytes=sb * q * e, role=Role.MATMUL_OUTPUT),
+                ActivationTerm(name="k", bytes=sb * kv * e, role=Role.MATMUL_OUTPUT),
+                ActivationTerm(name="qkv_output", bytes=sb * (q + 2 * kv) * e, role=Role.MATMUL_OUTPUT)]
+    # Grouped kv heads: k and v expanded to every query head, then copied by reshape.
+    return [ActivationTerm(name=n, bytes=sb * q * e, role=Role.MATMUL_OUTPUT) for n in ("q", "k", "v")]
+
+
+def _mlp(model: ModelConfig, sb: float, t: int, e: int, *, eager: bool) -> list[ActivationTerm]:
     tokens = sb * (model.experts_per_token if model.is_moe else 1)
     f = (model.moe_ffn_size if model.is_moe else model.ffn_size) / t
     terms = [ActivationTerm(name="mlp_up_output", bytes=tokens * f * e, role=Role.MATMUL_OUTPUT)]
     if model.mlp.gated:
         terms.append(ActivationTerm(name="mlp_gate_output", bytes=tokens * f * e, role=Role.MATMUL_OUTPUT))
+    if model.mlp.gated and eager:  # the activation's output, which the eager multiply keeps
+        terms.append(ActivationTerm(name="mlp_activation_output", bytes=tokens * f * e, role=Role.ELEMENTWISE))
     terms.append(ActivationTerm(name="mlp_down_input", bytes=tokens * f * e, role=Role.ELEMENTWISE))
     if model.is_moe:
         terms += [ActivationTerm(name="expert_inputs", bytes=tokens * model.hidden_size * e / t, role=Role.INPUT),

@@ -43,7 +43,7 @@ FP8_BYTES = 1
 
 def check_frozen_dtype(train: TrainConfig) -> None:
     """Refuse in one line a weight storage the precision cannot run: fp8 frozen LoRA weights outside
-    the fp8 recipe, int8/int4 frozen weights under it, and the training fp8 recipe for serving
+    the fp8 recipe, int8/int4/NF4 frozen weights under it, and the training fp8 recipe for serving
     (serving's fp8 is ``--frozen-dtype fp8``: `TrainConfig.serves_fp8`).
 
     >>> from costmodel.train_config import Precision
@@ -63,7 +63,7 @@ def check_frozen_dtype(train: TrainConfig) -> None:
         raise InvalidConfigError(f"--frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not {train.precision.value}",
                                  fix="add --precision fp8 (on a part with an fp8 peak: h100-sxm, h200) "
                                      "or use --frozen-dtype bf16, int8 or int4")
-    if stored in (FrozenDtype.INT8, FrozenDtype.INT4) and train.is_fp8:
+    if stored in (FrozenDtype.INT8, FrozenDtype.INT4, FrozenDtype.NF4, FrozenDtype.NF4_DQ) and train.is_fp8:
         raise UnsupportedError(f"{stored.value} frozen weights under --precision fp8 are not modelled",
                                fix="use --frozen-dtype fp8 (fp8 frozen weights) or bf16, or another --precision")
 

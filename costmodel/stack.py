@@ -63,7 +63,8 @@ class SoftwareStack(BaseModel):
     attention: Attention = Field(Attention.FLASH, description="Attention kernel.")
     dp_overlap: bool = Field(True, description="Gradient reduction and ZeRO/FSDP gathers overlap compute.")
     fused_elementwise: bool = Field(
-        True, description="Activations, RoPE and residual adds run as fused kernels; False: one kernel per op (eager PyTorch).")
+        True, description="Activations, RoPE and residual adds run as fused kernels; False: one kernel per op (eager PyTorch), "
+        "so a gated MLP also keeps its activation's output (silu keeps its input, the multiply both of its operands).")
     fused_norm: bool = Field(
         True, description="Each normalisation is one fused kernel; False: op by op (eager RMSNorm: fp32 upcast, pow, mean, "
         "rsqrt, two multiplies).")
@@ -115,6 +116,23 @@ class SoftwareStack(BaseModel):
         False, description="With ZeRO 2-3 and several micro-batches, gradients are accumulated unsharded and "
         "reduce-scattered after the last micro-batch only (FSDP1's no_sync: 'FSDP will accumulate the full model "
         "gradients (instead of gradient shards) until the eventual sync'); False: sharded after every micro-batch.")
+    adapter_dropout_saved: bool = Field(
+        False, description="Under LoRA with adapter dropout, each dropout keeps its output (A's input) and a one-byte mask "
+        "for backward, apart from the tensor it read (an eager nn.Dropout: PyTorch native_dropout saves its bool mask; "
+        "Lit-GPT @8641822 lit_gpt/lora.py F.linear(self.lora_dropout(x), self.lora_A)); False: A's input is counted as "
+        "the matmul input itself (not checked against NeMo's or PEFT's code, which keep their presets' count).")
+    fused_qkv_views: bool = Field(
+        False, description="q, k and v are one fused linear layer whose output attention reads through views (Lit-GPT "
+        "@8641822 lit_gpt/model.py CausalSelfAttention: qkv.view/permute/split, then reshape): with as many kv heads as "
+        "query heads v stays a view, so the kernel's saved v keeps the whole fused output alive beside the roped copies "
+        "of q and k; with grouped kv heads, k and v are expanded to every query head and copied. LoRA adapters on q, k, v "
+        "share that layer's one dropout (lit_gpt/lora.py LoRAQKVLinear). False: separate q, k, v tensors, one dropout per "
+        "adapter (Hugging Face PEFT on q_proj/v_proj).")
+    bnb_4bit_saves_input: bool = Field(
+        False, description="Under LoRA over NF4 frozen weights (--frozen-dtype nf4 / nf4-dq), every 4-bit linear keeps "
+        "its input for backward although its weight is frozen: bitsandbytes 0.41.0-0.43.1 MatMul4Bit.forward saves "
+        "ctx.tensors = (A, B) whenever any input needs a gradient (bitsandbytes/autograd/_functions.py; 0.43.2, #1270, "
+        "saves (None, B)); False: a frozen linear keeps no input (bitsandbytes >= 0.43.2, PyTorch's own linear).")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
 
@@ -189,12 +207,14 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     ),
     SoftwareStack(
         name="lit-gpt", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_frozen_grads=True,
-        unsharded_grad_accumulation=True,
+        unsharded_grad_accumulation=True, bnb_4bit_saves_input=True, fused_qkv_views=True,
+        adapter_dropout_saved=True,
         citation="Lightning-AI/litgpt @8641822 (Oct 2023) finetune/lora.py: eager PyTorch model (lit_gpt/model.py), "
         "on several GPUs Fabric's FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}) "
         "wrapping each Block's frozen weights and LoRA adapters into one flat parameter (FSDP1, use_orig_params: the "
         "mixed requires_grad runs), and fabric.no_backward_sync(model, enabled=is_accumulating) on every micro-batch "
-        "but the last of a step (Lightning Fabric _FSDPBackwardSyncControl: module.no_sync()).",
+        "but the last of a step (Lightning Fabric _FSDPBackwardSyncControl: module.no_sync()); quantized runs on "
+        "Fabric's BitsandbytesPrecision with bitsandbytes 0.41.1 (the resource table's), whose MatMul4Bit keeps its input.",
     ),
     SoftwareStack(
         name="torchtitan", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_copy_out=True,

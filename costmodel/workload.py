@@ -6,7 +6,8 @@ the cost model treats them alike. LoRA fine-tuning (Hu et al. 2021) freezes ever
 and trains, beside each targeted matrix ``W`` (``d_in × d_out``), two small matrices
 ``A`` (``d_in × r``) and ``B`` (``r × d_out``): ``y = x·W + (x·A)·B · alpha / r``. Frozen
 weights have no gradient, no optimizer state and no fp32 master copy, and may be stored
-quantized (weight-only int8 or int4, as QLoRA stores them); the adapters train in fp32
+quantized (weight-only int8 or int4, or NF4 with block scales as QLoRA's bitsandbytes stores
+them); the adapters train in fp32
 with AdamW like any weight. Inference workloads (prefill: one forward over whole prompts;
 decode: one token per sequence per step against a KV cache) hold weights only, no gradients
 or optimizer state; `InferenceConfig` has their settings and `costmodel.inference` their costs.
@@ -98,26 +99,67 @@ def parse_lora_targets(names: str | Iterable[str]) -> tuple[LoraTarget, ...]:
     return tuple(t for t in LoraTarget if t in chosen)
 
 
+# bitsandbytes' 4-bit storage (bitsandbytes-foundation/bitsandbytes @0.41.0, functional.py quantize_4bit):
+# one fp32 absmax per block of 64 weights; double quantization (compress_statistics) stores those
+# absmax as 8-bit codes (quantize_blockwise) with one fp32 absmax per 256 of them.
+NF4_BLOCK_WEIGHTS = 64
+NF4_DQ_BLOCK_SCALES = 256
+_FP32_BYTES = 4.0
+
+
 class FrozenDtype(StrEnum):
-    """How the frozen base weight matrices are stored: 16-bit, weight-only int8/int4 (QLoRA
-    style, cast to the compute dtype on use), or fp8 e4m3 read by the fp8 GEMMs as stored
-    (NeMo's ``fp8_params``, Transformer Engine's ``fp8_model_init``; only under the fp8 recipe).
-    Scales are not counted (per-channel: under 0.1 % of the weights; QLoRA's block-64 scales:
-    about 3 % of int4; fp8: one per tensor)."""
+    """How the frozen base weight matrices are stored: 16-bit, weight-only int8/int4 (cast to
+    the compute dtype on use), bitsandbytes' NF4 (QLoRA's 4-bit NormalFloat with its block
+    scales; ``nf4-dq`` with the scales double-quantized), or fp8 e4m3 read by the fp8 GEMMs as
+    stored (NeMo's ``fp8_params``, Transformer Engine's ``fp8_model_init``; only under the fp8
+    recipe). int8/int4 count no scales (per-channel: under 0.1 % of the weights); NF4 counts
+    bitsandbytes' (`bytes`); fp8 has one per tensor. A per-tensor constant (NF4's 16-entry code
+    and double quantization's offset and 256-entry code) is left out.
+
+    >>> FrozenDtype.NF4.bytes, round(FrozenDtype.NF4_DQ.bytes, 6)  # 0.5 + 4/64; 0.5 + 1/64 + 4/(64*256)
+    (0.5625, 0.515869)
+    """
 
     BF16 = "bf16"
     INT8 = "int8"
     INT4 = "int4"
+    NF4 = "nf4"
+    NF4_DQ = "nf4-dq"
     FP8 = "fp8"
 
     @property
     def bytes(self) -> float:
-        """Bytes per stored element (int4 packs two in a byte)."""
+        """Bytes per stored weight, its share of the block scales included (int4 and NF4 pack two codes in a byte)."""
+        if self is FrozenDtype.NF4:
+            return 0.5 + _FP32_BYTES / NF4_BLOCK_WEIGHTS
+        if self is FrozenDtype.NF4_DQ:
+            return 0.5 + 1 / NF4_BLOCK_WEIGHTS + _FP32_BYTES / (NF4_BLOCK_WEIGHTS * NF4_DQ_BLOCK_SCALES)
         return {FrozenDtype.BF16: 2.0, FrozenDtype.INT8: 1.0, FrozenDtype.INT4: 0.5, FrozenDtype.FP8: 1.0}[self]
 
     @property
+    def is_bitsandbytes(self) -> bool:
+        """NF4 as bitsandbytes stores and multiplies it (``Linear4bit``, ``MatMul4Bit``)."""
+        return self in (FrozenDtype.NF4, FrozenDtype.NF4_DQ)
+
+    def require_lowerable(self) -> None:
+        """Raise `UnsupportedError` (one line) for a storage the reference program cannot hold: NF4 has no JAX format.
+
+        >>> FrozenDtype.INT4.require_lowerable()
+        >>> try:
+        ...     FrozenDtype.NF4.require_lowerable()
+        ... except UnsupportedError as err:
+        ...     print(str(err).split(":")[0])
+        nf4 frozen weights (bitsandbytes NF4 with block scales) are not lowered
+        """
+        if self.is_bitsandbytes:
+            raise UnsupportedError(f"{self.value} frozen weights (bitsandbytes NF4 with block scales) are not lowered: the "
+                                   "reference program has no NF4 format, so the validator cannot check them",
+                                   fix="plan and simulate them; validate the same plan with --frozen-dtype int4")
+
+    @property
     def jax_name(self) -> str:
-        """The numpy/JAX dtype name the reference program stores them in."""
+        """The numpy/JAX dtype name the reference program stores them in (`require_lowerable` first)."""
+        self.require_lowerable()
         return {FrozenDtype.BF16: "bfloat16", FrozenDtype.INT8: "int8", FrozenDtype.INT4: "int4",
                 FrozenDtype.FP8: "float8_e4m3fn"}[self]
 

@@ -125,6 +125,15 @@ def fp8_frozen_not_checked(plan: Plan, *, platform: str = "cpu") -> str | None:
             "collectives are")
 
 
+def refuse_unlowered_weights(plan: Plan) -> None:
+    """Refuse in one line (`UnsupportedError`) a plan whose weights are stored in a format the
+    reference program cannot lower (NF4): checking it as int4 would check another program."""
+    train = plan.train
+    stored = train.lora.frozen_dtype if train.lora is not None else train.inference.weight_dtype if train.inference else None
+    if stored is not None:
+        stored.require_lowerable()
+
+
 def features_not_predicted(plan: Plan) -> list[str]:
     """Features of ``plan`` whose collectives are not predicted (`validate.predict`, or
     `validate.predict_lora` for LoRA); none for an intra-op plan, predicted from its choice."""

@@ -31,6 +31,11 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
     "eager_adapters": (["yes", "no"], "LoRA adapters' dropout, scale and add as kernels of their own (NeMo, PEFT; no: fused by a compiler)"),
     "fsdp_frozen_grads": (["yes", "no"], "LoRA with ZeRO-3: frozen weights in the adapters' FSDP flat parameters get gradients (FSDP1, Lit-GPT)"),
     "unsharded_grad_accumulation": (["yes", "no"], "ZeRO 2-3 accumulates whole gradients until the last micro-batch (FSDP1 no_sync, Lit-GPT)"),
+    "adapter_dropout_saved": (["yes", "no"], "LoRA dropout keeps its output and a one-byte mask beside its input (eager nn.Dropout, Lit-GPT)"),
+    "fused_qkv_views": (["yes", "no"], "attention reads q, k, v as views of one fused projection, whose output stays alive; "
+                        "q/k/v adapters share one dropout (Lit-GPT)"),
+    "bnb_4bit_saves_input": (["yes", "no"], "LoRA over --frozen-dtype nf4/nf4-dq: every 4-bit linear keeps its input for backward "
+                             "(bitsandbytes 0.41.0-0.43.1 MatMul4Bit, Lit-GPT's table)"),
 }
 
 

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.schema import Plan
     from validate.compile_check import CompileReport, compile_in_subprocess
     from validate.multihost import run_processes, validate_processes
-    from validate.report import checks, features_not_predicted, fp8_frozen_not_checked, offload_not_checked
+    from validate.report import checks, features_not_predicted, fp8_frozen_not_checked, offload_not_checked, refuse_unlowered_weights
     from validate.timed import step_time_check
 
     if not args.compile_only and args.processes > 1:
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
+    refuse_unlowered_weights(plan)
     if plan.train.is_inference:
         check_decode_lowered(plan.model)  # before any process starts
         if not args.compile_only:

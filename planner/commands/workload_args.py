@@ -43,7 +43,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "the default) and mlp (gate,up,down), e.g. q,v or attn,mlp (finetune-lora only)")
     parser.add_argument("--frozen-dtype", choices=[d.value for d in FrozenDtype],
                         help="storage of the frozen base weight matrices: bf16 (default), int8 / int4 weight-only "
-                             "as QLoRA stores them, or fp8 as NeMo's fp8_params (finetune-lora with --precision fp8); "
+                             "(scales not counted), nf4 / nf4-dq as bitsandbytes stores QLoRA's (block-64 fp32 scales; "
+                             "dq: 8-bit scales), or fp8 as NeMo's fp8_params (finetune-lora with --precision fp8); "
                              "for prefill and decode, the layer weights' storage (bf16; int8, int4 weight-only; fp8 "
                              "with the GEMMs in fp8, W8A8, on parts with an fp8 peak)")
     parser.add_argument("--batch", type=positive_int, help="sequences each replica serves together (prefill and decode; "

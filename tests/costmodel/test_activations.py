@@ -110,6 +110,19 @@ def test_lora_keeps_inputs_only_where_an_adapter_reads_them():
     assert "attn_out_proj_input" in flash and "qkv_input" not in flash  # the flash backward reads its output
 
 
+def test_bitsandbytes_4bit_linears_keep_every_frozen_input():
+    m = ModelConfig(name="l", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=2752, vocab_size=1000)
+    qv = {"rank": 8, "targets": "q,v"}
+    lit, nf4 = Layout(stack=stack_with("lit-gpt")), TrainConfig(seq_len=S, workload="finetune-lora", lora=qv | {"frozen_dtype": "nf4"})
+    int4 = TrainConfig(seq_len=S, workload="finetune-lora", lora=qv | {"frozen_dtype": "int4"})
+    kept = sum(t.bytes for t in activation_table(m, nf4, lit))
+    # MatMul4Bit keeps the MLP's input (h wide) and the down projection's input (ffn wide); q,v's adapters and the flash
+    # backward already keep the qkv and output projections' inputs.
+    assert kept - sum(t.bytes for t in activation_table(m, int4, lit)) == S * (1024 + 2752) * 2
+    newer_bnb = Layout(stack=stack_with("lit-gpt", bnb_4bit_saves_input=False))
+    assert sum(t.bytes for t in activation_table(m, nf4, newer_bnb)) == sum(t.bytes for t in activation_table(m, int4, lit))
+
+
 def test_fp8_keeps_the_linear_inputs_in_one_byte():
     from costmodel.train_config import Precision
 
@@ -132,3 +145,51 @@ def test_fp8_lora_keeps_the_adapters_inputs_in_bf16_and_no_fp8_inputs_of_frozen_
     fp8 = {t.name: t.bytes for t in activation_table(m, lora.with_precision(Precision.FP8), te)}
     assert fp8 == {t.name: t.bytes for t in activation_table(m, lora, te)}  # what LoRA keeps is bf16 either way
     assert fp8["qkv_input"] == 512 * 1024 * 2 and "mlp_input" not in fp8
+
+
+def _per_token_unit(model, train, layout):
+    """Bytes one layer keeps per token per hidden unit."""
+    return sum(t.bytes for t in activation_table(model, train, layout)) / (train.seq_len * model.hidden_size)
+
+
+def test_lit_gpt_eager_layer_keeps_what_its_pytorch_code_saves():
+    h, f, r = 4096, 11008, 8  # Llama 2 7B, Lit-GPT's q,v adapters with dropout 0.05
+    m = ModelConfig(name="l", hidden_size=h, num_layers=2, num_heads=32, ffn_size=f, vocab_size=1000)
+    train = TrainConfig(seq_len=S, workload="finetune-lora", lora={"rank": r, "targets": "q,v", "dropout": 0.05})
+    expected = (2  # norm_1 input (x * x keeps x)
+                + 2 + 2 + 6  # roped copies of q and k, and the fused qkv output v is a view of
+                + 32 * 4 / h  # the flash kernel's fp32 log-sum-exp per head
+                + 2 + 2  # attention output (proj's input, a view of it), norm_2 input
+                + 3 * 2 * f / h  # silu's input, silu's output and fc_2's output
+                + 2 + 1  # the one dropout of the fused qkv LoRA layer: its output (A's input) and bool mask
+                + 2 * r * 2 / h)  # each adapter's x·A
+    assert _per_token_unit(m, train, Layout(stack=stack_with("lit-gpt"))) == pytest.approx(expected, rel=1e-12)
+    assert _per_token_unit(m, train, Layout(stack=stack_with("pytorch-fsdp1"))) == pytest.approx(expected - 4 - 1, rel=1e-12)
+
+
+def test_fused_qkv_views_with_grouped_kv_heads_copy_k_and_v_to_every_head():
+    m = ModelConfig(name="l", hidden_size=1024, num_layers=2, num_heads=16, num_kv_heads=4, ffn_size=2816, vocab_size=1000)
+    train = TrainConfig(seq_len=S, workload="finetune-lora")
+    views = {t.name: t.bytes for t in activation_table(m, train, Layout(stack=stack_with("jax", fused_qkv_views=True)))}
+    assert views["k"] == views["v"] == views["q"] == S * 1024 * 2 and "qkv_output" not in views
+
+
+def test_only_an_eager_gated_mlp_keeps_its_activation_output():
+    gated = ModelConfig(name="l", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=2816, vocab_size=1000)
+    gelu = ModelConfig(name="g", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=2816, vocab_size=1000, mlp="gelu")
+    for model, eager_extra in ((gated, S * 2816 * 2), (gelu, 0)):
+        fused = sum(t.bytes for t in activation_table(model, TrainConfig(seq_len=S), Layout()))
+        eager = sum(t.bytes for t in activation_table(model, TrainConfig(seq_len=S), Layout(stack=stack_with("jax", fused_elementwise=False))))
+        assert eager - fused == eager_extra
+
+
+def test_each_separate_adapter_keeps_its_own_dropout():
+    m = ModelConfig(name="l", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=2816, vocab_size=1000)
+    train = TrainConfig(seq_len=S, workload="finetune-lora", lora={"targets": "q,v,o", "dropout": 0.1})
+    no_dropout = train.model_copy(update={"lora": train.lora.model_copy(update={"dropout": 0.0})})
+    peft = Layout(stack=stack_with("jax", adapter_dropout_saved=True))
+    # q and v each drop out the qkv input (2 x (2 + 1) bytes) and o its input (2 + 1), which the flash backward keeps
+    # anyway; without the dropouts, q and v's A read the qkv input itself (2).
+    extra = _per_token_unit(m, train, peft) - _per_token_unit(m, no_dropout, peft)
+    assert extra == pytest.approx(2 * 3 + 3 - 2, rel=1e-12)
+    assert _per_token_unit(m, train, Layout()) == _per_token_unit(m, no_dropout, Layout())  # the JAX program: unchanged

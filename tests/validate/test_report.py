@@ -93,3 +93,13 @@ def test_fp8_frozen_lora_plans_say_their_emulated_memory_peak_is_not_checked():
     assert "memory per device is not checked" in fp8_frozen_not_checked(p)
     assert fp8_frozen_not_checked(p, platform="gpu") is None
     assert fp8_frozen_not_checked(layout_plan(LLAMA, Layout(dp=2, micro_batch=1), **{**lora, "lora": None})) is None
+
+
+def test_nf4_plans_are_refused_in_one_line_not_checked_as_int4():
+    from costmodel.errors import UnsupportedError
+    from validate.report import refuse_unlowered_weights
+
+    lora = {"workload": "finetune-lora", "global_batch": 8, "seq_len": 64}
+    with pytest.raises(UnsupportedError, match="nf4 frozen weights .* not lowered"):
+        refuse_unlowered_weights(layout_plan(LLAMA, Layout(dp=2, micro_batch=1), **lora, lora={"frozen_dtype": "nf4"}))
+    refuse_unlowered_weights(layout_plan(LLAMA, Layout(dp=2, micro_batch=1), **lora, lora={"frozen_dtype": "int4"}))

@@ -71,3 +71,14 @@ def test_a_pipelined_prefill_plan_compiles_with_every_check_predicted_and_is_not
     assert code == 0 and all(c["ok"] for c in checks)
     assert {"memory arguments", "flops", "collective-permute bytes"} <= {c["item"] for c in checks}
     assert main(["validate", str(path)]) == 5 and "add --compile-only" in capsys.readouterr().err
+
+
+def test_a_lora_plan_over_nf4_weights_is_refused_in_one_line_before_compiling(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(layout_plan(TINY, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=16, global_batch=4,
+                                workload="finetune-lora", lora={"frozen_dtype": "nf4-dq"}).model_dump_json())
+    code = main(["validate", str(path), "--compile-only"])
+    captured = capsys.readouterr()
+    assert code != 0 and captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "nf4-dq frozen weights" in lines[0] and "not lowered" in lines[0] and "fix:" in lines[0]

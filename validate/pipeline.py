@@ -175,6 +175,10 @@ def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[.
     """``(params, batch) -> (mean loss, gradients)`` of the plan's pipeline schedule (GPipe, or
     its interleaved form, whose stacked layers are stored as `interleaved_layer_order` says);
     ``remat`` is the reference model's recompute policy ("none", "selective", "full")."""
+    from validate.one_f_one_b import one_f_one_b_loss_and_grads, runs_one_f_one_b
+
+    if runs_one_f_one_b(plan):
+        return one_f_one_b_loss_and_grads(plan, mesh, remat=remat)
     axes = check_pipeline(plan)
     model, train, stages, chunks = plan.model, plan.train, plan.layout.pp, plan.layout.interleave
     micro = plan.layout.micro_batches(train)

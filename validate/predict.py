@@ -69,6 +69,7 @@ from planner.models.attention import block_pairs, block_size
 from planner.models.params import abstract_params
 from planner.models.transformer import moe_capacity
 from planner.schema import Plan
+from validate.one_f_one_b import in_flight_slots, one_f_one_b_ticks, runs_one_f_one_b
 from validate.pipeline import runs_outer_whole
 
 _F32 = 4
@@ -152,7 +153,14 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         # The tick loop saves what every one of its M·v + S − 1 ticks computes, the S − 1 bubble ticks
         # (of one chunk each) too.
         layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp)) // lay.interleave
-        bubble_activations = (lay.pp - 1) * layers * activation_bytes_per_layer(plan.model, plan.train, gpipe)
+        per_layer = activation_bytes_per_layer(plan.model, plan.train, gpipe)
+        bubble_activations = (lay.pp - 1) * layers * per_layer
+        if runs_one_f_one_b(plan):
+            # 1F1B keeps K = 2S − 1 micro-batches of residuals, not GPipe's M + S − 1, and stage 0's
+            # input gradients of every micro-batch beside the embedded batch.
+            micro = lay.micro_batches(plan.train)
+            embedded = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.hidden_size * plan.train.compute_dtype.bytes
+            bubble_activations = (in_flight_slots(lay.pp) - micro) * layers * per_layer + micro * embedded
     total = memory.total_bytes + bubble_activations
     if lay.zero_stage >= 3 and not plan.train.is_lora and plan.train.param_dtype != plan.train.compute_dtype:
         # The program keeps no compute-dtype copy of a ZeRO-3 shard: each layer casts what it gathers.
@@ -194,8 +202,10 @@ class _Schedule(BaseModel):
 
     layer_runs: int = Field(description="Executions of one layer's forward (and backward) on one micro-batch.")
     layers_held: int = Field(description="Layers whose parameters this device holds.")
-    outer_calls: int = Field(description="Executions of the embedding and head.")
-    outer_micro_batches: int = Field(description="Micro-batches the embedding and head take per execution.")
+    outer_calls: int = Field(description="Executions of the embedding (and, but for 1F1B, of the head).")
+    outer_micro_batches: int = Field(description="Micro-batches the embedding takes per execution.")
+    head_calls: int = Field(description="Executions of the head (once per tick inside the 1F1B schedule).")
+    head_micro_batches: int = Field(description="Micro-batches the head runs on per step, masked ones included.")
     head_gradients: int = Field(description="Gradients of the head's weights formed (and reduced) apart: one per micro-batch.")
 
 
@@ -203,18 +213,26 @@ def _schedule(plan: Plan) -> _Schedule:
     lay, layers = plan.layout, plan.model.num_layers
     micro = lay.micro_batches(plan.train)
     if lay.pp == 1:
-        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_gradients=micro)
+        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_calls=micro,
+                         head_micro_batches=micro, head_gradients=micro)
     # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.pipeline.work_item`).
     slots = lay.layers_on_stage(layers, 0) // lay.interleave
+    if runs_one_f_one_b(plan):
+        # Every tick runs the stage's forward and backward and the head on one micro-batch (`validate.one_f_one_b`).
+        return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
+                         head_calls=_ticks(plan), head_micro_batches=_ticks(plan), head_gradients=_ticks(plan))
     # One execution of the embedding and the head on the whole batch, the head one micro-batch
     # after another with its gradients formed at once (`validate.pipeline.micro_batch_mean`).
     return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
-                     head_gradients=micro)
+                     head_calls=1, head_micro_batches=micro, head_gradients=micro)
 
 
 def _ticks(plan: Plan) -> int:
-    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it."""
+    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it (1F1B:
+    ``2(S − 1)``, to fill it and to bring the last gradient back)."""
     lay = plan.layout
+    if runs_one_f_one_b(plan):
+        return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp)
     return lay.micro_batches(plan.train) * lay.interleave + lay.pp - 1
 
 
@@ -255,18 +273,28 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
         if lay.sequence_parallel:
             out += _sequence_parallel(plan, runs, act * e, experts=bool(experts_bytes))
         outer_act = outer_tokens * model.hidden_size
+        head_tokens = runs.head_micro_batches * lay.micro_batch * train.seq_len
         if params["embed/tokens"][1][0] is not None:
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
                                            why="vocab-parallel embedding rows (fp32)"))
         head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
         if params[head][1][0 if model.tie_embeddings else 1] is not None:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * _F32, calls=1,
                                            why="vocab-parallel head input gradient (fp32)"))
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * outer_tokens * _F32, calls=runs.outer_calls,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * _F32, calls=1,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data:
         out += _data_parallel(plan, runs, params, experts_bytes)
-    if pipeline:
+    if pipeline and runs_one_f_one_b(plan):
+        out += [
+            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
+                                why="1F1B: activation to the next stage and gradient to the previous one, every tick"),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=act * e, calls=_ticks(plan),
+                                why="1F1B: the last stage's output handed to every stage for the head, every tick"),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
+                                why="1F1B: stage 0's input gradients summed over the stages, for the embedding's gradient"),
+        ]
+    elif pipeline:
         out += [
             PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
                                 why="activation to the next stage every forward tick, its gradient back every backward tick "
@@ -295,7 +323,7 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts
     # it once more, but for the experts' region, which keeps its whole input.
     gathers = 6 if plan.layout.recompute is Recompute.FULL or not experts else 5
     norm_bytes = model.hidden_size * _F32 * (2 if model.norm is Norm.LAYERNORM else 1)
-    outer_act_bytes = act_bytes * runs.outer_micro_batches
+    head_act_bytes = act_bytes * runs.head_micro_batches / runs.head_calls
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     unsplit_head = [] if plan.param_specs[head][0 if model.tie_embeddings else 1] is not None else [
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.vocab_size * _F32,
@@ -306,9 +334,9 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts
                             why="sequence parallel: the split activation gathered before the attention and MLP, forward and backward"),
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=2 * norm_bytes, calls=runs.layer_runs,
                             why="sequence parallel: the layer norms' weight gradients summed over the split sequence (fp32)"),
-        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=outer_act_bytes, calls=3 * runs.outer_calls,
+        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=head_act_bytes, calls=3 * runs.head_calls,
                             why="sequence parallel: the head's input gathered (forward, weight gradient, output gradient)"),
-        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=norm_bytes, calls=runs.outer_calls,
+        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=norm_bytes, calls=runs.head_calls,
                             why="sequence parallel: the final norm's weight gradient (fp32)"),
     ]
 
@@ -486,4 +514,4 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
         # output is kept, so the second matmul is not re-run.
         recompute = attention / 2
     layer = 3 * layer_weights + attention + attention_backward + recompute
-    return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.outer_calls * runs.outer_micro_batches * 3 * head)
+    return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.head_micro_batches * 3 * head)

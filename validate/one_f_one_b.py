@@ -87,10 +87,64 @@ def one_f_one_b_ticks(micro_batches: int, stages: int) -> int:
     return micro_batches + 2 * (stages - 1)
 
 
-def _split_weights(leaves: list[Any], weights: list[Any]) -> list[bool]:
-    """Which of a vjp function's leaves are the stage's weights themselves (not buffered)."""
-    ids = {id(w) for w in weights}
-    return [id(leaf) in ids for leaf in leaves]
+class _KeptResiduals:
+    """A stage's layers run one at a time by ``jax.vjp``, each layer's residuals kept in slot
+    ``slot`` of ring buffers ``[K, layers, ...]`` (updated in place), the backward rebuilt
+    from them. A vjp function is a pytree whose leaves are its residuals and the weights it
+    was given: the weights are not buffered but handed back in the backward, and its
+    structure (static) is taken from the forward's trace."""
+
+    def __init__(self, layer_fn: Callable[..., tuple[jax.Array, jax.Array]], layers: Any, slots: int):
+        self.layer_fn, self.layers, self.slots = layer_fn, layers, slots
+        self.n_layers = jax.tree.leaves(layers)[0].shape[0]
+        self.treedef: Any = None
+        self.is_weight: list[bool] = []
+
+    def _layer(self, i: jax.Array) -> Any:
+        return jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, i, 0, keepdims=True), self.layers)
+
+    def _split(self, backward: Any, layer: Any) -> list[jax.Array]:
+        leaves, self.treedef = jax.tree.flatten(backward)
+        ids = {id(w) for w in jax.tree.leaves(layer)}
+        self.is_weight = [id(leaf) in ids for leaf in leaves]
+        return [leaf for leaf, weight in zip(leaves, self.is_weight) if not weight]
+
+    def empty_buffers(self, x_BxSxD: jax.Array) -> list[jax.Array]:
+        """Zeroed ring buffers for the residuals of one layer on ``x_BxSxD``."""
+        def residuals(x_BxSxD: jax.Array, layer: Any) -> list[jax.Array]:
+            return self._split(jax.vjp(self.layer_fn, x_BxSxD, layer)[1], layer)
+
+        shapes = jax.eval_shape(residuals, x_BxSxD, jax.tree.map(lambda w: w[:1], self.layers))
+        return [jnp.zeros((self.slots, self.n_layers, *r.shape), r.dtype) for r in shapes]
+
+    def forward(self, x_BxSxD: jax.Array, buffers: list[jax.Array], slot: jax.Array) -> tuple[jax.Array, jax.Array, list[jax.Array]]:
+        """The stage's output and MoE losses ``[layers]``, the residuals written into ``slot``."""
+        def one(carry: tuple[jax.Array, list[jax.Array]], i: jax.Array) -> tuple[tuple[jax.Array, list[jax.Array]], jax.Array]:
+            x_BxSxD, buffers = carry
+            layer = self._layer(i)
+            (y_BxSxD, aux_1), backward = jax.vjp(self.layer_fn, x_BxSxD, layer)
+            buffers = [jax.lax.dynamic_update_slice(buf, leaf[None, None], (slot, i, *(0,) * leaf.ndim))
+                       for buf, leaf in zip(buffers, self._split(backward, layer))]
+            return (y_BxSxD, buffers), aux_1[0]
+
+        (y_BxSxD, buffers), aux_W = jax.lax.scan(one, (x_BxSxD, buffers), jnp.arange(self.n_layers))
+        return y_BxSxD, aux_W, buffers
+
+    def backward(self, d_y_BxSxD: jax.Array, d_aux_W: jax.Array, buffers: list[jax.Array], slot: jax.Array, d_layers: Any,
+                 useful: jax.Array) -> tuple[jax.Array, Any]:
+        """The stage input's cotangent, and ``d_layers`` plus (where ``useful``) the layers' gradients."""
+        def one(carry: tuple[jax.Array, Any], i: jax.Array) -> tuple[tuple[jax.Array, Any], None]:
+            d_y_BxSxD, d_layers = carry
+            read = iter(buf[slot, i] for buf in buffers)
+            weights = iter(jax.tree.leaves(self._layer(i)))
+            backward = jax.tree.unflatten(self.treedef, [next(weights) if w else next(read) for w in self.is_weight])
+            d_x_BxSxD, d_layer = backward((d_y_BxSxD, d_aux_W[i][None]))
+            d_layers = jax.tree.map(lambda acc, d: jax.lax.dynamic_update_index_in_dim(
+                acc, acc[i] + jnp.where(useful, d[0], 0).astype(acc.dtype), i, 0), d_layers, d_layer)
+            return (d_x_BxSxD, d_layers), None
+
+        (d_x_BxSxD, d_layers), _ = jax.lax.scan(one, (d_y_BxSxD, d_layers), jnp.arange(self.n_layers), reverse=True)
+        return d_x_BxSxD, d_layers
 
 
 def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
@@ -115,42 +169,31 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
     aux_weight = MOE_AUX_LOSS_WEIGHT / (micro * model.num_layers)
     head_keys = ("final_norm", "embed" if model.tie_embeddings else "lm_head")
 
-    def stage_forward(x_BxSxD: jax.Array, layers: Any) -> tuple[jax.Array, jax.Array]:
-        y_BxSxD, aux_W = run_layers(x_BxSxD, layers, model, remat=remat, attention=plan.layout.stack.attention.value,
+    def layer_forward(x_BxSxD: jax.Array, layer: Any) -> tuple[jax.Array, jax.Array]:
+        # One layer (a stack of one, so the plan's checkpoint policy and residual storage apply as in run_layers).
+        y_BxSxD, aux_1 = run_layers(x_BxSxD, layer, model, remat=remat, attention=plan.layout.stack.attention.value,
                                     keep_residuals=keep_residuals)
-        return y_BxSxD, _varying(aux_W, axes)  # a dense model's constant zeros too, as their cotangent is
+        return y_BxSxD, _varying(aux_1, axes)  # a dense model's constant zeros too, as their cotangent is
 
     def head_loss(head_params: Any, y_BxSxD: jax.Array, targets_BxS: jax.Array) -> jax.Array:
         return cross_entropy(head(y_BxSxD, head_params, model, constrain=constrain), targets_BxS)
-
-    def residual_shapes(x_BxSxD: jax.Array, layers: Any) -> list[jax.ShapeDtypeStruct]:
-        def leaves(x_BxSxD: jax.Array, layers: Any) -> list[jax.Array]:
-            found = jax.tree.leaves(jax.vjp(stage_forward, x_BxSxD, layers)[1])
-            return [leaf for leaf, weight in zip(found, _split_weights(found, jax.tree.leaves(layers))) if not weight]
-
-        return jax.eval_shape(leaves, x_BxSxD, layers)
 
     def schedule(layers: Any, live_W: jax.Array, head_params: Any, x_MxBxSxD: jax.Array, targets_MxBxS: jax.Array) -> tuple[Any, ...]:
         stage = jax.lax.axis_index(axes)
         first, last = stage == 0, stage == stages - 1
         # A carry that differs between stages is marked varying over the pipeline axes, as scan needs.
         varying = partial(_varying, axes=axes)
-        weights = jax.tree.leaves(layers)
         x_MxBxSxD = varying(x_MxBxSxD)
-        buffers = [varying(jnp.zeros((slots, *r.shape), r.dtype)) for r in residual_shapes(x_MxBxSxD[0].astype(dt), layers)]
+        kept = _KeptResiduals(layer_forward, layers, slots)
+        buffers = [varying(b) for b in kept.empty_buffers(x_MxBxSxD[0].astype(dt))]
 
         def tick(carry: tuple[Any, ...], t: jax.Array) -> tuple[tuple[Any, ...], None]:
             received_BxSxD, cotangent_BxSxD, buffers, d_layers, d_head, d_x_MxBxSxD, loss, aux = carry
             f, b, h = t - stage, t - 2 * (stages - 1) + stage, t - (stages - 1)  # forward, backward, head micro-batches
             forward_useful, backward_useful, head_useful = ((0 <= i) & (i < micro) for i in (f, b, h))
             x_BxSxD = jnp.where(first, x_MxBxSxD[jnp.clip(f, 0, micro - 1)], received_BxSxD)
-            (y_BxSxD, aux_W), backward = jax.vjp(stage_forward, x_BxSxD, layers)
+            y_BxSxD, aux_W, buffers = kept.forward(x_BxSxD, buffers, jnp.mod(f, slots))
             aux = aux + jnp.where(forward_useful, (aux_W * live_W).sum(), 0.0)
-            # Keep this micro-batch's residuals: a slot no in-flight micro-batch holds (K exceeds every stage's lag).
-            leaves, treedef = jax.tree.flatten(backward)
-            is_weight = _split_weights(leaves, weights)
-            kept = [leaf for leaf, w in zip(leaves, is_weight) if not w]
-            buffers = [jax.lax.dynamic_update_index_in_dim(buf, leaf, jnp.mod(f, slots), 0) for buf, leaf in zip(buffers, kept)]
 
             # Head and loss on the last stage's output, on every pipeline group (fp32 sum: see `validate.pipeline`).
             y_last_BxSxD = jax.lax.psum(jnp.where(last, y_BxSxD, 0).astype(jnp.float32), axes).astype(dt)
@@ -160,13 +203,8 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
             loss = loss + jnp.where(head_useful, loss_mb / micro, 0.0)
             d_head = jax.tree.map(lambda acc, d: acc + jnp.where(head_useful, d, 0).astype(acc.dtype), d_head, d_head_mb)
 
-            # Backward of micro-batch b from its slot; the stage's weights go back where they were.
-            read = iter(jax.lax.dynamic_index_in_dim(buf, jnp.mod(b, slots), 0, keepdims=False) for buf in buffers)
-            owned = iter(weights)
-            rebuilt = jax.tree.unflatten(treedef, [next(owned) if w else next(read) for w in is_weight])
             d_out_BxSxD = jnp.where(last, d_y_BxSxD, cotangent_BxSxD)
-            d_x_BxSxD, d_layers_mb = rebuilt((d_out_BxSxD, live_W * aux_weight))
-            d_layers = jax.tree.map(lambda acc, d: acc + jnp.where(backward_useful, d, 0).astype(acc.dtype), d_layers, d_layers_mb)
+            d_x_BxSxD, d_layers = kept.backward(d_out_BxSxD, live_W * aux_weight, buffers, jnp.mod(b, slots), d_layers, backward_useful)
             b_index = jnp.clip(b, 0, micro - 1)
             d_x_MxBxSxD = d_x_MxBxSxD.at[b_index].set(jnp.where(first & backward_useful, d_x_BxSxD, d_x_MxBxSxD[b_index]))
             sent_BxSxD = jax.lax.ppermute(y_BxSxD, axes, forward_sends)
@@ -174,7 +212,8 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
             return (sent_BxSxD, sent_back_BxSxD, buffers, d_layers, d_head, d_x_MxBxSxD, loss, aux), None
 
         zero_act = varying(jnp.zeros(x_MxBxSxD.shape[1:], dt))
-        init = (zero_act, zero_act, buffers, jax.tree.map(lambda w: varying(jnp.zeros(w.shape, w.dtype)), layers), jax.tree.map(jnp.zeros_like, head_params),
+        d_layers = jax.tree.map(lambda w: varying(jnp.zeros(w.shape, w.dtype)), layers)
+        init = (zero_act, zero_act, buffers, d_layers, jax.tree.map(jnp.zeros_like, head_params),
                 varying(jnp.zeros(x_MxBxSxD.shape, dt)), jnp.zeros((), jnp.float32), varying(jnp.zeros((), jnp.float32)))
         (_, _, _, d_layers, d_head, d_x_MxBxSxD, loss, aux), _ = jax.lax.scan(tick, init, jnp.arange(ticks))
         d_x_MxBxSxD = jax.lax.psum(jnp.where(first, d_x_MxBxSxD, 0).astype(jnp.float32), axes)

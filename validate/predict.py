@@ -156,11 +156,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         per_layer = activation_bytes_per_layer(plan.model, plan.train, gpipe)
         bubble_activations = (lay.pp - 1) * layers * per_layer
         if runs_one_f_one_b(plan):
-            # 1F1B keeps K = 2S − 1 micro-batches of residuals, not GPipe's M + S − 1, and stage 0's
-            # input gradients of every micro-batch beside the embedded batch.
-            micro = lay.micro_batches(plan.train)
-            embedded = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.hidden_size * plan.train.compute_dtype.bytes
-            bubble_activations = (in_flight_slots(lay.pp) - micro) * layers * per_layer + micro * embedded
+            bubble_activations = _one_f_one_b_memory_change(plan, layers * per_layer, accumulating=memory.temporary_bytes > 0)
     total = memory.total_bytes + bubble_activations
     if lay.zero_stage >= 3 and not plan.train.is_lora and plan.train.param_dtype != plan.train.compute_dtype:
         # The program keeps no compute-dtype copy of a ZeRO-3 shard: each layer casts what it gathers.
@@ -172,7 +168,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         # last stage keeps the logits of all its micro-batches.
         gpipe_logits = lay.micro_batches(plan.train) + 1 if memory.stage == "last" else 0
         total += (2 - gpipe_logits) * logits_bytes
-    if lay.pp > 1 and lay.micro_batches(plan.train) == 1:
+    if lay.pp > 1 and lay.micro_batches(plan.train) == 1 and not runs_one_f_one_b(plan):
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
         total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
@@ -183,6 +179,20 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
             kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)
             total += kept * plan.model.num_layers * (_F32 / plan.train.compute_dtype.bytes - 1)
     return total
+
+
+def _one_f_one_b_memory_change(plan: Plan, stage_activation_bytes: float, *, accumulating: bool) -> float:
+    """What the 1F1B program (`validate.one_f_one_b`) holds beyond the simulator's GPipe
+    estimate of ``M`` micro-batches in flight: ``K = 2S − 1`` micro-batches of its layers'
+    residuals, stage 0's input gradients of every micro-batch beside the embedded batch, and
+    no whole-stage gradient of a micro-batch beside the sums (added up one layer at a time)."""
+    lay, train = plan.layout, plan.train
+    micro = lay.micro_batches(train)
+    embedded = lay.micro_batch * train.seq_len / lay.cp * plan.model.hidden_size * train.compute_dtype.bytes
+    change = (in_flight_slots(lay.pp) - micro) * stage_activation_bytes + micro * embedded
+    if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
+        change -= stage_params_per_device(plan.model, lay) * train.compute_dtype.bytes / (lay.dp if lay.zero_stage >= 2 else 1)
+    return change
 
 
 def parameters_per_device(plan: Plan) -> float:

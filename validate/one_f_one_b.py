@@ -22,20 +22,25 @@ reads and masked out of every sum (SPMD: every device runs the same program), so
 does ``(M + 2S − 2) / M`` times its useful layer work, forward and backward, and runs the head
 that many times.
 
-Memory. The backward of a tick is rebuilt from the forward's ``jax.vjp`` function, a pytree
-(``jax.tree_util.Partial``) whose leaves are the residuals the checkpoint policy saves and the
-stage's weights. The weights (the very arrays the forward took) are not copied; every other
-leaf is kept in a ring buffer of ``K = 2S − 1`` in-flight micro-batches (slot ``f mod K``),
-which is what stage 0 needs (its micro-batch ``f``'s backward comes ``2(S − 1)`` ticks after its
-forward; stage ``s`` needs ``2(S − s) − 1``, but every device holds the same buffer). So a
-stage keeps ``2S − 1`` micro-batches of its layers' residuals whatever ``M``, where GPipe keeps
-``M + S − 1``. Besides them the program keeps the embedded batch and stage 0's input
+Memory. The stage's layers run one at a time (a ``lax.scan``), each by ``jax.vjp`` of that
+layer; the vjp function is a pytree (``jax.tree_util.Partial``) whose leaves are the residuals
+the checkpoint policy saves and the layer's weights. The weights (the very arrays the forward
+took) are not copied; every other leaf is written in place into ring buffers
+``[K, layers, ...]`` of ``K = 2S − 1`` in-flight micro-batches (slot ``f mod K``), and the
+backward, again one layer at a time, rebuilds each layer's vjp function from its slot (the
+pytree's structure is static) and adds the layer's gradient into its sum in place, so no
+whole-stage copy of a micro-batch's residuals or gradients exists beside the buffers and sums.
+``K`` is what stage 0 needs (its micro-batch ``f``'s backward comes ``2(S − 1)`` ticks after its
+forward, one tick per hop each way in lockstep; stage ``s`` needs ``2(S − s) − 1``, but every
+device holds the same buffer). So a stage keeps ``2S − 1`` micro-batches of its layers'
+residuals whatever ``M``, where GPipe keeps ``M + S − 1`` and Megatron's 1F1B (whose forward
+and backward steps alternate, half a tick apart) ``S − s``. Besides them the program keeps the embedded batch and stage 0's input
 cotangents (``M`` micro-batches' activations each, for the embedding's gradient, computed after
 the schedule from their sum over the stages) and one micro-batch's logits and their gradient.
 On the CPU backend the residuals are the raw 16-bit integers of `validate.lowering.residual_storage`.
 
 Gradients. The stage's layer gradients are summed over the ticks in the parameters' dtype
-(fp32), the head's likewise (the same on every pipeline group), the embedding's from stage 0's
+(fp32, masked outside ``0 ≤ b < M``), the head's likewise (the same on every pipeline group), the embedding's from stage 0's
 cotangents. XLA reduces each tick's layer and head gradients over the data axes inside the
 tick loop (`validate.predict` counts them per tick).
 
@@ -52,6 +57,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
+from costmodel.errors import UnsupportedError
 from costmodel.layout import Schedule
 from planner.models.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.models.transformer import embed, head, run_layers
@@ -92,7 +98,7 @@ class _KeptResiduals:
     ``slot`` of ring buffers ``[K, layers, ...]`` (updated in place), the backward rebuilt
     from them. A vjp function is a pytree whose leaves are its residuals and the weights it
     was given: the weights are not buffered but handed back in the backward, and its
-    structure (static) is taken from the forward's trace."""
+    structure (static) is the one `forward` last traced, so a tick calls `forward` first."""
 
     def __init__(self, layer_fn: Callable[..., tuple[jax.Array, jax.Array]], layers: Any, slots: int):
         self.layer_fn, self.layers, self.slots = layer_fn, layers, slots
@@ -107,6 +113,9 @@ class _KeptResiduals:
         leaves, self.treedef = jax.tree.flatten(backward)
         ids = {id(w) for w in jax.tree.leaves(layer)}
         self.is_weight = [id(leaf) in ids for leaf in leaves]
+        if not any(self.is_weight):  # every backward reads its weights: they would be buffered per micro-batch
+            raise UnsupportedError("the layer's vjp does not hand back its weights as given, so 1F1B would keep a copy per micro-batch",
+                                   fix="validate the plan with schedule gpipe")
         return [leaf for leaf, weight in zip(leaves, self.is_weight) if not weight]
 
     def empty_buffers(self, x_BxSxD: jax.Array) -> list[jax.Array]:

@@ -16,7 +16,14 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   dtype, fp32 for what is used in fp32 (norms, the embedding table, the fp32-output head).
   With ZeRO ≥ 1 the updated fp32 parameters are all-gathered over the data axes.
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
-- Pipeline (the GPipe lowering of `validate.pipeline`): every device runs its stage's
+- 1F1B pipelines (`validate.one_f_one_b`): every device runs its stage's forward and
+  backward and the head on every one of the ``M + 2(S − 1)`` ticks, bubbles included; the
+  per-layer collectives and FLOPs run ``slots × ticks`` times, the head's and its gradient's
+  reduction once per tick, the embedding once on the whole batch. Over the pipeline axis,
+  every tick: a ``collective-permute`` of an activation forward and one of its gradient
+  backward, and the sum that hands the last stage's output to every pipeline group; once,
+  the sum of stage 0's input gradients for the embedding.
+- GPipe pipelines (schedule "gpipe", interleaved plans; `validate.pipeline`): every device runs its stage's
   layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
   collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``
   (interleaved, ``M·v + S − 1`` ticks of one chunk's ``slots / v`` layers each), and
@@ -127,7 +134,8 @@ _EXPERT_ACTIVATIONS = ("expert_inputs", "mlp_up_output", "mlp_gate_output", "mlp
 
 def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
-    own estimate, except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages
+    own estimate, except that a 1F1B plan keeps ``2S − 1`` micro-batches in flight
+    (`_one_f_one_b_memory_change`), and a GPipe or interleaved plan runs GPipe (`validate.pipeline`), whose stages
     hold every micro-batch's activations where 1F1B's hold at most one per stage, and
     accumulates its gradients over ticks even with one micro-batch, and whose every pipeline
     group runs the head one micro-batch at a time. An interleaved plan is

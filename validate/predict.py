@@ -17,13 +17,14 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   With ZeRO ≥ 1 the updated fp32 parameters are all-gathered over the data axes.
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
 - 1F1B pipelines (`validate.one_f_one_b`): every device runs its stage's forward and
-  backward and the head on every one of the ``M + 2(S − 1)`` ticks, bubbles included; the
+  backward and the head on every one of the ``M + 2(S − 1)`` ticks, bubbles included
+  (interleaved, ``M·v + (v + 1)·S − 2`` ticks of one chunk's ``slots / v`` layers); the
   per-layer collectives and FLOPs run ``slots × ticks`` times, the head's and its gradient's
   reduction once per tick, the embedding once on the whole batch. Over the pipeline axis,
   every tick: a ``collective-permute`` of an activation forward and one of its gradient
   backward, and the sum that hands the last stage's output to every pipeline group; once,
   the sum of stage 0's input gradients for the embedding.
-- GPipe pipelines (schedule "gpipe", interleaved plans; `validate.pipeline`): every device runs its stage's
+- GPipe pipelines (schedule "gpipe"; `validate.pipeline`): every device runs its stage's
   layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
   collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``
   (interleaved, ``M·v + S − 1`` ticks of one chunk's ``slots / v`` layers each), and
@@ -134,8 +135,8 @@ _EXPERT_ACTIVATIONS = ("expert_inputs", "mlp_up_output", "mlp_gate_output", "mlp
 
 def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
-    own estimate, except that a 1F1B plan keeps ``2S − 1`` micro-batches in flight
-    (`_one_f_one_b_memory_change`), and a GPipe or interleaved plan runs GPipe (`validate.pipeline`), whose stages
+    own estimate, except that a 1F1B plan keeps ``2S − 1`` micro-batches in flight (``2v·S − 1``
+    chunks interleaved: `_one_f_one_b_memory_change`), and a "gpipe" plan runs GPipe (`validate.pipeline`), whose stages
     hold every micro-batch's activations where 1F1B's hold at most one per stage, and
     accumulates its gradients over ticks even with one micro-batch, and whose every pipeline
     group runs the head one micro-batch at a time. An interleaved plan is
@@ -189,15 +190,16 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     return total
 
 
-def _one_f_one_b_memory_change(plan: Plan, stage_activation_bytes: float, *, accumulating: bool) -> float:
+def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, accumulating: bool) -> float:
     """What the 1F1B program (`validate.one_f_one_b`) holds beyond the simulator's GPipe
-    estimate of ``M`` micro-batches in flight: ``K = 2S − 1`` micro-batches of its layers'
-    residuals, stage 0's input gradients of every micro-batch beside the embedded batch, and
-    no whole-stage gradient of a micro-batch beside the sums (added up one layer at a time)."""
+    estimate of ``M`` micro-batches in flight (``M·v`` chunks): ``K = 2v·S − 1`` chunks of its
+    layers' residuals (``2S − 1`` micro-batches without interleaving), stage 0's input
+    gradients of every micro-batch beside the embedded batch, and no whole-stage gradient of
+    a micro-batch beside the sums (added up one layer at a time)."""
     lay, train = plan.layout, plan.train
     micro = lay.micro_batches(train)
     embedded = lay.micro_batch * train.seq_len / lay.cp * plan.model.hidden_size * train.compute_dtype.bytes
-    change = (in_flight_slots(lay.pp) - micro) * stage_activation_bytes + micro * embedded
+    change = (in_flight_slots(lay.pp, lay.interleave) - micro * lay.interleave) * chunk_activation_bytes + micro * embedded
     if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
         change -= stage_params_per_device(plan.model, lay) * train.compute_dtype.bytes / (lay.dp if lay.zero_stage >= 2 else 1)
     return change
@@ -247,10 +249,10 @@ def _schedule(plan: Plan) -> _Schedule:
 
 def _ticks(plan: Plan) -> int:
     """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it (1F1B:
-    ``2(S − 1)``, to fill it and to bring the last gradient back)."""
+    plus `validate.one_f_one_b.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
     lay = plan.layout
     if runs_one_f_one_b(plan):
-        return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp)
+        return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)
     return lay.micro_batches(plan.train) * lay.interleave + lay.pp - 1
 
 

@@ -125,19 +125,19 @@ class _KeptResiduals:
         self.layer_fn, self.layers_VxW, self.slots = layer_fn, layers_VxW, slots
         self.n_layers = jax.tree.leaves(layers_VxW)[0].shape[1]  # per chunk
         self.treedef: Any = None
-        self.is_weight: list[bool] = []
+        self.weight_index: list[int | None] = []  # per vjp leaf: which of the layer's leaves it is, if any
 
     def _layer(self, chunk: jax.Array, i: jax.Array) -> Any:
         return jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w[chunk], i, 1, 0), self.layers_VxW)
 
     def _split(self, backward: Any, layer: Any) -> list[jax.Array]:
         leaves, self.treedef = jax.tree.flatten(backward)
-        ids = {id(w) for w in jax.tree.leaves(layer)}
-        self.is_weight = [id(leaf) in ids for leaf in leaves]
-        if not any(self.is_weight):  # every backward reads its weights: they would be buffered per micro-batch
+        index = {id(w): k for k, w in enumerate(jax.tree.leaves(layer))}
+        self.weight_index = [index.get(id(leaf)) for leaf in leaves]
+        if all(k is None for k in self.weight_index):  # every backward reads its weights: they would be buffered per micro-batch
             raise UnsupportedError("the layer's vjp does not hand back its weights as given, so 1F1B would keep a copy per micro-batch",
                                    fix="validate the plan with schedule gpipe")
-        return [leaf for leaf, weight in zip(leaves, self.is_weight) if not weight]
+        return [leaf for leaf, k in zip(leaves, self.weight_index) if k is None]
 
     def empty_buffers(self, x_BxSxD: jax.Array) -> list[jax.Array]:
         """Zeroed ring buffers for the residuals of one layer on ``x_BxSxD``."""
@@ -167,8 +167,8 @@ class _KeptResiduals:
         def one(carry: tuple[jax.Array, Any], i: jax.Array) -> tuple[tuple[jax.Array, Any], None]:
             d_y_BxSxD, d_layers = carry
             read = iter(buf[slot, i] for buf in buffers)
-            weights = iter(jax.tree.leaves(self._layer(chunk, i)))
-            backward = jax.tree.unflatten(self.treedef, [next(weights) if w else next(read) for w in self.is_weight])
+            weights = jax.tree.leaves(self._layer(chunk, i))
+            backward = jax.tree.unflatten(self.treedef, [next(read) if k is None else weights[k] for k in self.weight_index])
             d_x_BxSxD, d_layer = backward((d_y_BxSxD, d_aux_W[i][None]))
             d_layers = jax.tree.map(lambda acc, d: acc.at[chunk, i].add(jnp.where(useful, d[0], 0).astype(acc.dtype)), d_layers, d_layer)
             return (d_x_BxSxD, d_layers), None

@@ -41,11 +41,13 @@ its sum in place: no whole-stage copy of a micro-batch's residuals or gradients 
 the buffers and sums. ``K = 2v·S − 1`` is what device 0 needs (its first chunk of a
 micro-batch is backpropagated ``2(v·S − 1)`` ticks after its forward, one tick per hop each way
 in lockstep; device ``d``'s chunk ``c`` needs ``2(v − 1 − c)·S + 2(S − 1 − d) + 1``, but every
-device holds the same buffers). Without interleaving a stage keeps ``2S − 1`` micro-batches
-of its layers' residuals whatever ``M``, where GPipe keeps ``M + S − 1`` and Megatron's 1F1B
-(whose forward and backward steps alternate, half a tick apart) ``S − s``; interleaved,
-``2v·S − 1`` chunks (about ``2S`` micro-batches of the stage's layers), where GPipe keeps
-``M·v + S − 1``. Besides them the program keeps the embedded batch and stage 0's input
+device holds the same buffers; in a ring of ``2v·S − 1`` the bubble ticks' writes land where
+no item in flight is). With fewer items (``M·v < 2v·S − 1``) the ring holds all ``M·v`` and
+bubble ticks write into one more slot (`in_flight_slots`). Without interleaving a stage so
+keeps ``min(2S − 1, M + 1)`` micro-batches of its layers' residuals whatever ``M``, where GPipe
+keeps ``M + S − 1`` and Megatron's 1F1B (whose forward and backward steps alternate, half a
+tick apart) ``S − s``; interleaved, ``min(2v·S − 1, M·v + 1)`` chunks (about ``2S`` micro-batches
+of the stage's layers), where GPipe keeps ``M·v + S − 1``. Besides them the program keeps the embedded batch and stage 0's input
 cotangents (``M`` micro-batches' activations each, for the embedding's gradient, computed
 after the schedule from their sum over the stages) and one micro-batch's logits and their
 gradient. On the CPU backend the residuals are the raw 16-bit integers of
@@ -94,14 +96,27 @@ def backward_lag_ticks(stages: int, chunks: int = 1) -> int:
     return (chunks - 1) * stages + stages - 1
 
 
-def in_flight_slots(stages: int, chunks: int = 1) -> int:
-    """Chunks of residuals (micro-batches × chunks) every device keeps (`K`): device 0's backward
-    of its first chunk of a micro-batch comes ``2(v·S − 1)`` ticks after its forward.
+def ring_slots(stages: int, chunks: int, micro_batches: int) -> int:
+    """Slots of the residuals' ring for real work items: ``2v·S − 1`` (device 0's backward of its
+    first chunk of a micro-batch comes ``2(v·S − 1)`` ticks after its forward), or all ``M·v``
+    items where there are fewer.
 
-    >>> in_flight_slots(4), in_flight_slots(2, 4)
-    (7, 15)
+    >>> ring_slots(4, 1, 32), ring_slots(2, 4, 16), ring_slots(2, 4, 2)
+    (7, 15, 8)
     """
-    return 2 * chunks * stages - 1
+    return min(2 * chunks * stages - 1, micro_batches * chunks)
+
+
+def in_flight_slots(stages: int, chunks: int, micro_batches: int) -> int:
+    """Chunks of residuals (micro-batches × chunks) every device keeps (`K`): the ring, and where
+    it holds every item, one more slot that bubble ticks write into (in a ring of ``2v·S − 1``
+    they write where no item in flight is).
+
+    >>> in_flight_slots(4, 1, 32), in_flight_slots(2, 4, 2)
+    (7, 9)
+    """
+    ring = ring_slots(stages, chunks, micro_batches)
+    return ring + (ring < 2 * chunks * stages - 1)
 
 
 def one_f_one_b_ticks(micro_batches: int, stages: int, chunks: int = 1) -> int:
@@ -190,7 +205,8 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
     model, train, stages, chunks = plan.model, plan.train, plan.layout.pp, plan.layout.interleave
     micro = plan.layout.micro_batches(train)
     items, lag = micro * chunks, backward_lag_ticks(stages, chunks)
-    slots, ticks = in_flight_slots(stages, chunks), one_f_one_b_ticks(micro, stages, chunks)
+    ring, slots = ring_slots(stages, chunks, micro), in_flight_slots(stages, chunks, micro)
+    ticks = one_f_one_b_ticks(micro, stages, chunks)
     # Stage to stage; interleaved, a ring: the last device's output wraps round to device 0 for the next chunk.
     forward_sends = [(i, (i + 1) % stages) for i in range(stages if chunks > 1 else stages - 1)]
     backward_sends = [(j, i) for i, j in forward_sends]
@@ -229,7 +245,8 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
             received_BxSxD, cotangent_BxSxD, buffers, d_layers_VxW, d_head, d_x_MxBxSxD, loss, aux = carry
             forward_useful, chunk, mb = item(t - stage)
             x_BxSxD = jnp.where(first & (chunk == 0), x_MxBxSxD[mb], received_BxSxD)
-            y_BxSxD, aux_W, buffers = kept.forward(x_BxSxD, buffers, chunk, jnp.mod(t - stage, slots))
+            write_slot = jnp.where(forward_useful | (slots == ring), jnp.mod(t - stage, ring), slots - 1)
+            y_BxSxD, aux_W, buffers = kept.forward(x_BxSxD, buffers, chunk, write_slot)
             aux = aux + jnp.where(forward_useful, (aux_W * live_VxW[chunk]).sum(), 0.0)
 
             # Head and loss where the last device finishes a micro-batch's last chunk, on every pipeline
@@ -245,7 +262,7 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
             # Backward items run the work order with the chunks reversed, from the last device down.
             backward_useful, reversed_chunk, b_mb = item(t - lag - (stages - 1 - stage))
             b_chunk = chunks - 1 - reversed_chunk
-            b_slot = jnp.mod((b_mb // stages) * stages * chunks + b_chunk * stages + b_mb % stages, slots)  # its forward item
+            b_slot = jnp.mod((b_mb // stages) * stages * chunks + b_chunk * stages + b_mb % stages, ring)  # its forward item
             d_out_BxSxD = jnp.where(last & (b_chunk == chunks - 1), d_y_BxSxD, cotangent_BxSxD)
             d_x_BxSxD, d_layers_VxW = kept.backward(d_out_BxSxD, live_VxW[b_chunk] * aux_weight, buffers, b_chunk, b_slot,
                                                     d_layers_VxW=d_layers_VxW, useful=backward_useful)

@@ -1,7 +1,7 @@
 """Pipeline parallelism as a real JAX program: GPipe over the plan's pipeline axis with ``shard_map``.
 
-Plans with schedule "gpipe" and interleaved plans run the program below; the other pipelined
-plans run the 1F1B schedule of `validate.one_f_one_b` (`pipeline_loss_and_grads` picks).
+Plans with schedule "gpipe" run the program below; the other pipelined plans run the 1F1B
+schedule, plain or interleaved, of `validate.one_f_one_b` (`pipeline_loss_and_grads` picks).
 
 Schedule. Inside a ``jax.shard_map`` that is manual over the pipeline axis only (data, tensor
 and context axes stay automatic, so XLA partitions each stage's layers as the plan's specs

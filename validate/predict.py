@@ -135,13 +135,14 @@ _EXPERT_ACTIVATIONS = ("expert_inputs", "mlp_up_output", "mlp_gate_output", "mlp
 
 def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
-    own estimate, except that a 1F1B plan keeps ``2S − 1`` micro-batches in flight (``2v·S − 1``
-    chunks interleaved: `_one_f_one_b_memory_change`), and a "gpipe" plan runs GPipe (`validate.pipeline`), whose stages
-    hold every micro-batch's activations where 1F1B's hold at most one per stage, and
-    accumulates its gradients over ticks even with one micro-batch, and whose every pipeline
-    group runs the head one micro-batch at a time. An interleaved plan is
-    compared with the same GPipe estimate (its ticks save ``M·v`` chunks, ``M`` stages' worth)
-    plus ``S − 1`` bubble chunks, not with Megatron's interleaved 1F1B. With ZeRO-3 the
+    own estimate, except for pipelines. Those start from the simulator's GPipe estimate (every
+    micro-batch's activations in flight, the head one micro-batch at a time on every pipeline
+    group); a 1F1B plan (`validate.one_f_one_b`) then keeps ``2S − 1`` micro-batches instead
+    (``2v·S − 1`` chunks interleaved, fewer with fewer micro-batches:
+    `_one_f_one_b_memory_change`), where the simulator's 1F1B keeps at most ``S − s`` at stage
+    ``s``; a "gpipe" plan (`validate.pipeline`) keeps ``S − 1`` bubble ticks' activations more
+    (of one chunk each: ``M·v + S − 1`` chunks interleaved) and accumulates its gradients over
+    ticks even with one micro-batch. With ZeRO-3 the
     program keeps no compute-dtype copy of its parameter shard (each layer casts what it
     gathers), which the simulator counts (DeepSpeed keeps one).
 

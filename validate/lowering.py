@@ -8,8 +8,8 @@ as sharding constraints and a vocab-parallel embedding. ZeRO: with stage ≥ 1 t
 moments are split over the data axes and the accumulated gradients constrained to that
 split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). XLA still
 all-reduces each micro-batch's gradients inside the accumulation loop, where the partial
-sums appear; `validate.predict` counts them there. Pipeline plans run the GPipe schedule
-of `validate.pipeline`.
+sums appear; `validate.predict` counts them there. Pipeline plans run the 1F1B schedule of
+`validate.one_f_one_b` (plain or interleaved), or for schedule "gpipe" the GPipe one of `validate.pipeline`.
 
 A LoRA plan (``train.workload == "finetune-lora"``) takes ``(frozen, adapters, opt_state,
 batch)`` and returns ``(adapters, opt_state, metrics)``: the frozen base weights carry the

@@ -1,5 +1,8 @@
 """Pipeline parallelism as a real JAX program: GPipe over the plan's pipeline axis with ``shard_map``.
 
+Plans with schedule "gpipe" run the program below; the other pipelined plans run the 1F1B
+schedule, plain or interleaved, of `validate.one_f_one_b` (`pipeline_loss_and_grads` picks).
+
 Schedule. Inside a ``jax.shard_map`` that is manual over the pipeline axis only (data, tensor
 and context axes stay automatic, so XLA partitions each stage's layers as the plan's specs
 say), stage ``s`` holds its contiguous slice of the stacked layers (``param_specs`` put the
@@ -26,8 +29,7 @@ does, so one micro-batch's logits are alive at a time.
 Backward and memory. Gradients come from differentiating the whole schedule, so the backward
 ticks mirror the forward ones in reverse (GPipe): each stage keeps what its recompute policy
 saves (the plan's ``jax.checkpoint`` policy, as in the reference model) for all ``M + S − 1``
-ticks, where 1F1B keeps at most ``S`` micro-batches in flight. Plans with schedule "1f1b" run
-this program too, so their compiled activation memory is GPipe's. The micro-batches'
+ticks, where 1F1B keeps at most ``S`` micro-batches in flight. The micro-batches'
 gradients add up inside the one backward pass; XLA reduces each tick's layer gradients over
 the data axes inside the backward tick loop (`validate.predict` counts them per tick).
 
@@ -172,9 +174,14 @@ def micro_batch_mean(loss_fn: Callable[..., jax.Array]) -> Callable[..., jax.Arr
 
 
 def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[..., Any]:
-    """``(params, batch) -> (mean loss, gradients)`` of the plan's pipeline schedule (GPipe, or
-    its interleaved form, whose stacked layers are stored as `interleaved_layer_order` says);
+    """``(params, batch) -> (mean loss, gradients)`` of the plan's pipeline schedule (1F1B by
+    `validate.one_f_one_b` where `runs_one_f_one_b`; else GPipe, or its interleaved form, whose
+    stacked layers are stored as `interleaved_layer_order` says);
     ``remat`` is the reference model's recompute policy ("none", "selective", "full")."""
+    from validate.one_f_one_b import one_f_one_b_loss_and_grads, runs_one_f_one_b
+
+    if runs_one_f_one_b(plan):
+        return one_f_one_b_loss_and_grads(plan, mesh, remat=remat)
     axes = check_pipeline(plan)
     model, train, stages, chunks = plan.model, plan.train, plan.layout.pp, plan.layout.interleave
     micro = plan.layout.micro_batches(train)

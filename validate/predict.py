@@ -16,7 +16,15 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   dtype, fp32 for what is used in fp32 (norms, the embedding table, the fp32-output head).
   With ZeRO ≥ 1 the updated fp32 parameters are all-gathered over the data axes.
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
-- Pipeline (the GPipe lowering of `validate.pipeline`): every device runs its stage's
+- 1F1B pipelines (`validate.one_f_one_b`): every device runs its stage's forward and
+  backward and the head on every one of the ``M + 2(S − 1)`` ticks, bubbles included
+  (interleaved, ``M·v + (v + 1)·S − 2`` ticks of one chunk's ``slots / v`` layers); the
+  per-layer collectives and FLOPs run ``slots × ticks`` times, the head's and its gradient's
+  reduction once per tick, the embedding once on the whole batch. Over the pipeline axis,
+  every tick: a ``collective-permute`` of an activation forward and one of its gradient
+  backward, and the sum that hands the last stage's output to every pipeline group; once,
+  the sum of stage 0's input gradients for the embedding.
+- GPipe pipelines (schedule "gpipe"; `validate.pipeline`): every device runs its stage's
   layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
   collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``
   (interleaved, ``M·v + S − 1`` ticks of one chunk's ``slots / v`` layers each), and
@@ -69,6 +77,7 @@ from planner.models.attention import block_pairs, block_size
 from planner.models.params import abstract_params
 from planner.models.transformer import moe_capacity
 from planner.schema import Plan
+from validate.one_f_one_b import in_flight_slots, one_f_one_b_ticks, runs_one_f_one_b
 from validate.pipeline import runs_outer_whole
 
 _F32 = 4
@@ -126,12 +135,14 @@ _EXPERT_ACTIVATIONS = ("expert_inputs", "mlp_up_output", "mlp_gate_output", "mlp
 
 def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
-    own estimate, except that a pipelined plan runs GPipe (`validate.pipeline`), whose stages
-    hold every micro-batch's activations where 1F1B's hold at most one per stage, and
-    accumulates its gradients over ticks even with one micro-batch, and whose every pipeline
-    group runs the head one micro-batch at a time. An interleaved plan is
-    compared with the same GPipe estimate (its ticks save ``M·v`` chunks, ``M`` stages' worth)
-    plus ``S − 1`` bubble chunks, not with Megatron's interleaved 1F1B. With ZeRO-3 the
+    own estimate, except for pipelines. Those start from the simulator's GPipe estimate (every
+    micro-batch's activations in flight, the head one micro-batch at a time on every pipeline
+    group); a 1F1B plan (`validate.one_f_one_b`) then keeps ``2S − 1`` micro-batches instead
+    (``2v·S − 1`` chunks interleaved, fewer with fewer micro-batches:
+    `_one_f_one_b_memory_change`), where the simulator's 1F1B keeps at most ``S − s`` at stage
+    ``s``; a "gpipe" plan (`validate.pipeline`) keeps ``S − 1`` bubble ticks' activations more
+    (of one chunk each: ``M·v + S − 1`` chunks interleaved) and accumulates its gradients over
+    ticks even with one micro-batch. With ZeRO-3 the
     program keeps no compute-dtype copy of its parameter shard (each layer casts what it
     gathers), which the simulator counts (DeepSpeed keeps one).
 
@@ -152,7 +163,10 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         # The tick loop saves what every one of its M·v + S − 1 ticks computes, the S − 1 bubble ticks
         # (of one chunk each) too.
         layers = max(gpipe.layers_on_stage(plan.model.num_layers, s) for s in range(lay.pp)) // lay.interleave
-        bubble_activations = (lay.pp - 1) * layers * activation_bytes_per_layer(plan.model, plan.train, gpipe)
+        per_layer = activation_bytes_per_layer(plan.model, plan.train, gpipe)
+        bubble_activations = (lay.pp - 1) * layers * per_layer
+        if runs_one_f_one_b(plan):
+            bubble_activations = _one_f_one_b_memory_change(plan, layers * per_layer, accumulating=memory.temporary_bytes > 0)
     total = memory.total_bytes + bubble_activations
     if lay.zero_stage >= 3 and not plan.train.is_lora and plan.train.param_dtype != plan.train.compute_dtype:
         # The program keeps no compute-dtype copy of a ZeRO-3 shard: each layer casts what it gathers.
@@ -164,7 +178,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         # last stage keeps the logits of all its micro-batches.
         gpipe_logits = lay.micro_batches(plan.train) + 1 if memory.stage == "last" else 0
         total += (2 - gpipe_logits) * logits_bytes
-    if lay.pp > 1 and lay.micro_batches(plan.train) == 1:
+    if lay.pp > 1 and lay.micro_batches(plan.train) == 1 and not runs_one_f_one_b(plan):
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
         total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
@@ -175,6 +189,21 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
             kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)
             total += kept * plan.model.num_layers * (_F32 / plan.train.compute_dtype.bytes - 1)
     return total
+
+
+def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, accumulating: bool) -> float:
+    """What the 1F1B program (`validate.one_f_one_b`) holds beyond the simulator's GPipe
+    estimate of ``M`` micro-batches in flight (``M·v`` chunks): ``K = 2v·S − 1`` chunks of its
+    layers' residuals (``2S − 1`` micro-batches without interleaving; ``M·v + 1`` where fewer), stage 0's input
+    gradients of every micro-batch beside the embedded batch, and no whole-stage gradient of
+    a micro-batch beside the sums (added up one layer at a time)."""
+    lay, train = plan.layout, plan.train
+    micro = lay.micro_batches(train)
+    embedded = lay.micro_batch * train.seq_len / lay.cp * plan.model.hidden_size * train.compute_dtype.bytes
+    change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + micro * embedded
+    if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
+        change -= stage_params_per_device(plan.model, lay) * train.compute_dtype.bytes / (lay.dp if lay.zero_stage >= 2 else 1)
+    return change
 
 
 def parameters_per_device(plan: Plan) -> float:
@@ -194,8 +223,10 @@ class _Schedule(BaseModel):
 
     layer_runs: int = Field(description="Executions of one layer's forward (and backward) on one micro-batch.")
     layers_held: int = Field(description="Layers whose parameters this device holds.")
-    outer_calls: int = Field(description="Executions of the embedding and head.")
-    outer_micro_batches: int = Field(description="Micro-batches the embedding and head take per execution.")
+    outer_calls: int = Field(description="Executions of the embedding (and, but for 1F1B, of the head).")
+    outer_micro_batches: int = Field(description="Micro-batches the embedding takes per execution.")
+    head_calls: int = Field(description="Executions of the head (once per tick inside the 1F1B schedule).")
+    head_micro_batches: int = Field(description="Micro-batches the head runs on per step, masked ones included.")
     head_gradients: int = Field(description="Gradients of the head's weights formed (and reduced) apart: one per micro-batch.")
 
 
@@ -203,18 +234,26 @@ def _schedule(plan: Plan) -> _Schedule:
     lay, layers = plan.layout, plan.model.num_layers
     micro = lay.micro_batches(plan.train)
     if lay.pp == 1:
-        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_gradients=micro)
+        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_calls=micro,
+                         head_micro_batches=micro, head_gradients=micro)
     # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.pipeline.work_item`).
     slots = lay.layers_on_stage(layers, 0) // lay.interleave
+    if runs_one_f_one_b(plan):
+        # Every tick runs the stage's forward and backward and the head on one micro-batch (`validate.one_f_one_b`).
+        return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
+                         head_calls=_ticks(plan), head_micro_batches=_ticks(plan), head_gradients=_ticks(plan))
     # One execution of the embedding and the head on the whole batch, the head one micro-batch
     # after another with its gradients formed at once (`validate.pipeline.micro_batch_mean`).
     return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
-                     head_gradients=micro)
+                     head_calls=1, head_micro_batches=micro, head_gradients=micro)
 
 
 def _ticks(plan: Plan) -> int:
-    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it."""
+    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it (1F1B:
+    plus `validate.one_f_one_b.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
     lay = plan.layout
+    if runs_one_f_one_b(plan):
+        return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)
     return lay.micro_batches(plan.train) * lay.interleave + lay.pp - 1
 
 
@@ -255,18 +294,28 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
         if lay.sequence_parallel:
             out += _sequence_parallel(plan, runs, act * e, experts=bool(experts_bytes))
         outer_act = outer_tokens * model.hidden_size
+        head_tokens = runs.head_micro_batches * lay.micro_batch * train.seq_len
         if params["embed/tokens"][1][0] is not None:
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
                                            why="vocab-parallel embedding rows (fp32)"))
         head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
         if params[head][1][0 if model.tie_embeddings else 1] is not None:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * _F32, calls=1,
                                            why="vocab-parallel head input gradient (fp32)"))
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * outer_tokens * _F32, calls=runs.outer_calls,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * _F32, calls=1,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data:
         out += _data_parallel(plan, runs, params, experts_bytes)
-    if pipeline:
+    if pipeline and runs_one_f_one_b(plan):
+        out += [
+            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
+                                why="1F1B: activation to the next stage and gradient to the previous one, every tick"),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=act * e, calls=_ticks(plan),
+                                why="1F1B: the last stage's output handed to every stage for the head, every tick"),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
+                                why="1F1B: stage 0's input gradients summed over the stages, for the embedding's gradient"),
+        ]
+    elif pipeline:
         out += [
             PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
                                 why="activation to the next stage every forward tick, its gradient back every backward tick "
@@ -295,7 +344,7 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts
     # it once more, but for the experts' region, which keeps its whole input.
     gathers = 6 if plan.layout.recompute is Recompute.FULL or not experts else 5
     norm_bytes = model.hidden_size * _F32 * (2 if model.norm is Norm.LAYERNORM else 1)
-    outer_act_bytes = act_bytes * runs.outer_micro_batches
+    head_act_bytes = act_bytes * runs.head_micro_batches / runs.head_calls
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     unsplit_head = [] if plan.param_specs[head][0 if model.tie_embeddings else 1] is not None else [
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.vocab_size * _F32,
@@ -306,9 +355,9 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts
                             why="sequence parallel: the split activation gathered before the attention and MLP, forward and backward"),
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=2 * norm_bytes, calls=runs.layer_runs,
                             why="sequence parallel: the layer norms' weight gradients summed over the split sequence (fp32)"),
-        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=outer_act_bytes, calls=3 * runs.outer_calls,
+        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=head_act_bytes, calls=3 * runs.head_calls,
                             why="sequence parallel: the head's input gathered (forward, weight gradient, output gradient)"),
-        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=norm_bytes, calls=runs.outer_calls,
+        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=norm_bytes, calls=runs.head_calls,
                             why="sequence parallel: the final norm's weight gradient (fp32)"),
     ]
 
@@ -486,4 +535,4 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
         # output is kept, so the second matmul is not re-run.
         recompute = attention / 2
     layer = 3 * layer_weights + attention + attention_backward + recompute
-    return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.outer_calls * runs.outer_micro_batches * 3 * head)
+    return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.head_micro_batches * 3 * head)

@@ -6,8 +6,8 @@ run's) value, their ratio and whether it is within tolerance. Items:
 - ``memory arguments``: what the step takes as input on one device (parameters, Adam
   moments, the batch) against ``argument_size_in_bytes``.
 - ``memory per device``: the simulator's total against the compiled peak (arguments +
-  outputs − donated + temporaries), for a GPipe schedule where the plan is pipelined
-  (that is what the program runs), with the CPU backend's fp32 copies of 16-bit
+  outputs − donated + temporaries), for the schedule the program runs where the plan is
+  pipelined (1F1B's ``2S − 1`` micro-batches in flight, or GPipe's), with the CPU backend's fp32 copies of 16-bit
   activations where it compiled on the CPU (`validate.predict.predicted_memory_bytes`);
   within 15 %.
 - ``flops``: matmul FLOPs of the program (`validate.predict`) against the module's dots

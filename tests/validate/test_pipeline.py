@@ -1,4 +1,4 @@
-"""Tests `validate/pipeline.py`: the interleaved schedule computes the single-device loss and gradients."""
+"""Tests `validate/pipeline.py`: GPipe, plain and interleaved, computes the single-device loss and gradients."""
 
 import json
 
@@ -40,10 +40,11 @@ print(json.dumps({"loss": float(loss), "reference": float(reference_loss), "grad
 
 
 @pytest.mark.parametrize("layout", [
-    Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="interleaved"),
-    Layout(pp=4, micro_batch=2, interleave=2, schedule="interleaved", recompute="full"),
-], ids=["pp2-dp2-v2", "pp4-v2-full"])
-def test_interleaved_step_matches_the_single_device_loss_and_gradients(layout):
+    Layout(pp=4, micro_batch=2, schedule="gpipe"),
+    Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="gpipe"),
+    Layout(pp=4, micro_batch=2, interleave=2, schedule="gpipe", recompute="full"),
+], ids=["pp4", "pp2-dp2-v2", "pp4-v2-full"])
+def test_gpipe_steps_match_the_single_device_loss_and_gradients(layout):
     plan = layout_plan(LLAMA, layout, hardware="a100-80gb", seq_len=16, global_batch=8)
     plan = plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype("float32")})})
     out = json.loads(run_emulated(_RUN, 4, stdin=plan.model_dump_json(), timeout_s=300, failure="the step failed", fix="-"))

@@ -21,3 +21,19 @@ def test_every_check_of_a_small_plan_is_predicted_and_within_tolerance(precision
     assert {("memory arguments", None), ("memory per device", None), ("flops", None), ("all-reduce bytes", "data"),
             ("all-reduce bytes", "tensor")} <= set(results)
     assert all(c.ok for c in results.values()), {k: (c.predicted, c.actual) for k, c in results.items() if not c.ok}
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(pp=2, tp=2, micro_batch=1),
+    Layout(pp=2, tp=2, micro_batch=1, interleave=2, schedule="interleaved"),
+], ids=["1f1b", "interleaved"])
+def test_the_one_f_one_b_program_is_predicted_tick_by_tick(layout):
+    # Every tick runs a forward, a backward and the head (bubbles included) and permutes both ways.
+    plan = layout_plan(LLAMA, layout, hardware="h100-sxm", seq_len=1024, global_batch=4)
+    assert plan.layout.schedule.value != "gpipe"
+    results = {(c.item, c.axis): c for c in checks(plan, compile_in_subprocess(plan))}
+    # At this size fixed buffers, not activations, set the compiled peak: the suite checks memory at full size.
+    compared = {k: c for k, c in results.items() if k != ("memory per device", None)}
+    assert {("flops", None), ("collective-permute bytes", "pipeline"), ("all-reduce bytes", "pipeline"),
+            ("all-reduce bytes", "tensor")} <= set(compared)
+    assert all(c.ok for c in compared.values()), {k: (c.predicted, c.actual) for k, c in compared.items() if not c.ok}

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
 
 from costmodel.errors import InvalidPlanError
 from costmodel.layout import Schedule
+from costmodel.lockstep import one_f_one_b_ticks
 
 _Step = tuple[bool, int, int]  # (is_forward, micro-batch, chunk)
 
@@ -171,3 +172,31 @@ def _interleaved_index(k: int, p: int, v: int, m: int, *, forward: bool) -> tupl
     group = k // (p * v)
     chunk = (k // p) % v
     return group * p + k % p, chunk if forward else v - 1 - chunk
+
+
+def lockstep_step_estimate(times: PipelineTimes, *, n_microbatches: int, keep_events: bool = False) -> PipelineResult:
+    """Step time of 1F1B run in lockstep (`costmodel.lockstep`): every tick, every device runs
+    one chunk's forward and backward (bubble ticks too), at the pace of the slowest stage.
+    Events (without interleaving): device ``d`` runs the forward of micro-batch ``i`` in tick
+    ``i + d`` and its backward in tick ``i + 2(S − 1) − d``.
+
+    >>> t = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0)
+    >>> r = lockstep_step_estimate(t, n_microbatches=8)
+    >>> r.step_time_s, r.bubble_s  # (m + 2(p − 1))·(f + b): twice async 1F1B's bubble
+    (42.0, 18.0)
+    """
+    p, m, v = len(times.forward_s), n_microbatches, times.interleave
+    per_stage = [f + b + times.transfers_per_microbatch_s for f, b in zip(times.forward_s, times.backward_s)]
+    slowest = max(per_stage)
+    tick_s = slowest / v
+    step = one_f_one_b_ticks(m, p, v) * tick_s
+    events = []
+    if keep_events and v == 1:
+        for d in range(p):
+            forward_s = tick_s * times.forward_s[d] / (times.forward_s[d] + times.backward_s[d] or 1.0)
+            for i in range(m):
+                start_f, start_b = (i + d) * tick_s, (i + 2 * (p - 1) - d) * tick_s + forward_s
+                events += [TimelineEvent(stage=d, forward=True, microbatch=i, chunk=0, start_s=start_f, end_s=start_f + forward_s),
+                           TimelineEvent(stage=d, forward=False, microbatch=i, chunk=0, start_s=start_b,
+                                         end_s=start_b + tick_s - forward_s)]
+    return PipelineResult(step_time_s=step, busy_s=m * slowest, bubble_s=step - m * slowest, events=tuple(events))

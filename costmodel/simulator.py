@@ -39,7 +39,7 @@ from costmodel.machine import Machine
 from costmodel.memory import MemoryBreakdown, memory_breakdown
 from costmodel.model_config import ModelConfig
 from costmodel.offload import OffloadTimes, check_offloadable, offload_times, require_host
-from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
+from costmodel.pipeline import PipelineTimes, lockstep_step_estimate, pipeline_step_estimate, simulate_pipeline
 from costmodel.recompute import recomputed_kernels
 from costmodel.stage_split import identical_stage_layers
 from costmodel.topology import link_between_stages
@@ -220,7 +220,9 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     n_micro = layout.micro_batches(train)
     times = PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
                           p2p_s=send_s, interleave=layout.interleave)
-    if keep_timeline:
+    if layout.pp > 1 and layout.stack.lockstep_pipeline and layout.schedule is not Schedule.GPIPE:
+        pipe = lockstep_step_estimate(times, n_microbatches=n_micro, keep_events=keep_timeline)
+    elif keep_timeline:
         pipe = simulate_pipeline(times, n_microbatches=n_micro, schedule=layout.schedule, keep_events=True)
     else:
         pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)

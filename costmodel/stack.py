@@ -88,6 +88,11 @@ class SoftwareStack(BaseModel):
         False, description="In the interleaved pipeline schedule, each stage-to-stage send and receive is posted "
         "asynchronously and waited on only where the next chunk needs it, so it runs behind the micro-step beside it; "
         "False: blocking send/recv pairs. The non-interleaved schedule always blocks.")
+    lockstep_pipeline: bool = Field(
+        False, description="Pipeline stages step in lockstep, one forward and one backward on every device per tick, a "
+        "hand-off taking a whole tick (1F1B as one SPMD program runs it, `costmodel.lockstep`): every stage keeps 2S − 1 "
+        "micro-batches of residuals (2v·S − 1 chunks interleaved) and computes through the bubble ticks; False: stages "
+        "alternate asynchronously and stage s keeps S − s (Megatron-LM's 1F1B).")
     fused_cross_entropy: bool = Field(
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
@@ -142,9 +147,10 @@ _TITAN = "pytorch/torchtitan"
 
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
-        name="jax", fp8_kept_casts=False, eager_adapters=False,
+        name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True,
         citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
-        "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches; what `plan validate` lowers.",
+        "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, pipelines as one "
+        "lockstep SPMD loop (validate/one_f_one_b.py); what `plan validate` lowers.",
     ),
     SoftwareStack(
         name="maxtext", tp_overlap=TpOverlap.GEMM, eager_adapters=False,

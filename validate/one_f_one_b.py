@@ -25,7 +25,7 @@ Interleaved (``interleave = v > 1``, Megatron's virtual stages, stored device-ma
 `validate.pipeline.interleaved_layer_order` says): ticks carry one chunk each. The forward runs
 GPipe's ring order (`validate.pipeline.work_item`: item ``t − d`` on device ``d``); the
 backward runs the same order with the chunks reversed, item ``t − lag − (S − 1 − d)``
-(`backward_lag_ticks`: ``(v − 1)·S + S − 1``), its cotangents on the reverse ring (device 0's
+(`costmodel.lockstep.backward_lag_ticks`: ``(v − 1)·S + S − 1``), its cotangents on the reverse ring (device 0's
 first chunk back round to the last device's previous chunk), so the last device's backward
 of a micro-batch's last chunk runs the tick its forward and head do. ``M·v + (v + 1)·S − 2``
 ticks in all; with ``v = 1`` this is the schedule above.
@@ -43,7 +43,7 @@ micro-batch is backpropagated ``2(v·S − 1)`` ticks after its forward, one tic
 in lockstep; device ``d``'s chunk ``c`` needs ``2(v − 1 − c)·S + 2(S − 1 − d) + 1``, but every
 device holds the same buffers; in a ring of ``2v·S − 1`` the bubble ticks' writes land where
 no item in flight is). With fewer items (``M·v < 2v·S − 1``) the ring holds all ``M·v`` and
-bubble ticks write into one more slot (`in_flight_slots`). Without interleaving a stage so
+bubble ticks write into one more slot (`costmodel.lockstep.in_flight_slots`). Without interleaving a stage so
 keeps ``min(2S − 1, M + 1)`` micro-batches of its layers' residuals whatever ``M``, where GPipe
 keeps ``M + S − 1`` and Megatron's 1F1B (whose forward and backward steps alternate, half a
 tick apart) ``S − s``; interleaved, ``min(2v·S − 1, M·v + 1)`` chunks (about ``2S`` micro-batches
@@ -72,6 +72,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from costmodel.errors import UnsupportedError
 from costmodel.layout import Schedule
+from costmodel.lockstep import backward_lag_ticks, in_flight_slots, one_f_one_b_ticks, ring_slots
 from planner.models.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.models.transformer import embed, head, run_layers
 from planner.schema import Plan
@@ -83,50 +84,6 @@ def runs_one_f_one_b(plan: Plan) -> bool:
     """Whether the plan's pipeline is lowered as 1F1B (this module) rather than GPipe: a
     pipelined plan whose schedule is not "gpipe"."""
     return plan.layout.pp > 1 and plan.layout.schedule is not Schedule.GPIPE
-
-
-def backward_lag_ticks(stages: int, chunks: int = 1) -> int:
-    """Ticks between the last device's forward item ``w`` and its backward item ``w``
-    (`work_item` order for both): the backward's first item of a round is its micro-batch's
-    last chunk, which the forward reaches ``(v − 1)·S`` items into the round.
-
-    >>> backward_lag_ticks(4), backward_lag_ticks(2, 4)
-    (3, 7)
-    """
-    return (chunks - 1) * stages + stages - 1
-
-
-def ring_slots(stages: int, chunks: int, micro_batches: int) -> int:
-    """Slots of the residuals' ring for real work items: ``2v·S − 1`` (device 0's backward of its
-    first chunk of a micro-batch comes ``2(v·S − 1)`` ticks after its forward), or all ``M·v``
-    items where there are fewer.
-
-    >>> ring_slots(4, 1, 32), ring_slots(2, 4, 16), ring_slots(2, 4, 2)
-    (7, 15, 8)
-    """
-    return min(2 * chunks * stages - 1, micro_batches * chunks)
-
-
-def in_flight_slots(stages: int, chunks: int, micro_batches: int) -> int:
-    """Chunks of residuals (micro-batches × chunks) every device keeps (`K`): the ring, and where
-    it holds every item, one more slot that bubble ticks write into (in a ring of ``2v·S − 1``
-    they write where no item in flight is).
-
-    >>> in_flight_slots(4, 1, 32), in_flight_slots(2, 4, 2)
-    (7, 9)
-    """
-    ring = ring_slots(stages, chunks, micro_batches)
-    return ring + (ring < 2 * chunks * stages - 1)
-
-
-def one_f_one_b_ticks(micro_batches: int, stages: int, chunks: int = 1) -> int:
-    """Ticks of the 1F1B loop: the last backward item (device 0, item ``M·v − 1``) runs on tick
-    ``M·v − 1 + lag + S − 1``; ``M + 2(S − 1)`` without interleaving.
-
-    >>> one_f_one_b_ticks(8, 4), one_f_one_b_ticks(16, 2, 4)
-    (14, 72)
-    """
-    return micro_batches * chunks + backward_lag_ticks(stages, chunks) + stages - 1
 
 
 class _KeptResiduals:

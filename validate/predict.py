@@ -68,6 +68,7 @@ from costmodel.activations import activation_table
 from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
+from costmodel.lockstep import in_flight_slots, one_f_one_b_ticks
 from costmodel.machine import machine_for
 from costmodel.memory import activation_bytes_per_layer
 from costmodel.model_config import ModelConfig, Norm
@@ -77,7 +78,7 @@ from planner.models.attention import block_pairs, block_size
 from planner.models.params import abstract_params
 from planner.models.transformer import moe_capacity
 from planner.schema import Plan
-from validate.one_f_one_b import in_flight_slots, one_f_one_b_ticks, runs_one_f_one_b
+from validate.one_f_one_b import runs_one_f_one_b
 from validate.pipeline import runs_outer_whole
 
 _F32 = 4
@@ -250,7 +251,7 @@ def _schedule(plan: Plan) -> _Schedule:
 
 def _ticks(plan: Plan) -> int:
     """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it (1F1B:
-    plus `validate.one_f_one_b.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
+    plus `costmodel.lockstep.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
     lay = plan.layout
     if runs_one_f_one_b(plan):
         return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)

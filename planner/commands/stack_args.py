@@ -19,6 +19,8 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
     "fused_elementwise": (["yes", "no"], "activations, RoPE and residual adds fused (no: eager PyTorch)"),
     "fused_norm": (["yes", "no"], "each norm one fused kernel (no: eager RMSNorm)"),
     "overlap_p2p": (["yes", "no"], "interleaved pipeline transfers run behind compute (Megatron-Core overlap_p2p_comm)"),
+    "lockstep_pipeline": (["yes", "no"], "pipeline stages step in lockstep, one forward and backward per tick on every device "
+                          "(the jax stack's single-program 1F1B): 2S-1 micro-batches in flight, bubbles computed"),
     "fused_cross_entropy": (["yes", "no"], "one fused softmax-cross-entropy kernel (no: Megatron's op-by-op fp32 one)"),
     "batch_major": (["yes", "no"], "activations [batch, seq, hidden]: sequence-parallel collectives copy their buffers"),
     "reentrant_recompute": (["yes", "no"], "recompute re-runs the layer's whole forward (Megatron-LM checkpointing)"),
@@ -28,10 +30,14 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
     "fp8_kept_casts": (["yes", "no"], "with --precision fp8, GEMM inputs kept in fp8 and weight casts resident (Transformer "
                        "Engine, torchao; no: the JAX program's bf16 inputs, casts redone)"),
     "fp8_param_gather": (["yes", "no"], "with --precision fp8, weights kept and all-gathered in fp8 (Megatron-LM --fp8-param-gather)"),
-    "eager_adapters": (["yes", "no"], "LoRA adapters' dropout, scale and add as kernels of their own (NeMo, PEFT; no: fused by a compiler)"),
-    "fsdp_frozen_grads": (["yes", "no"], "LoRA with ZeRO-3: frozen weights in the adapters' FSDP flat parameters get gradients (FSDP1, Lit-GPT)"),
-    "unsharded_grad_accumulation": (["yes", "no"], "ZeRO 2-3 accumulates whole gradients until the last micro-batch (FSDP1 no_sync, Lit-GPT)"),
-    "adapter_dropout_saved": (["yes", "no"], "LoRA dropout keeps its output and a one-byte mask beside its input (eager nn.Dropout, Lit-GPT)"),
+    "eager_adapters": (["yes", "no"], "LoRA adapters' dropout, scale and add as kernels of their own (NeMo, PEFT; "
+                       "no: fused by a compiler)"),
+    "fsdp_frozen_grads": (["yes", "no"], "LoRA with ZeRO-3: frozen weights in the adapters' FSDP flat parameters get "
+                          "gradients (FSDP1, Lit-GPT)"),
+    "unsharded_grad_accumulation": (["yes", "no"], "ZeRO 2-3 accumulates whole gradients until the last micro-batch "
+                                    "(FSDP1 no_sync, Lit-GPT)"),
+    "adapter_dropout_saved": (["yes", "no"], "LoRA dropout keeps its output and a one-byte mask beside its input "
+                              "(eager nn.Dropout, Lit-GPT)"),
     "fused_qkv_views": (["yes", "no"], "attention reads q, k, v as views of one fused projection, whose output stays alive; "
                         "q/k/v adapters share one dropout (Lit-GPT)"),
     "bnb_4bit_saves_input": (["yes", "no"], "LoRA over --frozen-dtype nf4/nf4-dq: every 4-bit linear keeps its input for backward "

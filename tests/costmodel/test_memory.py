@@ -8,7 +8,7 @@ from costmodel.data_parallel import stage_trainable_params
 from costmodel.layout import Layout, Recompute, Schedule
 from costmodel.memory import in_flight_microbatches, memory_breakdown
 from costmodel.model_config import ModelConfig
-from costmodel.stack import Attention, stack_with
+from costmodel.stack import STACKS, Attention, stack_with
 from costmodel.train_config import Dtype, TrainConfig
 
 MODEL = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
@@ -50,12 +50,16 @@ def test_tensor_parallel_shards_layer_weights():
     assert four.params_bytes == pytest.approx(one.params_bytes / 4, rel=0.01)
 
 
-@pytest.mark.parametrize(("schedule", "v", "m", "expected"), [
-    (Schedule.ONE_F_ONE_B, 1, 16, 4), (Schedule.ONE_F_ONE_B, 1, 2, 2), (Schedule.GPIPE, 1, 16, 16),
-    (Schedule.INTERLEAVED, 2, 16, 4 * (1 + 3 / 8)),
+@pytest.mark.parametrize(("stack", "schedule", "v", "m", "expected"), [
+    ("megatron-core", Schedule.ONE_F_ONE_B, 1, 16, 4), ("megatron-core", Schedule.ONE_F_ONE_B, 1, 2, 2),
+    ("megatron-core", Schedule.GPIPE, 1, 16, 16), ("megatron-core", Schedule.INTERLEAVED, 2, 16, 4 * (1 + 3 / 8)),
+    # Lockstep (the jax stack): 2S - 1 = 7 micro-batches; with 2 only, both and a slot for the bubble ticks; 2vS - 1 = 15 chunks.
+    ("jax", Schedule.ONE_F_ONE_B, 1, 16, 7), ("jax", Schedule.ONE_F_ONE_B, 1, 2, 3), ("jax", Schedule.GPIPE, 1, 16, 16),
+    ("jax", Schedule.INTERLEAVED, 2, 16, 15 / 2),
 ])
-def test_first_stage_in_flight_microbatches(schedule, v, m, expected):
-    assert in_flight_microbatches(Layout(pp=4, interleave=v, schedule=schedule), m) == pytest.approx(expected)
+def test_first_stage_in_flight_microbatches(stack, schedule, v, m, expected):
+    layout = Layout(pp=4, interleave=v, schedule=schedule, stack=STACKS[stack])
+    assert in_flight_microbatches(layout, m) == pytest.approx(expected)
 
 
 def test_fits_and_margin_against_hbm():

@@ -4,7 +4,7 @@ import pytest
 
 from costmodel.errors import InvalidPlanError
 from costmodel.layout import Schedule
-from costmodel.pipeline import PipelineTimes, pipeline_step_estimate, simulate_pipeline
+from costmodel.pipeline import PipelineTimes, lockstep_step_estimate, pipeline_step_estimate, simulate_pipeline
 
 
 def _times(p, *, f=1.0, b=2.0, p2p=0.0, v=1):
@@ -71,3 +71,13 @@ def test_closed_form_agrees_with_the_simulated_timeline(forward, backward, p2p, 
     closed = pipeline_step_estimate(times, n_microbatches=m, schedule=schedule)
     assert closed.step_time_s == pytest.approx(simulated.step_time_s, rel=1e-9)
     assert closed.bubble_s == pytest.approx(simulated.bubble_s, rel=1e-9, abs=1e-9)
+
+
+def test_lockstep_ticks_cost_twice_the_async_bubble_and_place_each_item():
+    times = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0)
+    lockstep = lockstep_step_estimate(times, n_microbatches=8, keep_events=True)
+    async_1f1b = pipeline_step_estimate(times, n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
+    assert lockstep.bubble_s == pytest.approx(2 * async_1f1b.bubble_s) and lockstep.busy_s == async_1f1b.busy_s
+    backward = {(e.stage, e.microbatch): e for e in lockstep.events if not e.forward}
+    assert backward[(0, 7)].end_s == pytest.approx(lockstep.step_time_s)  # device 0's last backward ends the step
+    assert backward[(3, 0)].start_s == pytest.approx(3 * 3.0 + 1.0)  # the last stage turns micro-batch 0 round in its forward's tick

@@ -23,10 +23,10 @@ GPT = ModelConfig(name="tiny-gpt-8", hidden_size=64, num_layers=8, num_heads=4, 
 
 @pytest.mark.parametrize("model, layout", [
     (LLAMA, Layout(pp=4, micro_batch=1)),
-    (LLAMA, Layout(pp=2, dp=2, micro_batch=1, recompute="full")),
+    pytest.param(LLAMA, Layout(pp=2, dp=2, micro_batch=1, recompute="full"), marks=pytest.mark.slow),
     (LLAMA, Layout(pp=2, tp=2, micro_batch=2, recompute="selective")),
-    (GPT, Layout(pp=2, dp=2, micro_batch=1)),
-    (LLAMA, Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="interleaved")),
+    pytest.param(GPT, Layout(pp=2, dp=2, micro_batch=1), marks=pytest.mark.slow),
+    pytest.param(LLAMA, Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="interleaved"), marks=pytest.mark.slow),
     (GPT, Layout(pp=4, micro_batch=2, interleave=2, schedule="interleaved", recompute="full")),
 ], ids=["pp4", "pp2-dp2-full", "pp2-tp2-selective", "gpt-pp2-dp2", "pp2-dp2-v2", "gpt-pp4-v2-full"])
 def test_one_f_one_b_step_matches_the_single_device_loss_and_gradients(model, layout):

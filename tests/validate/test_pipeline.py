@@ -40,8 +40,8 @@ print(json.dumps({"loss": float(loss), "reference": float(reference_loss), "grad
 
 
 @pytest.mark.parametrize("layout", [
-    Layout(pp=4, micro_batch=2, schedule="gpipe"),
-    Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="gpipe"),
+    pytest.param(Layout(pp=4, micro_batch=2, schedule="gpipe"), marks=pytest.mark.slow),
+    pytest.param(Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="gpipe"), marks=pytest.mark.slow),
     Layout(pp=4, micro_batch=2, interleave=2, schedule="gpipe", recompute="full"),
 ], ids=["pp4", "pp2-dp2-v2", "pp4-v2-full"])
 def test_gpipe_steps_match_the_single_device_loss_and_gradients(layout):

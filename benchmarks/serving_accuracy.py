@@ -2,13 +2,13 @@
 
 Every row of ``benchmarks/data/inference_runs.csv`` is predicted from its own columns alone
 (model preset, hardware, tp / pp / replicas, batch, input and output lengths, precision,
-weight and KV-cache storage; fp8 rows: fp8 weights with the GEMMs in fp8, W8A8) with the function ``plan --workload decode`` and ``plan simulate --workload
-decode`` call, `costmodel.inference.simulate_inference`. One call gives the time per output
-token (TPOT) at the row's mean decode context (``input + output // 2``: the steps of a
-generation see every context from the prompt to its end), the time to first token (TTFT,
-the prompts prefilled) and the HBM floor of a decode step (every weight and cache byte read
-once at the datasheet bandwidth). Each row's metric is then predicted as the source measured
-it:
+weight and KV-cache storage; fp8 rows: fp8 weights with the GEMMs in fp8, W8A8) with the
+function ``plan --workload decode`` and ``plan simulate --workload decode`` call,
+`costmodel.inference.simulate_inference`. One call gives the time per output token (TPOT) at
+the row's mean decode context (``input + output // 2``: the steps of a generation see every
+context from the prompt to its end), the time to first token (TTFT, the prompts prefilled) and
+the HBM floor of a decode step (every weight and cache byte read once at the datasheet
+bandwidth). Each row's metric is then predicted as the source measured it:
 
 - ``output_tokens_per_s`` (and ``_per_device``): a static batch, ``replicas · batch ·
   output / (TTFT + (output − 1) · TPOT)``: the prefill gives the first token, each decode
@@ -16,11 +16,11 @@ it:
 - ``decode_tokens_per_s``: one sequence's decode rate, ``1 / TPOT``;
 - ``tpot_s`` and ``ttft_s``: as predicted.
 
-A row the serving model cannot express (unstated lengths, a model without a preset) is listed as skipped with why. Prints the table (measured, predicted, the HBM bound
-in the metric's own unit, error), the mean and max |error| per source, and the decode
-must-show (llama3-8b and llama3-70b at batch 1 and 64 on H100 and A100: HBM floor, predicted,
-published where a row matches); writes one CSV. Exits 1 if any predicted TPOT is below its
-HBM floor.
+A row the serving model cannot express (unstated lengths, a model without a preset) is listed
+as skipped with why. Prints the table (measured, predicted, the HBM bound in the metric's own
+unit, error), the mean and max |error| per source, and the decode must-show (llama3-8b and
+llama3-70b at batch 1 and 64 on H100 and A100: HBM floor, predicted, published where a row
+matches); writes one CSV. Exits 1 if any predicted TPOT is below its HBM floor.
 
     python -m benchmarks.serving_accuracy [--data PATH] [--out benchmarks/out/serving_accuracy.csv]
 
@@ -39,9 +39,9 @@ from benchmarks.output import print_table, write_csv
 from benchmarks.simulator_accuracy import error_summary
 from costmodel.errors import PlannerError
 from costmodel.estimate import StepEstimate
+from costmodel.hardware import load_hardware
 from costmodel.inference import simulate_inference
 from costmodel.layout import Layout
-from costmodel.hardware import load_hardware
 from costmodel.machine import train_machine
 from costmodel.train_config import Precision, TrainConfig
 from costmodel.workload import InferenceConfig
@@ -118,7 +118,8 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         result: dict[str, object] = {
             "source": source_family(row), "model": row["model"], "hardware": row["hardware"],
             "layout": f"tp{row['tp']} pp{row['pp']} x{row['replicas']}", "batch": int(row["batch"]),
-            "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "weights": row["weight_dtype"], "kv": row["kv_cache_dtype"], "metric": row["metric"],
+            "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "weights": row["weight_dtype"], "kv": row["kv_cache_dtype"],
+            "metric": row["metric"],
             "measured": measured, "predicted": None, "hbm_bound": None, "error_pct": None, "tpot_ms": None, "hbm_floor_ms": None,
             "fits": None, "skipped": skip_reason(row) or "",
         }

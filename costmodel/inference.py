@@ -184,7 +184,8 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
     prefill = [_stage_s(model, train, lay, hw, s, sequences=rb, new_tokens=prompt) for s in range(pp)]
     hops_s = (pp - 1) * _handoff_s(model, train, lay, hw, rb * prompt)
     ttft_s = sum(t[0] for t in prefill) + hops_s
-    read_bytes = [stage_weight_bytes(model, train, lay, s) - lay.layers_on_stage(model.num_layers, s) * untouched_expert_bytes(model, train, lay, b)
+    untouched = untouched_expert_bytes(model, train, lay, b)
+    read_bytes = [stage_weight_bytes(model, train, lay, s) - lay.layers_on_stage(model.num_layers, s) * untouched
                   + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
     serving = ServingTimes(
         decode_compute_s=sum(t[1] for t in decode), decode_hbm_s=sum(t[2] for t in decode),

@@ -88,7 +88,8 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
             f"no layout of {n_devices}× {machine.name} decodes {model.name} at batch {train.global_batch} within {bound_ms:g} ms "
             f"per output token: the best reachable is {_latency_s(quickest, train) * 1e3:.2f} ms (dp{quickest.layout.dp} "
             f"tp{quickest.layout.tp} pp{quickest.layout.pp})",
-            fix=f"raise --max-token-latency-ms to {_latency_s(quickest, train) * 1e3:.2f} or more, or use a smaller --batch or more devices")
+            fix=f"raise --max-token-latency-ms to {_latency_s(quickest, train) * 1e3:.2f} or more, "
+                "or use a smaller --batch or more devices")
 
     def rank(e: StepEstimate) -> tuple[float, float]:
         return -e.tokens_per_s, _latency_s(e, train)

@@ -179,7 +179,8 @@ def test_only_an_eager_gated_mlp_keeps_its_activation_output():
     gelu = ModelConfig(name="g", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=2816, vocab_size=1000, mlp="gelu")
     for model, eager_extra in ((gated, S * 2816 * 2), (gelu, 0)):
         fused = sum(t.bytes for t in activation_table(model, TrainConfig(seq_len=S), Layout()))
-        eager = sum(t.bytes for t in activation_table(model, TrainConfig(seq_len=S), Layout(stack=stack_with("jax", fused_elementwise=False))))
+        eager_layout = Layout(stack=stack_with("jax", fused_elementwise=False))
+        eager = sum(t.bytes for t in activation_table(model, TrainConfig(seq_len=S), eager_layout))
         assert eager - fused == eager_extra
 
 

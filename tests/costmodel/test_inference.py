@@ -3,10 +3,10 @@
 import pytest
 
 from costmodel.errors import UnsupportedError
-from costmodel.inference import kv_cache_bytes, micro_batches, simulate_inference
-from costmodel.layout import Layout
 from costmodel.hardware import load_hardware
+from costmodel.inference import kv_cache_bytes, micro_batches, simulate_inference
 from costmodel.kernels import KernelKind
+from costmodel.layout import Layout
 from costmodel.machine import load_machine, train_machine
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig

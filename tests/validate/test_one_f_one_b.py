@@ -14,7 +14,6 @@ from validate.compile_check import compile_in_subprocess
 from validate.emulated import run_emulated
 from validate.one_f_one_b import runs_one_f_one_b
 
-
 # Layer norms, biases, learned positions and a tied table: the layer's vjp holds its weights in another order.
 # No QKV biases: the key bias's gradient is zero (softmax ignores a shift), so its relative error is noise.
 GPT = ModelConfig(name="tiny-gpt-8", hidden_size=64, num_layers=8, num_heads=4, ffn_size=128, vocab_size=256, norm="layernorm",

@@ -28,6 +28,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
+from costmodel.fp8 import FP8_BYTES
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig, Norm, Positions
 from costmodel.stack import Attention
@@ -146,7 +147,6 @@ def _linear(name: str, m: float, n: float, k: float, *, train: TrainConfig, cota
     return [gemm, *fp8_cast_kernels(name, m, n, k, train=train)]
 
 
-FP8_BYTES = 1
 # Transformer Engine's fused cast-transpose (Hopper's fp8 GEMMs take only the "TN" layout, so
 # every fp8 operand is written twice, row- and column-major) reads one compute-dtype tensor and
 # writes two fp8 ones, and reduces its amax in the same pass: 2 + 2 bytes per element.

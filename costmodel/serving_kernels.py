@@ -27,12 +27,12 @@
 
 from __future__ import annotations
 
+from costmodel.fp8 import FP8_BYTES
 from costmodel.kernels import Kernel, KernelKind
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
 
-FP8_BYTES = 1
 _F32 = 4
 
 

@@ -52,7 +52,7 @@ def _format(value: float | None, unit: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # The validator imports planner; the CLI loads it only for this command (DESIGN: composition root).
-    from planner.models.decode import check_decode_lowered
+    from planner.models.decode import check_serving_lowered
     from planner.schema import Plan
     from validate.compile_check import CompileReport, compile_in_subprocess
     from validate.multihost import run_processes, validate_processes
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
     refuse_unlowered_weights(plan)
     if plan.train.is_inference:
-        check_decode_lowered(plan.model)  # before any process starts
+        check_serving_lowered(plan.model)  # before any process starts
         if not args.compile_only:
             raise UnsupportedError(f"the timed check runs training steps; a {plan.train.workload.value} plan is checked compiled only",
                                    fix="add --compile-only")

@@ -109,7 +109,7 @@ def _mlp(x_BxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> jax.Array:
     return y_BxD + p["b_out"].astype(dt) if "b_out" in p else y_BxD
 
 
-def check_decode_lowered(cfg: ModelConfig) -> None:
+def check_serving_lowered(cfg: ModelConfig) -> None:
     """Refuse in one line a model whose serving steps are not lowered: a mixture of experts (the
     serving cost model predicts it; the training MoE layer's capacity dispatch would run every
     expert on each sequence's one token, not the top-k the model costs)."""
@@ -150,7 +150,7 @@ def decode_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str,
     """fp32 logits ``[B, V]`` of the next token and the cache with this token's keys and values
     written (module docstring). ``constrain`` pins named activations (``residual_BxSxD``,
     ``kv_cache_BxTxKxH``, ``logits_BxSxV``), ``lookup`` gathers embedding rows, as in training."""
-    check_decode_lowered(cfg)
+    check_serving_lowered(cfg)
     x_BxD = decode_embed(params, batch, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
     x_BxD, kv_cache = decode_layers(x_BxD, params["layers"], kv_cache, batch["position"], cfg, compute_dtype=compute_dtype,
                                     constrain=constrain)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from costmodel.model_config import ModelConfig
 from costmodel.train_config import TrainConfig
-from planner.models.decode import abstract_decode_inputs
+from planner.models.decode import abstract_decode_inputs, check_serving_lowered
 from planner.models.params import Params
 from planner.models.transformer import Constrain, Lookup, _attend_and_project, _dense_mlp, _keep, _norm, _qkv, _take, embed, head
 
@@ -72,8 +72,7 @@ def prefill_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str
     """fp32 logits ``[B, V]`` of each prompt's last token and the cache holding every prompt
     token's keys and values (module docstring). ``constrain`` and ``lookup`` as in training;
     ``attention`` is the kernel, "flash" or "materialized"."""
-    if cfg.is_moe:
-        raise NotImplementedError("the prefill step covers dense models")  # planner.serving refuses MoE before this
+    check_serving_lowered(cfg)
     x_BxPxD = embed(params, batch["tokens"], cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
     x_BxPxD, kv_cache = prefill_layers(x_BxPxD, params["layers"], kv_cache, cfg, compute_dtype=compute_dtype, constrain=constrain,
                                        attention=attention)

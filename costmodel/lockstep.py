@@ -16,6 +16,8 @@ bubbles included: ``M·v + (v + 1)·S − 2`` ticks of one chunk's forward and b
 
 from __future__ import annotations
 
+from costmodel.layout import Layout, Schedule
+
 
 def backward_lag_ticks(stages: int, chunks: int = 1) -> int:
     """Ticks between the last device's forward item ``w`` and its backward item ``w``
@@ -60,3 +62,13 @@ def one_f_one_b_ticks(micro_batches: int, stages: int, chunks: int = 1) -> int:
     """
     return micro_batches * chunks + backward_lag_ticks(stages, chunks) + stages - 1
 
+
+
+def runs_lockstep(layout: Layout) -> bool:
+    """Whether ``layout``'s pipeline runs in lockstep: pipelined, not GPipe, on a stack that does.
+
+    >>> from costmodel.stack import STACKS
+    >>> runs_lockstep(Layout(pp=2)), runs_lockstep(Layout(pp=2, stack=STACKS["megatron-core"])), runs_lockstep(Layout())
+    (True, False, False)
+    """
+    return layout.pp > 1 and layout.stack.lockstep_pipeline and layout.schedule is not Schedule.GPIPE

@@ -44,7 +44,7 @@ from costmodel.activations import activation_bytes_per_layer
 from costmodel.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
 from costmodel.fp8 import fp8_weight_copy_bytes
 from costmodel.layout import Layout, Offload, Recompute, Schedule
-from costmodel.lockstep import in_flight_slots
+from costmodel.lockstep import in_flight_slots, runs_lockstep
 from costmodel.model_config import ModelConfig
 from costmodel.offload import HostMemory, device_grad_bytes, host_memory
 from costmodel.schema import Record
@@ -132,7 +132,7 @@ def in_flight_microbatches(layout: Layout, n_microbatches: int, stage: int = 0) 
     p, m, v = layout.pp, n_microbatches, layout.interleave
     if layout.schedule is Schedule.GPIPE:
         return m
-    if p > 1 and layout.stack.lockstep_pipeline:  # every stage keeps the lockstep ring (`costmodel.lockstep`)
+    if runs_lockstep(layout):  # every stage keeps the lockstep ring (`costmodel.lockstep`)
         return in_flight_slots(p, v, m) / v
     if layout.schedule is Schedule.INTERLEAVED and v > 1:
         return min(m, p * (1 + (p - 1) / (p * v))) if stage == 0 else 1
@@ -196,8 +196,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     if last:
         logits = sb * model.vocab_size / model.vocab_shards(layout.tp) * 4  # fp32
         # In lockstep the head runs one micro-batch per tick: its logits and their gradient.
-        lockstep = layout.pp > 1 and layout.stack.lockstep_pipeline and layout.schedule is not Schedule.GPIPE
-        temporary += (2 if lockstep else in_flight + 1) * logits
+        temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
 

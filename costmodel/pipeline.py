@@ -46,6 +46,11 @@ class PipelineTimes(BaseModel):
         """A device's transfers for one micro-batch: one per forward and one per backward of each chunk."""
         return 2 * self.interleave * self.transfer_s
 
+    @property
+    def per_stage_s(self) -> list[float]:
+        """Each stage's time for one micro-batch: forward, backward and its transfers."""
+        return [f + b + self.transfers_per_microbatch_s for f, b in zip(self.forward_s, self.backward_s)]
+
 
 class TimelineEvent(BaseModel):
     """One micro-step on one stage, for plots."""
@@ -123,7 +128,7 @@ def pipeline_step_estimate(times: PipelineTimes, *, n_microbatches: int, schedul
     """
     m = n_microbatches
     v = times.interleave if schedule is Schedule.INTERLEAVED else 1
-    per_stage = [f + b + times.transfers_per_microbatch_s for f, b in zip(times.forward_s, times.backward_s)]
+    per_stage = times.per_stage_s
     slowest = max(per_stage)
     step = (m - 1 / v) * slowest + sum(per_stage) / v
     return PipelineResult(step_time_s=step, busy_s=m * slowest, bubble_s=step - m * slowest)
@@ -186,8 +191,7 @@ def lockstep_step_estimate(times: PipelineTimes, *, n_microbatches: int, keep_ev
     (42.0, 18.0)
     """
     p, m, v = len(times.forward_s), n_microbatches, times.interleave
-    per_stage = [f + b + times.transfers_per_microbatch_s for f, b in zip(times.forward_s, times.backward_s)]
-    slowest = max(per_stage)
+    slowest = max(times.per_stage_s)
     tick_s = slowest / v
     step = one_f_one_b_ticks(m, p, v) * tick_s
     events = []

@@ -35,6 +35,7 @@ from costmodel.inference import simulate_inference
 from costmodel.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.layer_costs import LayerCosts, layer_costs, phase_time
 from costmodel.layout import Layout, Offload, Schedule, check_layout
+from costmodel.lockstep import runs_lockstep
 from costmodel.machine import Machine
 from costmodel.memory import MemoryBreakdown, memory_breakdown
 from costmodel.model_config import ModelConfig
@@ -220,7 +221,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     n_micro = layout.micro_batches(train)
     times = PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
                           p2p_s=send_s, interleave=layout.interleave)
-    if layout.pp > 1 and layout.stack.lockstep_pipeline and layout.schedule is not Schedule.GPIPE:
+    if runs_lockstep(layout):
         pipe = lockstep_step_estimate(times, n_microbatches=n_micro, keep_events=keep_timeline)
     elif keep_timeline:
         pipe = simulate_pipeline(times, n_microbatches=n_micro, schedule=layout.schedule, keep_events=True)

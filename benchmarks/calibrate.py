@@ -8,10 +8,10 @@ minimise the mean absolute step-time error over *all* runs on that hardware, nev
 alone. The fit is an exhaustive search of `GRID`: every run is simulated once at every
 grid point, so the fit and its two held-out estimates read one table of errors: 5-fold
 cross-validation (random folds: each fold fitted without its runs) and leave-one-source-out
-(each source predicted by the fit to that hardware's other sources, or by the
-micro-benchmark efficiencies where no other source ran on it: the estimate for a new
-framework's or paper's runs). Hardware types with fewer than three runs per free
-parameter fit only the GEMM scale. Every fitted efficiency is checked against its stated
+(each source predicted by the fit to that hardware's other sources, or, where no other
+source ran on it, by the GEMM scale that other parts of its chip were fitted to: the
+estimate for a new framework's or paper's runs). A hardware type fits as many of `GRID`'s
+parameters, in order, as it has three runs for each (`free_parameters`). Every fitted efficiency is checked against its stated
 physical range (`PHYSICAL_RANGE`). It prints the values to put in ``costmodel/catalog.py``.
 
     python -m benchmarks.calibrate [--data PATH] [--hardware NAME] [--out benchmarks/out/calibration.csv]
@@ -31,23 +31,30 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.output import write_csv
-from benchmarks.simulator_accuracy import DEFAULT_DATA, layout_from_row, machine_from_row, model_from_row, train_from_row
+from benchmarks.simulator_accuracy import (
+    DEFAULT_DATA,
+    MICROBENCHMARK_GEMM_SCALES,
+    chip_transfer_pct,
+    hardware_type,
+    layout_from_row,
+    machine_from_row,
+    model_from_row,
+    source_family,
+    train_from_row,
+)
 from costmodel.catalog import MICROBENCHMARK_EFFICIENCY
 from costmodel.machine import load_machine
 from costmodel.roofline import Efficiency
 from costmodel.simulator import simulate
 
-# Parts that are one hardware type under two names (torchtitan's capped H100 reported with
-# 95 and 96 GB) share one calibration.
-HARDWARE_TYPE = {"h100-95gb-hbm2e-lowtdp": "h100-96gb-hbm2e-500w"}
-# Fewer runs than this per fitted parameter and only the GEMM scale is fitted.
+# Fewer runs than this per fitted parameter and that parameter is not fitted (`free_parameters`).
 RUNS_PER_FREE_PARAMETER = 3
 # Each efficiency within what kernels and micro-benchmarks reach: fused attention 0.35–0.70
 # of peak (FlashAttention-2 from short to long sequences), memory-bound kernels 0.50–0.90 of
 # HBM bandwidth, and compute beside a collective slowed by 0–0.30.
 GRID = {
-    "matmul_scale": [round(0.70 + 0.02 * i, 2) for i in range(16)],
-    "matmul_knee": [0.01, 0.1, 1.0],
+    "matmul_scale": list(MICROBENCHMARK_GEMM_SCALES),
+    "matmul_knee": [0.01, 0.1, 1.0, 3.0, 10.0],
     "flash_attention": [round(0.35 + 0.05 * i, 2) for i in range(8)],
     "hbm": [round(0.50 + 0.05 * i, 2) for i in range(9)],
     "overlap_slowdown": [round(0.05 * i, 2) for i in range(7)],
@@ -70,10 +77,19 @@ def errors_pct(rows: list[dict[str, str]], params: dict[str, float]) -> list[flo
     out = []
     for row in rows:
         machine = machine_from_row(row).model_copy(update={"efficiency": _start(row["hardware"]).calibrated(**params)})
-        est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row), machine)
+        est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)
         measured = float(row["derived_step_time_s"])
         out.append(100 * (est.step_time_s - measured) / measured)
     return out
+
+
+def free_parameters(runs: int) -> list[str]:
+    """The `GRID` parameters ``runs`` runs may fit, in `GRID` order, `RUNS_PER_FREE_PARAMETER` runs each (at least the GEMM scale).
+
+    >>> free_parameters(11), len(free_parameters(24))
+    (['matmul_scale', 'matmul_knee', 'flash_attention'], 5)
+    """
+    return list(GRID)[:max(1, min(len(GRID), runs // RUNS_PER_FREE_PARAMETER))]
 
 
 def grid_points(start: dict[str, float], free: list[str]) -> list[dict[str, float]]:
@@ -142,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/calibration.csv"))
     args = parser.parse_args(argv)
     with args.data.open() as f:
-        by_type: dict[str, list[dict[str, str]]] = defaultdict(list)
-        for row in csv.DictReader(f):
-            by_type[HARDWARE_TYPE.get(row["hardware"], row["hardware"])].append(row)
+        all_rows = list(csv.DictReader(f))
+    by_type: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for row in all_rows:
+        by_type[hardware_type(row)].append(row)
     results, loso_all = [], []
     for hardware, rows in sorted(by_type.items()):
         if args.hardware and hardware not in args.hardware:
@@ -152,13 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         base = _start(hardware)
         start = {"matmul_scale": 1.0, "matmul_knee": 1.0, "flash_attention": base.flash_attention, "hbm": base.hbm,
                  "overlap_slowdown": base.overlap_slowdown}
-        free = list(GRID) if len(rows) >= RUNS_PER_FREE_PARAMETER * len(GRID) else ["matmul_scale"]
+        free = free_parameters(len(rows))
         points = grid_points(start, free)
         table = error_table(rows, points)
         params = points[best_point(table, list(range(len(rows))))]
         before, after = errors_pct(rows, start), errors_pct(rows, params)
         held_out = cross_validated(table) if len(rows) >= 2 * FOLDS else None
-        loso = leave_one_source_out(table, [r["source"].split(" (")[0] for r in rows], before)
+        sources = [source_family(r) for r in rows]
+        # Only a type with one source falls back, on what other parts of its chip teach.
+        fallback = chip_transfer_pct(rows, all_rows) if len(set(sources)) == 1 else before
+        loso = leave_one_source_out(table, sources, fallback)
         loso_all += list(loso)
         print(f"{hardware}: {len(rows)} runs, free {free}, {len(points)} grid points")
         print(f"  mean |error| micro-benchmark efficiencies {_mean_abs(before):.2f} %, calibrated {_mean_abs(after):.2f} % "

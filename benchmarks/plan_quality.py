@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = list(csv.DictReader(f))
     results = []
     for row in rows:
-        model, published, train, machine = model_from_row(row), layout_from_row(row), train_from_row(row), machine_from_row(row)
+        model, train, machine = model_from_row(row), train_from_row(row), machine_from_row(row)
+        published = layout_from_row(row, machine)
         reference = simulate(model, train, published, machine)
         space = SearchSpace(stack=published)
         start = time.perf_counter()

@@ -43,7 +43,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
-from costmodel.catalog import MICROBENCHMARK_EFFICIENCY
+from costmodel.catalog import CHIP, MICROBENCHMARK_EFFICIENCY
 from costmodel.hardware import load_hardware
 from costmodel.layout import Layout, Schedule, stack_recompute
 from costmodel.machine import Machine, train_machine
@@ -52,6 +52,7 @@ from costmodel.simulator import simulate
 from costmodel.stack import SoftwareStack, apply_options, get_stack, stack_with
 from costmodel.train_config import Precision, TrainConfig
 from costmodel.workload import FrozenDtype, LoraConfig, WorkloadKind
+from search.layouts import SearchSpace, divisors, grid_search
 
 # The shared data sit beside the project's checkout (main or a worktree under it).
 DEFAULT_DATA = next((p / "shared" / "data" / "published_training_runs.csv" for p in Path(__file__).resolve().parents
@@ -76,6 +77,9 @@ PLAN_SIMULATE_BUDGET_S = 1.0
 # Leave-one-source-out refits each hardware type's GEMM scale, as a multiple of its profile's
 # curve, over this grid; parts that are one hardware type under two names share the fit.
 LOSO_GEMM_SCALES = tuple(round(0.70 + 0.03 * i, 2) for i in range(21))
+# The GEMM scales a micro-benchmark curve may be fitted to (`benchmarks.calibrate.GRID`): large GEMMs
+# within 0.55-0.90 of peak on the curves of `costmodel.catalog.MICROBENCHMARK_EFFICIENCY`.
+MICROBENCHMARK_GEMM_SCALES = tuple(round(0.70 + 0.02 * i, 2) for i in range(16))
 HARDWARE_TYPE = {"h100-95gb-hbm2e-lowtdp": "h100-96gb-hbm2e-500w"}
 
 
@@ -99,10 +103,11 @@ def stack_from_row(row: dict[str, str]) -> SoftwareStack:
     return apply_options(get_stack(row["stack"] or "jax"), row["stack_options"])
 
 
-def layout_from_row(row: dict[str, str]) -> Layout:
-    """The layout a row ran: its own cells on its stack, then the documented defaults."""
+def layout_from_row(row: dict[str, str], machine: Machine) -> Layout:
+    """The layout a row ran on ``machine``: its own cells on its stack; where the source leaves the
+    micro-batch unstated, the micro-batch and interleaving `planner_tuned` chooses for the rest."""
     interleave, stack = int(row["interleave"] or 1), stack_from_row(row)
-    return Layout(
+    layout = Layout(
         dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), cp=int(row["cp"] or 1),
         micro_batch=int(row["micro_batch"] or 1), interleave=interleave,
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
@@ -110,6 +115,23 @@ def layout_from_row(row: dict[str, str]) -> Layout:
         zero_stage=int(row["zero_stage"]),
         stack=stack_with(stack, attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes"),
     )
+    if row["micro_batch"]:
+        return layout
+    return planner_tuned(model_from_row(row), train_from_row(row), layout, machine, interleave=not row["interleave"])
+
+
+def planner_tuned(model: ModelConfig, train: TrainConfig, layout: Layout, machine: Machine, *, interleave: bool) -> Layout:
+    """``layout`` with the micro-batch (and, where ``interleave``, the model chunks per pipeline
+    device) that the planner's grid search picks with every other knob held: the fastest that fits.
+
+    A throughput table reports a tuned run, so a knob it does not state is taken as tuned,
+    by the same cost model that predicts the row. Chunks range over every count Megatron
+    accepts (dividing a stage's layers); micro-batches over the planner's own.
+    """
+    chunks = divisors(model.num_layers // layout.pp) if interleave and layout.pp > 1 else [layout.interleave]
+    space = SearchSpace(splits=((layout.dp, layout.tp, layout.pp, layout.cp),), recompute=(layout.recompute,),
+                        zero_stages=(layout.zero_stage,), interleaves=tuple(chunks), stack=layout, uneven_stages=False)
+    return grid_search(model, train, machine, n_devices=layout.n_devices, space=space).best.layout
 
 
 def workload_from_row(row: dict[str, str]) -> dict[str, object]:
@@ -149,7 +171,8 @@ def evaluate_memory(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     """The simulator's per-device memory against a row's measured peak (``peak_memory_gib_per_device``)."""
     results = []
     for row in rows:
-        model, layout, train, machine = model_from_row(row), layout_from_row(row), train_from_row(row), machine_from_row(row)
+        model, train, machine = model_from_row(row), train_from_row(row), machine_from_row(row)
+        layout = layout_from_row(row, machine)
         predicted_gib = simulate(model, train, layout, machine).memory.total_bytes / 2**30
         measured_gib = float(row["measured_value"])
         results.append({"source": row["source"].split(" (")[0], "model": row["model"], "hardware": row["hardware"],
@@ -163,7 +186,8 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     """Simulate every row; one result dict per row."""
     results = []
     for row in rows:
-        model, layout, train, machine = model_from_row(row), layout_from_row(row), train_from_row(row), machine_from_row(row)
+        model, train, machine = model_from_row(row), train_from_row(row), machine_from_row(row)
+        layout = layout_from_row(row, machine)
         start = time.perf_counter()
         est = simulate(model, train, layout, machine)
         elapsed_s = time.perf_counter() - start
@@ -194,21 +218,43 @@ def _errors_at_scale(rows: list[dict[str, str]], scale: float, *, microbenchmark
         machine = machine_from_row(row)
         base = MICROBENCHMARK_EFFICIENCY.get(row["hardware"], machine.efficiency) if microbenchmark else machine.efficiency
         eff = base.calibrated(matmul_scale=scale, flash_attention=base.flash_attention, hbm=base.hbm)
-        est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row), machine.model_copy(update={"efficiency": eff}))
+        machine = machine.model_copy(update={"efficiency": eff})
+        est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)
         measured = float(row["derived_step_time_s"])
         out.append(100 * (est.step_time_s - measured) / measured)
     return out
 
 
+def hardware_type(row: dict[str, str]) -> str:
+    """The hardware type a row's part is calibrated as (`HARDWARE_TYPE`)."""
+    return HARDWARE_TYPE.get(row["hardware"], row["hardware"])
+
+
+def chip_transfer_pct(test: list[dict[str, str]], rows: list[dict[str, str]]) -> list[float]:
+    """Errors (%) of the ``test`` rows, whose hardware type has no other source's runs, predicted
+    from what other parts of their chip (`costmodel.catalog.CHIP`) teach: every part's
+    micro-benchmark efficiencies with the one GEMM scale (`MICROBENCHMARK_GEMM_SCALES`) that fits
+    the rows of ``rows`` on other hardware types of that chip and from other sources best; with
+    no such rows, the micro-benchmark efficiencies as they are."""
+    chip, family = CHIP.get(test[0]["hardware"]), source_family(test[0])
+    siblings = [r for r in rows if chip and CHIP.get(r["hardware"]) == chip and hardware_type(r) != hardware_type(test[0])
+                and source_family(r) != family]
+    if not siblings:
+        return _errors_at_scale(test, 1.0, microbenchmark=True)
+    scale = min(MICROBENCHMARK_GEMM_SCALES,
+                key=lambda s: statistics.mean(map(abs, _errors_at_scale(siblings, s, microbenchmark=True))))
+    return _errors_at_scale(test, scale, microbenchmark=True)
+
+
 def leave_one_source_out_pct(rows: list[dict[str, str]]) -> list[float]:
     """Each row's error (%) predicted without its source: its hardware type's GEMM scale refitted
     (least mean |error| over `LOSO_GEMM_SCALES`) on the other sources' rows of that type, the
-    profile's other fitted efficiencies kept; where no other source ran on that hardware, the
-    micro-benchmark efficiencies that held before any calibration (as ``benchmarks/calibrate.py``)."""
+    profile's other fitted efficiencies kept; where no other source ran on that hardware type,
+    from the other parts of its chip (`chip_transfer_pct`, as ``benchmarks/calibrate.py``)."""
     held_out = [0.0] * len(rows)
     by_type: dict[str, list[int]] = defaultdict(list)
     for i, row in enumerate(rows):
-        by_type[HARDWARE_TYPE.get(row["hardware"], row["hardware"])].append(i)
+        by_type[hardware_type(row)].append(i)
     for indices in by_type.values():
         typed = [rows[i] for i in indices]
         table = [_errors_at_scale(typed, scale, microbenchmark=False) for scale in LOSO_GEMM_SCALES]
@@ -219,7 +265,7 @@ def leave_one_source_out_pct(rows: list[dict[str, str]]) -> list[float]:
                 best = min(range(len(LOSO_GEMM_SCALES)), key=lambda k: statistics.mean(abs(table[k][j]) for j in train))
                 errors = [table[best][j] for j in test]
             else:
-                errors = _errors_at_scale([typed[j] for j in test], 1.0, microbenchmark=True)
+                errors = chip_transfer_pct([typed[j] for j in test], rows)
             for j, err in zip(test, errors):
                 held_out[indices[j]] = err
     return held_out

@@ -8,7 +8,8 @@
   backward, and reduce-scatters its gradients.
 
 With overlap (``SoftwareStack.dp_overlap``), the reduction hides behind the backward of the last
-micro-batch and FSDP traffic behind the neighbouring layer's compute, leaving what exceeds
+micro-batch (interleaved, with ``SoftwareStack.per_chunk_grad_reduce``: each chunk's share behind the
+other chunks' remaining backward) and FSDP traffic behind the neighbouring layer's compute, leaving what exceeds
 it, plus that compute's slowdown while both run (``Efficiency.overlap_slowdown``); without
 overlap all of it is on the critical path. PyTorch's FSDP2
 (``SoftwareStack.fsdp_copy_out``) also copies each gathered parameter out of the all-gather
@@ -143,8 +144,14 @@ def data_parallel_costs(
     # Bucketed reduction runs while a micro-batch's backward is still going; the parameter
     # all-gather overlaps the next step's first forward.
     slowdown = hw.efficiency.overlap_slowdown
-    exposed = (n_reductions * exposed_s(reduce_s, layers * layer.backward_s, slowdown)
-               + exposed_s(regather_s, layers * layer.forward_s, slowdown))
+    reduce_exposed_s = exposed_s(reduce_s, layers * layer.backward_s, slowdown)
+    if layout.interleave > 1 and layout.stack.per_chunk_grad_reduce:
+        # Chunks finish pp micro-batches apart in the cool-down: all but the last chunk's share of the
+        # reduction runs behind the (v - 1)·pp chunk-backwards still to come; the last one's waits.
+        v = layout.interleave
+        reduce_exposed_s = reduce_s / v + exposed_s(reduce_s * (v - 1) / v, (v - 1) * layout.pp * layers * layer.backward_s / v,
+                                                    slowdown)
+    exposed = n_reductions * reduce_exposed_s + exposed_s(regather_s, layers * layer.forward_s, slowdown)
     return DataParallelCost(total_s=total_s, exposed_s=exposed)
 
 

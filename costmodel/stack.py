@@ -88,6 +88,12 @@ class SoftwareStack(BaseModel):
         False, description="In the interleaved pipeline schedule, each stage-to-stage send and receive is posted "
         "asynchronously and waited on only where the next chunk needs it, so it runs behind the micro-step beside it; "
         "False: blocking send/recv pairs. The non-interleaved schedule always blocks.")
+    per_chunk_grad_reduce: bool = Field(
+        False, description="In the interleaved schedule, each model chunk's gradients are reduced as soon as its last "
+        "micro-batch's backward is done, behind the backward the other chunks still have to run; the last chunk's after "
+        "the schedule ends (Megatron-Core @f2e5db4 core/pipeline_parallel/schedules.py "
+        "forward_backward_pipelining_with_interleaving: grad_sync_func per chunk, --delay-grad-reduce on by default). "
+        "False: a stage's gradients are reduced behind its last micro-batch's backward only.")
     lockstep_pipeline: bool = Field(
         False, description="Pipeline stages step in lockstep, one forward and one backward on every device per tick, a "
         "hand-off taking a whole tick (1F1B as one SPMD program runs it, `costmodel.lockstep`): every stage keeps 2S − 1 "
@@ -178,7 +184,7 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     ),
     SoftwareStack(
         name="megatron-core", reentrant_recompute=True, tp_overlap=TpOverlap.GEMM, fused_grad_accumulation=True,
-        fused_cross_entropy=False, overlap_p2p=True,
+        fused_cross_entropy=False, overlap_p2p=True, per_chunk_grad_reduce=True,
         citation=f"{_MEGATRON} @f2e5db4 (Jul 2024): megatron/core/model_parallel_config.py tp_comm_overlap "
         "(ag/rs split pipelined with the GEMM, bulk dgrad/wgrad) via TransformerEngine userbuffers "
         "(core/transformer/custom_layers/transformer_engine.py); training/arguments.py --overlap-grad-reduce, "
@@ -188,7 +194,8 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "(--cross-entropy-loss-fusion off by default, not among the README runs' flags); training/arguments.py "
         "--no-overlap-p2p-communication (overlap on by default; validate_args turns it off without a virtual pipeline) "
         "and core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving (isend/irecv, waited "
-        "before the chunk that needs them).",
+        "before the chunk that needs them); core/pipeline_parallel/schedules.py grad_sync_func launched per model chunk "
+        "after its last backward (training/training.py, --delay-grad-reduce default).",
     ),
     SoftwareStack(
         name="deepspeed", batch_major=True, reduce_every_micro_batch=True, fused_elementwise=False, fused_norm=False,

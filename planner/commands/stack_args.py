@@ -19,6 +19,8 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
     "fused_elementwise": (["yes", "no"], "activations, RoPE and residual adds fused (no: eager PyTorch)"),
     "fused_norm": (["yes", "no"], "each norm one fused kernel (no: eager RMSNorm)"),
     "overlap_p2p": (["yes", "no"], "interleaved pipeline transfers run behind compute (Megatron-Core overlap_p2p_comm)"),
+    "per_chunk_grad_reduce": (["yes", "no"], "interleaved pipelines reduce each chunk's gradients once its last backward is "
+                              "done, behind the other chunks' backward (Megatron-Core grad_sync_func)"),
     "lockstep_pipeline": (["yes", "no"], "pipeline stages step in lockstep, one forward and backward per tick on every device "
                           "(the jax stack's single-program 1F1B): 2S-1 micro-batches in flight, bubbles computed"),
     "fused_cross_entropy": (["yes", "no"], "one fused softmax-cross-entropy kernel (no: Megatron's op-by-op fp32 one)"),

@@ -94,3 +94,19 @@ def test_lora_fsdp_gathers_the_frozen_weights_as_stored():
     lay = Layout(dp=8, zero_stage=3, stack=stack_with("jax", dp_overlap=False))
     small, big = (data_parallel_costs(MODEL, t, lay, HW, layer_costs(MODEL, t, lay, HW)).total_s for t in (int4, bf16))
     assert small < big < _costs(lay).total_s
+
+
+def test_per_chunk_reduction_hides_behind_the_other_chunks_backward():
+    # dp4 over slow links, pp2 with 4 chunks: the stage's reduction outlasts one micro-batch's backward.
+    slow = HW.model_copy(update={"inter": Tier(bytes_per_s=1e9, latency_s=5e-6), "devices_per_node": 1})
+    stage = Layout(dp=4, pp=2, interleave=4, schedule="interleaved", zero_stage=1)
+
+    def exposed(per_chunk: bool) -> tuple[float, float]:
+        lay = stage.model_copy(update={"stack": stack_with("megatron-core", per_chunk_grad_reduce=per_chunk)})
+        c = data_parallel_costs(MODEL, TRAIN, lay, slow, layer_costs(MODEL, TRAIN, lay, slow))
+        return c.exposed_s, c.total_s
+
+    (late, total), (per_chunk, same_total) = exposed(False), exposed(True)
+    assert same_total == total and per_chunk < late
+    # The last chunk's share still waits for the schedule's end.
+    assert per_chunk > 0

@@ -116,7 +116,8 @@ def test_exported_shardings_compile_and_run_a_training_step_on_8_devices():
     assert words[words.index("status") + 1] in ("OPTIMAL", "FEASIBLE")
     assert int(words[words.index("sharded") + 1]) > 0  # the tight budget forced real sharding
     assert math.isfinite(float(words[words.index("loss") + 1]))
-    assert float(words[words.index("pinned") + 1]) == pytest.approx(float(words[words.index("loss") + 1]), rel=1e-5)
+    # The pinned program may split a contraction where the propagated one does not: partial sums added in another order.
+    assert float(words[words.index("pinned") + 1]) == pytest.approx(float(words[words.index("loss") + 1]), rel=1e-4)
 
 
 _T4_FP32_SCRIPT = textwrap.dedent("""

@@ -20,8 +20,9 @@ GPT-1T on 3072 devices, against a 1 s budget, and exits 1 past it.
 
     python -m benchmarks.simulator_accuracy [--data PATH] [--out benchmarks/out/simulator_accuracy.csv]
 
-Blank cells: micro-batch 1, no interleaving (1F1B), cp 1, precision bf16, vocabulary
-`ASSUMED_VOCAB`. A GPT row's
+Blank cells: cp 1, precision bf16, vocabulary `ASSUMED_VOCAB`, no interleaving (1F1B) where
+the micro-batch is stated; a blank micro-batch (the Megatron-LM README's rows), with any blank
+interleaving, is the planner's choice for the stated layout (`planner_tuned`). A GPT row's
 embeddings are tied unless its ``params_b`` is closer to the untied count (the
 Megatron-Core rows: ``--untie-embeddings-and-output-weights``). "selective" recompute is
 the stack's own selective recompute (`costmodel.layout.stack_recompute`); the attention

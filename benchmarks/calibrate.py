@@ -38,12 +38,11 @@ from benchmarks.simulator_accuracy import (
     hardware_type,
     layout_from_row,
     machine_from_row,
+    microbenchmark_efficiency,
     model_from_row,
     source_family,
     train_from_row,
 )
-from costmodel.catalog import MICROBENCHMARK_EFFICIENCY
-from costmodel.machine import load_machine
 from costmodel.roofline import Efficiency
 from costmodel.simulator import simulate
 
@@ -68,15 +67,11 @@ FOLDS = 5
 PHYSICAL_RANGE = {"large_gemm": (0.55, 0.90), "flash_attention": (0.30, 0.75), "hbm": (0.50, 0.92), "overlap_slowdown": (0.0, 0.30)}
 
 
-def _start(hardware: str) -> Efficiency:
-    return MICROBENCHMARK_EFFICIENCY.get(hardware, load_machine(hardware).efficiency)
-
-
 def errors_pct(rows: list[dict[str, str]], params: dict[str, float]) -> list[float]:
     """Signed step-time error of each row with its hardware's micro-benchmark efficiencies adjusted by ``params``."""
     out = []
     for row in rows:
-        machine = machine_from_row(row).model_copy(update={"efficiency": _start(row["hardware"]).calibrated(**params)})
+        machine = machine_from_row(row).model_copy(update={"efficiency": microbenchmark_efficiency(row["hardware"]).calibrated(**params)})
         est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)
         measured = float(row["derived_step_time_s"])
         out.append(100 * (est.step_time_s - measured) / measured)
@@ -166,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     for hardware, rows in sorted(by_type.items()):
         if args.hardware and hardware not in args.hardware:
             continue
-        base = _start(hardware)
+        base = microbenchmark_efficiency(hardware)
         start = {"matmul_scale": 1.0, "matmul_knee": 1.0, "flash_attention": base.flash_attention, "hbm": base.hbm,
                  "overlap_slowdown": base.overlap_slowdown}
         free = free_parameters(len(rows))
@@ -186,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if held_out is not None:
             print(f"  {FOLDS}-fold held-out mean |error| {_mean_abs(held_out):.2f} % (max {np.abs(held_out).max():.2f} %)")
         print(f"  leave-one-source-out mean |error| {_mean_abs(loso):.2f} % (max {np.abs(loso).max():.2f} %)")
-        fitted = _start(hardware).calibrated(**params)
+        fitted = microbenchmark_efficiency(hardware).calibrated(**params)
         for name, (value, inside) in physical_check(fitted).items():
             low, high = PHYSICAL_RANGE[name]
             print(f"  {name} {value:.3f} {'inside' if inside else 'OUTSIDE'} [{low}, {high}]")

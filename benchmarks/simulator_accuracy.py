@@ -47,8 +47,9 @@ from benchmarks.output import print_table, write_csv
 from costmodel.catalog import CHIP, MICROBENCHMARK_EFFICIENCY
 from costmodel.hardware import load_hardware
 from costmodel.layout import Layout, Schedule, stack_recompute
-from costmodel.machine import Machine, train_machine
+from costmodel.machine import Machine, load_machine, train_machine
 from costmodel.model_config import ModelConfig
+from costmodel.roofline import Efficiency
 from costmodel.simulator import simulate
 from costmodel.stack import SoftwareStack, apply_options, get_stack, stack_with
 from costmodel.train_config import Precision, TrainConfig
@@ -213,11 +214,20 @@ def source_family(row: dict[str, str]) -> str:
     return row["source"].split()[0]
 
 
+def microbenchmark_efficiency(hardware: str) -> Efficiency:
+    """A part's efficiencies before any calibration: its micro-benchmark profile, or its catalog's where it has none.
+
+    >>> microbenchmark_efficiency("h100-sxm") == MICROBENCHMARK_EFFICIENCY["h100-sxm"]
+    True
+    """
+    return MICROBENCHMARK_EFFICIENCY.get(hardware, load_machine(hardware).efficiency)
+
+
 def _errors_at_scale(rows: list[dict[str, str]], scale: float, *, microbenchmark: bool) -> list[float]:
     out = []
     for row in rows:
         machine = machine_from_row(row)
-        base = MICROBENCHMARK_EFFICIENCY.get(row["hardware"], machine.efficiency) if microbenchmark else machine.efficiency
+        base = microbenchmark_efficiency(row["hardware"]) if microbenchmark else machine.efficiency
         eff = base.calibrated(matmul_scale=scale, flash_attention=base.flash_attention, hbm=base.hbm)
         machine = machine.model_copy(update={"efficiency": eff})
         est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)

@@ -144,13 +144,14 @@ def data_parallel_costs(
     # Bucketed reduction runs while a micro-batch's backward is still going; the parameter
     # all-gather overlaps the next step's first forward.
     slowdown = hw.efficiency.overlap_slowdown
-    reduce_exposed_s = exposed_s(reduce_s, layers * layer.backward_s, slowdown)
+    backward_s = layers * layer.backward_s
     if layout.interleave > 1 and layout.stack.per_chunk_grad_reduce:
         # Chunks finish pp micro-batches apart in the cool-down: all but the last chunk's share of the
         # reduction runs behind the (v - 1)·pp chunk-backwards still to come; the last one's waits.
         v = layout.interleave
-        reduce_exposed_s = reduce_s / v + exposed_s(reduce_s * (v - 1) / v, (v - 1) * layout.pp * layers * layer.backward_s / v,
-                                                    slowdown)
+        reduce_exposed_s = reduce_s / v + exposed_s(reduce_s * (v - 1) / v, (v - 1) * layout.pp * backward_s / v, slowdown)
+    else:
+        reduce_exposed_s = exposed_s(reduce_s, backward_s, slowdown)
     exposed = n_reductions * reduce_exposed_s + exposed_s(regather_s, layers * layer.forward_s, slowdown)
     return DataParallelCost(total_s=total_s, exposed_s=exposed)
 

@@ -34,7 +34,7 @@ from costmodel.opgraph import OP_ATTR, USES_ATTR, OpNode, TensorSpec
 from costmodel.strategies import Sharding, axis_dims, shard_factor
 from planner.memory import MemoryModel, temporary_bytes
 from validate.intra_op import IntraOpProgram, cut_vars
-from validate.predict import PredictedCollective
+from validate.program_runs import PredictedCollective
 
 
 def _runs(program: IntraOpProgram) -> dict[int, int]:

@@ -58,51 +58,27 @@ parallelism (`validate.pipeline.runs_outer_whole`) or with MoE layers and tensor
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
-import jax
-from pydantic import BaseModel, ConfigDict, Field
-
 from costmodel.activations import activation_table
 from costmodel.data_parallel import stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
-from costmodel.lockstep import in_flight_slots, one_f_one_b_ticks
+from costmodel.lockstep import in_flight_slots
 from costmodel.machine import machine_for
 from costmodel.memory import activation_bytes_per_layer
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
 from costmodel.stack import Attention
 from planner.models.attention import block_pairs, block_size
-from planner.models.params import abstract_params
 from planner.models.transformer import moe_capacity
 from planner.schema import Plan
 from validate.one_f_one_b import runs_one_f_one_b
 from validate.pipeline import runs_outer_whole
+from validate.predict_data_parallel import data_parallel_collectives
+from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns, param_shards, pipeline_ticks, program_runs
 
-_F32 = 4
 # Matmul weights of a dense layer and the dim (of the stacked [L, ...] array) tensor parallelism splits.
 _COLUMN = {"attn/wq": 2, "attn/wk": 2, "attn/wv": 2, "mlp/w_in": 2, "mlp/w_gate": 2}
 _ROW = {"attn/wo": 1, "mlp/w_out": 1}
-# Weights of the matmuls whose output only the layer's output needs (dead in full recompute).
-_LAST_MATMULS = ("mlp/w_out", "moe/w_out", "moe/shared_w_out")
-
-
-class PredictedCollective(BaseModel):
-    """One group of collectives the program should issue."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: str = Field(description="all-reduce, all-gather, reduce-scatter, all-to-all or collective-permute.")
-    axes: tuple[str, ...] = Field(description="Mesh axes of its groups.")
-    bytes_per_call: float = Field(description="Per-device buffer bytes of one execution.")
-    calls: int = Field(description="Executions per step.")
-    why: str = Field(description="What it is.")
-
-    @property
-    def total_bytes(self) -> float:
-        return self.bytes_per_call * self.calls
 
 
 def unpredicted_features(plan: Plan) -> list[str]:
@@ -116,18 +92,6 @@ def unpredicted_features(plan: Plan) -> list[str]:
 
 
 _SPLIT_BY_XLA = "a pipeline with ZeRO-3 and tensor parallelism (XLA splits its embedding's and head's work over the stages)"
-
-
-def _per_device(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]:
-    """Parameter path → (elements per device, spec, global shape)."""
-    sizes = {a.name: a.size for a in plan.mesh}
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(plan.model))[0]:
-        name = "/".join(str(p.key) for p in path)
-        spec = plan.param_specs[name]
-        split = math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d))
-        out[name] = (math.prod(leaf.shape) / split, spec, leaf.shape)
-    return out
 
 
 # What a layer's experts keep for their backward (`costmodel.activations`).
@@ -172,7 +136,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     if lay.zero_stage >= 3 and not plan.train.is_lora and plan.train.param_dtype != plan.train.compute_dtype:
         # The program keeps no compute-dtype copy of a ZeRO-3 shard: each layer casts what it gathers.
         total -= memory.params_bytes
-    logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * _F32
+    logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * F32_BYTES
     if lay.pp > 1:
         # Every pipeline group runs the head, one micro-batch at a time (`validate.pipeline`):
         # each device holds one micro-batch's fp32 logits and their gradient, where GPipe's
@@ -188,7 +152,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         if _tensor_parallel_experts_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
             # The experts' tensor-parallel region computes in fp32 there: what it keeps is fp32.
             kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)
-            total += kept * plan.model.num_layers * (_F32 / plan.train.compute_dtype.bytes - 1)
+            total += kept * plan.model.num_layers * (F32_BYTES / plan.train.compute_dtype.bytes - 1)
     return total
 
 
@@ -210,52 +174,7 @@ def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, acc
 def parameters_per_device(plan: Plan) -> float:
     """Parameter elements one device holds under the plan's specs (a dimension its axes do
     not divide stays whole, so this can exceed parameters / model-parallel degree)."""
-    return sum(el for el, _, _ in _per_device(plan).values())
-
-
-def _grad_bytes(name: str, elements: float, compute_bytes: int) -> float:
-    """Gradient bytes as the program produces them: fp32 for what it uses in fp32."""
-    fp32 = name.endswith(("scale", "norm/bias")) or name in ("embed/tokens", "lm_head/w", "final_norm/bias")
-    return elements * (_F32 if fp32 else compute_bytes)
-
-
-class _Schedule(BaseModel):
-    """How often the program runs each part, per device per step."""
-
-    layer_runs: int = Field(description="Executions of one layer's forward (and backward) on one micro-batch.")
-    layers_held: int = Field(description="Layers whose parameters this device holds.")
-    outer_calls: int = Field(description="Executions of the embedding (and, but for 1F1B, of the head).")
-    outer_micro_batches: int = Field(description="Micro-batches the embedding takes per execution.")
-    head_calls: int = Field(description="Executions of the head (once per tick inside the 1F1B schedule).")
-    head_micro_batches: int = Field(description="Micro-batches the head runs on per step, masked ones included.")
-    head_gradients: int = Field(description="Gradients of the head's weights formed (and reduced) apart: one per micro-batch.")
-
-
-def _schedule(plan: Plan) -> _Schedule:
-    lay, layers = plan.layout, plan.model.num_layers
-    micro = lay.micro_batches(plan.train)
-    if lay.pp == 1:
-        return _Schedule(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_calls=micro,
-                         head_micro_batches=micro, head_gradients=micro)
-    # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.pipeline.work_item`).
-    slots = lay.layers_on_stage(layers, 0) // lay.interleave
-    if runs_one_f_one_b(plan):
-        # Every tick runs the stage's forward and backward and the head on one micro-batch (`validate.one_f_one_b`).
-        return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
-                         head_calls=_ticks(plan), head_micro_batches=_ticks(plan), head_gradients=_ticks(plan))
-    # One execution of the embedding and the head on the whole batch, the head one micro-batch
-    # after another with its gradients formed at once (`validate.pipeline.micro_batch_mean`).
-    return _Schedule(layer_runs=slots * _ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
-                     head_calls=1, head_micro_batches=micro, head_gradients=micro)
-
-
-def _ticks(plan: Plan) -> int:
-    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it (1F1B:
-    plus `costmodel.lockstep.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
-    lay = plan.layout
-    if runs_one_f_one_b(plan):
-        return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)
-    return lay.micro_batches(plan.train) * lay.interleave + lay.pp - 1
+    return sum(el for el, _, _ in param_shards(plan).values())
 
 
 def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedCollective]:
@@ -264,10 +183,10 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
     model, lay, train = plan.model, plan.layout, plan.train
     data, tensor, pipeline = plan.axes_of("dp"), plan.axes_of("tp"), plan.axes_of("pp")
     e = train.compute_dtype.bytes
-    runs = _schedule(plan)
+    runs = program_runs(plan)
     act = lay.micro_batch * train.seq_len * model.hidden_size
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len
-    params = _per_device(plan)
+    params = param_shards(plan)
     out: list[PredictedCollective] = []
     experts_bytes = _tensor_parallel_experts_bytes(plan, platform)
     if tensor:
@@ -297,39 +216,39 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
         outer_act = outer_tokens * model.hidden_size
         head_tokens = runs.head_micro_batches * lay.micro_batch * train.seq_len
         if params["embed/tokens"][1][0] is not None:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * _F32, calls=runs.outer_calls,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=outer_act * F32_BYTES, calls=runs.outer_calls,
                                            why="vocab-parallel embedding rows (fp32)"))
         head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
         if params[head][1][0 if model.tie_embeddings else 1] is not None:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * _F32, calls=1,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * F32_BYTES, calls=1,
                                            why="vocab-parallel head input gradient (fp32)"))
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * _F32, calls=1,
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * F32_BYTES, calls=1,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data:
-        out += _data_parallel(plan, runs, params, experts_bytes)
+        out += data_parallel_collectives(plan, runs, params, experts_bytes)
     if pipeline and runs_one_f_one_b(plan):
         out += [
-            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
+            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * pipeline_ticks(plan),
                                 why="1F1B: activation to the next stage and gradient to the previous one, every tick"),
-            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=act * e, calls=_ticks(plan),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=act * e, calls=pipeline_ticks(plan),
                                 why="1F1B: the last stage's output handed to every stage for the head, every tick"),
             PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
                                 why="1F1B: stage 0's input gradients summed over the stages, for the embedding's gradient"),
         ]
     elif pipeline:
         out += [
-            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * _ticks(plan),
+            PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * pipeline_ticks(plan),
                                 why="activation to the next stage every forward tick, its gradient back every backward tick "
                                     "(interleaved: the last device's also wraps around to the first, in the same permute)"),
             PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
                                 why="last stage's outputs handed to every stage for the head"),
-            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * _F32, calls=1,
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * F32_BYTES, calls=1,
                                 why="embedding output's gradient summed over the stages (fp32)"),
         ]
     return out
 
 
-def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts: bool) -> list[PredictedCollective]:
+def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, experts: bool) -> list[PredictedCollective]:
     """What sequence parallelism adds over the tensor axes (Megatron's, as XLA partitions it).
 
     The norms' inputs and outputs are split over the sequence. XLA keeps the all-reduces of
@@ -344,11 +263,11 @@ def _sequence_parallel(plan: Plan, runs: _Schedule, act_bytes: float, *, experts
     # Full recompute gathers again what the weight gradients need; otherwise the backward gathers
     # it once more, but for the experts' region, which keeps its whole input.
     gathers = 6 if plan.layout.recompute is Recompute.FULL or not experts else 5
-    norm_bytes = model.hidden_size * _F32 * (2 if model.norm is Norm.LAYERNORM else 1)
+    norm_bytes = model.hidden_size * F32_BYTES * (2 if model.norm is Norm.LAYERNORM else 1)
     head_act_bytes = act_bytes * runs.head_micro_batches / runs.head_calls
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     unsplit_head = [] if plan.param_specs[head][0 if model.tie_embeddings else 1] is not None else [
-        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.vocab_size * _F32,
+        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.vocab_size * F32_BYTES,
                             calls=runs.head_gradients, why="sequence parallel: a head not split over the vocabulary runs split over "
                             "the sequence; its weight gradient is summed over the tensor axes (fp32)")]
     return unsplit_head + [
@@ -384,16 +303,6 @@ def _down_projection_params(model: ModelConfig, seq_len: int) -> float:
     return routed / (3 if model.mlp.gated else 2) + model.shared_expert_ffn_size * model.hidden_size
 
 
-def _is_bias(name: str) -> bool:
-    """Bias vectors (``bo``, ``b_out``…), whose gradient needs no gathered copy of themselves."""
-    return name.rsplit("/", 1)[-1].startswith("b")
-
-
-def _data_split(spec: tuple[Any, ...], axes: tuple[str, ...], sizes: dict[str, int]) -> int:
-    """How many ways ``spec`` splits an array over the mesh axes ``axes``."""
-    return math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d) if a in axes)
-
-
 def _tensor_parallel_experts_bytes(plan: Plan, platform: str) -> int:
     """Bytes per element of what the experts' tensor-parallel region (`validate.lowering.tensor_parallel_experts`)
     sums and of its weights' gradients (fp32 on the CPU backend, where the region computes in
@@ -401,102 +310,7 @@ def _tensor_parallel_experts_bytes(plan: Plan, platform: str) -> int:
     spec = plan.param_specs.get("layers/moe/w_in")
     if not plan.axes_of("tp") or spec is None or spec[3] is None or plan.layout.pp > 1:
         return 0
-    return _F32 if platform == "cpu" else plan.train.compute_dtype.bytes
-
-
-def _data_parallel(plan: Plan, runs: _Schedule, params: dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]],
-                   experts_bytes: int) -> list[PredictedCollective]:
-    """Collectives over the data axes: gradient reductions, ZeRO's gathers, the embedding's gradient.
-
-    Gradients are all-reduced whole over the data axes once per micro-batch, also where ZeRO
-    shards them (XLA reduces, then slices; it did not emit reduce-scatters). With ZeRO-3 each
-    weight the data axes split is gathered in the compute dtype where it is used: a layer's
-    weights once in its forward and once in its backward on every run, the head's twice per
-    step (the gather does not depend on the micro-batch, so XLA hoists it out of the loop).
-
-    Once gradients are sharded (ZeRO ≥ 1), a table not split over the vocabulary gets its
-    lookup gradient from the rows of the embedding output's gradient, gathered with the
-    micro-batch's tokens, instead of a whole-table reduction: an all-gather of the (compute
-    dtype) rows for a separate table; fp32 rows exchanged by an all-to-all, the table's
-    reduction shared with the head's, for a tied one or one split over the data axes
-    (ZeRO-3, whose lookup also exchanges the looked-up fp32 row slices). Learned positions are
-    likewise reduced and gathered only for the rows a sequence uses, in the compute dtype.
-    """
-    model, lay, train = plan.model, plan.layout, plan.train
-    data = plan.axes_of("dp")
-    sizes = {a.name: a.size for a in plan.mesh}
-    e = train.compute_dtype.bytes
-    whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}  # elements before the data split
-    split = {n for n, (_, spec, _) in params.items() if _data_split(spec, data, sizes) > 1}
-    vocab, _ = params["embed/tokens"][1]
-    rows = lay.zero_stage >= 1 and vocab is None  # not the vocab-parallel lookup (`embedding_lookup`)
-    # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
-    outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
-    layer_bytes = sum(_grad_bytes(n, whole[n], experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e)
-                      / runs.layers_held for n in whole if n.startswith("layers/"))
-    other_bytes = sum(_grad_bytes(n, whole[n], e) for n in whole if not n.startswith("layers/"))
-    positions = "embed/positions" in whole and rows
-    if positions:
-        other_bytes += train.seq_len * model.hidden_size * e - _grad_bytes("embed/positions", whole["embed/positions"], e)
-    if rows and not model.tie_embeddings:
-        other_bytes -= whole["embed/tokens"] * _F32
-    elif model.tie_embeddings and not rows:  # the lookup's and the head's gradients of the shared table are reduced apart
-        other_bytes += whole["embed/tokens"] * _F32
-    head_bytes = (sum(_grad_bytes(n, whole[n], e) for n in ("lm_head/w", "final_norm/scale", "final_norm/bias") if n in whole)
-                  + (whole["embed/tokens"] * _F32 if model.tie_embeddings else 0))
-    out = [
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
-                            why="layer gradients, every micro-batch (every tick when pipelined)"),
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes - head_bytes, calls=runs.outer_calls,
-                            why="embedding gradients, every micro-batch (once when pipelined)"),
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=head_bytes, calls=runs.head_gradients,
-                            why="head and final-norm gradients, every micro-batch"),
-    ]
-    if rows:
-        exchanged = model.tie_embeddings or "embed/tokens" in split
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=outer_tokens * lay.dp * 4, calls=runs.outer_calls,
-                                       why="ZeRO: the micro-batch's tokens, to find each table row's gradient"))
-        if exchanged:
-            out.append(PredictedCollective(
-                kind="all-to-all", axes=data, bytes_per_call=outer_tokens * model.hidden_size * _F32,
-                calls=(1 + ("embed/tokens" in split)) * runs.outer_calls,
-                why="ZeRO: the embedding output's gradient rows (fp32), and with ZeRO-3 the looked-up row slices"))
-        else:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=outer_tokens * lay.dp * model.hidden_size * e,
-                                           calls=runs.outer_calls, why="ZeRO: the embedding output's gradient rows"))
-    if positions:
-        split_positions = "embed/positions" in split
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=train.seq_len * model.hidden_size * e,
-                                       calls=1 if split_positions else runs.outer_calls,
-                                       why="ZeRO-3: the used position rows, once" if split_positions else
-                                       "ZeRO: the used position rows' gradient"))
-    layer_split = [n for n in split if n.startswith("layers/")]
-    # With sequence parallelism XLA gathers again for full recompute's forward, but not the
-    # weights of the layer's last matmuls, whose recomputation is dead code.
-    regathered = lay.sequence_parallel and lay.recompute is Recompute.FULL
-    for gathered, calls, why in (
-        (sum(whole[n] for n in layer_split if not _is_bias(n)), 2, "ZeRO-3: a layer's weights gathered for its forward and again for "
-                                                                   "its backward"),
-        (sum(whole[n] for n in layer_split if regathered and not _is_bias(n) and not n.endswith(_LAST_MATMULS)), 1,
-         "ZeRO-3: a layer's weights gathered once more for full recompute (sequence parallel)"),
-        (sum(whole[n] for n in layer_split if _is_bias(n)), 1, "ZeRO-3: a layer's biases gathered for its forward"),
-    ):
-        if gathered:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered / runs.layers_held * e,
-                                           calls=calls * runs.layer_runs, why=why))
-    head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
-    if "embed/tokens" in split and not rows and not model.tie_embeddings:
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole["embed/tokens"] * _F32, calls=1,
-                                       why="ZeRO-3: the vocab-parallel table gathered over the data axes (fp32, as stored), once"))
-    if head in split:
-        # A tied table is gathered whole in fp32: the lookup reads it as stored, the head casts the gathered copy.
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * (_F32 if model.tie_embeddings else e),
-                                       calls=2, why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
-    if lay.zero_stage >= 1:
-        gathered = sum(whole[n] for n in whole if n not in split) * _F32
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=1,
-                                       why="ZeRO: updated fp32 parameters (those not kept split) gathered from their data shards"))
-    return out
+    return F32_BYTES if platform == "cpu" else plan.train.compute_dtype.bytes
 
 
 def predicted_matmul_flops(plan: Plan) -> float | None:
@@ -505,12 +319,12 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     head), backward twice that (the flash kernel's two and a half times), and the recompute:
     full repeats the layer's forward but its last matmul, selective the scores' matmul (for
     the softmax's backward). Pipelined, each device runs its stage's layers on every tick
-    (`_Schedule`) and the head on the whole batch. None where XLA splits the embedding's work
+    (`ProgramRuns`) and the head on the whole batch. None where XLA splits the embedding's work
     over the stages (`validate.pipeline.runs_outer_whole`)."""
     if plan.layout.pp > 1 and not runs_outer_whole(plan):
         return None
     model, lay, train = plan.model, plan.layout, plan.train
-    runs = _schedule(plan)
+    runs = program_runs(plan)
     micro_tokens = lay.micro_batch * train.seq_len / lay.cp
     attention = 4 * train.seq_len * model.num_heads * model.head_dim  # scores and values, per token, forward
     attention_backward = 2 * attention

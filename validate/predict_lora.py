@@ -37,9 +37,8 @@ from costmodel.layout import Recompute
 from costmodel.workload import FrozenDtype, adapted_matrices
 from planner.models.lora import adapter_shapes, adapter_specs, frozen_dtype_of
 from planner.schema import Plan
-from validate.predict import PredictedCollective, _per_device, predicted_collectives, predicted_matmul_flops, predicted_memory_bytes
-
-_F32 = 4
+from validate.predict import predicted_collectives, predicted_matmul_flops, predicted_memory_bytes
+from validate.program_runs import F32_BYTES, PredictedCollective, param_shards
 
 
 def lora_unpredicted_features(plan: Plan) -> list[str]:
@@ -74,9 +73,9 @@ def lora_argument_bytes(plan: Plan) -> float:
     15.11
     """
     lay, train = plan.layout, plan.train
-    frozen = sum(el * jnp.dtype(frozen_dtype_of(path, train)).itemsize for path, (el, _, _) in _per_device(plan).items())
+    frozen = sum(el * jnp.dtype(frozen_dtype_of(path, train)).itemsize for path, (el, _, _) in param_shards(plan).items())
     if train.lora.frozen_dtype.value == "int4":  # jnp's itemsize of int4 is 1; XLA packs two per byte
-        frozen -= sum(el / 2 for path, (el, _, _) in _per_device(plan).items() if frozen_dtype_of(path, train) == jnp.int4)
+        frozen -= sum(el / 2 for path, (el, _, _) in param_shards(plan).items() if frozen_dtype_of(path, train) == jnp.int4)
     adapters = adapter_elements_per_device(plan)
     moments = adapters * 2 * train.optimizer_dtype.bytes / (lay.dp if lay.zero_stage in (1, 2) else 1)
     batch = 2 * train.global_batch * train.seq_len * 4 / (lay.dp * lay.cp)  # int32 tokens and targets
@@ -87,7 +86,7 @@ def lora_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The per-device memory the LoRA program should peak at on ``platform`` (see the module docstring)."""
     total = predicted_memory_bytes(plan, platform=platform)
     if platform == "cpu" and plan.train.lora.frozen_dtype is FrozenDtype.BF16:
-        total += sum(el for path, (el, _, _) in _per_device(plan).items() if path.startswith("layers/")) * _F32
+        total += sum(el for path, (el, _, _) in param_shards(plan).items() if path.startswith("layers/")) * F32_BYTES
     return total
 
 
@@ -129,7 +128,7 @@ def lora_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedColl
         if c.axes != tensor or not tensor:
             continue
         if c.why.startswith("vocab-parallel head input gradient"):
-            c = c.model_copy(update={"bytes_per_call": c.bytes_per_call * e / _F32, "why": "vocab-parallel head input gradient"})
+            c = c.model_copy(update={"bytes_per_call": c.bytes_per_call * e / F32_BYTES, "why": "vocab-parallel head input gradient"})
         elif c.why.startswith("softmax max and sum"):
             c = c.model_copy(update={"bytes_per_call": c.bytes_per_call * 3 / 4, "why": "softmax max and sum over the vocabulary split"})
         out.append(c)
@@ -147,6 +146,6 @@ def lora_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedColl
         out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=per_layer * e, calls=layer_runs,
                                        why="LoRA: each layer's adapter gradients, every micro-batch"))
         if lay.zero_stage >= 1:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=adapter_elements_per_device(plan, data_whole=True) * _F32,
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=adapter_elements_per_device(plan, data_whole=True) * F32_BYTES,
                                            calls=1, why="ZeRO: updated fp32 adapters gathered from their data shards"))
     return out

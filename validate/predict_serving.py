@@ -48,7 +48,7 @@ from costmodel.stack import Attention
 from planner.models.attention import block_pairs, block_size
 from planner.models.decode import served_dtype_of
 from planner.schema import Plan
-from validate.predict import PredictedCollective, _per_device
+from validate.program_runs import PredictedCollective, param_shards
 from validate.serving import serving_micro_batches
 
 
@@ -89,7 +89,7 @@ def serving_argument_bytes(plan: Plan) -> float:
     6.11
     """
     weights = 0.0
-    for path, (elements, _, _) in _per_device(plan).items():
+    for path, (elements, _, _) in param_shards(plan).items():
         dtype = served_dtype_of(path, plan.train)
         weights += elements * (0.5 if dtype == jnp.int4 else jnp.dtype(dtype).itemsize)  # XLA packs two int4 per byte
     cache = _cache_elements_per_device(plan) * kv_element_bytes(plan.train)
@@ -110,7 +110,7 @@ def _attention_flops_per_head_dim(plan: Plan, sequences: int) -> float:
 def serving_matmul_flops(plan: Plan) -> float:
     """Matmul FLOPs per device of one serving step (module docstring)."""
     model = plan.model
-    per_device = _per_device(plan)
+    per_device = param_shards(plan)
     ticks, micro_batch = _ticks_and_micro_batch(plan)
     matrices = sum(el for path, (el, _, shape) in per_device.items() if path.startswith("layers/") and len(shape) > 2)
     head = per_device["embed/tokens" if model.tie_embeddings else "lm_head/w"][0]

@@ -1,0 +1,34 @@
+"""Tests `validate/predict_data_parallel.py`: the data-axis collectives predicted for a plan's program."""
+
+import pytest
+
+from costmodel.layout import Layout
+from costmodel.model_config import ModelConfig
+from planner.api import layout_plan
+from validate.predict_data_parallel import data_parallel_collectives
+from validate.program_runs import param_shards, program_runs
+
+LLAMA = ModelConfig(name="tiny-llama", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, ffn_size=512, vocab_size=1024)
+
+
+def _collectives(zero_stage):
+    plan = layout_plan(LLAMA, Layout(dp=4, micro_batch=1, zero_stage=zero_stage), hardware="h100-sxm", seq_len=128, global_batch=8)
+    return plan, data_parallel_collectives(plan, program_runs(plan), param_shards(plan), experts_bytes=0)
+
+
+def test_layer_gradients_are_all_reduced_every_micro_batch_in_the_compute_dtype():
+    plan, out = _collectives(0)
+    layers = next(c for c in out if c.why.startswith("layer gradients"))
+    layer_elements = sum(el for n, (el, _, _) in param_shards(plan).items() if n.startswith("layers/")) / LLAMA.num_layers
+    norms = 2 * LLAMA.hidden_size  # two fp32 norm scales per layer
+    assert layers.calls == LLAMA.num_layers * 2
+    assert layers.bytes_per_call == pytest.approx((layer_elements - norms) * 2 + norms * 4)
+    assert {c.kind for c in out} == {"all-reduce"}
+
+
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_zero_gathers_the_updated_parameters_and_zero3_the_layer_weights(zero_stage):
+    _, out = _collectives(zero_stage)
+    whys = " | ".join(c.why for c in out if c.kind == "all-gather")
+    assert "updated fp32 parameters" in whys
+    assert ("forward and again for its backward" in whys) == (zero_stage == 3)

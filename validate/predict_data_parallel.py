@@ -61,8 +61,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     rows = lay.zero_stage >= 1 and vocab is None  # not the vocab-parallel lookup (`embedding_lookup`)
     # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
-    layer_bytes = sum(_grad_bytes(n, whole[n], experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e)
-                      / runs.layers_held for n in whole if n.startswith("layers/"))
+    # The experts' tensor-parallel region takes its weights and forms their gradients in its own dtype.
+    element_bytes = {n: experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e for n in whole}
+    layer_bytes = sum(_grad_bytes(n, whole[n], element_bytes[n]) / runs.layers_held for n in whole if n.startswith("layers/"))
     other_bytes = sum(_grad_bytes(n, whole[n], e) for n in whole if not n.startswith("layers/"))
     positions = "embed/positions" in whole and rows
     if positions:
@@ -103,15 +104,16 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     # With sequence parallelism XLA gathers again for full recompute's forward, but not the
     # weights of the layer's last matmuls, whose recomputation is dead code.
     regathered = lay.sequence_parallel and lay.recompute is Recompute.FULL
-    for gathered, calls, why in (
-        (sum(whole[n] for n in layer_split if not _is_bias(n)), 2, "ZeRO-3: a layer's weights gathered for its forward and again for "
-                                                                   "its backward"),
-        (sum(whole[n] for n in layer_split if regathered and not _is_bias(n) and not n.endswith(_LAST_MATMULS)), 1,
-         "ZeRO-3: a layer's weights gathered once more for full recompute (sequence parallel)"),
-        (sum(whole[n] for n in layer_split if _is_bias(n)), 1, "ZeRO-3: a layer's biases gathered for its forward"),
+    weights = [n for n in layer_split if not _is_bias(n)]
+    recomputed = [n for n in weights if regathered and not n.endswith(_LAST_MATMULS)]
+    for names, calls, why in (
+        (weights, 2, "ZeRO-3: a layer's weights gathered for its forward and again for its backward"),
+        (recomputed, 1, "ZeRO-3: a layer's weights gathered once more for full recompute (sequence parallel)"),
+        ([n for n in layer_split if _is_bias(n)], 1, "ZeRO-3: a layer's biases gathered for its forward"),
     ):
+        gathered = sum(whole[n] * element_bytes[n] for n in names)
         if gathered:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered / runs.layers_held * e,
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered / runs.layers_held,
                                            calls=calls * runs.layer_runs, why=why))
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     if "embed/tokens" in split and not rows and not model.tie_embeddings:

@@ -5,8 +5,10 @@ import pytest
 from costmodel.layout import Layout
 from costmodel.model_config import ModelConfig
 from planner.api import layout_plan
+from validate.compile_check import compile_in_subprocess
 from validate.predict_data_parallel import data_parallel_collectives
 from validate.program_runs import param_shards, program_runs
+from validate.report import checks
 
 LLAMA = ModelConfig(name="tiny-llama", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, ffn_size=512, vocab_size=1024)
 
@@ -32,3 +34,13 @@ def test_zero_gathers_the_updated_parameters_and_zero3_the_layer_weights(zero_st
     whys = " | ".join(c.why for c in out if c.kind == "all-gather")
     assert "updated fp32 parameters" in whys
     assert ("forward and again for its backward" in whys) == (zero_stage == 3)
+
+
+def test_zero3_gathers_tensor_parallel_experts_in_the_dtype_their_region_computes_in():
+    # On the CPU backend the experts' tensor-parallel region computes in fp32, so it gathers its weights as stored.
+    moe = ModelConfig(name="tiny-moe", hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=4, ffn_size=1024, vocab_size=4096,
+                      num_experts=4, experts_per_token=2, mlp="swiglu")
+    plan = layout_plan(moe, Layout(dp=2, tp=4, micro_batch=1, zero_stage=3, recompute="full", sequence_parallel=True),
+                       mesh="data=2,tensor=4", seq_len=512, global_batch=4)
+    gather = next(c for c in checks(plan, compile_in_subprocess(plan)) if c.item == "all-gather bytes" and c.axis == "data")
+    assert gather.ok, (gather.predicted, gather.actual)

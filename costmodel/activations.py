@@ -93,7 +93,9 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
         ActivationTerm(name="attn_out_proj_input", bytes=sb * q * e, role=Role.ATTENTION_OUTPUT),
         ActivationTerm(name="mlp_norm_input", bytes=residual, role=Role.INPUT),
         ActivationTerm(name="mlp_input", bytes=residual, role=Role.INPUT),
-        *_mlp(model, sb, t, e, eager=not layout.stack.fused_elementwise),
+        *_mlp(model, sb, t, e, eager=not layout.stack.fused_elementwise,
+              slots_per_token=model.expert_slots(train.seq_len, layout.stack.moe_capacity_factor) / train.seq_len
+              if model.is_moe else 1.0),
     ]
     if dropout:
         terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
@@ -221,8 +223,11 @@ def _attention_inputs(model: ModelConfig, layout: Layout, *, sb: float, q: float
     return [ActivationTerm(name=n, bytes=sb * q * e, role=Role.MATMUL_OUTPUT) for n in ("q", "k", "v")]
 
 
-def _mlp(model: ModelConfig, sb: float, t: int, e: int, *, eager: bool) -> list[ActivationTerm]:
-    tokens = sb * (model.experts_per_token if model.is_moe else 1)
+def _mlp(model: ModelConfig, sb: float, t: int, e: int, *, eager: bool, slots_per_token: float) -> list[ActivationTerm]:
+    """What the MLP keeps; an MoE layer's experts keep their buffers' rows (`ModelConfig.expert_slots`),
+    their input whole on every tensor device (Megatron-Core @f2e5db4 MoEAllGatherTokenDispatcher
+    gathers the sequence-split tokens, [S*B/TP, H] -> [S*B, H], before the experts' GEMMs)."""
+    tokens = sb * (slots_per_token if model.is_moe else 1)
     f = (model.moe_ffn_size if model.is_moe else model.ffn_size) / t
     terms = [ActivationTerm(name="mlp_up_output", bytes=tokens * f * e, role=Role.MATMUL_OUTPUT)]
     if model.mlp.gated:
@@ -231,7 +236,7 @@ def _mlp(model: ModelConfig, sb: float, t: int, e: int, *, eager: bool) -> list[
         terms.append(ActivationTerm(name="mlp_activation_output", bytes=tokens * f * e, role=Role.ELEMENTWISE))
     terms.append(ActivationTerm(name="mlp_down_input", bytes=tokens * f * e, role=Role.ELEMENTWISE))
     if model.is_moe:
-        terms += [ActivationTerm(name="expert_inputs", bytes=tokens * model.hidden_size * e / t, role=Role.INPUT),
+        terms += [ActivationTerm(name="expert_inputs", bytes=tokens * model.hidden_size * e, role=Role.INPUT),
                   ActivationTerm(name="router_probs", bytes=sb * model.num_experts * 4, role=Role.ELEMENTWISE)]
     if model.shared_expert_ffn_size:
         fs = model.shared_expert_ffn_size / t

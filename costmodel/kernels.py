@@ -315,8 +315,9 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfi
             _memory("mlp_activation", tokens * f, act_passes, elem_bytes=elem_bytes),
             *_linear("mlp_out", tokens, h, f, train=train),
         ]
-    # Each token visits top-k experts; expert weights are split over tp like a dense MLP.
-    routed = tokens * model.experts_per_token
+    # Each token visits top-k experts (with a capacity, every expert fills its buffer, idle
+    # slots too); expert weights are split over tp like a dense MLP.
+    routed = tokens * model.expert_slots(train.seq_len, layout.stack.moe_capacity_factor) / train.seq_len
     f = model.moe_ffn_size / t
     kernels = [
         _matmul("router", tokens, model.num_experts, h, elem_bytes=elem_bytes),

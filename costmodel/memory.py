@@ -5,6 +5,9 @@ Mixed-precision accounting (Megatron-LM's, 18 bytes per parameter without ZeRO):
 reduced (fp32, 4 B); ``optimizer`` the fp32 master copy and Adam's two moments (12 B).
 ZeRO 1 shards the optimizer state over dp, ZeRO 2 also the gradients, ZeRO 3 (FSDP) also
 the parameters. With ``param_dtype == compute_dtype`` there is no separate master copy.
+Where the weights are held in fp32 and cast where used (`SoftwareStack.fp32_weights`, the
+JAX program) they are the master copy (4 B, 16 bytes per parameter without ZeRO), and ZeRO 1
+already splits their fp32 gradients with the optimizer state.
 
 Activations are `costmodel.activations` per layer times the layers a stage holds times
 the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);
@@ -12,11 +15,12 @@ interleaved p·(1 + (p−1)/(p·v)), Korthikanti et al. 2022 section 4.2.3). The
 also keeps the fp32 logits of each micro-batch in flight there (all m under GPipe, whose
 backward starts after every forward) and one logits gradient.
 
-Gradient accumulation over micro-batches, as a JAX step runs it (a loop adding each
-micro-batch's gradient into the fp32 accumulator), holds one micro-batch's gradient in
-the compute dtype besides the accumulator; with ZeRO ≥ 2 it is reduce-scattered layer by
-layer, so only its dp shard stays. Where the weight-gradient GEMMs add into the
-accumulator themselves (`SoftwareStack.fused_grad_accumulation`) there is no such buffer.
+Gradient accumulation over micro-batches (a loop adding each micro-batch's gradient into the
+accumulator) holds one micro-batch's gradient besides the accumulator, split as the
+accumulator is (with ZeRO ≥ 2 it is reduce-scattered layer by layer): in the compute dtype, or
+in fp32 where the weights are (`SoftwareStack.fp32_weights`; the JAX program's, measured on the
+CPU backend). Where the weight-gradient GEMMs add into the accumulator themselves
+(`SoftwareStack.fused_grad_accumulation`) there is no such buffer.
 
 LoRA fine-tuning (`costmodel.workload`): the frozen base weights are held as stored (16-bit,
 or int8/int4) with no gradient, no optimizer state and no master copy (``frozen_params_bytes``,
@@ -28,9 +32,11 @@ keeps of the frozen weights (`costmodel.fp8.fp8_weight_copy_bytes`) count as fro
 
 >>> from costmodel.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
->>> mem = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout())
->>> (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / m.total_params
-18.0
+>>> from costmodel.stack import stack_with
+>>> megatron = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout(stack=stack_with("megatron-core")))
+>>> jax = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout(stack=stack_with("jax")))
+>>> [(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / m.total_params for mem in (megatron, jax)]
+[18.0, 16.0]
 >>> lora = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8, workload="finetune-lora"), Layout())
 >>> lora.frozen_params_bytes / m.total_params, lora.optimizer_bytes / lora.grads_bytes  # 2 B frozen; 12 B state per 4 B gradient
 (2.0, 3.0)
@@ -112,11 +118,11 @@ def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices
     >>> from costmodel.model_config import ModelConfig
     >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
     >>> min_state_bytes_per_device(m, TrainConfig(seq_len=1024, global_batch=8), 2) / m.total_params
-    9.0
+    8.0
     """
-    mixed = train.param_dtype != train.compute_dtype
-    per_param = ((train.compute_dtype.bytes + train.param_dtype.bytes) if mixed else train.param_dtype.bytes) \
-        + train.grad_dtype.bytes + 2 * train.optimizer_dtype.bytes
+    # Whatever the stack: the master weights, a gradient and Adam's moments (a compute-dtype copy
+    # is not needed where the weights are the master, `SoftwareStack.fp32_weights`).
+    per_param = train.param_dtype.bytes + train.grad_dtype.bytes + 2 * train.optimizer_dtype.bytes
     if train.is_lora:  # the frozen weights, at most 2 B each, and the adapters' state
         adapters = model.num_layers * adapter_params_per_layer(model, train.lora)
         return (model.total_params * train.compute_dtype.bytes + adapters * per_param) / n_devices
@@ -151,8 +157,10 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     first, last = stage == 0, stage == layout.pp - 1
     n = stage_trainable_params(model, train, layout, stage)
     mixed = train.param_dtype != train.compute_dtype
-    optimizer_per_param = (train.param_dtype.bytes if mixed else 0) + 2 * train.optimizer_dtype.bytes
-    params = n * (train.compute_dtype.bytes if mixed else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
+    master_weights = holds_master_weights(train, layout)
+    separate_master = mixed and not master_weights
+    optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + 2 * train.optimizer_dtype.bytes
+    params = n * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
     fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
     frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
     if train.is_lora:  # the fp8 copies are of the frozen weights, not of the adapters
@@ -161,8 +169,10 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         params += fp8_copies
     n_micro = max(1, layout.micro_batches(train))
     # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
-    grad_shards = dp if zero >= 2 and not (n_micro > 1 and layout.stack.unsharded_grad_accumulation) else 1
-    grads = n * train.grad_dtype.bytes / grad_shards + frozen_grad_bytes(model, train, layout, stage) / grad_shards
+    grad_split = gradient_split(train, layout)
+    grad_shards = 1 if n_micro > 1 and layout.stack.unsharded_grad_accumulation else grad_split
+    grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
+    grads = n * grad_bytes / grad_shards + frozen_grad_bytes(model, train, layout, stage) / grad_shards
     optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
     offloaded = layout.offload is Offload.OPTIMIZER
     host = None
@@ -178,12 +188,12 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
 
     temporary = 0.0
     if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
-        temporary += n * train.compute_dtype.bytes / (dp if zero >= 2 else 1)
+        temporary += micro_batch_gradient_bytes(n, train, layout)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if not train.is_lora else adapter_params_per_layer(model, train.lora, tp=layout.tp)
-        if zero >= 2:
-            # One layer's full gradient exists until it is reduce-scattered.
+        if grad_split > 1:
+            # One layer's full gradient exists until it is reduce-scattered (or reduced and sliced).
             temporary += trained_layer * train.grad_dtype.bytes + frozen_grad_bytes(model, train, layout, stage) / max(1, layers)
         elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends
             temporary += _REDUCTION_BUCKETS_BYTES if not train.is_lora else min(_REDUCTION_BUCKETS_BYTES, n * train.grad_dtype.bytes)
@@ -199,6 +209,39 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
+
+
+def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
+    """Whether the trained weights are themselves the fp32 master copy (`SoftwareStack.fp32_weights`,
+    with a compute dtype other than fp32). LoRA's few adapter weights keep the mixed-precision
+    accounting, and an offloaded optimizer its master copy on the host (ZeRO-Offload)."""
+    return (layout.stack.fp32_weights and train.param_dtype != train.compute_dtype and not train.is_lora
+            and layout.offload is not Offload.OPTIMIZER)
+
+
+def gradient_split(train: TrainConfig, layout: Layout) -> int:
+    """How many ways the accumulated gradients are split over dp: from ZeRO 2, or where the weights
+    are their own master copy from ZeRO 1, with the optimizer state; a pipeline's tick loop sums
+    such a stage's gradients whole (`validate.one_f_one_b`), so there only ZeRO 3 splits them."""
+    if holds_master_weights(train, layout):
+        split_from = 1 if layout.pp == 1 else 3
+    else:
+        split_from = 2
+    return layout.dp if layout.zero_stage >= split_from else 1
+
+
+def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout) -> float:
+    """One micro-batch's gradient of ``params`` parameters, held beside the accumulator while it is
+    added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer):
+    fp32 where the weights are the master copy, else in the compute dtype.
+
+    >>> from costmodel.stack import stack_with
+    >>> train = TrainConfig(seq_len=1024, global_batch=8)
+    >>> [micro_batch_gradient_bytes(1e9, train, Layout(dp=4, zero_stage=1, stack=stack_with(s))) for s in ("jax", "megatron-core")]
+    [1000000000.0, 2000000000.0]
+    """
+    dtype = train.param_dtype if holds_master_weights(train, layout) else train.compute_dtype
+    return params * dtype.bytes / gradient_split(train, layout)
 
 
 def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int = 0) -> float:

@@ -16,6 +16,7 @@ F MLP width, V vocabulary, E experts, L layers.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -188,6 +189,21 @@ class ModelConfig(BaseModel):
     def routed_expert_params_per_layer(self) -> int:
         """Parameters of one layer's routed experts (0 for a dense model); ep shards these."""
         return self.num_experts * self._expert_params(self.moe_ffn_size) if self.is_moe else 0
+
+    def expert_slots(self, seq_len: int, capacity_factor: float | None) -> int:
+        """Rows one sequence's routed experts compute, all experts together: each expert's
+        capacity, ``ceil(capacity_factor · seq_len · k / E)`` slots whether filled or not, or,
+        dropless (``capacity_factor`` None), the ``seq_len · k`` routed tokens.
+
+        >>> m = ModelConfig(name="m", hidden_size=8, num_layers=1, num_heads=1, ffn_size=8, vocab_size=8,
+        ...                 num_experts=8, experts_per_token=2)
+        >>> m.expert_slots(4096, 1.25), m.expert_slots(4096, None)
+        (10240, 8192)
+        """
+        routed = seq_len * self.experts_per_token
+        if capacity_factor is None:
+            return routed
+        return self.num_experts * max(1, math.ceil(capacity_factor * routed / self.num_experts))
 
     def _norm_params(self) -> int:
         return self.hidden_size * (2 if self.norm is Norm.LAYERNORM else 1)

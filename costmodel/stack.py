@@ -146,6 +146,17 @@ class SoftwareStack(BaseModel):
         "saves (None, B)); False: a frozen linear keeps no input (bitsandbytes >= 0.43.2, PyTorch's own linear).")
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
+    fp32_weights: bool = Field(
+        False, description="The trained weights are held in fp32, are the optimizer's master copy, and are cast to the "
+        "compute dtype where used (no compute-dtype copy); their gradients are fp32 and, with ZeRO >= 1, accumulated in "
+        "the optimizer state's data split (this project's JAX program: planner/models/train_step.py, validate/lowering.py). "
+        "False: a compute-dtype copy beside the fp32 master in the optimizer state, gradients split only from ZeRO 2 "
+        "(Megatron-LM's mixed precision, DeepSpeed, FSDP's MixedPrecision).")
+    moe_capacity_factor: float | None = Field(
+        None, gt=0, description="MoE layers give each expert a buffer of this many times its even share of a sequence's "
+        "routed tokens, computed and kept for backward whether filled or not (GShard / Switch Transformer capacity; this "
+        "project's JAX program: 1.25, planner/models/transformer.py); None: dropless, each expert runs the tokens routed "
+        "to it (Megatron-Core @f2e5db4: --moe-expert-capacity-factor unset by default).")
 
 
 _MEGATRON = "NVIDIA/Megatron-LM"
@@ -153,7 +164,8 @@ _TITAN = "pytorch/torchtitan"
 
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
-        name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True,
+        name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fp32_weights=True,
+        moe_capacity_factor=1.25,
         citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
         "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, pipelines as one "
         "lockstep SPMD loop (validate/one_f_one_b.py); what `plan validate` lowers.",

@@ -59,12 +59,12 @@ parallelism (`validate.pipeline.runs_outer_whole`) or with MoE layers and tensor
 from __future__ import annotations
 
 from costmodel.activations import activation_table
-from costmodel.data_parallel import stage_params_per_device
+from costmodel.data_parallel import layer_params_per_device, stage_params, stage_params_per_device
 from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
 from costmodel.lockstep import in_flight_slots
 from costmodel.machine import machine_for
-from costmodel.memory import activation_bytes_per_layer
+from costmodel.memory import activation_bytes_per_layer, micro_batch_gradient_bytes
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
 from costmodel.stack import Attention
@@ -107,9 +107,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     `_one_f_one_b_memory_change`), where the simulator's 1F1B keeps at most ``S − s`` at stage
     ``s``; a "gpipe" plan (`validate.pipeline`) keeps ``S − 1`` bubble ticks' activations more
     (of one chunk each: ``M·v + S − 1`` chunks interleaved) and accumulates its gradients over
-    ticks even with one micro-batch. With ZeRO-3 the
-    program keeps no compute-dtype copy of its parameter shard (each layer casts what it
-    gathers), which the simulator counts (DeepSpeed keeps one).
+    ticks even with one micro-batch.
 
     On the CPU backend, which has no 16-bit arithmetic, XLA's float normalization would keep
     the layers' saved activations as fp32 (f32 stacks in the layer loop); the lowering keeps
@@ -133,9 +131,8 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         if runs_one_f_one_b(plan):
             bubble_activations = _one_f_one_b_memory_change(plan, layers * per_layer, accumulating=memory.temporary_bytes > 0)
     total = memory.total_bytes + bubble_activations
-    if lay.zero_stage >= 3 and not plan.train.is_lora and plan.train.param_dtype != plan.train.compute_dtype:
-        # The program keeps no compute-dtype copy of a ZeRO-3 shard: each layer casts what it gathers.
-        total -= memory.params_bytes
+    if lay.pp > 1:
+        total += ends_elsewhere_bytes(plan, memory.stage)
     logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * F32_BYTES
     if lay.pp > 1:
         # Every pipeline group runs the head, one micro-batch at a time (`validate.pipeline`):
@@ -146,7 +143,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     if lay.pp > 1 and lay.micro_batches(plan.train) == 1 and not runs_one_f_one_b(plan):
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
-        total += stage_params_per_device(plan.model, lay) * plan.train.compute_dtype.bytes
+        total += micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.train, lay)
     if platform == "cpu":
         total += logits_bytes
         if _tensor_parallel_experts_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
@@ -154,6 +151,21 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
             kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)
             total += kept * plan.model.num_layers * (F32_BYTES / plan.train.compute_dtype.bytes - 1)
     return total
+
+
+def ends_elsewhere_bytes(plan: Plan, stage: str) -> float:
+    """What a pipelined program holds beyond the simulator's ``stage``: every pipeline group runs
+    the embedding and the head whole (`validate.pipeline`), so every device keeps both, with
+    their gradients and optimizer state, where the simulator gives each to its own end stage."""
+    model, lay = plan.model, plan.layout
+    busiest = {"first": 0, "last": lay.pp - 1}.get(stage, 1)
+    layers = [lay.layers_on_stage(model.num_layers, s) * layer_params_per_device(model, lay) for s in range(lay.pp)]
+    ends = [stage_params(model, lay, s) - layers[s] for s in range(lay.pp)]
+    held = ends[busiest]
+    program = ends[0] + ends[-1] - (model.hidden_size * model.vocab_size / model.vocab_shards(lay.tp) if model.tie_embeddings else 0)
+    memory = plan.predicted.memory
+    state_per_param = (memory.params_bytes + memory.grads_bytes + memory.optimizer_bytes) / stage_params(model, lay, busiest)
+    return (program - held) * state_per_param
 
 
 def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, accumulating: bool) -> float:
@@ -167,7 +179,7 @@ def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, acc
     embedded = lay.micro_batch * train.seq_len / lay.cp * plan.model.hidden_size * train.compute_dtype.bytes
     change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + micro * embedded
     if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
-        change -= stage_params_per_device(plan.model, lay) * train.compute_dtype.bytes / (lay.dp if lay.zero_stage >= 2 else 1)
+        change -= micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), train, lay)
     return change
 
 
@@ -220,8 +232,8 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
                                            why="vocab-parallel embedding rows (fp32)"))
         head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
         if params[head][1][0 if model.tie_embeddings else 1] is not None:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * F32_BYTES, calls=1,
-                                           why="vocab-parallel head input gradient (fp32)"))
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * F32_BYTES,
+                                           calls=1, why="vocab-parallel head input gradient (fp32)"))
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * F32_BYTES, calls=1,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data:

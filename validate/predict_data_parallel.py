@@ -46,7 +46,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     Once gradients are sharded (ZeRO ≥ 1), a table not split over the vocabulary gets its
     lookup gradient from the rows of the embedding output's gradient, gathered with the
     micro-batch's tokens, instead of a whole-table reduction: an all-gather of the (compute
-    dtype) rows for a separate table; fp32 rows exchanged by an all-to-all, the table's
+    dtype) rows for a separate table, where they are fewer bytes than the fp32 table (XLA
+    reduced llama3-8b's 128256-row table whole on 32 data devices; gpt2-xl's 50257 rows on 8
+    it gathered); fp32 rows exchanged by an all-to-all, the table's
     reduction shared with the head's, for a tied one or one split over the data axes
     (ZeRO-3, whose lookup also exchanges the looked-up fp32 row slices). Learned positions are
     likewise reduced and gathered only for the rows a sequence uses, in the compute dtype.
@@ -58,9 +60,12 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}  # elements before the data split
     split = {n for n, (_, spec, _) in params.items() if _data_split(spec, data, sizes) > 1}
     vocab, _ = params["embed/tokens"][1]
-    rows = lay.zero_stage >= 1 and vocab is None  # not the vocab-parallel lookup (`embedding_lookup`)
     # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
+    exchanged = model.tie_embeddings or "embed/tokens" in split
+    # A separate table's rows are gathered only where that moves fewer bytes than its fp32 reduction.
+    fewer_rows = outer_tokens * lay.dp * model.hidden_size * e < whole["embed/tokens"] * F32_BYTES
+    rows = lay.zero_stage >= 1 and vocab is None and (exchanged or fewer_rows)  # not the vocab-parallel lookup (`embedding_lookup`)
     # The experts' tensor-parallel region takes its weights and forms their gradients in its own dtype.
     element_bytes = {n: experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e for n in whole}
     layer_bytes = sum(_grad_bytes(n, whole[n], element_bytes[n]) / runs.layers_held for n in whole if n.startswith("layers/"))
@@ -83,7 +88,6 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
                             why="head and final-norm gradients, every micro-batch"),
     ]
     if rows:
-        exchanged = model.tie_embeddings or "embed/tokens" in split
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=outer_tokens * lay.dp * 4, calls=runs.outer_calls,
                                        why="ZeRO: the micro-batch's tokens, to find each table row's gradient"))
         if exchanged:
@@ -121,8 +125,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
                                        why="ZeRO-3: the vocab-parallel table gathered over the data axes (fp32, as stored), once"))
     if head in split:
         # A tied table is gathered whole in fp32: the lookup reads it as stored, the head casts the gathered copy.
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * (F32_BYTES if model.tie_embeddings else e),
-                                       calls=2, why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
+        head_weight_bytes = whole[head] * (F32_BYTES if model.tie_embeddings else e)
+        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=head_weight_bytes, calls=2,
+                                       why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
     if lay.zero_stage >= 1:
         gathered = sum(whole[n] for n in whole if n not in split) * F32_BYTES
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=1,

@@ -146,6 +146,7 @@ def lora_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedColl
         out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=per_layer * e, calls=layer_runs,
                                        why="LoRA: each layer's adapter gradients, every micro-batch"))
         if lay.zero_stage >= 1:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=adapter_elements_per_device(plan, data_whole=True) * F32_BYTES,
-                                           calls=1, why="ZeRO: updated fp32 adapters gathered from their data shards"))
+            gathered = adapter_elements_per_device(plan, data_whole=True) * F32_BYTES
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=1,
+                                           why="ZeRO: updated fp32 adapters gathered from their data shards"))
     return out

@@ -42,6 +42,8 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
                               "(eager nn.Dropout, Lit-GPT)"),
     "fused_qkv_views": (["yes", "no"], "attention reads q, k, v as views of one fused projection, whose output stays alive; "
                         "q/k/v adapters share one dropout (Lit-GPT)"),
+    "fp32_weights": (["yes", "no"], "weights held in fp32 as the master copy, cast where used; gradients fp32, split with the "
+                     "optimizer state from ZeRO 1 (the JAX program; no: a compute-dtype copy beside the master, Megatron-LM)"),
     "bnb_4bit_saves_input": (["yes", "no"], "LoRA over --frozen-dtype nf4/nf4-dq: every 4-bit linear keeps its input for backward "
                              "(bitsandbytes 0.41.0-0.43.1 MatMul4Bit, Lit-GPT's table)"),
 }
@@ -62,7 +64,7 @@ def stack_help() -> str:
 
 
 def _show(value: object) -> str:
-    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
+    return ("yes" if value else "no") if isinstance(value, bool) else "none" if value is None else str(value)
 
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,9 +72,30 @@ def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"software stack that runs the layout (default jax); presets: {stack_help()}")
     for fact, (values, help_text) in _FACT_FLAGS.items():
         parser.add_argument(f"--{fact.replace('_', '-')}", choices=values, help=f"{help_text} (default: the stack's)")
+    parser.add_argument("--moe-capacity-factor", type=_capacity_factor, metavar="F|none",
+                        help="MoE experts compute a buffer of F times their even share of the routed tokens, idle slots "
+                             "too (the JAX program: 1.25); none: dropless (default: the stack's)")
+
+
+def _capacity_factor(text: str) -> float | str:
+    if text == "none":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'none'; e.g. --moe-capacity-factor 1.25") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not positive; e.g. --moe-capacity-factor 1.25, or none for dropless")
+    return value
 
 
 def stack_from_args(args: argparse.Namespace) -> SoftwareStack:
     """The ``--stack`` preset with every fact flag given applied over it."""
     given = {fact: getattr(args, fact) for fact in _FACT_FLAGS if getattr(args, fact) is not None}
-    return stack_with(args.stack, **{k: v == "yes" if v in ("yes", "no") else v for k, v in given.items()})
+    facts = {k: v == "yes" if v in ("yes", "no") else v for k, v in given.items()}
+    if args.moe_capacity_factor not in (None, "none"):
+        facts["moe_capacity_factor"] = args.moe_capacity_factor
+    stack = stack_with(args.stack, **facts)
+    if args.moe_capacity_factor == "none" and stack.moe_capacity_factor is not None:  # stack_with reads None as "not given"
+        stack = SoftwareStack.model_validate({**stack.model_dump(), "moe_capacity_factor": None, "name": "custom"})
+    return stack

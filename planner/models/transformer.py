@@ -28,6 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from costmodel.errors import UnsupportedError
 from costmodel.model_config import MlpKind, ModelConfig, Norm, Positions
+from costmodel.stack import STACKS
 from planner.models.attention import flash_attention
 from planner.models.params import Params
 
@@ -40,8 +41,9 @@ Experts = Callable[[Callable[..., jax.Array]], Callable[..., jax.Array]]
 KeepResiduals = Callable[[Callable[..., Any]], Callable[..., Any]]
 Linear = Callable[[str, jax.Array, jax.Array, Any], jax.Array]  # (einsum equation, x, w, result dtype) -> x·w
 ATTENTION_KERNELS = ("materialized", "flash")
-# Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice).
-MOE_CAPACITY_FACTOR = 1.25
+# Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice): the
+# jax stack's fact, which the cost model reads too.
+MOE_CAPACITY_FACTOR = STACKS["jax"].moe_capacity_factor
 # What a layer keeps for its backward, by name (`jax.ad_checkpoint.checkpoint_name` below):
 # the tensors Megatron-LM's fused kernels keep (`costmodel.activations`), each once, in the
 # compute dtype. Norm internals, activation functions, rotary embeddings and weight casts
@@ -217,7 +219,7 @@ def moe_capacity(cfg: ModelConfig, seq_len: int) -> int:
     ...                          num_experts=8, experts_per_token=2), 4096)
     1280
     """
-    return max(1, math.ceil(MOE_CAPACITY_FACTOR * seq_len * cfg.experts_per_token / cfg.num_experts))
+    return cfg.expert_slots(seq_len, MOE_CAPACITY_FACTOR) // cfg.num_experts
 
 
 def _top_k(x_BxSxE: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:

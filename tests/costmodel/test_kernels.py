@@ -52,11 +52,13 @@ def test_sequence_parallel_splits_the_residual_stream_kernels():
     assert _matmul_flops(sp) == pytest.approx(_matmul_flops(plain))
 
 
-def test_moe_layer_costs_top_k_experts():
+def test_moe_layer_costs_top_k_experts_and_a_capacity_its_idle_slots_too():
     moe = LLAMA.model_copy(update={"num_experts": 8, "experts_per_token": 2})
     dense = _matmul_flops([k for k in layer_forward_kernels(LLAMA, TRAIN, Layout()) if k.name.startswith("mlp")])
-    experts = _matmul_flops([k for k in layer_forward_kernels(moe, TRAIN, Layout()) if k.name.startswith("expert")])
-    assert experts == pytest.approx(2 * dense)
+    for stack, slots in (("megatron-core", 2), ("jax", 2 * 1.25)):  # dropless; the JAX program's capacity factor
+        lay = Layout(stack=stack_with(stack))
+        experts = _matmul_flops([k for k in layer_forward_kernels(moe, TRAIN, lay) if k.name.startswith("expert")])
+        assert experts == pytest.approx(slots * dense)
 
 
 def test_head_projects_onto_the_vocabulary_split_by_tp():

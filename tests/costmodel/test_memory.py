@@ -98,16 +98,22 @@ def test_full_recompute_keeps_the_same_activations_for_either_kernel():
     assert mat.temporary_bytes > flash.temporary_bytes
 
 
-def test_gradient_accumulation_holds_one_micro_batch_gradient_in_compute_dtype():
-    def extra_temporary_bytes(micro_batch, fused=False, **layout):
+def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumulator():
+    def extra_temporary_bytes(micro_batch, fused=False, fp32_weights=False, **layout):
         """Temporaries beyond one micro-batch's logits and their gradient."""
-        stack = stack_with("jax", fused_grad_accumulation=fused)
+        stack = stack_with("jax", fused_grad_accumulation=fused, fp32_weights=fp32_weights)
         mem = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=micro_batch, stack=stack, **layout))
         return mem.temporary_bytes - 2 * micro_batch * TRAIN.seq_len * MODEL.vocab_size * 4
 
+    # Mixed precision: in the compute dtype, only its dp shard with ZeRO 2.
     assert extra_temporary_bytes(8) - extra_temporary_bytes(32) == pytest.approx(2 * MODEL.total_params)
     zero2 = {mb: extra_temporary_bytes(mb, dp=4, zero_stage=2) for mb in (2, 8)}
     assert zero2[2] - zero2[8] == pytest.approx(2 * MODEL.total_params / 4)
+    # fp32 weights (the JAX program): an fp32 gradient, split with the optimizer state from ZeRO 1.
+    fp32 = {mb: extra_temporary_bytes(mb, fp32_weights=True) for mb in (8, 32)}
+    assert fp32[8] - fp32[32] == pytest.approx(4 * MODEL.total_params)
+    zero1 = {mb: extra_temporary_bytes(mb, fp32_weights=True, dp=4, zero_stage=1) for mb in (2, 8)}
+    assert zero1[2] - zero1[8] == pytest.approx(4 * MODEL.total_params / 4)
     # GEMMs that add into the accumulator themselves leave no micro-batch gradient behind.
     assert extra_temporary_bytes(8, fused=True) == pytest.approx(extra_temporary_bytes(32))
 
@@ -164,9 +170,9 @@ def test_pretraining_has_no_frozen_weights():
 
 
 def test_offloaded_optimizer_state_leaves_the_device_for_the_host():
-    lay = Layout(dp=2, pp=2, micro_batch=1)
+    lay = Layout(dp=2, pp=2, micro_batch=1, stack=stack_with("deepspeed"))  # ZeRO-Offload's stack: a compute-dtype copy on the device
     kept = memory_breakdown(MODEL, TRAIN, lay)
-    off = memory_breakdown(MODEL, TRAIN, Layout(dp=2, pp=2, micro_batch=1, offload="optimizer"), host_capacity_bytes=1e12)
+    off = memory_breakdown(MODEL, TRAIN, Layout(dp=2, pp=2, micro_batch=1, stack=lay.stack, offload="optimizer"), host_capacity_bytes=1e12)
     assert off.optimizer_bytes == 0 < kept.optimizer_bytes and off.grads_bytes < kept.grads_bytes
     assert off.params_bytes == kept.params_bytes and off.stage == kept.stage
     # Host: this device's 1/dp partition of its stage, 18 B per parameter plus 2 B of accumulators (16 micro-batches).

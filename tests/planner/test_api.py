@@ -172,13 +172,14 @@ def test_plan_is_chosen_for_the_named_stack_and_precision():
         plan("gpt2", stack="megatron", **args)
 
 
-def test_lora_plan_carries_its_workload_and_prefers_less_zero_than_pretraining():
+def test_lora_plan_carries_its_workload_and_needs_no_more_zero_than_pretraining():
     lora = plan("llama3-8b", mesh="8x4", workload="finetune-lora")
     pretrain = plan("llama3-8b", mesh="8x4")
     data = json.loads(lora.model_dump_json())
     assert data["workload"] == "finetune-lora" and data["train"]["lora"]["rank"] == 16
     assert data["predicted"]["memory"]["per_device_bytes"] > data["predicted"]["memory"]["frozen_params_bytes"] > 0
-    assert lora.layout.pp == 1 and lora.layout.zero_stage < pretrain.layout.zero_stage
+    # 15 GiB of frozen weights fit unsharded: no parameter gathers.
+    assert lora.layout.pp == 1 and lora.layout.zero_stage <= min(1, pretrain.layout.zero_stage)
     assert Plan.model_validate_json(lora.model_dump_json()) == lora
 
 

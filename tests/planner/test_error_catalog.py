@@ -112,7 +112,7 @@ CATALOG = [
      "'{tmp}/digits.json' is not valid JSON (Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits; "
      "use sys.set_int_max_str_digits() to increase the limit); fix: fix the number in the config"),
     ("size no cluster could hold", ["--model", "{tmp}/billion_layers.json", "--mesh", "8x4"], 4,
-     "billion_layers cannot fit on any cluster: its 2.18e+17 parameters' weights, gradients and optimizer state alone need 218 GiB "
+     "billion_layers cannot fit on any cluster: its 2.18e+17 parameters' weights, gradients and optimizer state alone need 194 GiB "
      "per device even spread over 16,777,216 devices, more than the 80 GiB of one h100-sxm; fix: check num_hidden_layers and the "
      "other sizes in the model config"),
     ("dimension beyond any accelerator", ["--model", "{tmp}/wide.json", "--mesh", "2"], 2,

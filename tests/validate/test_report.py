@@ -73,16 +73,20 @@ def test_a_pipeline_holds_its_bubble_ticks_activations_and_with_one_micro_batch_
     from costmodel.data_parallel import stage_params_per_device
     from costmodel.layout import Schedule
     from costmodel.machine import load_machine
-    from costmodel.memory import activation_bytes_per_layer
+    from costmodel.memory import activation_bytes_per_layer, micro_batch_gradient_bytes
     from costmodel.simulator import simulate
-    from validate.predict import predicted_memory_bytes
+    from validate.predict import ends_elsewhere_bytes, predicted_memory_bytes
 
     plan = layout_plan(LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=8, schedule=Schedule.GPIPE), hardware="a100-80gb",
                        seq_len=64, global_batch=16)
-    simulated = simulate(plan.model, plan.train, plan.layout, load_machine("a100-80gb")).memory.total_bytes
-    tick_gradient = stage_params_per_device(LLAMA, plan.layout) * plan.train.compute_dtype.bytes
+    simulated = simulate(plan.model, plan.train, plan.layout, load_machine("a100-80gb")).memory
+    tick_gradient = micro_batch_gradient_bytes(stage_params_per_device(LLAMA, plan.layout), plan.train, plan.layout)
+    assert tick_gradient == stage_params_per_device(LLAMA, plan.layout) * 4  # fp32, whole: the tick loop sums it unsplit
     bubble_ticks = (plan.layout.pp - 1) * (LLAMA.num_layers // 2) * activation_bytes_per_layer(LLAMA, plan.train, plan.layout)
-    assert predicted_memory_bytes(plan) == pytest.approx(simulated + tick_gradient + bubble_ticks)
+    # Every stage also holds the embedding (the busiest, last stage's own end is the head).
+    assert simulated.stage == "last" and ends_elsewhere_bytes(plan, simulated.stage) > 0
+    assert predicted_memory_bytes(plan) == pytest.approx(simulated.total_bytes + tick_gradient + bubble_ticks
+                                                         + ends_elsewhere_bytes(plan, simulated.stage))
 
 
 def test_fp8_frozen_lora_plans_say_their_emulated_memory_peak_is_not_checked():

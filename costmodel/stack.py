@@ -69,6 +69,11 @@ class SoftwareStack(BaseModel):
         True, description="Each normalisation is one fused kernel; False: op by op (eager RMSNorm: fp32 upcast, pow, mean, "
         "rsqrt, two multiplies).")
     tp_overlap: TpOverlap = Field(TpOverlap.NONE, description="Which tensor-parallel collectives hide behind GEMMs.")
+    fused_projections: bool = Field(
+        True, description="Q, K and V are one GEMM, and so are the MLP's input and gate (Megatron-LM's linear_qkv and "
+        "linear_fc1): under tensor parallelism backward all-reduces each block's input gradient once. False: one GEMM "
+        "per weight matrix, whose partial input gradients XLA all-reduces one by one (this project's JAX program: "
+        "`validate.predict`, checked against the compiled HLO).")
     batch_major: bool = Field(
         False, description="Activations [batch, seq, hidden]: a sequence-parallel gather or reduce-scatter over the inner "
         "sequence axis copies its buffer when micro_batch > 1. False: [seq, batch, hidden] or a compiler picks the layout.")
@@ -164,11 +169,12 @@ _TITAN = "pytorch/torchtitan"
 
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
-        name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fp32_weights=True,
-        moe_capacity_factor=1.25,
+        name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fused_projections=False,
+        fp32_weights=True, moe_capacity_factor=1.25,
         citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
-        "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, pipelines as one "
-        "lockstep SPMD loop (validate/one_f_one_b.py); what `plan validate` lowers.",
+        "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, one matmul per weight "
+        "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/one_f_one_b.py); what "
+        "`plan validate` lowers.",
     ),
     SoftwareStack(
         name="maxtext", tp_overlap=TpOverlap.GEMM, eager_adapters=False,

@@ -6,7 +6,10 @@ sequence parallelism an all-gather of the block's input and a reduce-scatter of 
 output move the same bytes. Backward runs the conjugates: the column-parallel input
 gradient is all-reduced (reduce-scattered with sequence parallelism) and, with sequence
 parallelism, the row-parallel output gradient all-gathered. Recompute re-issues part of
-the forward ones (`costmodel.recompute.recomputed_forward_comm_fraction`).
+the forward ones (`costmodel.recompute.recomputed_forward_comm_fraction`). Where the
+stack runs one GEMM per weight matrix (``SoftwareStack.fused_projections`` off), each
+matrix's partial input gradient is all-reduced on its own (`column_parallel_reductions`):
+the count the op-level model finds in the traced program's graph.
 
 Two facts of the software stack change what this costs:
 
@@ -36,8 +39,13 @@ Two facts of the software stack change what this costs:
 >>> plain = tensor_parallel_costs(m, train, lay, hw, layer_forward_kernels(m, train, lay))
 >>> overlapped = tensor_parallel_costs(m, train, lay.model_copy(update={"stack": stack_with("jax", tp_overlap="backward")}),
 ...                                   hw, layer_forward_kernels(m, train, lay))
->>> plain.backward_exposed_s == plain.forward_s > 0, overlapped.backward_exposed_s < plain.backward_exposed_s / 2
-(True, True)
+>>> plain.backward_exposed_s == 2 * plain.forward_s > 0  # wq, wk, wv and w_in reduce their input gradients apart
+True
+>>> fused = stack_with("jax", tp_overlap="backward", fused_projections=True)
+>>> tensor_parallel_costs(m, train, lay.model_copy(update={"stack": fused}), hw, layer_forward_kernels(m, train, lay)).backward_exposed_s < plain.forward_s / 2
+True
+>>> 0 < overlapped.backward_exposed_s < plain.backward_exposed_s  # three reductions outlast the QKV weight gradient
+True
 """
 
 from __future__ import annotations
@@ -71,6 +79,32 @@ class TensorParallelCost(BaseModel):
     backward_exposed_s: NonNegativeFloat = Field(description="The part of backward_s not hidden behind gradient GEMMs.")
 
 
+def column_parallel_reductions(model: ModelConfig, layout: Layout) -> dict[str, int]:
+    """Column-parallel GEMM (by its `costmodel.kernels` name) → partial input gradients of
+    it that backward all-reduces over the tensor-parallel group, per layer and micro-batch.
+
+    Fused projections (Megatron-LM's linear_qkv and linear_fc1): one per block. Otherwise
+    one per weight matrix the tensor-parallel group splits: q, k and v (k and v only where
+    tp divides the KV heads, else they stay whole), the MLP's input and gate, the shared
+    expert's likewise; an MoE layer's routed experts run as one tensor-parallel region
+    whose input gradient is summed once (`validate.lowering.tensor_parallel_experts`).
+
+    >>> from costmodel.stack import stack_with
+    >>> m = ModelConfig(name="m", hidden_size=4096, num_layers=2, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=8)
+    >>> column_parallel_reductions(m, Layout(tp=8)), column_parallel_reductions(m, Layout(tp=8, stack=stack_with("megatron-core")))
+    ({'qkv': 3, 'mlp_in': 2}, {'qkv': 1, 'mlp_in': 1})
+    """
+    mlp = "expert_in" if model.is_moe else "mlp_in"
+    if layout.stack.fused_projections:
+        return {"qkv": 1, mlp: 1}
+    n_in = 2 if model.mlp.gated else 1
+    kv_split = model.num_kv_heads % layout.tp == 0
+    out = {"qkv": 1 + 2 * kv_split, mlp: 1 if model.is_moe else n_in}
+    if model.is_moe and model.shared_expert_ffn_size:
+        out["shared_in"] = n_in
+    return out
+
+
 def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine,
                           kernels: list[Kernel]) -> TensorParallelCost:
     """Tensor-parallel seconds of one layer whose forward ``kernels`` are given (0 when tp = 1)."""
@@ -88,16 +122,21 @@ def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout
         forward_s = 2 * one_s
     recompute_share = recomputed_forward_comm_fraction(layout)
     overlap = layout.stack.tp_overlap
+    columns = column_parallel_reductions(model, layout)
+    # Sequence parallelism reduce-scatters each block's input gradient once (see the module docstring).
+    column_s = 2 * one_s if sp else sum(columns.values()) * one_s
     if overlap is TpOverlap.NONE:
-        backward_s = forward_s * (1 + recompute_share)
+        backward_s = (forward_s if sp else column_s) + forward_s * recompute_share
         return TensorParallelCost(forward_s=forward_s, forward_exposed_s=forward_s, backward_s=backward_s, backward_exposed_s=backward_s)
     slowdown = hw.efficiency.overlap_slowdown
 
+    def gemm_s(name: str) -> float:
+        return sum(kernel_time_s(k, peak_flops_per_s=hw.linear_peak, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
+                   for k in kernels if k.name == name)
+
     def behind(names: frozenset[str]) -> float:
         """Exposed seconds of one collective beside each GEMM in ``names`` (one per block)."""
-        return sum(exposed_s(one_s, kernel_time_s(k, peak_flops_per_s=hw.linear_peak, hbm_bytes_per_s=hw.hbm_bytes_per_s,
-                                                  efficiency=hw.efficiency), slowdown)
-                   for k in kernels if k.name in names)
+        return sum(exposed_s(one_s, gemm_s(k.name), slowdown) for k in kernels if k.name in names)
 
     if sp:
         # Backward: per block a row-parallel gather of the output gradient, a re-gather of the
@@ -107,9 +146,9 @@ def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout
         column_exposed = 2 * behind(_COLUMN_PARALLEL)
         row_exposed = behind(_ROW_PARALLEL) if overlap is TpOverlap.GEMM else 2 * one_s
     else:
-        backward_s = forward_s
+        backward_s = column_s
         forward_exposed = behind(_ROW_PARALLEL) if overlap is TpOverlap.GEMM else forward_s
-        column_exposed, row_exposed = behind(_COLUMN_PARALLEL), 0.0
+        column_exposed, row_exposed = sum(exposed_s(n * one_s, gemm_s(name), slowdown) for name, n in columns.items()), 0.0
     recompute_s, recompute_exposed = forward_s * recompute_share, forward_exposed * recompute_share
     return TensorParallelCost(forward_s=forward_s, forward_exposed_s=forward_exposed, backward_s=backward_s + recompute_s,
                               backward_exposed_s=column_exposed + row_exposed + recompute_exposed)

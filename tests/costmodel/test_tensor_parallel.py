@@ -9,7 +9,7 @@ from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
 from costmodel.roofline import Efficiency
 from costmodel.stack import SoftwareStack, TpOverlap, stack_with
-from costmodel.tensor_parallel import tensor_parallel_costs
+from costmodel.tensor_parallel import column_parallel_reductions, tensor_parallel_costs
 from costmodel.train_config import TrainConfig
 
 MODEL = ModelConfig(name="m", hidden_size=4096, num_layers=4, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=32000)
@@ -36,7 +36,21 @@ def test_two_all_reduces_per_pass_or_the_same_bytes_gathered_and_scattered():
     plain, sp = _costs(), _costs(sequence_parallel=True)
     assert plain.forward_s == pytest.approx(2 * all_reduce_s(ACT_BYTES, group))
     assert sp.forward_s == pytest.approx(4 * all_gather_s(ACT_BYTES, group)) == pytest.approx(plain.forward_s)
-    assert plain.backward_s == plain.backward_exposed_s == pytest.approx(plain.forward_s)
+    fused = _costs(fused_projections=True)
+    assert fused.backward_s == fused.backward_exposed_s == pytest.approx(plain.forward_s)
+
+
+def test_unfused_projections_reduce_each_input_gradient_on_its_own():
+    # Llama: wq, wk, wv (tp 8 divides the 8 KV heads), w_in and w_gate: five all-reduces, the
+    # count the op-level model finds in the traced program (tests/planner/test_rule_based.py).
+    one_s = all_reduce_s(ACT_BYTES, HW.groups(Layout(tp=8))["tp"])
+    assert column_parallel_reductions(MODEL, Layout(tp=8)) == {"qkv": 3, "mlp_in": 2}
+    assert _costs().backward_s == _costs().backward_exposed_s == pytest.approx(5 * one_s)
+    assert column_parallel_reductions(MODEL, Layout(tp=16)) == {"qkv": 1, "mlp_in": 2}  # K and V stay whole
+    moe = MODEL.model_copy(update={"num_experts": 8, "experts_per_token": 2})
+    assert column_parallel_reductions(moe, Layout(tp=8)) == {"qkv": 3, "expert_in": 1}
+    # Full recompute re-runs the attention block's all-reduce (the MLP's output only feeds the layer's).
+    assert _costs(recompute=Recompute.FULL).backward_s == pytest.approx(6 * one_s)
 
 
 def test_batch_major_sequence_parallel_copies_every_buffer():
@@ -51,8 +65,11 @@ def test_batch_major_sequence_parallel_copies_every_buffer():
 
 
 def test_overlap_hides_backward_collectives_behind_long_gradient_gemms():
-    plain = _costs(tp_overlap=TpOverlap.BACKWARD)
+    plain = _costs(tp_overlap=TpOverlap.BACKWARD, fused_projections=True)
     assert plain.backward_s == pytest.approx(plain.forward_s) and plain.backward_exposed_s == 0
+    unfused = _costs(tp_overlap=TpOverlap.BACKWARD)
+    # Five reductions behind two gradient GEMMs: three behind the QKV one no longer fit.
+    assert unfused.backward_s == pytest.approx(2.5 * plain.forward_s) and 0 < unfused.backward_exposed_s < unfused.backward_s / 2
     # Megatron's sequence parallelism re-gathers its input in backward: 1.5× the forward bytes,
     # of which the row-parallel output-gradient gathers stay exposed.
     sp = _costs(tp_overlap=TpOverlap.BACKWARD, sequence_parallel=True)
@@ -66,7 +83,7 @@ def test_overlap_leaves_what_the_gemms_cannot_cover():
 
 
 def test_recompute_collectives_are_never_hidden():
-    full = _costs(tp_overlap=TpOverlap.BACKWARD, recompute=Recompute.FULL, reentrant_recompute=True)
+    full = _costs(tp_overlap=TpOverlap.BACKWARD, recompute=Recompute.FULL, reentrant_recompute=True, fused_projections=True)
     assert full.backward_exposed_s == pytest.approx(full.forward_s)
 
 

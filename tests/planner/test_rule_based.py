@@ -4,11 +4,14 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec
 
+from costmodel.collectives import all_reduce_s
+from costmodel.layer_costs import layer_costs
 from costmodel.layout import Layout
 from costmodel.machine import load_machine
 from costmodel.model_config import ModelConfig
 from costmodel.op_time import op_time_breakdown
 from costmodel.opgraph import OP_ATTR
+from costmodel.stack import stack_with
 from costmodel.strategy_space import build_space
 from costmodel.train_config import TrainConfig
 from planner.ilp import solve_intra_op
@@ -52,7 +55,7 @@ def test_pinned_inputs_keep_their_specs_and_matmuls_split_the_batch_over_data():
 
 
 def test_the_rule_based_op_level_time_is_close_to_the_simulated_one():
-    layout = Layout(dp=2, tp=2, micro_batch=2, recompute="full", stack={"name": "custom", "attention": "materialized"})
+    layout = Layout(dp=2, tp=2, micro_batch=2, recompute="full", stack=stack_with("jax", attention="materialized"))
     graph, megatron = _megatron_space(layout)
     solution = solve_intra_op(megatron, memory_budget_bytes=2.0**50, time_limit_s=20)
     parts = op_time_breakdown(graph, megatron, solution.choice)
@@ -60,3 +63,24 @@ def test_the_rule_based_op_level_time_is_close_to_the_simulated_one():
     assert parts.total_s == pytest.approx(solution.objective_s)
     assert parts.matmul_s == pytest.approx(simulated.breakdown.compute_s + simulated.breakdown.recompute_s, rel=0.1)
     assert solution.objective_s == pytest.approx(simulated.step_time_s, rel=0.15)
+
+
+def test_both_granularities_count_the_same_tensor_parallel_reductions_per_layer():
+    # The traced program has one matmul per weight matrix: forward reduces wo's and w_out's
+    # outputs, full recompute wo's again, backward the input gradients of wq, wk, wv, w_in
+    # and w_gate: 8 all-reduces of [tokens, D] (or reduce-scatters, gathered later) per layer.
+    layout = Layout(dp=2, tp=2, micro_batch=2, recompute="full", stack=stack_with("jax", attention="materialized"))
+    graph, megatron = _megatron_space(layout)
+    choice = solve_intra_op(megatron, memory_budget_bytes=2.0**50, time_limit_s=20).choice
+    activation_BxSxD = (layout.dp * layout.micro_batch, TRAIN.seq_len, SMALL.hidden_size)
+    reductions = 0
+    for n, data in graph.nodes(data=True):
+        op = data[OP_ATTR]
+        if (op.repeat == SMALL.num_layers and op.outputs and op.outputs[0].shape == activation_BxSxD
+                and (n in megatron.strategies or n in megatron.followers)):
+            name = megatron.chosen(n, choice).name
+            reductions += name.count("all-reduce(tensor)") + name.count("reduce-scatter(tensor)")
+    layer = layer_costs(SMALL, TRAIN, layout, HW)
+    one_s = all_reduce_s(layout.micro_batch * TRAIN.seq_len * SMALL.hidden_size * 2, HW.groups(layout)["tp"])
+    assert reductions == 8
+    assert layer.tp_forward_s + layer.tp_backward_s == pytest.approx(reductions * one_s)

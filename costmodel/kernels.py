@@ -188,6 +188,10 @@ def uses_dropout(model: ModelConfig) -> bool:
     return model.norm is Norm.LAYERNORM
 
 
+def _runs_dropout(model: ModelConfig, layout: Layout) -> bool:
+    return uses_dropout(model) and layout.stack.dropout
+
+
 def local_widths(model: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[float, float, float]:
     """(tokens of one micro-batch, query width, key/value width) on one device."""
     d, t = model.head_dim, layout.tp
@@ -202,7 +206,7 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     tokens, q_width, kv_width = local_widths(model, train, layout)
     # Without sequence parallelism every tp rank runs the residual-stream kernels in full.
     residual_tokens = tokens / t if layout.sequence_parallel else tokens
-    residual_passes = _passes("dropout_residual" if uses_dropout(model) else "residual", layout)
+    residual_passes = _passes("dropout_residual" if _runs_dropout(model, layout) else "residual", layout)
     norm_passes = _passes(model.norm, layout)
     kernels = [
         _memory("attn_norm", residual_tokens * h, norm_passes, elem_bytes=e),
@@ -219,7 +223,46 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
         *_mlp(model, tokens, layout, train=train),
         _memory("mlp_residual", residual_tokens * h, residual_passes, elem_bytes=e),
     ]
+    if layout.stack.fp32_weights and not train.is_lora:
+        kernels.append(weight_cast_kernel(model, train, layout))
     return lora_kernels(kernels, model, train, layout) if train.is_lora else kernels
+
+
+# Weight matrices of a layer, each cast by a kernel of its own: q, k, v, o and the MLP's
+# (or the routed experts' stacked ones and the router, and a shared expert's).
+def _weight_matrices(model: ModelConfig) -> int:
+    mlp = 3 if model.mlp.gated else 2
+    if not model.is_moe:
+        return 4 + mlp
+    return 4 + mlp + 1 + (mlp if model.shared_expert_ffn_size else 0)
+
+
+def weight_cast_kernel(model: ModelConfig, train: TrainConfig, layout: Layout) -> Kernel:
+    """Copies of one layer's fp32 weights into the compute dtype, one launch per weight matrix
+    (`SoftwareStack.fp32_weights`): each reads 4 B and writes the compute dtype's bytes per
+    parameter this device holds (with ZeRO-3, of its shard: the cast precedes the gather). Its
+    backward (the gradient's cast to fp32) fuses into the weight-gradient's reduction; full
+    recompute re-runs it. The op-level model costs the same casts as the traced program's
+    ``convert_element_type`` of each weight.
+
+    >>> from costmodel.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000, mlp="gelu")
+    >>> k = weight_cast_kernel(m, TrainConfig(), Layout(tp=2))
+    >>> k.count, k.count * k.bytes == (4 * 1024**2 + 2 * 1024 * 4096) / 2 * 6, k.backward_scale
+    (6.0, True, 0.0)
+    """
+    experts = model.routed_expert_params_per_layer
+    matrices = model.params_per_layer - experts - 2 * _norm_width(model)
+    params = matrices / layout.tp + experts / (layout.tp * layout.ep)
+    if layout.zero_stage == 3:
+        params /= layout.dp
+    n = _weight_matrices(model)
+    return Kernel(name="weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=params * (4 + train.compute_dtype.bytes) / n,
+                  count=n, backward_scale=0.0)
+
+
+def _norm_width(model: ModelConfig) -> int:
+    return model.hidden_size * (2 if model.norm is Norm.LAYERNORM else 1)
 
 
 def _frozen(k: Kernel) -> Kernel:
@@ -296,7 +339,7 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
         return [Kernel(name="flash_attention", kind=KernelKind.FLASH_ATTENTION, flops=flops, bytes=io_bytes, in_attention_core=True,
                        backward_scale=FLASH_BACKWARD_FLOPS_RATIO)]
     scores = b * heads * s_q * s_kv
-    passes = _passes("softmax_dropout" if uses_dropout(model) else "softmax", layout)
+    passes = _passes("softmax_dropout" if _runs_dropout(model, layout) else "softmax", layout)
     return [
         _matmul("scores", s_q, s_kv, d, elem_bytes=e, batch=b * heads, core=True, cotangent_fused=True),
         _memory("softmax_dropout", scores, passes, elem_bytes=e, core=True),
@@ -345,11 +388,15 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     v = model.vocab_size / model.vocab_shards(layout.tp)
     head = _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e, cotangent_fused=True)
     loss = "cross_entropy" if layout.stack.fused_cross_entropy else "vocab_parallel_cross_entropy"
-    return [
+    kernels = [
         _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
         _frozen(head) if train.is_lora else head,
         _memory("cross_entropy", tokens * v, _passes(loss, layout), elem_bytes=4),
     ]
+    if layout.stack.fp32_weights and not train.is_lora:  # the head's weight cast, as `weight_cast_kernel`
+        held = v * model.hidden_size / (layout.dp if layout.zero_stage == 3 else 1)
+        kernels.append(Kernel(name="head_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=held * (4 + e), backward_scale=0.0))
+    return kernels
 
 
 def embedding_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:

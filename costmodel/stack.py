@@ -69,6 +69,9 @@ class SoftwareStack(BaseModel):
         True, description="Each normalisation is one fused kernel; False: op by op (eager RMSNorm: fp32 upcast, pow, mean, "
         "rsqrt, two multiplies).")
     tp_overlap: TpOverlap = Field(TpOverlap.NONE, description="Which tensor-parallel collectives hide behind GEMMs.")
+    dropout: bool = Field(
+        True, description="Trains a LayerNorm (GPT-2/Megatron-style) model with its dropout: fused dropout kernels after "
+        "the attention probabilities and each block's output. False: no dropout (this project's JAX program has none).")
     fused_projections: bool = Field(
         True, description="Q, K and V are one GEMM, and so are the MLP's input and gate (Megatron-LM's linear_qkv and "
         "linear_fc1): under tensor parallelism backward all-reduces each block's input gradient once. False: one GEMM "
@@ -152,11 +155,13 @@ class SoftwareStack(BaseModel):
     selective_recompute: SelectiveRecompute = Field(
         SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
     fp32_weights: bool = Field(
-        False, description="The trained weights are held in fp32, are the optimizer's master copy, and are cast to the "
-        "compute dtype where used (no compute-dtype copy); their gradients are fp32 and, with ZeRO >= 1, accumulated in "
-        "the optimizer state's data split (this project's JAX program: planner/models/train_step.py, validate/lowering.py). "
-        "False: a compute-dtype copy beside the fp32 master in the optimizer state, gradients split only from ZeRO 2 "
-        "(Megatron-LM's mixed precision, DeepSpeed, FSDP's MixedPrecision).")
+        False, description="The trained weights are held in fp32 as the optimizer's master copy (no compute-dtype copy) "
+        "and cast to the compute dtype by a kernel where each is used, every forward and every recomputed forward (with "
+        "ZeRO-3 XLA casts the shard before gathering it); their gradients are fp32 and, with ZeRO >= 1, accumulated in "
+        "the optimizer state's data split (this project's JAX program: `p.astype(dtype)`, planner/models/train_step.py, "
+        "validate/lowering.py). False: compute-dtype weights beside the fp32 master in the optimizer state, written once "
+        "per step by the update, gradients split only from ZeRO 2 (Megatron-LM's mixed-precision optimizer, DeepSpeed, "
+        "FSDP's MixedPrecision).")
     moe_capacity_factor: float | None = Field(
         None, gt=0, description="MoE layers give each expert a buffer of this many times its even share of a sequence's "
         "routed tokens, computed and kept for backward whether filled or not (GShard / Switch Transformer capacity; this "
@@ -170,7 +175,7 @@ _TITAN = "pytorch/torchtitan"
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
         name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fused_projections=False,
-        fp32_weights=True, moe_capacity_factor=1.25,
+        fp32_weights=True, dropout=False, moe_capacity_factor=1.25,
         citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
         "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, one matmul per weight "
         "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/one_f_one_b.py); what "

@@ -37,8 +37,8 @@ def test_tensor_and_context_parallel_divide_the_work():
 
 
 def test_flash_attention_has_no_score_traffic_and_skips_the_masked_half():
-    flash = layer_forward_kernels(GPT, TRAIN, Layout(stack=stack_with("jax", attention=Attention.FLASH)))
-    mat = layer_forward_kernels(GPT, TRAIN, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED)))
+    flash = layer_forward_kernels(GPT, TRAIN, Layout(stack=stack_with("jax", attention=Attention.FLASH, dropout=True)))
+    mat = layer_forward_kernels(GPT, TRAIN, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED, dropout=True)))
     flash_core = [k for k in flash if k.in_attention_core]
     mat_core = [k for k in mat if k.in_attention_core]
     assert _matmul_flops(flash_core) == pytest.approx(0.5 * _matmul_flops(mat_core))
@@ -77,8 +77,12 @@ def test_megatron_cross_entropy_moves_its_op_by_op_fp32_passes():
 
 def test_backward_traffic_follows_each_kernels_passes():
     # Megatron's fused bias-dropout-add: 3.5 passes forward (sum + one-byte mask), 5.5 backward.
-    gpt = {k.name: k for k in layer_forward_kernels(GPT, TRAIN, Layout())}
+    gpt = {k.name: k for k in layer_forward_kernels(GPT, TRAIN, Layout(stack=stack_with("megatron-core")))}
     assert gpt["attn_residual"].bytes == pytest.approx(3.5 * TRAIN.seq_len * GPT.hidden_size * 2)
+    # The JAX program trains without dropout: a plain residual add (3 passes each way).
+    jax_gpt = {k.name: k for k in layer_forward_kernels(GPT, TRAIN, Layout())}
+    assert jax_gpt["attn_residual"].bytes == pytest.approx(3 * TRAIN.seq_len * GPT.hidden_size * 2)
+    assert jax_gpt["attn_residual"].backward_scale == 1
     assert gpt["attn_residual"].backward_scale == pytest.approx(5.5 / 3.5)
     assert gpt["qkv"].backward_scale == 2 and gpt["flash_attention"].backward_scale == 2.5
     eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("jax", fused_elementwise=False, fused_norm=False)))}
@@ -162,3 +166,12 @@ def test_fp8_lora_runs_frozen_gemms_in_fp8_without_weight_gradients_and_adapters
     bf16_frozen = {k.name for k in layer_forward_kernels(LLAMA, lora.model_copy(update={"lora": lora.lora.model_copy(
         update={"frozen_dtype": "bf16"})}), Layout(tp=2))}
     assert "qkv_weight_cast" in bf16_frozen
+
+
+def test_fp32_weights_are_cast_once_per_layer_forward_and_their_shard_under_zero3():
+    cast = _named(layer_forward_kernels(LLAMA, TRAIN, Layout(tp=2)), "weight_cast")
+    matrices = LLAMA.params_per_layer - 2 * LLAMA.hidden_size  # without the two RMSNorm scales
+    assert cast.count * cast.bytes == pytest.approx(matrices / 2 * (4 + 2)) and cast.backward_scale == 0
+    fsdp = _named(layer_forward_kernels(LLAMA, TRAIN, Layout(dp=4, zero_stage=3)), "weight_cast")
+    assert fsdp.count * fsdp.bytes == pytest.approx(matrices / 4 * 6)
+    assert "weight_cast" not in {k.name for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("megatron-core")))}

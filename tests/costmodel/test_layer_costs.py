@@ -39,18 +39,22 @@ def test_full_recompute_reruns_the_whole_forward_only_when_reentrant():
 
 
 def test_tensor_parallel_adds_collectives_and_full_recompute_repeats_them():
-    none = layer_costs(DENSE, TRAIN, Layout(tp=4), HW)
-    full = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL), HW)
-    reentrant = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL, stack=stack_with("jax", reentrant_recompute=True)), HW)
+    fused = stack_with("jax", fused_projections=True)
+    none = layer_costs(DENSE, TRAIN, Layout(tp=4, stack=fused), HW)
+    full = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL, stack=fused), HW)
+    reentrant = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL, stack=stack_with(fused, reentrant_recompute=True)), HW)
     assert none.tp_forward_s > 0 and none.tp_backward_s == pytest.approx(none.tp_forward_s)
     # Megatron: 2 all-reduces forward, 2 backward, 2 again in the recompute; stopping early skips the layer's last.
     assert reentrant.tp_backward_s == pytest.approx(2 * reentrant.tp_forward_s)
     assert full.tp_backward_s == pytest.approx(1.5 * full.tp_forward_s)
+    # The JAX program: 5 backward all-reduces (wq, wk, wv, w_in, w_gate) and the attention block's again.
+    jax_full = layer_costs(DENSE, TRAIN, Layout(tp=4, recompute=Recompute.FULL), HW)
+    assert jax_full.tp_backward_s == pytest.approx(3 * jax_full.tp_forward_s)
     assert layer_costs(DENSE, TRAIN, Layout(), HW).tp_forward_s == 0
 
 
 def test_backward_doubles_gemms_and_costs_elementwise_kernels_by_their_passes():
-    c = layer_costs(DENSE, TRAIN, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED)), HW)
+    c = layer_costs(DENSE, TRAIN, Layout(stack=stack_with("jax", attention=Attention.MATERIALIZED, fp32_weights=False)), HW)
     assert c.backward.compute_s == pytest.approx(2 * c.forward.compute_s)
     # Norms and activations read x and dy and write dx: 1.5 to 1.7 times forward's traffic; RoPE 1.
     assert c.forward.memory_s < c.backward.memory_s < 1.7 * c.forward.memory_s

@@ -32,11 +32,11 @@ Over NF4 frozen weights on a stack whose bitsandbytes keeps every 4-bit linear's
 >>> from costmodel.stack import stack_with
 >>> gpt = ModelConfig(name="g", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288,
 ...                   vocab_size=51200, norm="layernorm", mlp="gelu", positions="learned")
->>> lay = Layout(tp=8, stack=stack_with("jax", attention="materialized"))
+>>> lay = Layout(tp=8, stack=stack_with("jax", attention="materialized", dropout=True))
 >>> s, b, h, a, t = 2048, 1, 12288, 96, 8
 >>> activation_bytes_per_layer(gpt, TrainConfig(seq_len=s), lay) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 True
->>> flash = Layout(tp=8, stack=stack_with("jax", attention="flash"))
+>>> flash = Layout(tp=8, stack=stack_with("jax", attention="flash", dropout=True))
 >>> activation_bytes_per_layer(gpt, TrainConfig(seq_len=s), flash) == s * b * h * (10 + 24 / t) + 4 * a * s * b / t
 True
 """
@@ -84,7 +84,7 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     # Residual-stream tensors are split over tp only with sequence parallelism.
     residual = sb * h * e / (t if layout.sequence_parallel else 1)
     mask = residual / e  # dropout masks are one byte per element
-    dropout = uses_dropout(model)
+    dropout = uses_dropout(model) and layout.stack.dropout
     terms = [
         ActivationTerm(name="attn_norm_input", bytes=residual, role=Role.INPUT),
         ActivationTerm(name="qkv_input", bytes=residual, role=Role.INPUT),

@@ -7,6 +7,11 @@
 - ZeRO 3 (FSDP): every micro-batch gathers each layer's parameters in forward and again in
   backward, and reduce-scatters its gradients.
 
+Where the weights are the fp32 master copy, cast per use (``SoftwareStack.fp32_weights``,
+the JAX program), each gradient is all-reduced where its partial sums appear, every
+micro-batch (a layer's in the compute dtype), also under ZeRO 1-2, and the updated fp32
+parameters are gathered; that gather ends the step unless ``SoftwareStack.overlap_param_gather``.
+
 With overlap (``SoftwareStack.dp_overlap``), the reduction hides behind the backward of the last
 micro-batch (interleaved, with ``SoftwareStack.per_chunk_grad_reduce``: each chunk's share behind the
 other chunks' remaining backward) and FSDP traffic behind the neighbouring layer's compute, leaving what exceeds
@@ -39,12 +44,15 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.collectives import all_gather_s, all_reduce_s, exposed_s, reduce_scatter_s
 from costmodel.fp8 import gathered_layer_param_bytes
+from costmodel.kernels import holds_master_weights
 from costmodel.layer_costs import LayerCosts
 from costmodel.layout import Layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import TrainConfig
 from costmodel.workload import adapter_params_per_layer, norm_params_per_layer
+
+FP32_BYTES = 4
 
 
 class DataParallelCost(BaseModel):
@@ -130,14 +138,22 @@ def data_parallel_costs(
     grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     params = trainable_params_per_device(model, train, layout)
-    if layout.zero_stage == 0:
-        reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
-    else:
-        layer_params = layers * layer_params_per_device(model, layout)  # fp8 parameters gather as fp8 (`costmodel.fp8`)
-        gathered_bytes = layer_params * gathered_layer_param_bytes(train, layout) + (params - layer_params) * param_bytes
-        reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(gathered_bytes, group)
+    layer_params = layers * layer_params_per_device(model, layout)
     # DeepSpeed's ZeRO-2 reduce-scatters after every micro-batch, not only the last.
     n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
+    if holds_master_weights(train, layout):
+        # The JAX program all-reduces each gradient where its partial sums appear, inside the
+        # accumulation loop (every micro-batch) and before its cast back to fp32 (the layers' in
+        # the compute dtype), then slices it for ZeRO; the updated fp32 parameters are gathered
+        # whole (`validate.predict`, checked against the compiled HLO).
+        reduce_s = all_reduce_s(layer_params * param_bytes + (params - layer_params) * FP32_BYTES, group)
+        regather_s = all_gather_s(params * FP32_BYTES, group) if layout.zero_stage >= 1 else 0.0
+        n_reductions = layout.micro_batches(train)
+    elif layout.zero_stage == 0:
+        reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
+    else:  # fp8 parameters gather as fp8 (`costmodel.fp8`)
+        gathered_bytes = layer_params * gathered_layer_param_bytes(train, layout) + (params - layer_params) * param_bytes
+        reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(gathered_bytes, group)
     total_s = n_reductions * reduce_s + regather_s
     if not layout.stack.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s)
@@ -152,7 +168,8 @@ def data_parallel_costs(
         reduce_exposed_s = reduce_s / v + exposed_s(reduce_s * (v - 1) / v, (v - 1) * layout.pp * backward_s / v, slowdown)
     else:
         reduce_exposed_s = exposed_s(reduce_s, backward_s, slowdown)
-    exposed = n_reductions * reduce_exposed_s + exposed_s(regather_s, layers * layer.forward_s, slowdown)
+    gather_window_s = layers * layer.forward_s if layout.stack.overlap_param_gather else 0.0
+    exposed = n_reductions * reduce_exposed_s + exposed_s(regather_s, gather_window_s, slowdown)
     return DataParallelCost(total_s=total_s, exposed_s=exposed)
 
 

@@ -29,7 +29,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.fp8 import FP8_BYTES
-from costmodel.layout import Layout
+from costmodel.layout import Layout, Offload
 from costmodel.model_config import ModelConfig, Norm, Positions
 from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
@@ -188,6 +188,14 @@ def uses_dropout(model: ModelConfig) -> bool:
     return model.norm is Norm.LAYERNORM
 
 
+def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
+    """Whether the trained weights are themselves the fp32 master copy (`SoftwareStack.fp32_weights`,
+    with a compute dtype other than fp32). LoRA's few adapter weights keep the mixed-precision
+    accounting, and an offloaded optimizer its master copy on the host (ZeRO-Offload)."""
+    return (layout.stack.fp32_weights and train.param_dtype != train.compute_dtype and not train.is_lora
+            and layout.offload is not Offload.OPTIMIZER)
+
+
 def _runs_dropout(model: ModelConfig, layout: Layout) -> bool:
     return uses_dropout(model) and layout.stack.dropout
 
@@ -223,7 +231,7 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
         *_mlp(model, tokens, layout, train=train),
         _memory("mlp_residual", residual_tokens * h, residual_passes, elem_bytes=e),
     ]
-    if layout.stack.fp32_weights and not train.is_lora:
+    if holds_master_weights(train, layout):
         kernels.append(weight_cast_kernel(model, train, layout))
     return lora_kernels(kernels, model, train, layout) if train.is_lora else kernels
 
@@ -393,7 +401,7 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
         _frozen(head) if train.is_lora else head,
         _memory("cross_entropy", tokens * v, _passes(loss, layout), elem_bytes=4),
     ]
-    if layout.stack.fp32_weights and not train.is_lora:  # the head's weight cast, as `weight_cast_kernel`
+    if holds_master_weights(train, layout):  # the head's weight cast, as `weight_cast_kernel`
         held = v * model.hidden_size / (layout.dp if layout.zero_stage == 3 else 1)
         kernels.append(Kernel(name="head_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=held * (4 + e), backward_scale=0.0))
     return kernels

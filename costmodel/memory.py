@@ -49,6 +49,7 @@ from pydantic import Field, NonNegativeFloat, computed_field
 from costmodel.activations import activation_bytes_per_layer
 from costmodel.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
 from costmodel.fp8 import fp8_weight_copy_bytes
+from costmodel.kernels import holds_master_weights
 from costmodel.layout import Layout, Offload, Recompute, Schedule
 from costmodel.lockstep import in_flight_slots, runs_lockstep
 from costmodel.model_config import ModelConfig
@@ -209,14 +210,6 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
-
-
-def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
-    """Whether the trained weights are themselves the fp32 master copy (`SoftwareStack.fp32_weights`,
-    with a compute dtype other than fp32). LoRA's few adapter weights keep the mixed-precision
-    accounting, and an offloaded optimizer its master copy on the host (ZeRO-Offload)."""
-    return (layout.stack.fp32_weights and train.param_dtype != train.compute_dtype and not train.is_lora
-            and layout.offload is not Offload.OPTIMIZER)
 
 
 def gradient_split(train: TrainConfig, layout: Layout) -> int:

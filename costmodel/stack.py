@@ -72,6 +72,10 @@ class SoftwareStack(BaseModel):
     dropout: bool = Field(
         True, description="Trains a LayerNorm (GPT-2/Megatron-style) model with its dropout: fused dropout kernels after "
         "the attention probabilities and each block's output. False: no dropout (this project's JAX program has none).")
+    overlap_param_gather: bool = Field(
+        True, description="With ZeRO 1-2, the all-gather of the updated parameters runs behind the next step's first "
+        "forward (Megatron-Core's --overlap-param-gather, DeepSpeed's and FSDP's prefetch); False: it ends the step, "
+        "exposed (a jitted JAX step returns its parameters whole).")
     fused_projections: bool = Field(
         True, description="Q, K and V are one GEMM, and so are the MLP's input and gate (Megatron-LM's linear_qkv and "
         "linear_fc1): under tensor parallelism backward all-reduces each block's input gradient once. False: one GEMM "
@@ -157,8 +161,9 @@ class SoftwareStack(BaseModel):
     fp32_weights: bool = Field(
         False, description="The trained weights are held in fp32 as the optimizer's master copy (no compute-dtype copy) "
         "and cast to the compute dtype by a kernel where each is used, every forward and every recomputed forward (with "
-        "ZeRO-3 XLA casts the shard before gathering it); their gradients are fp32 and, with ZeRO >= 1, accumulated in "
-        "the optimizer state's data split (this project's JAX program: `p.astype(dtype)`, planner/models/train_step.py, "
+        "ZeRO-3 XLA casts the shard before gathering it); their gradients are all-reduced where their partial sums appear, "
+        "inside the accumulation loop (every micro-batch; a layer's in the compute dtype), and accumulated in fp32, with "
+        "ZeRO >= 1 in the optimizer state's data split (this project's JAX program: `p.astype(dtype)`, planner/models/train_step.py, "
         "validate/lowering.py). False: compute-dtype weights beside the fp32 master in the optimizer state, written once "
         "per step by the update, gradients split only from ZeRO 2 (Megatron-LM's mixed-precision optimizer, DeepSpeed, "
         "FSDP's MixedPrecision).")
@@ -175,7 +180,7 @@ _TITAN = "pytorch/torchtitan"
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
         name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fused_projections=False,
-        fp32_weights=True, dropout=False, moe_capacity_factor=1.25,
+        fp32_weights=True, dropout=False, overlap_param_gather=False, moe_capacity_factor=1.25,
         citation="This project's reference program (planner/models): jax.jit with XLA fusion, jax.checkpoint "
         "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, one matmul per weight "
         "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/one_f_one_b.py); what "

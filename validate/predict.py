@@ -172,12 +172,13 @@ def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, acc
     """What the 1F1B program (`validate.one_f_one_b`) holds beyond the simulator's GPipe
     estimate of ``M`` micro-batches in flight (``M·v`` chunks): ``K = 2v·S − 1`` chunks of its
     layers' residuals (``2S − 1`` micro-batches without interleaving; ``M·v + 1`` where fewer), stage 0's input
-    gradients of every micro-batch beside the embedded batch, and no whole-stage gradient of
-    a micro-batch beside the sums (added up one layer at a time)."""
+    gradients of every micro-batch beside the embedded batch and their fp32 sum over the stages,
+    and no whole-stage gradient of a micro-batch beside the sums (added up one layer at a time)."""
     lay, train = plan.layout, plan.train
     micro = lay.micro_batches(train)
     embedded = lay.micro_batch * train.seq_len / lay.cp * plan.model.hidden_size * train.compute_dtype.bytes
-    change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + micro * embedded
+    cotangents = micro * embedded * (1 + F32_BYTES / train.compute_dtype.bytes)
+    change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + cotangents
     if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
         change -= micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), train, lay)
     return change

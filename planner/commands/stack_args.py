@@ -16,6 +16,11 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
     "dp_overlap": (["yes", "no"], "data-parallel reduction and ZeRO/FSDP gathers overlap compute"),
     "tp_overlap": ([o.value for o in TpOverlap], "tensor-parallel collectives hidden behind GEMMs: none, backward (Megatron "
                    "async TP) or gemm (TransformerEngine / XLA collective matmul)"),
+    "fused_projections": (["yes", "no"], "q/k/v and the MLP's input/gate are one GEMM each, so tensor parallelism reduces one "
+                          "input gradient per block (Megatron-LM; no: the JAX program's one per weight matrix)"),
+    "overlap_param_gather": (["yes", "no"], "ZeRO 1-2's gather of updated parameters runs behind the next forward (no: it "
+                             "ends the step, as in the JAX program)"),
+    "dropout": (["yes", "no"], "LayerNorm (GPT-style) models train with dropout (no: the JAX program has none)"),
     "fused_elementwise": (["yes", "no"], "activations, RoPE and residual adds fused (no: eager PyTorch)"),
     "fused_norm": (["yes", "no"], "each norm one fused kernel (no: eager RMSNorm)"),
     "overlap_p2p": (["yes", "no"], "interleaved pipeline transfers run behind compute (Megatron-Core overlap_p2p_comm)"),
@@ -42,8 +47,9 @@ _FACT_FLAGS: dict[str, tuple[list[str], str]] = {
                               "(eager nn.Dropout, Lit-GPT)"),
     "fused_qkv_views": (["yes", "no"], "attention reads q, k, v as views of one fused projection, whose output stays alive; "
                         "q/k/v adapters share one dropout (Lit-GPT)"),
-    "fp32_weights": (["yes", "no"], "weights held in fp32 as the master copy, cast where used; gradients fp32, split with the "
-                     "optimizer state from ZeRO 1 (the JAX program; no: a compute-dtype copy beside the master, Megatron-LM)"),
+    "fp32_weights": (["yes", "no"], "weights held in fp32 as the master copy and cast where used, every forward and "
+                     "recomputed forward; gradients fp32, split with the optimizer state from ZeRO 1 (the JAX program; no: a "
+                     "compute-dtype copy beside the master, written by the update, Megatron-LM)"),
     "bnb_4bit_saves_input": (["yes", "no"], "LoRA over --frozen-dtype nf4/nf4-dq: every 4-bit linear keeps its input for backward "
                              "(bitsandbytes 0.41.0-0.43.1 MatMul4Bit, Lit-GPT's table)"),
 }

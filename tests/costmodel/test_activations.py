@@ -3,7 +3,8 @@
 The paper's forms assume materialized attention: its 5·a·s/h term is the stored softmax
 output and dropout output (16-bit) and dropout mask (one byte), each a·s² per sequence.
 Flash attention stores none of them, only the output (already in the 34) and an fp32
-log-sum-exp per query and head.
+log-sum-exp per query and head. The forms assume dropout, which the JAX program has not
+(`SoftwareStack.dropout`), so they are checked with it on.
 """
 
 import pytest
@@ -22,7 +23,8 @@ TRAIN = TrainConfig(seq_len=S, global_batch=64)
 
 
 def _bytes(attention=Attention.MATERIALIZED, **layout):
-    return activation_bytes_per_layer(GPT3, TRAIN, Layout(stack=stack_with("jax", attention=attention), micro_batch=B, **layout))
+    return activation_bytes_per_layer(GPT3, TRAIN, Layout(stack=stack_with("jax", attention=attention, dropout=True),
+                                                                 micro_batch=B, **layout))
 
 
 def _logsumexp_bytes(t=1):

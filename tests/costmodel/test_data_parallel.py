@@ -2,8 +2,8 @@
 
 import pytest
 
-from costmodel.collectives import Group, Tier, all_reduce_s
-from costmodel.data_parallel import data_parallel_costs, stage_params_per_device
+from costmodel.collectives import Group, Tier, all_gather_s, all_reduce_s
+from costmodel.data_parallel import data_parallel_costs, layer_params_per_device, stage_params_per_device
 from costmodel.layer_costs import layer_costs
 from costmodel.stack import stack_with
 from costmodel.layout import Layout
@@ -22,10 +22,27 @@ def _costs(layout):
 
 
 def test_plain_data_parallel_all_reduces_fp32_gradients_once():
-    lay = Layout(dp=32, stack=stack_with("jax", dp_overlap=False))
+    lay = Layout(dp=32, stack=stack_with("megatron-core", dp_overlap=False))
     expected = all_reduce_s(stage_params_per_device(MODEL, lay) * 4, Group(n=32, n_nodes=4, intra=NV, inter=IB))
     c = _costs(lay)
     assert c.total_s == pytest.approx(expected) and c.exposed_s == c.total_s
+
+
+def test_the_jax_program_reduces_every_micro_batch_in_bf16_and_gathers_fp32_parameters_at_the_end():
+    group = Group(n=32, n_nodes=4, intra=NV, inter=IB)
+    layers = MODEL.num_layers * layer_params_per_device(MODEL, Layout())
+    other = stage_params_per_device(MODEL, Layout()) - layers
+    reduce_s = all_reduce_s(layers * 2 + other * 4, group)
+    one_micro_batch = Layout(dp=32, micro_batch=2, stack=stack_with("jax", dp_overlap=False))
+    assert _costs(one_micro_batch).total_s == pytest.approx(reduce_s)
+    assert _costs(one_micro_batch.model_copy(update={"micro_batch": 1})).total_s == pytest.approx(2 * reduce_s)  # inside the loop
+    zero1 = _costs(Layout(dp=32, micro_batch=2, zero_stage=1))
+    gather_s = all_gather_s((layers + other) * 4, group)
+    assert zero1.total_s == pytest.approx(reduce_s + gather_s)
+    # The gather ends the step: nothing hides it, unlike Megatron's --overlap-param-gather.
+    assert zero1.exposed_s > gather_s
+    overlapped = _costs(Layout(dp=32, micro_batch=2, zero_stage=1, stack=stack_with("jax", overlap_param_gather=True)))
+    assert overlapped.exposed_s < zero1.exposed_s
 
 
 def test_overlap_hides_part_of_the_reduction():

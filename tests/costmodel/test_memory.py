@@ -82,7 +82,7 @@ def test_materialized_attention_holds_the_score_matrices_flash_does_not(tp, sp):
     # (2 B) of the a·s² scores, split over tp; flash keeps an fp32 log-sum-exp per query and head.
     gpt = ModelConfig(name="gpt", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000,
                       norm="layernorm", mlp="gelu", positions="learned")
-    lay = Layout(tp=tp, sequence_parallel=sp, micro_batch=2)
+    lay = Layout(tp=tp, sequence_parallel=sp, micro_batch=2, stack=stack_with("jax", dropout=True))
     flash, mat = (memory_breakdown(gpt, TRAIN, lay.model_copy(update={"stack": stack_with(lay.stack, attention=a)})) for a in Attention)
     b, s, a = 2, TRAIN.seq_len, gpt.num_heads
     per_layer = (5 * a * s * s * b - 4 * a * s * b) / tp

@@ -90,7 +90,8 @@ def test_tokens_gives_days_to_train_as_the_6NT_arithmetic_at_the_plans_mfu(capsy
     six_nt_s = 6 * n_params * 15e12 / (pred["mfu"] * H100_SXM.peak_flops_per_s["bfloat16"] * 1024)
     assert code == 0 and pred["time_to_train_s"] == pytest.approx(six_nt_s, rel=0.05)  # attention FLOPs: the rest
     assert pred["device_hours"] == pytest.approx(pred["time_to_train_s"] * 1024 / 3600, rel=1e-9)
-    assert 100 < pred["time_to_train_s"] / 86400 < 500  # a 0.5M-token default batch on 1024 GPUs: comm-bound
+    # A 0.5M-token default batch on 1024 GPUs is comm-bound (the JAX program gathers its fp32 weights every step).
+    assert 100 < pred["time_to_train_s"] / 86400 < 700
 
 
 def test_time_to_train_is_the_steps_plus_the_checkpoint_and_input_overheads(capsys):

@@ -187,11 +187,14 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "`plan validate` lowers.",
     ),
     SoftwareStack(
-        name="maxtext", tp_overlap=TpOverlap.GEMM, eager_adapters=False,
+        name="maxtext", tp_overlap=TpOverlap.GEMM, eager_adapters=False, fused_projections=False, fp32_weights=True,
+        dropout=False,
         citation="AI-Hypercomputer/maxtext @e591f30: XLA GSPMD with the latency-hiding scheduler "
         "(docs/run_maxtext/run_maxtext_single_host_gpu.md, --xla_gpu_enable_latency_hiding_scheduler=true; "
         "benchmarks/xla_flags_library.py, --xla_tpu_enable_async_collective_fusion) and collective matmul "
-        "(benchmarks/maxtext_trillium_model_configs.py: configs with and without it); jax.checkpoint remat policies.",
+        "(benchmarks/maxtext_trillium_model_configs.py: configs with and without it); jax.checkpoint remat policies; "
+        "src/maxtext/configs/base.yml: weight_dtype float32 with dtype bfloat16 (fp32 weights cast per use), "
+        "fused_qkv and fused_mlp false (one matmul per weight matrix), dropout_rate 0.0, capacity_factor -1 (dropless).",
     ),
     SoftwareStack(
         name="megatron-lm-2021", attention=Attention.MATERIALIZED, reentrant_recompute=True, fused_cross_entropy=False,

@@ -64,7 +64,7 @@ from costmodel.hardware import load_hardware
 from costmodel.layout import Recompute, Schedule
 from costmodel.lockstep import in_flight_slots
 from costmodel.machine import machine_for
-from costmodel.memory import activation_bytes_per_layer, micro_batch_gradient_bytes
+from costmodel.memory import MemoryBreakdown, activation_bytes_per_layer, micro_batch_gradient_bytes
 from costmodel.model_config import ModelConfig, Norm
 from costmodel.simulator import simulate
 from costmodel.stack import Attention
@@ -132,7 +132,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
             bubble_activations = _one_f_one_b_memory_change(plan, layers * per_layer, accumulating=memory.temporary_bytes > 0)
     total = memory.total_bytes + bubble_activations
     if lay.pp > 1:
-        total += ends_elsewhere_bytes(plan, memory.stage)
+        total += ends_elsewhere_bytes(plan, memory)
     logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * F32_BYTES
     if lay.pp > 1:
         # Every pipeline group runs the head, one micro-batch at a time (`validate.pipeline`):
@@ -153,19 +153,19 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     return total
 
 
-def ends_elsewhere_bytes(plan: Plan, stage: str) -> float:
-    """What a pipelined program holds beyond the simulator's ``stage``: every pipeline group runs
-    the embedding and the head whole (`validate.pipeline`), so every device keeps both, with
-    their gradients and optimizer state, where the simulator gives each to its own end stage."""
+def ends_elsewhere_bytes(plan: Plan, memory: MemoryBreakdown) -> float:
+    """What a pipelined program holds beyond the simulator's ``memory`` of its busiest stage: every
+    pipeline group runs the embedding and the head whole (`validate.pipeline`), so every device
+    keeps both, with their gradients and optimizer state, where the simulator gives each to its
+    own end stage."""
     model, lay = plan.model, plan.layout
-    busiest = {"first": 0, "last": lay.pp - 1}.get(stage, 1)
-    layers = [lay.layers_on_stage(model.num_layers, s) * layer_params_per_device(model, lay) for s in range(lay.pp)]
-    ends = [stage_params(model, lay, s) - layers[s] for s in range(lay.pp)]
-    held = ends[busiest]
+    names = {"first": 0, "last": lay.pp - 1}
+    busiest = names[memory.stage] if memory.stage in names else int(memory.stage.removeprefix("stage "))
+    ends = [stage_params(model, lay, s) - lay.layers_on_stage(model.num_layers, s) * layer_params_per_device(model, lay)
+            for s in range(lay.pp)]
     program = ends[0] + ends[-1] - (model.hidden_size * model.vocab_size / model.vocab_shards(lay.tp) if model.tie_embeddings else 0)
-    memory = plan.predicted.memory
     state_per_param = (memory.params_bytes + memory.grads_bytes + memory.optimizer_bytes) / stage_params(model, lay, busiest)
-    return (program - held) * state_per_param
+    return (program - ends[busiest]) * state_per_param
 
 
 def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, accumulating: bool) -> float:

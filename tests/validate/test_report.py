@@ -84,9 +84,9 @@ def test_a_pipeline_holds_its_bubble_ticks_activations_and_with_one_micro_batch_
     assert tick_gradient == stage_params_per_device(LLAMA, plan.layout) * 4  # fp32, whole: the tick loop sums it unsplit
     bubble_ticks = (plan.layout.pp - 1) * (LLAMA.num_layers // 2) * activation_bytes_per_layer(LLAMA, plan.train, plan.layout)
     # Every stage also holds the embedding (the busiest, last stage's own end is the head).
-    assert simulated.stage == "last" and ends_elsewhere_bytes(plan, simulated.stage) > 0
+    assert simulated.stage == "last" and ends_elsewhere_bytes(plan, simulated) > 0
     assert predicted_memory_bytes(plan) == pytest.approx(simulated.total_bytes + tick_gradient + bubble_ticks
-                                                         + ends_elsewhere_bytes(plan, simulated.stage))
+                                                         + ends_elsewhere_bytes(plan, simulated))
 
 
 def test_fp8_frozen_lora_plans_say_their_emulated_memory_peak_is_not_checked():

@@ -5,10 +5,10 @@ import pytest
 from costmodel.collectives import Group, Tier, all_gather_s, all_reduce_s
 from costmodel.data_parallel import data_parallel_costs, layer_params_per_device, stage_params_per_device
 from costmodel.layer_costs import layer_costs
-from costmodel.stack import stack_with
 from costmodel.layout import Layout
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig
+from costmodel.stack import stack_with
 from costmodel.train_config import TrainConfig
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=8, num_heads=16, ffn_size=5632, vocab_size=32000)

@@ -47,6 +47,7 @@ from costmodel.fp8 import gathered_layer_param_bytes
 from costmodel.kernels import holds_master_weights
 from costmodel.layer_costs import LayerCosts
 from costmodel.layout import Layout
+from costmodel.lockstep import one_f_one_b_ticks, runs_lockstep
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import TrainConfig
@@ -148,7 +149,7 @@ def data_parallel_costs(
         # whole (`validate.predict`, checked against the compiled HLO).
         reduce_s = all_reduce_s(layer_params * param_bytes + (params - layer_params) * FP32_BYTES, group)
         regather_s = all_gather_s(params * FP32_BYTES, group) if layout.zero_stage >= 1 else 0.0
-        n_reductions = layout.micro_batches(train)
+        n_reductions = _reductions_in_loop(train, layout)
     elif layout.zero_stage == 0:
         reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
     else:  # fp8 parameters gather as fp8 (`costmodel.fp8`)
@@ -171,6 +172,23 @@ def data_parallel_costs(
     gather_window_s = layers * layer.forward_s if layout.stack.overlap_param_gather else 0.0
     exposed = n_reductions * reduce_exposed_s + exposed_s(regather_s, gather_window_s, slowdown)
     return DataParallelCost(total_s=total_s, exposed_s=exposed)
+
+
+def _reductions_in_loop(train: TrainConfig, layout: Layout) -> float:
+    """Whole-stage gradient reductions of a program that reduces inside its loop: one per micro-batch;
+    pipelined, one chunk's per tick of the tick loop, bubble ticks included (`validate.predict`
+    counts them per tick in the compiled HLO): ``M·v + S − 1`` GPipe ticks, more in lockstep 1F1B.
+
+    >>> train = TrainConfig(seq_len=1024, global_batch=8)
+    >>> _reductions_in_loop(train, Layout(dp=2, micro_batch=1)), _reductions_in_loop(train, Layout(dp=2, pp=2, micro_batch=1))
+    (4, 6.0)
+    """
+    micro = layout.micro_batches(train)
+    if layout.pp == 1:
+        return micro
+    v = layout.interleave
+    ticks = one_f_one_b_ticks(micro, layout.pp, v) if runs_lockstep(layout) else micro * v + layout.pp - 1
+    return ticks / v
 
 
 def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> DataParallelCost:

@@ -36,15 +36,11 @@ from benchmarks.simulator_accuracy import (
     MICROBENCHMARK_GEMM_SCALES,
     chip_transfer_pct,
     hardware_type,
-    layout_from_row,
-    machine_from_row,
     microbenchmark_efficiency,
-    model_from_row,
     source_family,
-    train_from_row,
+    step_error_pct,
 )
 from costmodel.roofline import Efficiency
-from costmodel.simulator import simulate
 
 # Fewer runs than this per fitted parameter and that parameter is not fitted (`free_parameters`).
 RUNS_PER_FREE_PARAMETER = 3
@@ -69,13 +65,7 @@ PHYSICAL_RANGE = {"large_gemm": (0.55, 0.90), "flash_attention": (0.30, 0.75), "
 
 def errors_pct(rows: list[dict[str, str]], params: dict[str, float]) -> list[float]:
     """Signed step-time error of each row with its hardware's micro-benchmark efficiencies adjusted by ``params``."""
-    out = []
-    for row in rows:
-        machine = machine_from_row(row).model_copy(update={"efficiency": microbenchmark_efficiency(row["hardware"]).calibrated(**params)})
-        est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)
-        measured = float(row["derived_step_time_s"])
-        out.append(100 * (est.step_time_s - measured) / measured)
-    return out
+    return [step_error_pct(row, microbenchmark_efficiency(row["hardware"]).calibrated(**params)) for row in rows]
 
 
 def free_parameters(runs: int) -> list[str]:

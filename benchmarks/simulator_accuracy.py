@@ -223,16 +223,19 @@ def microbenchmark_efficiency(hardware: str) -> Efficiency:
     return MICROBENCHMARK_EFFICIENCY.get(hardware, load_machine(hardware).efficiency)
 
 
+def step_error_pct(row: dict[str, str], efficiency: Efficiency) -> float:
+    """Signed step-time error (%) of a row simulated on its hardware with ``efficiency``."""
+    machine = machine_from_row(row).model_copy(update={"efficiency": efficiency})
+    est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)
+    measured = float(row["derived_step_time_s"])
+    return 100 * (est.step_time_s - measured) / measured
+
+
 def _errors_at_scale(rows: list[dict[str, str]], scale: float, *, microbenchmark: bool) -> list[float]:
     out = []
     for row in rows:
-        machine = machine_from_row(row)
-        base = microbenchmark_efficiency(row["hardware"]) if microbenchmark else machine.efficiency
-        eff = base.calibrated(matmul_scale=scale, flash_attention=base.flash_attention, hbm=base.hbm)
-        machine = machine.model_copy(update={"efficiency": eff})
-        est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)
-        measured = float(row["derived_step_time_s"])
-        out.append(100 * (est.step_time_s - measured) / measured)
+        base = microbenchmark_efficiency(row["hardware"]) if microbenchmark else machine_from_row(row).efficiency
+        out.append(step_error_pct(row, base.calibrated(matmul_scale=scale, flash_attention=base.flash_attention, hbm=base.hbm)))
     return out
 
 

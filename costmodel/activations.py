@@ -47,7 +47,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.kernels import local_widths, uses_dropout
+from costmodel.kernels import local_widths, mlp_rows_per_token, uses_dropout
 from costmodel.layout import Layout, Recompute
 from costmodel.model_config import ModelConfig
 from costmodel.stack import Attention
@@ -93,9 +93,7 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
         ActivationTerm(name="attn_out_proj_input", bytes=sb * q * e, role=Role.ATTENTION_OUTPUT),
         ActivationTerm(name="mlp_norm_input", bytes=residual, role=Role.INPUT),
         ActivationTerm(name="mlp_input", bytes=residual, role=Role.INPUT),
-        *_mlp(model, sb, t, e, eager=not layout.stack.fused_elementwise,
-              slots_per_token=model.expert_slots(train.seq_len, layout.stack.moe_capacity_factor) / train.seq_len
-              if model.is_moe else 1.0),
+        *_mlp(model, sb, t, e, eager=not layout.stack.fused_elementwise, rows_per_token=mlp_rows_per_token(model, train, layout)),
     ]
     if dropout:
         terms += [ActivationTerm(name="attn_dropout_mask", bytes=mask, role=Role.ELEMENTWISE),
@@ -223,11 +221,11 @@ def _attention_inputs(model: ModelConfig, layout: Layout, *, sb: float, q: float
     return [ActivationTerm(name=n, bytes=sb * q * e, role=Role.MATMUL_OUTPUT) for n in ("q", "k", "v")]
 
 
-def _mlp(model: ModelConfig, sb: float, t: int, e: int, *, eager: bool, slots_per_token: float) -> list[ActivationTerm]:
-    """What the MLP keeps; an MoE layer's experts keep their buffers' rows (`ModelConfig.expert_slots`),
+def _mlp(model: ModelConfig, sb: float, t: int, e: int, *, eager: bool, rows_per_token: float) -> list[ActivationTerm]:
+    """What the MLP keeps; an MoE layer's experts keep their buffers' rows (`mlp_rows_per_token`),
     their input whole on every tensor device (Megatron-Core @f2e5db4 MoEAllGatherTokenDispatcher
     gathers the sequence-split tokens, [S*B/TP, H] -> [S*B, H], before the experts' GEMMs)."""
-    tokens = sb * (slots_per_token if model.is_moe else 1)
+    tokens = sb * rows_per_token
     f = (model.moe_ffn_size if model.is_moe else model.ffn_size) / t
     terms = [ActivationTerm(name="mlp_up_output", bytes=tokens * f * e, role=Role.MATMUL_OUTPUT)]
     if model.mlp.gated:

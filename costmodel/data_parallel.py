@@ -50,10 +50,8 @@ from costmodel.layout import Layout
 from costmodel.lockstep import one_f_one_b_ticks, runs_lockstep
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig, Positions
-from costmodel.train_config import TrainConfig
+from costmodel.train_config import Dtype, TrainConfig
 from costmodel.workload import adapter_params_per_layer, norm_params_per_layer
-
-FP32_BYTES = 4
 
 
 class DataParallelCost(BaseModel):
@@ -147,8 +145,8 @@ def data_parallel_costs(
         # accumulation loop (every micro-batch) and before its cast back to fp32 (the layers' in
         # the compute dtype), then slices it for ZeRO; the updated fp32 parameters are gathered
         # whole (`validate.predict`, checked against the compiled HLO).
-        reduce_s = all_reduce_s(layer_params * param_bytes + (params - layer_params) * FP32_BYTES, group)
-        regather_s = all_gather_s(params * FP32_BYTES, group) if layout.zero_stage >= 1 else 0.0
+        reduce_s = all_reduce_s(layer_params * param_bytes + (params - layer_params) * Dtype.FP32.bytes, group)
+        regather_s = all_gather_s(params * Dtype.FP32.bytes, group) if layout.zero_stage >= 1 else 0.0
         n_reductions = _reductions_in_loop(train, layout)
     elif layout.zero_stage == 0:
         reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0

@@ -33,7 +33,7 @@ from costmodel.layout import Layout, Offload
 from costmodel.model_config import ModelConfig, Norm, Positions
 from costmodel.stack import Attention
 from costmodel.train_config import TrainConfig
-from costmodel.workload import FrozenDtype, adapted_matrices
+from costmodel.workload import FrozenDtype, adapted_matrices, norm_params_per_layer
 
 # HBM passes (reads plus writes of one compute-dtype tensor; a one-byte dropout mask is half
 # a pass) of each memory-bound kernel, forward and backward, fused into one kernel
@@ -196,6 +196,14 @@ def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
             and layout.offload is not Offload.OPTIMIZER)
 
 
+def mlp_rows_per_token(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    """Rows the MLP computes per token: 1 for a dense one; an MoE layer's expert-buffer rows
+    (`ModelConfig.expert_slots` under the stack's `SoftwareStack.moe_capacity_factor`)."""
+    if not model.is_moe:
+        return 1.0
+    return model.expert_slots(train.seq_len, layout.stack.moe_capacity_factor) / train.seq_len
+
+
 def _runs_dropout(model: ModelConfig, layout: Layout) -> bool:
     return uses_dropout(model) and layout.stack.dropout
 
@@ -260,17 +268,13 @@ def weight_cast_kernel(model: ModelConfig, train: TrainConfig, layout: Layout) -
     (6.0, True, 0.0)
     """
     experts = model.routed_expert_params_per_layer
-    matrices = model.params_per_layer - experts - 2 * _norm_width(model)
+    matrices = model.params_per_layer - experts - norm_params_per_layer(model)
     params = matrices / layout.tp + experts / (layout.tp * layout.ep)
     if layout.zero_stage == 3:
         params /= layout.dp
     n = _weight_matrices(model)
     return Kernel(name="weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=params * (4 + train.compute_dtype.bytes) / n,
                   count=n, backward_scale=0.0)
-
-
-def _norm_width(model: ModelConfig) -> int:
-    return model.hidden_size * (2 if model.norm is Norm.LAYERNORM else 1)
 
 
 def _frozen(k: Kernel) -> Kernel:
@@ -368,7 +372,7 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfi
         ]
     # Each token visits top-k experts (with a capacity, every expert fills its buffer, idle
     # slots too); expert weights are split over tp like a dense MLP.
-    routed = tokens * model.expert_slots(train.seq_len, layout.stack.moe_capacity_factor) / train.seq_len
+    routed = tokens * mlp_rows_per_token(model, train, layout)
     f = model.moe_ffn_size / t
     kernels = [
         _matmul("router", tokens, model.num_experts, h, elem_bytes=elem_bytes),

@@ -47,7 +47,7 @@ from costmodel.fp8 import gathered_layer_param_bytes
 from costmodel.kernels import holds_master_weights
 from costmodel.layer_costs import LayerCosts
 from costmodel.layout import Layout
-from costmodel.lockstep import one_f_one_b_ticks, runs_lockstep
+from costmodel.lockstep import gpipe_ticks, one_f_one_b_ticks, runs_lockstep
 from costmodel.machine import Machine
 from costmodel.model_config import ModelConfig, Positions
 from costmodel.train_config import Dtype, TrainConfig
@@ -175,7 +175,7 @@ def data_parallel_costs(
 def _reductions_in_loop(train: TrainConfig, layout: Layout) -> float:
     """Whole-stage gradient reductions of a program that reduces inside its loop: one per micro-batch;
     pipelined, one chunk's per tick of the tick loop, bubble ticks included (`validate.predict`
-    counts them per tick in the compiled HLO): ``M·v + S − 1`` GPipe ticks, more in lockstep 1F1B.
+    counts them per tick in the compiled HLO): `costmodel.lockstep.gpipe_ticks`, more in lockstep 1F1B.
 
     >>> train = TrainConfig(seq_len=1024, global_batch=8)
     >>> _reductions_in_loop(train, Layout(dp=2, micro_batch=1)), _reductions_in_loop(train, Layout(dp=2, pp=2, micro_batch=1))
@@ -185,7 +185,7 @@ def _reductions_in_loop(train: TrainConfig, layout: Layout) -> float:
     if layout.pp == 1:
         return micro
     v = layout.interleave
-    ticks = one_f_one_b_ticks(micro, layout.pp, v) if runs_lockstep(layout) else micro * v + layout.pp - 1
+    ticks = (one_f_one_b_ticks if runs_lockstep(layout) else gpipe_ticks)(micro, layout.pp, v)
     return ticks / v
 
 

@@ -63,6 +63,15 @@ def one_f_one_b_ticks(micro_batches: int, stages: int, chunks: int = 1) -> int:
     return micro_batches * chunks + backward_lag_ticks(stages, chunks) + stages - 1
 
 
+def gpipe_ticks(micro_batches: int, stages: int, chunks: int = 1) -> int:
+    """Ticks of a GPipe loop (all forwards, then all backwards, each pass its own loop): ``M·v``
+    items per device plus ``S − 1`` to fill the pipeline.
+
+    >>> gpipe_ticks(8, 4), gpipe_ticks(16, 2, 4)
+    (11, 65)
+    """
+    return micro_batches * chunks + stages - 1
+
 
 def runs_lockstep(layout: Layout) -> bool:
     """Whether ``layout``'s pipeline runs in lockstep: pipelined, not GPipe, on a stack that does.

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.lockstep import one_f_one_b_ticks
+from costmodel.lockstep import gpipe_ticks, one_f_one_b_ticks
 from planner.models.params import abstract_params
 from planner.schema import Plan
 from validate.one_f_one_b import runs_one_f_one_b
@@ -93,4 +93,4 @@ def pipeline_ticks(plan: Plan) -> int:
     lay = plan.layout
     if runs_one_f_one_b(plan):
         return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)
-    return lay.micro_batches(plan.train) * lay.interleave + lay.pp - 1
+    return gpipe_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)

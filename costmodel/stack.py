@@ -285,12 +285,16 @@ STACK_OPTIONS: dict[str, dict[str, Any]] = {
 
 def stack_with(stack: str | SoftwareStack, **overrides: Any) -> SoftwareStack:
     """A preset (by name) or a stack with single facts overridden; renamed 'custom' when any fact changes.
+    Every override is a value, None included (`SoftwareStack.moe_capacity_factor` None: dropless):
+    pass only the facts given.
 
     >>> stack_with("megatron-core", tp_overlap="none").name, stack_with("jax", attention="flash").name
     ('custom', 'jax')
+    >>> stack_with("jax", moe_capacity_factor=None).moe_capacity_factor is None
+    True
     """
     base = get_stack(stack) if isinstance(stack, str) else stack
-    changed = {k: v for k, v in overrides.items() if v is not None and v != getattr(base, k, None)}
+    changed = {k: v for k, v in overrides.items() if k not in SoftwareStack.model_fields or v != getattr(base, k)}
     if not changed:
         return base
     try:

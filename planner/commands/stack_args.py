@@ -99,9 +99,6 @@ def stack_from_args(args: argparse.Namespace) -> SoftwareStack:
     """The ``--stack`` preset with every fact flag given applied over it."""
     given = {fact: getattr(args, fact) for fact in _FACT_FLAGS if getattr(args, fact) is not None}
     facts = {k: v == "yes" if v in ("yes", "no") else v for k, v in given.items()}
-    if args.moe_capacity_factor not in (None, "none"):
-        facts["moe_capacity_factor"] = args.moe_capacity_factor
-    stack = stack_with(args.stack, **facts)
-    if args.moe_capacity_factor == "none" and stack.moe_capacity_factor is not None:  # stack_with reads None as "not given"
-        stack = SoftwareStack.model_validate({**stack.model_dump(), "moe_capacity_factor": None, "name": "custom"})
-    return stack
+    if args.moe_capacity_factor is not None:
+        facts["moe_capacity_factor"] = None if args.moe_capacity_factor == "none" else args.moe_capacity_factor
+    return stack_with(args.stack, **facts)

@@ -30,7 +30,14 @@ def test_override_changes_one_fact_and_renames():
     custom = stack_with("megatron-core", tp_overlap="none")
     assert custom.name == "custom" and custom.tp_overlap is TpOverlap.NONE
     assert custom.model_dump(exclude={"name", "tp_overlap"}) == STACKS["megatron-core"].model_dump(exclude={"name", "tp_overlap"})
-    assert stack_with("megatron-core", attention=None) is STACKS["megatron-core"]  # an unset flag overrides nothing
+    assert stack_with("megatron-core", tp_overlap="gemm") is STACKS["megatron-core"]  # the preset's own value changes nothing
+
+
+def test_none_is_a_value_not_an_unset_flag():
+    dropless = stack_with("jax", moe_capacity_factor=None)
+    assert dropless.moe_capacity_factor is None and STACKS["jax"].moe_capacity_factor == 1.25 and dropless.name == "custom"
+    with pytest.raises(InvalidConfigError, match="stack 'jax'"):
+        stack_with("jax", no_such_fact=None)
 
 
 def test_bad_names_and_values_say_what_to_use():

@@ -84,7 +84,7 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     # Residual-stream tensors are split over tp only with sequence parallelism.
     residual = sb * h * e / (t if layout.sequence_parallel else 1)
     mask = residual / e  # dropout masks are one byte per element
-    dropout = uses_dropout(model) and layout.stack.dropout
+    dropout = uses_dropout(model, layout)
     terms = [
         ActivationTerm(name="attn_norm_input", bytes=residual, role=Role.INPUT),
         ActivationTerm(name="qkv_input", bytes=residual, role=Role.INPUT),

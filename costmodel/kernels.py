@@ -183,9 +183,10 @@ def _memory(name: str, elements: float, passes: tuple[float, float], *, elem_byt
                   in_attention_core=core, backward_scale=backward / forward)
 
 
-def uses_dropout(model: ModelConfig) -> bool:
-    """GPT-2/Megatron-style models train with dropout; Llama-style (RMSNorm) ones do not."""
-    return model.norm is Norm.LAYERNORM
+def uses_dropout(model: ModelConfig, layout: Layout) -> bool:
+    """Whether the step runs dropout: GPT-2/Megatron-style (LayerNorm) models train with it,
+    Llama-style (RMSNorm) ones do not, and a stack may leave it out (`SoftwareStack.dropout`)."""
+    return model.norm is Norm.LAYERNORM and layout.stack.dropout
 
 
 def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
@@ -204,10 +205,6 @@ def mlp_rows_per_token(model: ModelConfig, train: TrainConfig, layout: Layout) -
     return model.expert_slots(train.seq_len, layout.stack.moe_capacity_factor) / train.seq_len
 
 
-def _runs_dropout(model: ModelConfig, layout: Layout) -> bool:
-    return uses_dropout(model) and layout.stack.dropout
-
-
 def local_widths(model: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[float, float, float]:
     """(tokens of one micro-batch, query width, key/value width) on one device."""
     d, t = model.head_dim, layout.tp
@@ -222,7 +219,7 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     tokens, q_width, kv_width = local_widths(model, train, layout)
     # Without sequence parallelism every tp rank runs the residual-stream kernels in full.
     residual_tokens = tokens / t if layout.sequence_parallel else tokens
-    residual_passes = _passes("dropout_residual" if _runs_dropout(model, layout) else "residual", layout)
+    residual_passes = _passes("dropout_residual" if uses_dropout(model, layout) else "residual", layout)
     norm_passes = _passes(model.norm, layout)
     kernels = [
         _memory("attn_norm", residual_tokens * h, norm_passes, elem_bytes=e),
@@ -351,7 +348,7 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
         return [Kernel(name="flash_attention", kind=KernelKind.FLASH_ATTENTION, flops=flops, bytes=io_bytes, in_attention_core=True,
                        backward_scale=FLASH_BACKWARD_FLOPS_RATIO)]
     scores = b * heads * s_q * s_kv
-    passes = _passes("softmax_dropout" if _runs_dropout(model, layout) else "softmax", layout)
+    passes = _passes("softmax_dropout" if uses_dropout(model, layout) else "softmax", layout)
     return [
         _matmul("scores", s_q, s_kv, d, elem_bytes=e, batch=b * heads, core=True, cotangent_fused=True),
         _memory("softmax_dropout", scores, passes, elem_bytes=e, core=True),

@@ -12,7 +12,7 @@ cross-validation (random folds: each fold fitted without its runs) and leave-one
 source ran on it, by the GEMM scale that other parts of its chip were fitted to: the
 estimate for a new framework's or paper's runs). A hardware type fits as many of `GRID`'s
 parameters, in order, as it has three runs for each (`free_parameters`). Every fitted efficiency is checked against its stated
-physical range (`PHYSICAL_RANGE`). It prints the values to put in ``costmodel/catalog.py``.
+physical range (`PHYSICAL_RANGE`). It prints the values to put in ``costmodel/hardware/catalog.py``.
 
     python -m benchmarks.calibrate [--data PATH] [--hardware NAME] [--out benchmarks/out/calibration.csv]
 """
@@ -40,7 +40,7 @@ from benchmarks.simulator_accuracy import (
     source_family,
     step_error_pct,
 )
-from costmodel.roofline import Efficiency
+from costmodel.step.roofline import Efficiency
 
 # Fewer runs than this per fitted parameter and that parameter is not fitted (`free_parameters`).
 RUNS_PER_FREE_PARAMETER = 3

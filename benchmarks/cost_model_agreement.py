@@ -3,10 +3,10 @@
     python -m benchmarks.cost_model_agreement [--only NAME ...] [--ilp-limit-s 30] [--out-dir benchmarks/out]
 
 Both predict the same program: the reference training step of a layout's largest pipeline
-stage on one micro-batch per data-parallel replica (`planner.intra_op.stage_graph`, with
+stage on one micro-batch per data-parallel replica (`planner.intraop.stage.stage_graph`, with
 materialized attention). The op-level model costs it at the layout's rule-based
-(Megatron) shardings (`planner.rule_based`) and at the ILP's own optimum; the simulator
-(`planner.intra_op.stage_estimate`) costs the layout. Per case the table gives both
+(Megatron) shardings (`planner.intraop.rule_based`) and at the ILP's own optimum; the simulator
+(`planner.intraop.stage.stage_estimate`) costs the layout. Per case the table gives both
 op-level times, the simulated one, their ratio, and each split into matmul (the
 simulator: GEMMs and attention, recompute included), memory-bound kernels (with the
 optimizer update) and exposed communication. Writes ``cost_model_agreement.csv``; the
@@ -26,16 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import InfeasibleError
-from costmodel.hardware import load_hardware
-from costmodel.layout import Layout
-from costmodel.machine import machine_for
-from costmodel.op_time import op_time_breakdown
-from costmodel.stack import stack_with
-from costmodel.strategy_space import build_space, prune_dominated
+from costmodel.hardware.profile import load_hardware
+from costmodel.inputs.layout import Layout
+from costmodel.hardware.machine import machine_for
+from costmodel.oplevel.op_time import op_time_breakdown
+from costmodel.inputs.stack import stack_with
+from costmodel.oplevel.strategy_space import build_space, prune_dominated
 from planner.api import layout_plan
-from planner.ilp import solve_intra_op
-from planner.intra_op import intra_op_axes, stage_estimate, stage_graph, train_step_memory_factor
-from planner.rule_based import rule_based_space
+from planner.intraop.ilp import solve_intra_op
+from planner.intraop.stage import intra_op_axes, stage_estimate, stage_graph, train_step_memory_factor
+from planner.intraop.rule_based import rule_based_space
 from validate.lowering import input_specs
 
 AGREE_WITHIN = 0.10

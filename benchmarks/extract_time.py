@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
-from costmodel.train_config import TrainConfig
+from costmodel.inputs.train_config import TrainConfig
 from planner.config import load_model
 from planner.inspect import inspect_model
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import InfeasibleError
-from costmodel.machine import load_machine
-from costmodel.strategy_space import build_space, prune_dominated
-from costmodel.train_config import TrainConfig
+from costmodel.hardware.machine import load_machine
+from costmodel.oplevel.strategy_space import build_space, prune_dominated
+from costmodel.inputs.train_config import TrainConfig
 from planner.config import load_model
-from planner.extract import extract_graph
-from planner.ilp import solve_intra_op
-from planner.intra_op import train_step_memory_factor
-from planner.models.train_step import abstract_train_inputs, make_train_step
+from planner.intraop.extract import extract_graph
+from planner.intraop.ilp import solve_intra_op
+from planner.intraop.stage import train_step_memory_factor
+from planner.programs.train_step import abstract_train_inputs, make_train_step
 
 _GIB = 2**30
 # (model, layers or None for all, mesh axes, hardware, seq_len, sequences per step, remat)

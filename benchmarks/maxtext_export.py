@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.output import print_table
 from planner.api import plan
-from planner.exports import to_maxtext
+from planner.cli.exports import to_maxtext
 
 MAXTEXT_PACKAGES = ("maxtext==0.2.5", "jax==0.10.2", "omegaconf", "pydantic", "absl-py", "flax", "packaging",
                     "pathwaysutils", "jinja2")

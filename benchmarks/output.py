@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from planner.csv_out import write_csv
+from planner.cli.csv_out import write_csv
 
 __all__ = ["print_table", "write_csv"]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from benchmarks.output import print_table, write_csv
 from benchmarks.simulator_accuracy import DEFAULT_DATA, layout_from_row, machine_from_row, model_from_row, train_from_row
 from costmodel.errors import PlannerError
-from costmodel.layout import Layout
-from costmodel.simulator import simulate
+from costmodel.inputs.layout import Layout
+from costmodel.step.simulator import simulate
 from search.layouts import SearchSpace, grid_search
 
 

@@ -1,4 +1,4 @@
-"""Training steps of models from JAX libraries installed from the package index, for ``planner.shard``.
+"""Training steps of models from JAX libraries installed from the package index, for ``planner.intraop.shard``.
 
 Each builder returns a `Program`: a ``train_step(params, opt_state, tokens) -> (params,
 opt_state, loss)`` with optax AdamW and next-token cross-entropy, and its abstract

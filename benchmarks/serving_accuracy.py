@@ -4,7 +4,7 @@ Every row of ``benchmarks/data/inference_runs.csv`` is predicted from its own co
 (model preset, hardware, tp / pp / replicas, batch, input and output lengths, precision,
 weight and KV-cache storage; fp8 rows: fp8 weights with the GEMMs in fp8, W8A8) with the
 function ``plan --workload decode`` and ``plan simulate --workload decode`` call,
-`costmodel.inference.simulate_inference`. One call gives the time per output token (TPOT) at
+`costmodel.step.inference.simulate_inference`. One call gives the time per output token (TPOT) at
 the row's mean decode context (``input + output // 2``: the steps of a generation see every
 context from the prompt to its end), the time to first token (TTFT, the prompts prefilled) and
 the HBM floor of a decode step (every weight and cache byte read once at the datasheet
@@ -38,13 +38,13 @@ from pathlib import Path
 from benchmarks.output import print_table, write_csv
 from benchmarks.simulator_accuracy import error_summary
 from costmodel.errors import PlannerError
-from costmodel.estimate import StepEstimate
-from costmodel.hardware import load_hardware
-from costmodel.inference import simulate_inference
-from costmodel.layout import Layout
-from costmodel.machine import train_machine
-from costmodel.train_config import Precision, TrainConfig
-from costmodel.workload import InferenceConfig
+from costmodel.step.estimate import StepEstimate
+from costmodel.hardware.profile import load_hardware
+from costmodel.step.inference import simulate_inference
+from costmodel.inputs.layout import Layout
+from costmodel.hardware.machine import train_machine
+from costmodel.inputs.train_config import Precision, TrainConfig
+from costmodel.inputs.workload import InferenceConfig
 from planner.config import load_model, train_config
 from planner.presets import PRESETS
 

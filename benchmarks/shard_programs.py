@@ -1,4 +1,4 @@
-"""``planner.shard`` on training steps from JAX model libraries, compiled: predicted against compiled memory.
+"""``planner.intraop.shard`` on training steps from JAX model libraries, compiled: predicted against compiled memory.
 
     python -m benchmarks.shard_programs [--only NAME ...] [--small] [--time-limit-s 20]
 
@@ -33,7 +33,7 @@ from jax.sharding import Mesh  # noqa: E402
 
 from benchmarks.output import print_table, write_csv  # noqa: E402
 from benchmarks.programs import PROGRAMS, Program  # noqa: E402
-from planner.shard import shard  # noqa: E402
+from planner.intraop.shard import shard  # noqa: E402
 from validate.shard_check import compiled_memory  # noqa: E402
 
 TOLERANCE = 0.15
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="program names to run (default: all)")
     parser.add_argument("--small", action="store_true", help="test-size models (seconds each)")
-    parser.add_argument("--time-limit-s", type=float, default=20.0, help="planner.shard's CP-SAT time limit")
+    parser.add_argument("--time-limit-s", type=float, default=20.0, help="planner.intraop.shard's CP-SAT time limit")
     args = parser.parse_args(argv)
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
     rows = []
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = ("program", "library", "params_b", "mesh", "chosen", "pred_gib", "compiled_gib", "ratio", "specs_only_gib", "planned", "dp", "fsdp",
                "fsdp_tp", "fits", "fsdp_fits", "shard_s", "compile_s")
     table = [{k: r.get(k, "-") for k in columns} for r in rows]
-    print_table(f"planner.shard on library programs, 8 emulated devices, {HARDWARE} (GiB per device, predicted/compiled; ratio = compiled/predicted)",
+    print_table(f"planner.intraop.shard on library programs, 8 emulated devices, {HARDWARE} (GiB per device, predicted/compiled; ratio = compiled/predicted)",
                 table)
     write_csv(Path("benchmarks/out/shard_programs.csv"), table)
     within = sum(abs(r["ratio"] - 1) <= TOLERANCE for r in rows)

@@ -2,7 +2,7 @@
 
 Every row of ``../shared/data/published_training_runs.csv`` is simulated from its own
 columns alone: model shape, devices, hardware, layout, precision, and the software stack
-that ran it (its ``stack`` column, a preset of `costmodel.stack.STACKS`, with the
+that ran it (its ``stack`` column, a preset of `costmodel.inputs.stack.STACKS`, with the
 documented per-run deviations of ``stack_options``). The predicted step time is compared
 with the one the source measured. So are the rows of ``benchmarks/data/heldout_runs.csv``:
 published runs of the same sources that are not in the shared data and that no
@@ -25,7 +25,7 @@ the micro-batch is stated; a blank micro-batch (the Megatron-LM README's rows), 
 interleaving, is the planner's choice for the stated layout (`planner_tuned`). A GPT row's
 embeddings are tied unless its ``params_b`` is closer to the untied count (the
 Megatron-Core rows: ``--untie-embeddings-and-output-weights``). "selective" recompute is
-the stack's own selective recompute (`costmodel.layout.stack_recompute`); the attention
+the stack's own selective recompute (`costmodel.inputs.layout.stack_recompute`); the attention
 kernel and ``dp_overlap`` are the row's.
 
 Nothing here is tuned per row: the only constants are the hardware profiles' and the
@@ -44,16 +44,16 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
-from costmodel.catalog import CHIP, MICROBENCHMARK_EFFICIENCY
-from costmodel.hardware import load_hardware
-from costmodel.layout import Layout, Schedule, stack_recompute
-from costmodel.machine import Machine, load_machine, train_machine
-from costmodel.model_config import ModelConfig
-from costmodel.roofline import Efficiency
-from costmodel.simulator import simulate
-from costmodel.stack import SoftwareStack, apply_options, get_stack, stack_with
-from costmodel.train_config import Precision, TrainConfig
-from costmodel.workload import FrozenDtype, LoraConfig, WorkloadKind
+from costmodel.hardware.catalog import CHIP, MICROBENCHMARK_EFFICIENCY
+from costmodel.hardware.profile import load_hardware
+from costmodel.inputs.layout import Layout, Schedule, stack_recompute
+from costmodel.hardware.machine import Machine, load_machine, train_machine
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.roofline import Efficiency
+from costmodel.step.simulator import simulate
+from costmodel.inputs.stack import SoftwareStack, apply_options, get_stack, stack_with
+from costmodel.inputs.train_config import Precision, TrainConfig
+from costmodel.inputs.workload import FrozenDtype, LoraConfig, WorkloadKind
 from search.layouts import SearchSpace, divisors, grid_search
 
 # The shared data sit beside the project's checkout (main or a worktree under it).
@@ -80,7 +80,7 @@ PLAN_SIMULATE_BUDGET_S = 1.0
 # curve, over this grid; parts that are one hardware type under two names share the fit.
 LOSO_GEMM_SCALES = tuple(round(0.70 + 0.03 * i, 2) for i in range(21))
 # The GEMM scales a micro-benchmark curve may be fitted to (`benchmarks.calibrate.GRID`): large GEMMs
-# within 0.55-0.90 of peak on the curves of `costmodel.catalog.MICROBENCHMARK_EFFICIENCY`.
+# within 0.55-0.90 of peak on the curves of `costmodel.hardware.catalog.MICROBENCHMARK_EFFICIENCY`.
 MICROBENCHMARK_GEMM_SCALES = tuple(round(0.70 + 0.02 * i, 2) for i in range(16))
 HARDWARE_TYPE = {"h100-95gb-hbm2e-lowtdp": "h100-96gb-hbm2e-500w"}
 
@@ -246,7 +246,7 @@ def hardware_type(row: dict[str, str]) -> str:
 
 def chip_transfer_pct(test: list[dict[str, str]], rows: list[dict[str, str]]) -> list[float]:
     """Errors (%) of the ``test`` rows, whose hardware type has no other source's runs, predicted
-    from what other parts of their chip (`costmodel.catalog.CHIP`) teach: every part's
+    from what other parts of their chip (`costmodel.hardware.catalog.CHIP`) teach: every part's
     micro-benchmark efficiencies with the one GEMM scale (`MICROBENCHMARK_GEMM_SCALES`) that fits
     the rows of ``rows`` on other hardware types of that chip and from other sources best; with
     no such rows, the micro-benchmark efficiencies as they are."""

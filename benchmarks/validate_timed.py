@@ -30,10 +30,10 @@ import sys
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
 from planner import api
-from planner.schema import Plan
+from planner.plan_schema import Plan
 from validate.cpu_profile import CpuMeasurement, cached_measurement, cpu_cluster
 from validate.timed import cpu_estimate, time_in_subprocess
 

@@ -5,7 +5,7 @@ The public API, importable from a notebook::
     import planner
     p = planner.plan("llama3-8b", mesh="8x4", hardware="h100-sxm")
     specs = planner.partition_spec_tree(p.model, p.param_specs)
-    sharded = planner.shard(train_step, *abstract_inputs, mesh="data=8,tensor=4")  # any jittable function
+    sharded = planner.intraop.shard(train_step, *abstract_inputs, mesh="data=8,tensor=4")  # any jittable function
 
 Names are loaded on first use, so ``plan simulate`` starts without importing JAX.
 """
@@ -17,16 +17,16 @@ from typing import Any
 
 _EXPORTS = {
     "plan": "planner.api",
-    "Plan": "planner.schema",
+    "Plan": "planner.plan_schema",
     "load_model": "planner.config",
     "from_hf_config": "planner.config",
     "train_config": "planner.config",
-    "ModelConfig": "costmodel.model_config",
-    "TrainConfig": "costmodel.train_config",
-    "extract_graph": "planner.extract",
+    "ModelConfig": "costmodel.inputs.model_config",
+    "TrainConfig": "costmodel.inputs.train_config",
+    "extract_graph": "planner.intraop.extract",
     "inspect_model": "planner.inspect",
     "partition_spec_tree": "planner.shardings",
-    "shard": "planner.shard",
+    "shard": "planner.intraop.shard",
 }
 
 __all__ = sorted(_EXPORTS)

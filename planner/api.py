@@ -11,22 +11,22 @@ import math
 from typing import Any, Callable, Sequence
 
 from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedError
-from costmodel.estimate import StepEstimate
-from costmodel.hardware import ClusterSpec, load_hardware
-from costmodel.layout import Layout, Offload, check_sequence
-from costmodel.machine import Machine, train_machine
-from costmodel.memory import min_state_bytes_per_device
-from costmodel.mesh import MeshSpec, axis_links, parse_mesh
-from costmodel.model_config import ModelConfig
-from costmodel.run_overheads import RunSettings, run_overheads
-from costmodel.simulator import simulate
-from costmodel.stack import Attention, SoftwareStack, get_stack, stack_with
-from costmodel.train_config import Precision, TrainConfig
-from costmodel.workload import InferenceConfig, LoraConfig, WorkloadKind, adapter_params_per_layer
+from costmodel.step.estimate import StepEstimate
+from costmodel.hardware.profile import ClusterSpec, load_hardware
+from costmodel.inputs.layout import Layout, Offload, check_sequence
+from costmodel.hardware.machine import Machine, train_machine
+from costmodel.step.memory import min_state_bytes_per_device
+from costmodel.hardware.mesh import MeshSpec, axis_links, parse_mesh
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.run_overheads import RunSettings, run_overheads
+from costmodel.step.simulator import simulate
+from costmodel.inputs.stack import Attention, SoftwareStack, get_stack, stack_with
+from costmodel.inputs.train_config import Precision, TrainConfig
+from costmodel.inputs.workload import InferenceConfig, LoraConfig, WorkloadKind, adapter_params_per_layer
 from planner.config import default_seq_len, load_model, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
-from planner.schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
-from planner.serving_search import ServingChoice, choose_serving_layout
+from planner.plan_schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
+from search.serving_layouts import ServingChoice, choose_serving_layout
 from planner.shardings import logical_rules, param_specs
 from search.layouts import NothingFitsError, SearchSpace, grid_search
 
@@ -60,28 +60,28 @@ def plan(
       attention: the attention kernel the layout is chosen for; default the stack's for grid
         and materialized for the intra-op planners, which shard the reference program (it
         materializes the score matrix).
-      stack: the software stack (`costmodel.stack.STACKS` name or a `SoftwareStack`) whose
+      stack: the software stack (`costmodel.inputs.stack.STACKS` name or a `SoftwareStack`) whose
         step time the layout is chosen for; default "jax", the program `plan validate` lowers.
         Another stack predicts how that framework would run the chosen layout.
       precision: "fp32", "tf32" (fp32 storage, GEMMs at the tf32 peak), "bf16", "fp16" (fp16 gradients,
         dynamic loss scaling) or "fp8" (bf16, the linear layers' GEMMs in fp8 as Transformer Engine runs
-        them; `costmodel.fp8`); a part without the dtype's peak is refused (`InvalidConfigError`).
+        them; `costmodel.step.fp8_memory`); a part without the dtype's peak is refused (`InvalidConfigError`).
       progress: called as ``progress(phase, done, total)`` while the search runs.
       tokens: training tokens; the plan's prediction then says how long training takes
         (``time_to_train_s``: tokens / tokens_per_s at the chosen layout, plus ``input_overhead_s``
         and ``checkpoint_overhead_s``, itemised in ``run_overheads``) and ``device_hours``.
       offload: "none" (never), "optimizer" (always: ZeRO-Offload's optimizer state and Adam on the
-        host, `costmodel.offload`) or None, the planner's choice: offload only when no layout fits
+        host, `costmodel.step.offload`) or None, the planner's choice: offload only when no layout fits
         in device memory without, and say so in ``solver.offload_reason``.
       run: the checkpoint interval and loader the time to train assumes (default
-        `costmodel.run_overheads.RunSettings`: a checkpoint every hour, a prefetching loader).
+        `costmodel.step.run_overheads.RunSettings`: a checkpoint every hour, a prefetching loader).
       workload: "pretrain", "finetune-full" (the same step) or "finetune-lora" (frozen base
         weights, trained adapters; ``lora`` sets rank, targets and the frozen weights' storage,
-        default `costmodel.workload.LoraConfig`). LoRA plans use the grid planner, without
+        default `costmodel.inputs.workload.LoraConfig`). LoRA plans use the grid planner, without
         pipeline stages (the validator lowers LoRA without them). "prefill" or "decode" serve
-        the model (`planner.serving_search`): ``global_batch`` sequences at a context of
+        the model (`search.serving_layouts`): ``global_batch`` sequences at a context of
         ``seq_len`` tokens, ``inference`` the rest (prompt length, KV block size, the per-token
-        latency bound, weight storage; default `costmodel.workload.InferenceConfig`).
+        latency bound, weight storage; default `costmodel.inputs.workload.InferenceConfig`).
 
     The plan holds no wall times, so the same inputs give the same plan bytes.
 
@@ -144,7 +144,7 @@ def plan(
     specs = param_specs(cfg, logical_rules(lay, by_kind, cfg), mesh_spec.shape)
     intra_op = None
     if planner != "grid":
-        from planner.intra_op import intra_op_axes, intra_op_specs  # jax tracing and OR-Tools only when asked for
+        from planner.intraop.stage import intra_op_axes, intra_op_specs  # jax tracing and OR-Tools only when asked for
 
         ilp_axes = intra_op_axes(axes)
         if ilp_axes:
@@ -238,9 +238,9 @@ def with_training_time(est: StepEstimate, tokens: float | None, *, model: ModelC
                        run: RunSettings | None = None) -> StepEstimate:
     """``est`` with the time and device-hours to train on ``tokens`` (unchanged when None): the steps,
     the input pipeline's stalls and the checkpoint writes at ``cluster``'s storage rates
-    (`costmodel.run_overheads`). ``time_to_train_s / 86400`` is days to train.
+    (`costmodel.step.run_overheads`). ``time_to_train_s / 86400`` is days to train.
 
-    >>> from costmodel.catalog import CATALOG
+    >>> from costmodel.hardware.catalog import CATALOG
     >>> p = plan("gpt2", mesh="8", global_batch=64)
     >>> t = with_training_time(p.predicted, 1e10, model=p.model, train=p.train, cluster=CATALOG["h100-sxm"]).run_overheads
     >>> t.total_s == t.steps_s + t.input_overhead_s + t.checkpoint_overhead_s, t.token_bytes
@@ -323,7 +323,7 @@ def _alternatives(runners_up: tuple[StepEstimate, ...], misses: tuple[StepEstima
 
 
 def check_shard(result: Any, fn: Callable[..., Any], *abstract_args: Any, mesh: Any, donate_argnums: Sequence[int] = ()) -> Any:
-    """Compile a ``planner.shard`` result on ``mesh`` and compare with its prediction (a validate.shard_check.ShardCheck).
+    """Compile a ``planner.intraop.shard`` result on ``mesh`` and compare with its prediction (a validate.shard_check.ShardCheck).
 
     validate imports planner, so planner reaches it only here, lazily, in its composition root.
     """

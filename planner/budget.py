@@ -25,11 +25,11 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, InvalidConfigError
-from costmodel.model_config import ModelConfig
+from costmodel.inputs.model_config import ModelConfig
 from planner.api import plan
 from planner.config import load_model
 from planner.largest import FAMILIES, family_model
-from planner.schema import Plan
+from planner.plan_schema import Plan
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 RULE = "Chinchilla: D = 20·N tokens (Hoffmann et al. 2022), C = 6·N·D"

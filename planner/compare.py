@@ -5,7 +5,7 @@ step on its non-pipeline axes becomes the costed strategy space; the ILP and eac
 planner (per seed) solve it under the same time budget. The ILP's objective is the
 reference: its proven optimum, or its best plan with the gap when the time runs out.
 
->>> from costmodel.model_config import ModelConfig
+>>> from costmodel.inputs.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=256, num_layers=2, num_heads=4, ffn_size=1024, vocab_size=512)
 >>> result = compare(m, mesh="2x2", hardware="a100-80gb", seq_len=128, global_batch=8, planners=("ilp", "beam"), budget_s=5)
 >>> [row.planner for row in result.rows], result.rows[0].gap_pct
@@ -24,15 +24,15 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidConfigError
-from costmodel.layout import Layout, Recompute
-from costmodel.machine import load_machine
-from costmodel.model_config import ModelConfig
-from costmodel.opgraph import OP_ATTR
-from costmodel.stack import Attention
-from costmodel.strategy_space import StrategySpace
+from costmodel.inputs.layout import Layout, Recompute
+from costmodel.hardware.machine import load_machine
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.oplevel.opgraph import OP_ATTR
+from costmodel.inputs.stack import Attention
+from costmodel.oplevel.strategy_space import StrategySpace
 from planner.api import plan
-from planner.ilp import solve_intra_op
-from planner.intra_op import intra_op_axes, stage_model, stage_space
+from planner.intraop.ilp import solve_intra_op
+from planner.intraop.stage import intra_op_axes, stage_model, stage_space
 from planner.shardings import logical_rules, param_specs
 from search.strategy_search import SEARCH_PLANNERS, SearchRun, TracePoint, descend
 

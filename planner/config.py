@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from costmodel.errors import InvalidConfigError, flag_error, read_user_file
-from costmodel.model_config import ModelConfig
-from costmodel.train_config import TrainConfig
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import TrainConfig
 from planner.presets import PRESETS
 
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")

@@ -14,12 +14,12 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.model_config import ModelConfig
-from costmodel.opgraph import ops, primitive_counts, total_bytes_accessed, total_flops
-from costmodel.train_config import TrainConfig
-from planner.extract import extract_graph
-from planner.models.lora import adapter_elements
-from planner.models.train_step import abstract_train_inputs, make_train_step
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.oplevel.opgraph import ops, primitive_counts, total_bytes_accessed, total_flops
+from costmodel.inputs.train_config import TrainConfig
+from planner.intraop.extract import extract_graph
+from planner.programs.lora import adapter_elements
+from planner.programs.train_step import abstract_train_inputs, make_train_step
 
 
 class InspectReport(BaseModel):

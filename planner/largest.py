@@ -18,10 +18,10 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, InvalidConfigError
-from costmodel.estimate import StepEstimate
-from costmodel.hardware import load_hardware
-from costmodel.machine import machine_for
-from costmodel.model_config import ModelConfig
+from costmodel.step.estimate import StepEstimate
+from costmodel.hardware.profile import load_hardware
+from costmodel.hardware.machine import machine_for
+from costmodel.inputs.model_config import ModelConfig
 from planner.config import default_seq_len, load_model, train_config
 from search.layouts import grid_search
 

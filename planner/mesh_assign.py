@@ -6,7 +6,7 @@ axes may carry the same kind (its degree is their product). Axis names the user 
 (last, inside a node) to the slowest as Megatron-LM orders devices — tensor, context,
 data, pipeline — which is the device order the step simulator assumes.
 
->>> from costmodel.mesh import parse_mesh
+>>> from costmodel.hardware.mesh import parse_mesh
 >>> [a for a in assignments(parse_mesh("8x4")) if a == ("dp", "tp")]
 [('dp', 'tp')]
 """
@@ -17,7 +17,7 @@ import itertools
 import math
 
 from costmodel.errors import InvalidConfigError
-from costmodel.mesh import MeshSpec
+from costmodel.hardware.mesh import MeshSpec
 
 KINDS = ("tp", "cp", "dp", "pp")  # fastest mesh axis first
 PINNED_NAMES = {

@@ -20,9 +20,9 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
-from planner.models.params import LogicalAxis, abstract_params, param_logical_axes
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from planner.programs.params import LogicalAxis, abstract_params, param_logical_axes
 
 Rules = dict[LogicalAxis, tuple[str, ...]]
 

@@ -7,8 +7,8 @@ predicates (divisibility, tensor parallelism inside a node, memory). Every survi
 costed by the one step simulator. A time limit stops the search in that order; the
 result then says so (``complete``) and keeps the best layout costed so far.
 
->>> from costmodel.machine import load_machine
->>> from costmodel.model_config import ModelConfig
+>>> from costmodel.hardware.machine import load_machine
+>>> from costmodel.inputs.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
 >>> result = grid_search(m, TrainConfig(seq_len=1024, global_batch=32), load_machine("a100-80gb"), n_devices=8)
 >>> result.best.layout.n_devices, result.evaluated > 1
@@ -27,25 +27,25 @@ from typing import Callable, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, PlannerError, TimeLimitError
-from costmodel.estimate import StepEstimate
-from costmodel.layout import Layout, Offload, Recompute, Schedule, check_layout
-from costmodel.machine import Machine
-from costmodel.model_config import ModelConfig
-from costmodel.simulator import balanced_layout, simulate
-from costmodel.train_config import TrainConfig
+from costmodel.step.estimate import StepEstimate
+from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule, check_layout
+from costmodel.hardware.machine import Machine
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.simulator import balanced_layout, simulate
+from costmodel.inputs.train_config import TrainConfig
 
 _GIB = 2**30
-# The validator pads uneven stages and moves layers between them every step (`validate.pipeline`),
+# The validator pads uneven stages and moves layers between them every step (`validate.gpipe`),
 # traffic a program storing each stage's own layers would not have; it lowers equal interleaved chunks only.
 UNEVEN_RULE = "uneven stages are not lowered as planned yet"
-# XLA aborts on the embedding and head run whole per pipeline group (`validate.pipeline`).
+# XLA aborts on the embedding and head run whole per pipeline group (`validate.gpipe`).
 PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not lowered as planned yet"
 # The experts' tensor-parallel region (`validate.lowering.tensor_parallel_experts`) does not nest in a stage.
 PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
 LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
-# `validate.intra_op` pins an intra-op choice in a program without stages; a pipeline would lower by the Megatron rules.
+# `validate.intraop_program` pins an intra-op choice in a program without stages; a pipeline would lower by the Megatron rules.
 INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stages are not lowered as chosen yet"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -69,7 +69,7 @@ class SearchSpace(BaseModel):
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     offload_when_nothing_fits: bool = Field(
         False, description="When no layout fits in device memory, search again with the optimizer state offloaded to the host "
-        "(`costmodel.offload`; needs a cluster whose host is described); the stack's own offload setting otherwise.")
+        "(`costmodel.step.offload`; needs a cluster whose host is described); the stack's own offload setting otherwise.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
     intra_op: bool = Field(False, description="An intra-op planner (ILP or search) shards each op of the chosen layout; "
                            "with lowered_only, pipelined layouts are dropped, as the validator lowers such choices without stages.")

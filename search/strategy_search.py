@@ -6,10 +6,10 @@ the same costs, so comparing them compares algorithms. Each is seeded and determ
 under an evaluation budget (a wall-time cap may cut it short), and records an anytime
 trace: the best feasible time after each improvement, with wall seconds and evaluations.
 
->>> from costmodel.collectives import Group, Tier
->>> from costmodel.machine import load_machine
->>> from costmodel.opgraph import LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
->>> from costmodel.strategy_space import build_space
+>>> from costmodel.step.collectives import Group, Tier
+>>> from costmodel.hardware.machine import load_machine
+>>> from costmodel.oplevel.opgraph import LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
+>>> from costmodel.oplevel.strategy_space import build_space
 >>> t = lambda *s: TensorSpec(shape=s, dtype="bfloat16")
 >>> g = new_op_graph("matmul")
 >>> x, w = add_input(g, t(4096, 1024), label="x"), add_input(g, t(1024, 1024), label="w")
@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.strategy_space import StrategySpace
+from costmodel.oplevel.strategy_space import StrategySpace
 
 
 class TracePoint(BaseModel):

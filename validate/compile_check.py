@@ -17,7 +17,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidPlanError
-from planner.schema import Plan
+from planner.plan_schema import Plan
 from validate.emulated import run_emulated
 from validate.hlo import Collective, collectives, dot_flops
 
@@ -86,13 +86,13 @@ def compile_plan(plan: Plan) -> CompileReport:
 
 def compile_in_subprocess(plan: Plan, *, timeout_s: float = 600) -> CompileReport:
     """`compile_plan` in a fresh Python with the plan's device count emulated on the CPU."""
-    from planner.models.decode import check_serving_lowered
+    from planner.programs.decode import check_serving_lowered
     from validate.lowering import check_param_specs
 
     check_param_specs(plan)  # here, so a broken spec is named in plain words rather than by the child's traceback
     if plan.train.is_inference:
         check_serving_lowered(plan.model)  # likewise
-    code = ("import sys; from planner.schema import Plan; from validate.compile_check import compile_plan; "
+    code = ("import sys; from planner.plan_schema import Plan; from validate.compile_check import compile_plan; "
             "print(compile_plan(Plan.model_validate_json(sys.stdin.read())).model_dump_json())")
     return CompileReport.model_validate_json(run_emulated(code, plan.layout.n_devices, stdin=plan.model_dump_json(), timeout_s=timeout_s,
                                                           failure="compiling the plan failed", error=InvalidPlanError,

@@ -24,7 +24,7 @@ median of repeats:
   1-device benchmark GPT faulted exactly its 149 MiB of temporaries per step; 8 devices
   with 35 MiB each faulted 8 × 35 MiB; 8 devices with 22 MiB or 16 MiB each faulted
   nothing, as glibc's malloc reuses freed memory below its mmap threshold (at most 32 MiB).
-  `costmodel.hardware.StepAllocator` carries both numbers to the simulator.
+  `costmodel.hardware.profile.StepAllocator` carries both numbers to the simulator.
 - The per-kernel floor: one iteration of a compiled loop around a tiny (8×8) GEMM.
 - The link tier: a ``psum`` over the ``n_devices`` inside a compiled loop, of a few floats
   (latency) and of 4 MB per device (bandwidth, by the simulator's own ring formula).
@@ -65,9 +65,9 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
-from costmodel.fabric import IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
-from costmodel.hardware import ClusterSpec, DeviceKind, DeviceSpec, GradientTranspose, StepAllocator
-from costmodel.roofline import Efficiency
+from costmodel.hardware.fabric import IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
+from costmodel.hardware.profile import ClusterSpec, DeviceKind, DeviceSpec, GradientTranspose, StepAllocator
+from costmodel.step.roofline import Efficiency
 from validate.emulated import run_emulated
 
 CACHE = Path.home() / ".cache" / "jax-parallel-planner" / "cpu_profile.json"
@@ -193,7 +193,7 @@ def _link(per_device: Callable[..., Any], mesh: Any, n_devices: int) -> tuple[fl
 def _gradient_transpose(mesh: Any, n_devices: int) -> tuple[float, float]:
     """Seconds per cotangent byte a weight gradient ``xᵀ·g`` costs beyond the same GEMM on
     2-D operands, with ``g`` as it lies and with a ReLU's backward producing it: XLA's CPU
-    backend copies ``g`` transposed (`costmodel.hardware.GradientTranspose`). Per device
+    backend copies ``g`` transposed (`costmodel.hardware.profile.GradientTranspose`). Per device
     x: [tokens, 256], g: [tokens, 1024] with 4 Mi tokens·features over the host, as JAX's
     transpose rule emits it for a ``[batch, seq, features]`` layer."""
     import jax

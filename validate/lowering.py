@@ -1,7 +1,7 @@
 """A `Plan` as a JAX program: its device mesh, its sharded abstract inputs, its train step.
 
 Every check of the validator (compile-only, timed, multi-host) builds the program here, so
-they all test the same thing: the reference training step (`planner.models.train_step`)
+they all test the same thing: the reference training step (`planner.programs.train_step`)
 with the plan's recompute policy and micro-batches (gradient accumulation), its inputs
 carrying ``NamedSharding``s of the plan's ``PartitionSpec``s, the plan's activation specs
 as sharding constraints and a vocab-parallel embedding. ZeRO: with stage ≥ 1 the Adam
@@ -9,12 +9,12 @@ moments are split over the data axes and the accumulated gradients constrained t
 split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). XLA still
 all-reduces each micro-batch's gradients inside the accumulation loop, where the partial
 sums appear; `validate.predict` counts them there. Pipeline plans run the 1F1B schedule of
-`validate.one_f_one_b` (plain or interleaved), or for schedule "gpipe" the GPipe one of `validate.pipeline`.
+`validate.one_f_one_b` (plain or interleaved), or for schedule "gpipe" the GPipe one of `validate.gpipe`.
 
 A LoRA plan (``train.workload == "finetune-lora"``) takes ``(frozen, adapters, opt_state,
 batch)`` and returns ``(adapters, opt_state, metrics)``: the frozen base weights carry the
 plan's ``param_specs`` and are neither donated nor updated; each adapter is sharded like
-the matrix it adapts (`planner.models.lora.adapter_specs`), its moments over the data axes
+the matrix it adapts (`planner.programs.lora.adapter_specs`), its moments over the data axes
 too with ZeRO ≥ 1. Pipelined LoRA plans are not lowered.
 
 A serving plan (``train.workload`` prefill or decode) takes ``(params, kv_cache, batch)`` and
@@ -32,16 +32,16 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import InvalidPlanError, UnsupportedError
-from costmodel.layout import Recompute
-from planner.models.lora import adapter_shapes, adapter_specs, adapter_tree
-from planner.models.params import abstract_params
-from planner.models.residuals import residuals_as_bits
-from planner.models.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
-from planner.models.transformer import Experts, KeepResiduals
-from planner.pinned import to_partition_spec
-from planner.schema import Plan
+from costmodel.inputs.layout import Recompute
+from planner.programs.lora import adapter_shapes, adapter_specs, adapter_tree
+from planner.programs.params import abstract_params
+from planner.programs.residuals import residuals_as_bits
+from planner.programs.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
+from planner.programs.transformer import Experts, KeepResiduals
+from planner.intraop.pinned import to_partition_spec
+from planner.plan_schema import Plan
 from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
-from validate.intra_op import constrained, intra_op_program
+from validate.intraop_program import constrained, intra_op_program
 
 # The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
 # are closest to Megatron's selective policy (keep the weight matmuls).
@@ -68,7 +68,7 @@ def check_param_specs(plan: Plan) -> None:
     missing, the wrong length, an axis the mesh lacks, an axis used twice, or a split the
     dimension's size does not divide.
 
-    >>> from costmodel.layout import Layout
+    >>> from costmodel.inputs.layout import Layout
     >>> from planner.api import layout_plan
     >>> p = layout_plan("gpt2", Layout(dp=2, tp=4, micro_batch=8), hardware="a100-80gb", global_batch=64, seq_len=1024)
     >>> check_param_specs(p.model_copy(update={"param_specs": {**p.param_specs, "layers/mlp/w_in": (None, "tensr", None)}}))
@@ -109,7 +109,7 @@ mesh axes data, tensor (or null), one per dimension of shape (12, 768, 3072)
 
 def input_specs(plan: Plan) -> tuple[Any, ...]:
     """``PartitionSpec`` trees of ``(params, opt_state, batch)``: an intra-op plan's chosen
-    ones (`validate.intra_op`), else the layout's; of ``(frozen, adapters, opt_state, batch)``
+    ones (`validate.intraop_program`), else the layout's; of ``(frozen, adapters, opt_state, batch)``
     for a LoRA plan."""
     program = intra_op_program(plan)
     if program is not None:
@@ -168,8 +168,8 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)), tree, spec_tree)
 
     if plan.train.is_inference:
-        from planner.models.decode import abstract_decode_inputs
-        from planner.models.prefill import abstract_prefill_inputs
+        from planner.programs.decode import abstract_decode_inputs
+        from planner.programs.prefill import abstract_prefill_inputs
 
         serving_inputs = abstract_decode_inputs if plan.train.workload.value == "decode" else abstract_prefill_inputs
         inputs = serving_inputs(plan.model, plan.train, replicas=plan.layout.dp)
@@ -185,9 +185,9 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
     (also under ``jax.distributed``)."""
     import numpy as np
 
-    from planner.models.lora import init_adapters, init_frozen
-    from planner.models.params import init_params
-    from planner.models.train_step import init_opt_state
+    from planner.programs.lora import init_adapters, init_frozen
+    from planner.programs.params import init_params
+    from planner.programs.train_step import init_opt_state
 
     sequence_BxS = np.random.default_rng(seed).integers(0, plan.model.vocab_size, (plan.train.global_batch, plan.train.seq_len + 1),
                                                         dtype=np.int32)
@@ -204,7 +204,7 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
 
 def _region_mesh(mesh: Mesh) -> Any:
     """``mesh``, or inside a region manual over some of its axes (the pipeline's,
-    `validate.pipeline`) that region's abstract mesh, whose axis types say which axes are
+    `validate.gpipe`) that region's abstract mesh, whose axis types say which axes are
     manual: shardings and nested shard_maps there must name it (XLA aborted otherwise)."""
     context = jax.sharding.get_abstract_mesh()
     return context if context.axis_names else mesh
@@ -310,7 +310,7 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """`train_step` under ``jax.jit`` with the plan's input shardings kept on the outputs
     (a step is a fixed point of its layout) and the parameters and optimizer state donated,
     as a training loop runs it. An intra-op plan runs the program it chose, every equation
-    pinned (`validate.intra_op.constrained`)."""
+    pinned (`validate.intraop_program.constrained`)."""
     specs = input_specs(plan)
     named = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
     if plan.train.is_inference:
@@ -329,12 +329,12 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
 def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """``(params, batch) -> (mean loss, fp32 gradients)`` as the plan computes them: its
     attention kernel, recompute policy, micro-batches, activation constraints and vocab-parallel embedding,
-    and for ``pp > 1`` the pipeline schedule of `validate.pipeline`."""
+    and for ``pp > 1`` the pipeline schedule of `validate.gpipe`."""
     lay = plan.layout
     if lay.pp > 1 and plan.train.is_lora:
         raise UnsupportedError("a LoRA plan with pipeline stages is not lowered yet", fix="plan it again (plan never emits one)")
     if lay.pp > 1:
-        from validate.pipeline import pipeline_loss_and_grads
+        from validate.gpipe import pipeline_loss_and_grads
 
         return pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
@@ -346,14 +346,14 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
 def residual_storage(mesh: Mesh) -> KeepResiduals:
     """How the layers keep their backward's residuals on ``mesh``'s backend: as raw 16-bit
     integers on the CPU, whose float normalization would widen them to fp32
-    (`planner.models.residuals`); as computed elsewhere."""
+    (`planner.programs.residuals`); as computed elsewhere."""
     return residuals_as_bits if mesh.devices.flat[0].platform == "cpu" else (lambda fn: fn)
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     """The plan's training step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
 
-    >>> from costmodel.layout import Layout
+    >>> from costmodel.inputs.layout import Layout
     >>> from planner.api import layout_plan
     >>> p = layout_plan("gpt2", Layout(micro_batch=2, recompute="full"), hardware="a100-80gb", global_batch=4, seq_len=32)
     >>> step = train_step(p, device_mesh(p))

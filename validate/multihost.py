@@ -46,7 +46,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from costmodel.errors import InvalidPlanError, PlannerError
-from planner.schema import Plan
+from planner.plan_schema import Plan
 from validate.emulated import emulated_cpu_env
 
 _RESULT = "MULTIHOST-RESULT "

@@ -1,6 +1,6 @@
 """The 1F1B pipeline schedule as a real JAX program: forward and backward interleaved tick by tick.
 
-Schedule. As GPipe in `validate.pipeline`, inside a ``jax.shard_map`` manual over the plan's
+Schedule. As GPipe in `validate.gpipe`, inside a ``jax.shard_map`` manual over the plan's
 pipeline axis (data, tensor and context axes stay automatic), stage ``s`` of ``S`` holds its
 slice of the stacked layers and the batch is cut into ``M`` micro-batches per data replica.
 One ``lax.scan`` of ``M + 2(S − 1)`` ticks runs, on every stage and every tick, one forward
@@ -22,10 +22,10 @@ does ``(M + 2S − 2) / M`` times its useful layer work, forward and backward, a
 that many times.
 
 Interleaved (``interleave = v > 1``, Megatron's virtual stages, stored device-major as
-`validate.pipeline.interleaved_layer_order` says): ticks carry one chunk each. The forward runs
-GPipe's ring order (`validate.pipeline.work_item`: item ``t − d`` on device ``d``); the
+`validate.gpipe.interleaved_layer_order` says): ticks carry one chunk each. The forward runs
+GPipe's ring order (`validate.gpipe.work_item`: item ``t − d`` on device ``d``); the
 backward runs the same order with the chunks reversed, item ``t − lag − (S − 1 − d)``
-(`costmodel.lockstep.backward_lag_ticks`: ``(v − 1)·S + S − 1``), its cotangents on the reverse ring (device 0's
+(`costmodel.step.lockstep.backward_lag_ticks`: ``(v − 1)·S + S − 1``), its cotangents on the reverse ring (device 0's
 first chunk back round to the last device's previous chunk), so the last device's backward
 of a micro-batch's last chunk runs the tick its forward and head do. ``M·v + (v + 1)·S − 2``
 ticks in all; with ``v = 1`` this is the schedule above.
@@ -43,7 +43,7 @@ micro-batch is backpropagated ``2(v·S − 1)`` ticks after its forward, one tic
 in lockstep; device ``d``'s chunk ``c`` needs ``2(v − 1 − c)·S + 2(S − 1 − d) + 1``, but every
 device holds the same buffers; in a ring of ``2v·S − 1`` the bubble ticks' writes land where
 no item in flight is). With fewer items (``M·v < 2v·S − 1``) the ring holds all ``M·v`` and
-bubble ticks write into one more slot (`costmodel.lockstep.in_flight_slots`). Without interleaving a stage so
+bubble ticks write into one more slot (`costmodel.step.lockstep.in_flight_slots`). Without interleaving a stage so
 keeps ``min(2S − 1, M + 1)`` micro-batches of its layers' residuals whatever ``M``, where GPipe
 keeps ``M + S − 1`` and Megatron's 1F1B (whose forward and backward steps alternate, half a
 tick apart) ``S − s``; interleaved, ``min(2v·S − 1, M·v + 1)`` chunks (about ``2S`` micro-batches
@@ -58,7 +58,7 @@ masked outside real backward items), the head's likewise (the same on every pipe
 the embedding's from stage 0's cotangents. XLA reduces each tick's layer and head gradients
 over the data axes inside the tick loop (`validate.predict` counts them per tick).
 
-Plans with schedule "gpipe" run `validate.pipeline`'s GPipe program.
+Plans with schedule "gpipe" run `validate.gpipe`'s GPipe program.
 """
 
 from __future__ import annotations
@@ -71,13 +71,13 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from costmodel.errors import UnsupportedError
-from costmodel.layout import Schedule
-from costmodel.lockstep import backward_lag_ticks, in_flight_slots, one_f_one_b_ticks, ring_slots
-from planner.models.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
-from planner.models.transformer import embed, head, run_layers
-from planner.schema import Plan
+from costmodel.inputs.layout import Schedule
+from costmodel.step.lockstep import backward_lag_ticks, in_flight_slots, one_f_one_b_ticks, ring_slots
+from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
+from planner.programs.transformer import embed, head, run_layers
+from planner.plan_schema import Plan
 from validate.lowering import activation_constraint, embedding_lookup, residual_storage
-from validate.pipeline import check_pipeline, runs_outer_whole, stage_slots, work_item
+from validate.gpipe import check_pipeline, runs_outer_whole, stage_slots, work_item
 
 
 def runs_one_f_one_b(plan: Plan) -> bool:
@@ -207,7 +207,7 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
             aux = aux + jnp.where(forward_useful, (aux_W * live_VxW[chunk]).sum(), 0.0)
 
             # Head and loss where the last device finishes a micro-batch's last chunk, on every pipeline
-            # group (fp32 sum: see `validate.pipeline`).
+            # group (fp32 sum: see `validate.gpipe`).
             head_useful, head_chunk, head_mb = item(t - (stages - 1))
             head_useful = head_useful & (head_chunk == chunks - 1)
             y_last_BxSxD = jax.lax.psum(jnp.where(last, y_BxSxD, 0).astype(jnp.float32), axes).astype(dt)

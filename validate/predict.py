@@ -24,7 +24,7 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   every tick: a ``collective-permute`` of an activation forward and one of its gradient
   backward, and the sum that hands the last stage's output to every pipeline group; once,
   the sum of stage 0's input gradients for the embedding.
-- GPipe pipelines (schedule "gpipe"; `validate.pipeline`): every device runs its stage's
+- GPipe pipelines (schedule "gpipe"; `validate.gpipe`): every device runs its stage's
   layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
   collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``
   (interleaved, ``M·v + S − 1`` ticks of one chunk's ``slots / v`` layers each), and
@@ -43,10 +43,10 @@ same rules: the lowering runs the embedding and head whole on every pipeline gro
 
 Not predicted yet (reported as such): context and expert parallelism, pipelines with
 uneven stages (their layers are gathered per stage), and pipelines with ZeRO-3 and tensor
-parallelism (`validate.pipeline.runs_outer_whole`) or with MoE layers and tensor parallelism
+parallelism (`validate.gpipe.runs_outer_whole`) or with MoE layers and tensor parallelism
 (`validate.lowering.tensor_parallel_experts` is not nested in the pipeline's region).
 
->>> from costmodel.layout import Layout
+>>> from costmodel.inputs.layout import Layout
 >>> from planner.api import layout_plan
 >>> p = layout_plan("llama3-8b", Layout(dp=8, tp=4, micro_batch=1, recompute="full", zero_stage=1), seq_len=2048, global_batch=16)
 >>> by_kind = {}
@@ -58,21 +58,21 @@ parallelism (`validate.pipeline.runs_outer_whole`) or with MoE layers and tensor
 
 from __future__ import annotations
 
-from costmodel.activations import activation_table
-from costmodel.data_parallel import layer_params_per_device, stage_params, stage_params_per_device
-from costmodel.hardware import load_hardware
-from costmodel.layout import Recompute, Schedule
-from costmodel.lockstep import in_flight_slots
-from costmodel.machine import machine_for
-from costmodel.memory import MemoryBreakdown, activation_bytes_per_layer, micro_batch_gradient_bytes
-from costmodel.model_config import ModelConfig, Norm
-from costmodel.simulator import simulate
-from costmodel.stack import Attention
-from planner.models.attention import block_pairs, block_size
-from planner.models.transformer import moe_capacity
-from planner.schema import Plan
+from costmodel.step.activations import activation_table
+from costmodel.step.data_parallel import layer_params_per_device, stage_params, stage_params_per_device
+from costmodel.hardware.profile import load_hardware
+from costmodel.inputs.layout import Recompute, Schedule
+from costmodel.step.lockstep import in_flight_slots
+from costmodel.hardware.machine import machine_for
+from costmodel.step.memory import MemoryBreakdown, activation_bytes_per_layer, micro_batch_gradient_bytes
+from costmodel.inputs.model_config import ModelConfig, Norm
+from costmodel.step.simulator import simulate
+from costmodel.inputs.stack import Attention
+from planner.programs.attention import block_pairs, block_size
+from planner.programs.transformer import moe_capacity
+from planner.plan_schema import Plan
 from validate.one_f_one_b import runs_one_f_one_b
-from validate.pipeline import runs_outer_whole
+from validate.gpipe import runs_outer_whole
 from validate.predict_data_parallel import data_parallel_collectives
 from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns, param_shards, pipeline_ticks, program_runs
 
@@ -94,7 +94,7 @@ def unpredicted_features(plan: Plan) -> list[str]:
 _SPLIT_BY_XLA = "a pipeline with ZeRO-3 and tensor parallelism (XLA splits its embedding's and head's work over the stages)"
 
 
-# What a layer's experts keep for their backward (`costmodel.activations`).
+# What a layer's experts keep for their backward (`costmodel.step.activations`).
 _EXPERT_ACTIVATIONS = ("expert_inputs", "mlp_up_output", "mlp_gate_output", "mlp_down_input")
 
 
@@ -105,7 +105,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     group); a 1F1B plan (`validate.one_f_one_b`) then keeps ``2S − 1`` micro-batches instead
     (``2v·S − 1`` chunks interleaved, fewer with fewer micro-batches:
     `_one_f_one_b_memory_change`), where the simulator's 1F1B keeps at most ``S − s`` at stage
-    ``s``; a "gpipe" plan (`validate.pipeline`) keeps ``S − 1`` bubble ticks' activations more
+    ``s``; a "gpipe" plan (`validate.gpipe`) keeps ``S − 1`` bubble ticks' activations more
     (of one chunk each: ``M·v + S − 1`` chunks interleaved) and accumulates its gradients over
     ticks even with one micro-batch.
 
@@ -135,7 +135,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         total += ends_elsewhere_bytes(plan, memory)
     logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * F32_BYTES
     if lay.pp > 1:
-        # Every pipeline group runs the head, one micro-batch at a time (`validate.pipeline`):
+        # Every pipeline group runs the head, one micro-batch at a time (`validate.gpipe`):
         # each device holds one micro-batch's fp32 logits and their gradient, where GPipe's
         # last stage keeps the logits of all its micro-batches.
         gpipe_logits = lay.micro_batches(plan.train) + 1 if memory.stage == "last" else 0
@@ -155,7 +155,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
 
 def ends_elsewhere_bytes(plan: Plan, memory: MemoryBreakdown) -> float:
     """What a pipelined program holds beyond the simulator's ``memory`` of its busiest stage: every
-    pipeline group runs the embedding and the head whole (`validate.pipeline`), so every device
+    pipeline group runs the embedding and the head whole (`validate.gpipe`), so every device
     keeps both, with their gradients and optimizer state, where the simulator gives each to its
     own end stage."""
     model, lay = plan.model, plan.layout
@@ -297,8 +297,8 @@ def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, exper
 
 def _idle_capacity_params(model: ModelConfig, seq_len: int) -> float:
     """Expert parameters a token's share of the capacity slack runs through: each expert
-    computes its full buffer of ``capacity`` slots per sequence (`planner.models.transformer`),
-    `planner.models.transformer.MOE_CAPACITY_FACTOR` times the routed tokens' share, filled or not."""
+    computes its full buffer of ``capacity`` slots per sequence (`planner.programs.transformer`),
+    `planner.programs.transformer.MOE_CAPACITY_FACTOR` times the routed tokens' share, filled or not."""
     if not model.is_moe:
         return 0.0
     e, k = model.num_experts, model.experts_per_token
@@ -333,7 +333,7 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     full repeats the layer's forward but its last matmul, selective the scores' matmul (for
     the softmax's backward). Pipelined, each device runs its stage's layers on every tick
     (`ProgramRuns`) and the head on the whole batch. None where XLA splits the embedding's work
-    over the stages (`validate.pipeline.runs_outer_whole`)."""
+    over the stages (`validate.gpipe.runs_outer_whole`)."""
     if plan.layout.pp > 1 and not runs_outer_whole(plan):
         return None
     model, lay, train = plan.model, plan.layout, plan.train

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from costmodel.layout import Recompute
-from planner.schema import Plan
+from costmodel.inputs.layout import Recompute
+from planner.plan_schema import Plan
 from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns
 
 # Weights of the matmuls whose output only the layer's output needs (dead in full recompute).

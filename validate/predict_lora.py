@@ -3,7 +3,7 @@ takes as arguments, computes and communicates per device: the LoRA branch of `va
 
 - Arguments: the frozen base weights as stored (each by the plan's spec; layer weights in the
   frozen dtype, the rest in the compute dtype), the adapters' fp32 master copies and AdamW
-  moments (by `planner.models.lora.adapter_specs`, moments split over the data axes from
+  moments (by `planner.programs.lora.adapter_specs`, moments split over the data axes from
   ZeRO 1), the batch.
 - Matmul FLOPs: a frozen weight's matmul runs forward and for its input gradient only (twice
   its forward, not three times), the head's too; attention as in pretraining; every adapter
@@ -33,10 +33,10 @@ import math
 
 import jax.numpy as jnp
 
-from costmodel.layout import Recompute
-from costmodel.workload import FrozenDtype, adapted_matrices
-from planner.models.lora import adapter_shapes, adapter_specs, frozen_dtype_of
-from planner.schema import Plan
+from costmodel.inputs.layout import Recompute
+from costmodel.inputs.workload import FrozenDtype, adapted_matrices
+from planner.programs.lora import adapter_shapes, adapter_specs, frozen_dtype_of
+from planner.plan_schema import Plan
 from validate.predict import predicted_collectives, predicted_matmul_flops, predicted_memory_bytes
 from validate.program_runs import F32_BYTES, PredictedCollective, param_shards
 
@@ -66,7 +66,7 @@ def adapter_elements_per_device(plan: Plan, *, data_whole: bool = False) -> floa
 def lora_argument_bytes(plan: Plan) -> float:
     """Bytes of the LoRA step's arguments on one device (see the module docstring).
 
-    >>> from costmodel.layout import Layout
+    >>> from costmodel.inputs.layout import Layout
     >>> from planner.api import layout_plan
     >>> p = layout_plan("llama3-8b", Layout(dp=8, micro_batch=1), global_batch=8, seq_len=2048, workload="finetune-lora")
     >>> round(lora_argument_bytes(p) / 2**30, 2)  # 16.06 GB of bf16 weights, 13.6 M adapters with their moments

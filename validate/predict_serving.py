@@ -6,10 +6,10 @@ the prompt ``P``), ``S`` pipeline stages, ``M`` micro-batches per replica
 (`validate.serving.serving_micro_batches`), ``b = B / M``, ``ticks = M + S − 1`` (1 without
 a pipeline, where ``M = 1``).
 
-- Arguments: each weight as served (`planner.models.decode.served_dtype_of`) split by the
+- Arguments: each weight as served (`planner.programs.decode.served_dtype_of`) split by the
   plan's spec (fp8 weights one byte each; the embedding and head whole on every pipeline
   stage), the K and V caches (``2 · layers/S · B · allocated tokens · kv_heads/tp · head_dim``
-  elements in the cache's dtype, `costmodel.workload.KvCacheDtype`; whole KV heads where the
+  elements in the cache's dtype, `costmodel.inputs.workload.KvCacheDtype`; whole KV heads where the
   tensor axes do not divide them), the tokens (int32:
   ``B · n``) and, decoding, the position.
 - Matmul FLOPs: every tick, ``2 · b · n`` per layer weight element a device holds (its
@@ -30,7 +30,7 @@ a pipeline, where ``M = 1``).
 
 The compiled peak is not compared, for prefill as for decode: on the CPU backend XLA
 converts 16-bit weights to fp32 inside the layer loop, which says nothing about a GPU's
-memory, and the serving memory model (`costmodel.inference.inference_memory`) is checked
+memory, and the serving memory model (`costmodel.step.inference.inference_memory`) is checked
 through the arguments it mostly consists of (weights and cache). Prefill's activations
 (the residual stream and one layer's widest intermediate over ``B · P`` tokens) are the
 rest of that model; the flash kernel keeps them free of ``P×P`` terms.
@@ -42,12 +42,12 @@ import math
 
 import jax.numpy as jnp
 
-from costmodel.inference import padded_context
-from costmodel.serving_kernels import kv_element_bytes
-from costmodel.stack import Attention
-from planner.models.attention import block_pairs, block_size
-from planner.models.decode import served_dtype_of
-from planner.schema import Plan
+from costmodel.step.inference import padded_context
+from costmodel.step.serving_kernels import kv_element_bytes
+from costmodel.inputs.stack import Attention
+from planner.programs.attention import block_pairs, block_size
+from planner.programs.decode import served_dtype_of
+from planner.plan_schema import Plan
 from validate.program_runs import PredictedCollective, param_shards
 from validate.serving import serving_micro_batches
 
@@ -79,7 +79,7 @@ def _cache_elements_per_device(plan: Plan) -> float:
 def serving_argument_bytes(plan: Plan) -> float:
     """Bytes of the serving step's arguments on one device (module docstring).
 
-    >>> from costmodel.layout import Layout
+    >>> from costmodel.inputs.layout import Layout
     >>> from planner.api import layout_plan
     >>> p = layout_plan("llama3-8b", Layout(tp=8), global_batch=64, seq_len=4096, workload="decode")
     >>> round(serving_argument_bytes(p) / 2**30, 2)  # 1.87 GiB of bf16 weights, 4 GiB of cache

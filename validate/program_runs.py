@@ -4,7 +4,7 @@ Shared by the validator's predictions (`validate.predict`, `validate.predict_dat
 `validate.predict_lora`, `validate.predict_serving`): a pipeline runs its stage's layers on every
 tick of its loop, bubbles included, so what one layer issues runs ``slots × ticks`` times.
 
->>> from costmodel.layout import Layout
+>>> from costmodel.inputs.layout import Layout
 >>> from planner.api import layout_plan
 >>> p = layout_plan("llama3-8b", Layout(dp=8, tp=4, micro_batch=1, recompute="full", zero_stage=1), seq_len=2048, global_batch=16)
 >>> program_runs(p).layer_runs  # 32 layers on each of 2 micro-batches
@@ -19,9 +19,9 @@ from typing import Any
 import jax
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.lockstep import gpipe_ticks, one_f_one_b_ticks
-from planner.models.params import abstract_params
-from planner.schema import Plan
+from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks
+from planner.programs.params import abstract_params
+from planner.plan_schema import Plan
 from validate.one_f_one_b import runs_one_f_one_b
 
 F32_BYTES = 4
@@ -74,7 +74,7 @@ def program_runs(plan: Plan) -> ProgramRuns:
     if lay.pp == 1:
         return ProgramRuns(layer_runs=layers * micro, layers_held=layers, outer_calls=micro, outer_micro_batches=1, head_calls=micro,
                            head_micro_batches=micro, head_gradients=micro)
-    # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.pipeline.work_item`).
+    # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.gpipe.work_item`).
     slots = lay.layers_on_stage(layers, 0) // lay.interleave
     if runs_one_f_one_b(plan):
         # Every tick runs the stage's forward and backward and the head on one micro-batch (`validate.one_f_one_b`).
@@ -82,14 +82,14 @@ def program_runs(plan: Plan) -> ProgramRuns:
         return ProgramRuns(layer_runs=slots * ticks, layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
                            head_calls=ticks, head_micro_batches=ticks, head_gradients=ticks)
     # One execution of the embedding and the head on the whole batch, the head one micro-batch
-    # after another with its gradients formed at once (`validate.pipeline.micro_batch_mean`).
+    # after another with its gradients formed at once (`validate.gpipe.micro_batch_mean`).
     return ProgramRuns(layer_runs=slots * pipeline_ticks(plan), layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
                        head_calls=1, head_micro_batches=micro, head_gradients=micro)
 
 
 def pipeline_ticks(plan: Plan) -> int:
     """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it (1F1B:
-    plus `costmodel.lockstep.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
+    plus `costmodel.step.lockstep.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
     lay = plan.layout
     if runs_one_f_one_b(plan):
         return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)

@@ -18,12 +18,12 @@ run's) value, their ratio and whether it is within tolerance. Items:
   under 0.01 % of the module's collective bytes passes whatever its ratio.
 
 An intra-op plan (``--planner ilp`` and the search planners) is compiled as the program it
-chose, every equation pinned (`validate.intra_op`), and each item is predicted from that
-choice (`validate.intra_op_predict`). A LoRA plan's arguments, FLOPs and collectives are
+chose, every equation pinned (`validate.intraop_program`), and each item is predicted from that
+choice (`validate.intraop_predict`). A LoRA plan's arguments, FLOPs and collectives are
 predicted by `validate.predict_lora`; a prefill or decode plan's (weights and KV cache) by
 `validate.predict_serving`, without the compiled peak (see there).
 
-An offloaded plan (``layout.offload``, `costmodel.offload`) is lowered without its offload:
+An offloaded plan (``layout.offload``, `costmodel.step.offload`) is lowered without its offload:
 the program keeps the optimizer state on the device and runs Adam there (JAX's host memory
 kinds would hold it, but not DeepSpeed's 16-bit device copy and fp32 host master), so its
 device-side program is what is checked (arguments as lowered, FLOPs, collectives) and the
@@ -38,12 +38,12 @@ from collections import defaultdict
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from costmodel.layout import Offload
-from costmodel.workload import FrozenDtype
-from planner.schema import Plan
-from validate import intra_op_predict
+from costmodel.inputs.layout import Offload
+from costmodel.inputs.workload import FrozenDtype
+from planner.plan_schema import Plan
+from validate import intraop_predict
 from validate.compile_check import CompileReport
-from validate.intra_op import intra_op_program
+from validate.intraop_program import intra_op_program
 from validate.predict import (
     PredictedCollective,
     parameters_per_device,
@@ -162,11 +162,11 @@ def _collective_checks(report: CompileReport, predicted: list[PredictedCollectiv
 def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> list[Check]:
     """Every comparison a compile-only validation makes (see the module docstring)."""
     program = intra_op_program(plan)
-    if program is not None:  # predicted from the choice it lowers (`validate.intra_op_predict`)
-        return _rows(report, tolerance, argument_bytes=intra_op_predict.predicted_argument_bytes(program),
-                     memory_bytes=intra_op_predict.predicted_memory_bytes(program, platform=report.platform),
-                     matmul_flops=intra_op_predict.predicted_matmul_flops(program),
-                     collectives=intra_op_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh),
+    if program is not None:  # predicted from the choice it lowers (`validate.intraop_predict`)
+        return _rows(report, tolerance, argument_bytes=intraop_predict.predicted_argument_bytes(program),
+                     memory_bytes=intraop_predict.predicted_memory_bytes(program, platform=report.platform),
+                     matmul_flops=intraop_predict.predicted_matmul_flops(program),
+                     collectives=intraop_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh),
                                                                         platform=report.platform))
     if plan.train.is_inference:  # the CPU backend's fp32 weight copies say nothing of a GPU's peak: no memory row
         return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=None,

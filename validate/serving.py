@@ -7,15 +7,15 @@ sequence and over the tensor axes by KV head (whole where the tensor axes do not
 KV heads, as the plan's ``wk`` is), and donated (`validate.lowering.kv_cache_spec`). The
 activations carry the plan's specs and the embedding is vocab-parallel, as in training.
 
-- Decode (`planner.models.decode`): one token per sequence at ``batch["position"]``.
-- Prefill (`planner.models.prefill`): the prompts ``[batch, prompt_len]`` through the
+- Decode (`planner.programs.decode`): one token per sequence at ``batch["position"]``.
+- Prefill (`planner.programs.prefill`): the prompts ``[batch, prompt_len]`` through the
   layers with the plan's attention kernel (flash: no ``P×P`` scores), every prompt token's
   keys and values written, the head on each sequence's last token.
 
 Pipelined (``pp > 1``), the layers run in a ``shard_map`` manual over the pipeline axis, as
-`validate.pipeline` runs training: stage ``s`` holds its contiguous slice of the stacked
+`validate.gpipe` runs training: stage ``s`` holds its contiguous slice of the stacked
 layers and of the cache. A replica's sequences are cut into ``M`` micro-batches (decode:
-`costmodel.inference.micro_batches`, one per stage where the batch allows; prefill: one,
+`costmodel.step.inference.micro_batches`, one per stage where the batch allows; prefill: one,
 the whole replica batch stage after stage, as the cost model's time to first token has it),
 sequence ``i`` of a data shard in micro-batch ``i mod M``, so nothing moves between devices.
 On tick ``t`` of ``M + S − 1`` stage 0 takes micro-batch ``t``, every other stage what its
@@ -29,7 +29,7 @@ layer work. The last stage keeps the micro-batches' outputs (prefill: each seque
 token) and a float32 ``psum`` over the pipeline axis hands them to every pipeline group
 (XLA's CPU all-reduce aborts on a bf16 sum over a manual axis, jax 0.10.2). The embedding
 and the head run whole on every pipeline group, each in a region manual over the pipeline
-axis, as `validate.pipeline` runs them. Uneven stages are not lowered.
+axis, as `validate.gpipe` runs them. Uneven stages are not lowered.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import UnsupportedError
-from costmodel.inference import micro_batches
-from planner.models.decode import decode_embed, decode_layers, decode_step
-from planner.models.prefill import prefill_layers, prefill_step
-from planner.models.transformer import embed, head
-from planner.schema import Plan
+from costmodel.step.inference import micro_batches
+from planner.programs.decode import decode_embed, decode_layers, decode_step
+from planner.programs.prefill import prefill_layers, prefill_step
+from planner.programs.transformer import embed, head
+from planner.plan_schema import Plan
 from validate.lowering import _region_mesh, activation_constraint, embedding_lookup, kv_cache_spec
 
 Step = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
@@ -59,7 +59,7 @@ def serving_micro_batches(plan: Plan) -> int:
 def serving_program(plan: Plan, mesh: Mesh) -> Step:
     """The plan's serving step ``(params, kv_cache, batch) -> (logits, kv_cache)`` (module docstring).
 
-    >>> from costmodel.layout import Layout
+    >>> from costmodel.inputs.layout import Layout
     >>> from planner.api import layout_plan
     >>> from validate.lowering import abstract_inputs, device_mesh
     >>> p = layout_plan("gpt2", Layout(), global_batch=2, seq_len=64, workload="prefill", inference={"prompt_len": 32})

@@ -1,4 +1,4 @@
-"""Compile ``planner.shard``'s specs and compare the program with the prediction.
+"""Compile ``planner.intraop.shard``'s specs and compare the program with the prediction.
 
 The checks ``plan validate --compile-only`` makes, for a function the user wrote, compiled as
 the choice pins it (``ShardResult.jit``): per-device
@@ -49,7 +49,7 @@ def compiled_memory(fn: Callable[..., Any], abstract_args: Sequence[Any], in_spe
 
 def check_shard(result: Any, fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh,
                 donate_argnums: Sequence[int] = ()) -> ShardCheck:
-    """Compile ``result``'s pinned program (``planner.shard.ShardResult.jit``) and compare with its prediction."""
+    """Compile ``result``'s pinned program (``planner.intraop.shard.ShardResult.jit``) and compare with its prediction."""
     compiled = result.jit(fn, *abstract_args, mesh=mesh, donate_argnums=donate_argnums).lower(*abstract_args).compile()
     m = compiled.memory_analysis()
     text = compiled.as_text()

@@ -13,7 +13,7 @@ plan's, see `cpu_plan`), materialized attention (the reference program builds th
 matrix), elementwise chains fused (XLA's loop fusions), and no overlap of gradient
 reduction with compute (on a CPU the same cores compute and copy).
 
->>> from costmodel.layout import Layout
+>>> from costmodel.inputs.layout import Layout
 >>> from planner.api import layout_plan
 >>> p = layout_plan("gpt2", Layout(micro_batch=2), hardware="cpu", seq_len=64, global_batch=2)
 >>> cpu_plan(p).train.compute_dtype.value
@@ -29,13 +29,13 @@ import time
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, computed_field
 
 from costmodel.errors import InfeasibleError, InvalidPlanError
-from costmodel.estimate import StepEstimate
-from costmodel.hardware import ClusterSpec
-from costmodel.machine import machine_for
-from costmodel.simulator import simulate
-from costmodel.stack import Attention, stack_with
-from costmodel.train_config import Dtype
-from planner.schema import Plan
+from costmodel.step.estimate import StepEstimate
+from costmodel.hardware.profile import ClusterSpec
+from costmodel.hardware.machine import machine_for
+from costmodel.step.simulator import simulate
+from costmodel.inputs.stack import Attention, stack_with
+from costmodel.inputs.train_config import Dtype
+from planner.plan_schema import Plan
 from validate.cpu_profile import cpu_clock, other_cpu_share
 from validate.emulated import run_emulated
 from validate.report import Check
@@ -120,7 +120,7 @@ def time_plan(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, 
 
 def time_in_subprocess(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, timeout_s: float = 600) -> TimedRun:
     """`time_plan` in a fresh Python with the plan's device count emulated on the CPU."""
-    code = ("import sys; from planner.schema import Plan; from validate.timed import time_plan; "
+    code = ("import sys; from planner.plan_schema import Plan; from validate.timed import time_plan; "
             f"run = time_plan(Plan.model_validate_json(sys.stdin.read()), steps={steps}, repeats={repeats}, warmup={warmup}); "
             "print(run.model_dump_json(exclude={'median_step_s', 'spread'}))")
     return TimedRun.model_validate_json(run_emulated(code, plan.layout.n_devices, stdin=plan.model_dump_json(), timeout_s=timeout_s,

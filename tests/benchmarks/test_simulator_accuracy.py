@@ -23,8 +23,8 @@ from benchmarks.simulator_accuracy import (
     unmodelled,
     workload_from_row,
 )
-from costmodel.simulator import simulate
-from costmodel.workload import FrozenDtype, LoraGroup, LoraTarget
+from costmodel.step.simulator import simulate
+from costmodel.inputs.workload import FrozenDtype, LoraGroup, LoraTarget
 
 ROWS = list(csv.DictReader(DEFAULT_DATA.open()))
 

@@ -9,10 +9,10 @@ if __name__ == "__main__":
     import jax  # noqa: E402
     from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-    from costmodel.layout import Layout  # noqa: E402
-    from costmodel.model_config import ModelConfig  # noqa: E402
+    from costmodel.inputs.layout import Layout  # noqa: E402
+    from costmodel.inputs.model_config import ModelConfig  # noqa: E402
     from planner.api import layout_plan  # noqa: E402
-    from planner.models.train_step import abstract_train_inputs, loss_fn  # noqa: E402
+    from planner.programs.train_step import abstract_train_inputs, loss_fn  # noqa: E402
     from planner.shardings import partition_spec_tree  # noqa: E402
 
     cfg = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=4, ffn_size=256, vocab_size=512)

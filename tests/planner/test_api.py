@@ -11,11 +11,11 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedError
-from costmodel.mesh import parse_mesh
+from costmodel.hardware.mesh import parse_mesh
 from planner.api import plan
 from planner.config import from_hf_config
 from planner.mesh_assign import assignments, degrees
-from planner.schema import Plan
+from planner.plan_schema import Plan
 from planner.shardings import partition_spec_tree
 
 
@@ -69,12 +69,12 @@ def test_exported_shardings_compile_and_run_a_step_on_8_emulated_devices():
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
         import jax, jax.numpy as jnp
         from jax.sharding import NamedSharding, PartitionSpec as P
-        from costmodel.model_config import ModelConfig
-        from costmodel.train_config import TrainConfig
+        from costmodel.inputs.model_config import ModelConfig
+        from costmodel.inputs.train_config import TrainConfig
         from planner.api import plan
         from planner.shardings import partition_spec_tree
-        from planner.models import init_params, make_train_step
-        from planner.models.train_step import init_opt_state
+        from planner.programs import init_params, make_train_step
+        from planner.programs.train_step import init_opt_state
         cfg = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=4, ffn_size=128, vocab_size=256)
         p = plan(cfg, mesh="data=2,tensor=4", hardware="a100-80gb", seq_len=32, global_batch=8)
         mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -94,7 +94,7 @@ def test_exported_shardings_compile_and_run_a_step_on_8_emulated_devices():
 
 
 def test_cli_refuses_to_overwrite_and_writes_atomically(tmp_path, capsys):
-    from planner.cli import main
+    from planner.cli.main import main
 
     out = tmp_path / "plan.json"
     out.write_text("mine")

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from costmodel.errors import InvalidConfigError
-from costmodel.model_config import ModelConfig
-from planner.cli import main
+from costmodel.inputs.model_config import ModelConfig
+from planner.cli.main import main
 from planner.compare import compare
 
 TINY = ModelConfig(name="tiny", hidden_size=256, num_layers=2, num_heads=4, ffn_size=1024, vocab_size=512)

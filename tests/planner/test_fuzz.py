@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodel.errors import PlannerError
-from costmodel.layout import Layout
-from costmodel.machine import load_machine
-from costmodel.mesh import parse_mesh
-from costmodel.model_config import ModelConfig
-from costmodel.simulator import simulate
-from costmodel.train_config import TrainConfig
+from costmodel.inputs.layout import Layout
+from costmodel.hardware.machine import load_machine
+from costmodel.hardware.mesh import parse_mesh
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.simulator import simulate
+from costmodel.inputs.train_config import TrainConfig
 from planner.api import plan
 from planner.config import from_hf_config
 

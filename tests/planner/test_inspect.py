@@ -2,7 +2,7 @@
 
 import pytest
 
-from costmodel.train_config import TrainConfig
+from costmodel.inputs.train_config import TrainConfig
 from planner.config import load_model
 from planner.inspect import inspect_model
 

@@ -4,7 +4,7 @@ rule, the answer fits and the next size does not, in a few seconds."""
 import json
 import time
 
-from planner.cli import main
+from planner.cli.main import main
 from planner.config import load_model
 from planner.largest import FAMILIES, family_model
 

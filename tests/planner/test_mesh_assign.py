@@ -6,7 +6,7 @@ import time
 import pytest
 
 from costmodel.errors import InvalidConfigError
-from costmodel.mesh import parse_mesh
+from costmodel.hardware.mesh import parse_mesh
 from planner.mesh_assign import KINDS, MAX_MESH_AXES, PINNED_NAMES, assignments
 
 

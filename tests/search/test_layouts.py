@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 
 from costmodel.errors import InfeasibleError
-from costmodel.layout import Offload, Recompute
-from costmodel.machine import load_machine
-from costmodel.model_config import ModelConfig
-from costmodel.simulator import simulate
-from costmodel.train_config import TrainConfig
+from costmodel.inputs.layout import Offload, Recompute
+from costmodel.hardware.machine import load_machine
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.simulator import simulate
+from costmodel.inputs.train_config import TrainConfig
 from search.layouts import (
     INTRA_OP_PIPELINE_RULE,
     PIPELINE_MOE_TP_RULE,

@@ -3,8 +3,8 @@
 import pytest
 
 from costmodel.errors import InvalidPlanError
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
 from planner.api import layout_plan
 from validate.compile_check import compile_in_subprocess
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
-from costmodel.train_config import Dtype
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import Dtype
 from planner.api import layout_plan
 from validate.emulated import run_emulated
 
@@ -17,9 +17,9 @@ MOE = ModelConfig(**{**DEEP.model_dump(), "name": "tiny-moe", "num_experts": 4, 
 _RUN = """
 import json, sys
 import jax, jax.numpy as jnp
-from planner.schema import Plan
-from planner.models.params import init_params
-from planner.models.train_step import init_opt_state, make_loss_and_grads
+from planner.plan_schema import Plan
+from planner.programs.params import init_params
+from planner.programs.train_step import init_opt_state, make_loss_and_grads
 from validate.lowering import device_mesh, embedding_lookup, input_specs, jitted_step, loss_and_grads
 
 plan = Plan.model_validate_json(sys.stdin.read())

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from costmodel.errors import PlannerError
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
 from planner.api import layout_plan
 from validate.compile_check import CompileReport, compile_in_subprocess
 from validate.multihost import DistributedRunError, run_processes, step_in_processes

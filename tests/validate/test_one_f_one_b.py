@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
-from costmodel.train_config import Dtype
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import Dtype
 from planner.api import layout_plan
-from tests.validate.test_pipeline import _RUN, LLAMA
+from tests.validate.test_gpipe import _RUN, LLAMA
 from validate.compile_check import compile_in_subprocess
 from validate.emulated import run_emulated
 from validate.one_f_one_b import runs_one_f_one_b

@@ -2,9 +2,9 @@
 
 import pytest
 
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
-from costmodel.workload import LoraConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.workload import LoraConfig
 from planner.api import layout_plan
 from validate.compile_check import compile_in_subprocess
 from validate.predict_lora import lora_unpredicted_features

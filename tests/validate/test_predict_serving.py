@@ -3,10 +3,10 @@
 import pytest
 
 from costmodel.errors import UnsupportedError
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
-from costmodel.stack import STACKS, Attention
-from costmodel.workload import InferenceConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.stack import STACKS, Attention
+from costmodel.inputs.workload import InferenceConfig
 from planner.api import layout_plan
 from validate.compile_check import compile_in_subprocess
 from validate.predict_serving import serving_argument_bytes, serving_collectives, serving_matmul_flops

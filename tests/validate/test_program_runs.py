@@ -2,8 +2,8 @@
 
 import pytest
 
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
 from planner.api import layout_plan
 from validate.program_runs import param_shards, pipeline_ticks, program_runs
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
 from planner.api import layout_plan
 from validate.compile_check import compile_in_subprocess
 from validate.report import Check, checks, predicted_argument_bytes
@@ -70,11 +70,11 @@ def test_zero_one_shards_the_moments_over_data():
 
 
 def test_a_pipeline_holds_its_bubble_ticks_activations_and_with_one_micro_batch_a_ticks_gradient():
-    from costmodel.data_parallel import stage_params_per_device
-    from costmodel.layout import Schedule
-    from costmodel.machine import load_machine
-    from costmodel.memory import activation_bytes_per_layer, micro_batch_gradient_bytes
-    from costmodel.simulator import simulate
+    from costmodel.step.data_parallel import stage_params_per_device
+    from costmodel.inputs.layout import Schedule
+    from costmodel.hardware.machine import load_machine
+    from costmodel.step.memory import activation_bytes_per_layer, micro_batch_gradient_bytes
+    from costmodel.step.simulator import simulate
     from validate.predict import ends_elsewhere_bytes, predicted_memory_bytes
 
     plan = layout_plan(LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=8, schedule=Schedule.GPIPE), hardware="a100-80gb",

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from costmodel.errors import UnsupportedError
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
-from costmodel.train_config import Dtype
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import Dtype
 from planner.api import layout_plan
 from validate.emulated import run_emulated
 
@@ -16,10 +16,10 @@ LLAMA = ModelConfig(name="tiny-llama", hidden_size=64, num_layers=4, num_heads=4
 _RUN = """
 import json, sys
 import jax, jax.numpy as jnp
-from planner.schema import Plan
-from planner.models.decode import decode_step, served_dtype_of
-from planner.models.params import init_params
-from planner.models.prefill import prefill_step
+from planner.plan_schema import Plan
+from planner.programs.decode import decode_step, served_dtype_of
+from planner.programs.params import init_params
+from planner.programs.prefill import prefill_step
 from validate.lowering import abstract_inputs, device_mesh, input_specs, jitted_step
 
 plan = Plan.model_validate_json(sys.stdin.read())

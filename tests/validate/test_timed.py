@@ -6,8 +6,8 @@ import math
 import pytest
 
 from costmodel.errors import InvalidPlanError
-from costmodel.layout import Layout
-from costmodel.model_config import ModelConfig
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
 from planner.api import layout_plan
 from validate.cpu_profile import CpuMeasurement, cpu_cluster
 from validate.timed import TimedRun, cpu_estimate, predicted_step_s, time_in_subprocess, time_plan

@@ -1,0 +1,228 @@
+"""Built-in hardware profiles, in SI units, each number with its source.
+
+Peaks are dense (no structured sparsity). Efficiencies are what micro-benchmarks reach:
+GEMM curves after the "maximum achievable matmul FLOPS" measurements (Bekman, *Machine
+Learning Engineering*, compute/accelerator chapter: A100-SXM 86 %, H100-SXM 80 % of
+peak on large bf16 GEMMs; small GEMMs fall off with tile/wave quantisation), fused
+attention after Dao 2023 (FlashAttention-2: 50–73 % of A100 peak, 35–50 % on H100),
+HBM after STREAM-like copy kernels (~85–90 %), NCCL bus bandwidth after nccl-tests
+(NVLink ~77–80 % of link peak, InfiniBand ~90 %). Profiles marked ``calibrated`` had
+their efficiencies fitted once over every published run on that hardware by
+``benchmarks/calibrate.py`` (one fit per hardware type, never per run).
+"""
+
+from __future__ import annotations
+
+import math
+
+from costmodel.hardware.fabric import InterNodeFabric, IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
+from costmodel.hardware.profile import ClusterSpec, DeviceKind, DeviceSpec
+from costmodel.hardware.host import HostSpec
+from costmodel.step.roofline import Efficiency
+from costmodel.hardware.storage import ASSUMED_LOCAL_DISK, ASSUMED_SHARED_STORAGE, SUPERPOD_H100_STANDARD, StorageSpec
+
+GB, GIB, TFLOPS = 1e9, 2**30, 1e12
+_GBIT = 1e9 / 8
+
+# --- links -------------------------------------------------------------------------------
+NVLINK2 = LinkSpec(name="nvlink2", bytes_per_s=150 * GB, latency_s=2e-6, efficiency=0.8,
+                   source="V100 SXM2: 6 NVLink2 links × 25 GB/s per direction (NVIDIA V100 datasheet)")
+NVLINK3 = LinkSpec(name="nvlink3", bytes_per_s=300 * GB, latency_s=1e-6, efficiency=0.77,
+                   source="A100: 600 GB/s bidirectional NVLink3 via NVSwitch (A100 datasheet); nccl-tests all-reduce busbw ~230 GB/s")
+NVLINK4 = LinkSpec(name="nvlink4", bytes_per_s=450 * GB, latency_s=1e-6, efficiency=0.8,
+                   source="H100/H200 SXM: 900 GB/s bidirectional NVLink4 (H100 datasheet); nccl-tests busbw ~360 GB/s")
+PCIE3 = LinkSpec(name="pcie3-x16", bytes_per_s=16 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 3.0 x16: 15.75 GB/s per direction")
+PCIE4 = LinkSpec(name="pcie4-x16", bytes_per_s=32 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 4.0 x16: 31.5 GB/s per direction")
+PCIE5 = LinkSpec(name="pcie5-x16", bytes_per_s=64 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 5.0 x16: 63 GB/s per direction")
+LOOPBACK = LinkSpec(name="shared-memory", bytes_per_s=5 * GB, latency_s=20e-6, efficiency=0.5,
+                    source="emulated devices on one host: copies through shared DRAM (placeholder, to calibrate)")
+
+
+def _ici(name: str, per_chip_gbps: float, n_links: int) -> LinkSpec:
+    # Cloud TPU docs give ICI bandwidth per chip over all its links, both directions.
+    per_link_dir = per_chip_gbps * _GBIT / n_links / 2
+    return LinkSpec(name=name, bytes_per_s=per_link_dir, latency_s=2e-6, efficiency=0.85,
+                    source=f"Cloud TPU system architecture: {per_chip_gbps:.0f} Gbps ICI per chip over {n_links} torus links")
+
+
+ICI_V4, ICI_V5P = _ici("ici-v4", 2400, 6), _ici("ici-v5p", 4800, 6)
+
+
+# --- networks ----------------------------------------------------------------------------
+def _one_nic_per_gpu(name: str, gbit_per_s: float, source: str) -> InterNodeFabric:
+    # The part-named profiles stand for the vendor's reference node: one compute NIC per GPU,
+    # rail-optimised and non-blocking as in NVIDIA's DGX SuperPOD reference architectures.
+    return InterNodeFabric(name=name, nics_per_node=8, nic_gbit_per_s=gbit_per_s, rail_optimized=True, latency_s=5e-6,
+                           efficiency=0.9, source=source)
+
+
+IB_EDR = _one_nic_per_gpu("ib-edr100", 100, "InfiniBand EDR 100 Gb/s NIC per GPU")
+IB_HDR = _one_nic_per_gpu("ib-hdr200", 200, "DGX A100: 8× Mellanox ConnectX-6 HDR 200 Gb/s, one per GPU (DGX A100 user guide)")
+IB_NDR = _one_nic_per_gpu("ib-ndr400", 400, "DGX H100: 8× ConnectX-7 NDR 400 Gb/s, one per GPU (DGX H100 user guide); "
+                                            "torchtitan runs: 400 Gb/s RDMA per GPU")
+ETH_100 = InterNodeFabric(name="eth-100g", nics_per_node=1, nic_gbit_per_s=100, rail_optimized=False, latency_s=20e-6,
+                          efficiency=0.8, source="100 GbE per node, shared by its GPUs")
+
+
+def dcn(chips_per_slice: int) -> InterNodeFabric:
+    """The data-centre network between TPU slices: one 200 Gb/s NIC per host of 4 chips."""
+    return InterNodeFabric(name="dcn", nics_per_node=max(1, chips_per_slice // 4), nic_gbit_per_s=200, rail_optimized=False,
+                           latency_s=20e-6, efficiency=0.8,
+                           source="Data-centre network between TPU slices: ~200 Gb/s per host of 4 chips, 50 Gbps per chip "
+                                  "(Cloud TPU docs: multislice; v5p system architecture)")
+
+
+# --- hosts (for offloading: costmodel.hardware.host, costmodel.step.offload) ---------------------------
+# DRAM peaks are channels × transfer rate × 8 B: EPYC 7742 8× DDR4-3200 per socket, Xeon
+# 8480C 8× DDR5-4800, Xeon 8168 6× DDR4-2666. A100 and H100 SXM reach the host over PCIe
+# Gen4 and Gen5 x16; a node's switches may share an uplink between two GPUs (not modelled).
+_EPYC_7742_PAIR = "2× AMD EPYC 7742, 128 cores, 8 channels DDR4-3200 per socket (409.6 GB/s)"
+_XEON_8480C_PAIR = "2× Intel Xeon Platinum 8480C, 112 cores, 8 channels DDR5-4800 per socket (614.4 GB/s)"
+DGX_A100_320GB_HOST = HostSpec(memory_bytes_per_node=1e12, cpu_cores_per_node=128, dram_bytes_per_s_per_node=409.6 * GB,
+                               link=PCIE4, source=f"DGX A100 datasheet (320 GB system): 1 TB system memory; {_EPYC_7742_PAIR}")
+DGX_A100_640GB_HOST = DGX_A100_320GB_HOST.model_copy(update={
+    "memory_bytes_per_node": 2e12, "source": f"DGX A100 datasheet (640 GB system): 2 TB system memory; {_EPYC_7742_PAIR}"})
+DGX_H100_HOST = HostSpec(memory_bytes_per_node=2e12, cpu_cores_per_node=112, dram_bytes_per_s_per_node=614.4 * GB, link=PCIE5,
+                         source=f"DGX H100/H200 datasheets: 2 TB system memory; {_XEON_8480C_PAIR}")
+DGX2_HOST = HostSpec(memory_bytes_per_node=1.5e12, cpu_cores_per_node=48, dram_bytes_per_s_per_node=256 * GB, link=PCIE3,
+                     source="DGX-2 datasheet: 1.5 TB system memory, 2× Intel Xeon Platinum 8168 (48 cores), 6 channels "
+                            "DDR4-2666 per socket (256 GB/s); the ZeRO-Offload paper's machine")
+
+
+# --- devices -----------------------------------------------------------------------------
+# NCCL runs its collectives as kernels of 16–32 thread blocks, one SM each, that also stream
+# through HBM: on 108–132 SMs, compute beside them loses roughly 0.15 of its speed (an
+# estimate from that count, fitted where enough runs allow).
+_GPU_OVERLAP_SLOWDOWN = 0.15
+_A100_MICROBENCH = Efficiency(matmul_curve=((1e9, 0.45), (1e10, 0.7), (1e11, 0.82), (1e12, 0.86)),
+                              flash_attention=0.55, hbm=0.85, gemm_hbm=0.85, kernel_floor_s=5e-6,
+                              overlap_slowdown=_GPU_OVERLAP_SLOWDOWN)
+_H100_MICROBENCH = Efficiency(matmul_curve=((1e9, 0.3), (1e10, 0.55), (1e11, 0.72), (1e12, 0.8)),
+                              flash_attention=0.45, hbm=0.85, gemm_hbm=0.85, kernel_floor_s=4e-6,
+                              overlap_slowdown=_GPU_OVERLAP_SLOWDOWN)
+# A power cap lowers sustained tensor-core clocks: at 500 W instead of 700 W an H100
+# sustains roughly 85 % of its boost clock on GEMM-heavy work.
+_H100_500W_MICROBENCH = _H100_MICROBENCH.calibrated(matmul_scale=0.85, flash_attention=0.45 * 0.85, hbm=0.85)
+# benchmarks/calibrate.py, one fit per hardware type over all its published runs (an
+# exhaustive search of its grid for the least mean error): 24 A100 runs (GEMM scale and
+# bend, attention, HBM, overlap fitted), 11 H100-SXM runs (GEMM scale and bend, attention)
+# and 5 capped-H100 runs (GEMM scale only). The A100 fit reaches the micro-benchmark curve's
+# plateau at three times its sizes and scales it to 0.77 of peak on large GEMMs; its
+# memory-bound kernels reach 0.55 of HBM bandwidth (fused softmax, norms and dropout over
+# rows, below a plain copy's 0.85; a memory-bound GEMM streams its weights as a copy does and
+# keeps the micro-benchmark's 0.85), its fused attention 0.35 of peak, and compute beside a
+# collective runs 0.25 slower (the seven torchtitan runs, whose FSDP traffic overlaps a
+# quarter to two fifths of their step, set it). The
+# capped H100 sustains 0.50 of the 900 TF peak on large GEMMs (0.8 micro-benchmark × 0.85
+# power cap × 0.74 fitted), below the 0.55 floor of calibrate.PHYSICAL_RANGE: that peak is
+# itself an estimate (between the NVL's and the SXM's, as the torchtitan paper says).
+_A100_EFF = _A100_MICROBENCH.calibrated(matmul_scale=0.90, matmul_knee=3.0, flash_attention=0.35, hbm=0.55,
+                                        overlap_slowdown=0.25)
+_H100_500W_EFF = _H100_500W_MICROBENCH.calibrated(matmul_scale=0.74, flash_attention=0.45 * 0.85, hbm=0.85)
+# 11 Megatron-Core runs of the Megatron-LM README (one source; three runs per free parameter:
+# GEMM scale, bend and fused attention): large GEMMs at 0.56 of the 989 TF peak, reached at
+# three times the micro-benchmark's sizes, and fused attention at 0.35. The H200 is the same
+# die under the same 700 W limit with faster HBM and has no runs of its own: it takes this fit.
+_H100_EFF = _H100_MICROBENCH.calibrated(matmul_scale=0.70, matmul_knee=3.0, flash_attention=0.35, hbm=0.85)
+_GENERIC_EFF = Efficiency()
+# Where calibrate.py starts from: the micro-benchmark values before any fit.
+MICROBENCHMARK_EFFICIENCY = {
+    "a100-40gb": _A100_MICROBENCH, "a100-80gb": _A100_MICROBENCH,
+    "h100-sxm": _H100_MICROBENCH, "h100-96gb-hbm2e-500w": _H100_500W_MICROBENCH, "h100-95gb-hbm2e-lowtdp": _H100_500W_MICROBENCH,
+    "h200": _H100_MICROBENCH,
+}
+# Parts built on one die (the same SMs and tensor cores under other memory or power limits): what
+# one part's runs teach about its GEMM kernels carries to the others, relative to each part's own
+# micro-benchmark curve (benchmarks/simulator_accuracy.chip_transfer_pct).
+CHIP = {"a100-40gb": "GA100", "a100-80gb": "GA100", "a100-80gb-pcie": "GA100",
+        "h100-sxm": "GH100", "h100-96gb-hbm2e-500w": "GH100", "h100-95gb-hbm2e-lowtdp": "GH100", "h200": "GH100"}
+
+
+def _gpu(name: str, *, peaks: dict[str, float], hbm_gib: float, hbm_gbps: float, power_w: float, source: str,
+         efficiency: Efficiency = _GENERIC_EFF) -> DeviceSpec:
+    return DeviceSpec(name=name, kind=DeviceKind.GPU, peak_flops_per_s={k: v * TFLOPS for k, v in peaks.items()},
+                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB, power_limit_w=power_w,
+                      efficiency=efficiency, source=source)
+
+
+_AMPERE = {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312, "int8": 624}
+_HOPPER = {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8_e4m3fn": 1978.9, "int8": 1978.9}
+# Between H100 NVL (835 TF) and SXM (989 TF), as the torchtitan paper says of these parts.
+_HOPPER_CAPPED = {k: v * 900 / 989.4 for k, v in _HOPPER.items()}
+
+A100_40GB = _gpu("a100-40gb", peaks=_AMPERE, hbm_gib=40, hbm_gbps=1555, power_w=400, efficiency=_A100_EFF,
+                 source="NVIDIA A100 datasheet (SXM4 40GB)")
+A100_80GB = _gpu("a100-80gb", peaks=_AMPERE, hbm_gib=80, hbm_gbps=2039, power_w=400, efficiency=_A100_EFF,
+                 source="NVIDIA A100 datasheet (SXM4 80GB)")
+# No published runs on the PCIe card to fit: the SXM part's micro-benchmark efficiencies.
+A100_80GB_PCIE = _gpu("a100-80gb-pcie", peaks=_AMPERE, hbm_gib=80, hbm_gbps=1935, power_w=300, efficiency=_A100_MICROBENCH,
+                      source="NVIDIA A100 datasheet (PCIe 80GB: HBM2e 1,935 GB/s, 300 W)")
+H100_SXM = _gpu("h100-sxm", peaks=_HOPPER, hbm_gib=80, hbm_gbps=3350, power_w=700, efficiency=_H100_EFF,
+                source="NVIDIA H100 datasheet (SXM5 80GB HBM3)")
+H200 = _gpu("h200", peaks=_HOPPER, hbm_gib=141e9 / GIB, hbm_gbps=4800, power_w=700, efficiency=_H100_EFF,
+            source="NVIDIA H200 datasheet (SXM, 141 GB HBM3e, 4.8 TB/s)")
+H100_96GB_500W = _gpu("h100-96gb-hbm2e-500w", peaks=_HOPPER_CAPPED, hbm_gib=96, hbm_gbps=2400, power_w=500,
+                      efficiency=_H100_500W_EFF,
+                      source="Meta Grand Teton H100, 96 GB HBM2e, 500 W cap (torchtitan benchmarks): peak between NVL and SXM "
+                             "(torchtitan paper, arXiv 2410.06511); HBM2e ~2.4 TB/s assumed (6 stacks at H100-PCIe speed)")
+H100_95GB_LOWTDP = H100_96GB_500W.model_copy(update={"name": "h100-95gb-hbm2e-lowtdp", "hbm_bytes": 95 * GIB})
+A40 = _gpu("a40", peaks={"float32": 37.4, "tf32": 74.8, "bfloat16": 149.7, "float16": 149.7, "int8": 299.3},
+           hbm_gib=48, hbm_gbps=696, power_w=300, source="NVIDIA A40 datasheet (GDDR6)")
+V100 = _gpu("v100", peaks={"float32": 15.7, "float16": 125}, hbm_gib=32, hbm_gbps=900, power_w=300,
+            source="NVIDIA V100 datasheet (SXM2 32GB); no bf16 tensor cores")
+T4 = _gpu("t4", peaks={"float32": 8.1, "float16": 65, "int8": 130}, hbm_gib=16, hbm_gbps=320, power_w=70,
+          source="NVIDIA T4 datasheet (GDDR6)")
+
+
+def _tpu(name: str, *, bf16_tflops: float, int8_tops: float, hbm_gib: float, hbm_gbps: float, source: str) -> DeviceSpec:
+    return DeviceSpec(name=name, kind=DeviceKind.TPU,
+                      peak_flops_per_s={"bfloat16": bf16_tflops * TFLOPS, "int8": int8_tops * TFLOPS},
+                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB, source=source)
+
+
+TPU_V4 = _tpu("tpu-v4", bf16_tflops=275, int8_tops=275, hbm_gib=32, hbm_gbps=1228, source="Cloud TPU v4 docs")
+TPU_V5E = _tpu("tpu-v5e", bf16_tflops=197, int8_tops=394, hbm_gib=16, hbm_gbps=819, source="Cloud TPU v5e docs")
+TPU_V5P = _tpu("tpu-v5p", bf16_tflops=459, int8_tops=918, hbm_gib=95, hbm_gbps=2765, source="Cloud TPU v5p docs")
+TPU_V6E = _tpu("tpu-v6e", bf16_tflops=918, int8_tops=1836, hbm_gib=32, hbm_gbps=1640, source="Cloud TPU v6e (Trillium) docs")
+CPU = DeviceSpec(name="cpu", kind=DeviceKind.CPU,
+                 peak_flops_per_s={"float32": 100 * GB, "bfloat16": 50 * GB},
+                 hbm_bytes=24 * GIB, hbm_bytes_per_s=10 * GB,
+                 efficiency=Efficiency(matmul_curve=((1e6, 0.2), (1e9, 0.5)), flash_attention=0.3, hbm=0.6, kernel_floor_s=2e-5),
+                 source="this 2-core x86 host: placeholders (2 cores × ~2.5 GHz × 16 fp32 FMA lanes; DRAM), to be "
+                        "replaced by the validator's micro-benchmarks")
+
+
+def _cluster(device: DeviceSpec, intra: LinkSpec, inter: InterNodeFabric, *, per_node: int = 8,
+             kind: IntraNodeKind = IntraNodeKind.NVSWITCH, storage: StorageSpec = ASSUMED_SHARED_STORAGE,
+             host: HostSpec | None = None) -> ClusterSpec:
+    return ClusterSpec(name=device.name, device=device, devices_per_node=per_node, intra_node=IntraNodeFabric(kind=kind, link=intra),
+                       inter_node=inter, storage=storage, host=host)
+
+
+def _tpu_slice(device: DeviceSpec, ici: LinkSpec, torus: tuple[int, ...]) -> ClusterSpec:
+    chips = math.prod(torus)
+    return ClusterSpec(name=device.name, device=device, devices_per_node=chips,
+                       intra_node=IntraNodeFabric(kind=IntraNodeKind.ICI_TORUS, link=ici, torus_dims=torus), inter_node=dcn(chips))
+
+
+# Named by their part; `costmodel.hardware.clusters` adds clusters named after reference architectures.
+CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
+    _cluster(A100_40GB, NVLINK3, IB_HDR, host=DGX_A100_320GB_HOST),
+    _cluster(A100_80GB, NVLINK3, IB_HDR, host=DGX_A100_640GB_HOST),
+    # h100-sxm stands for DGX H100 nodes
+    _cluster(H100_SXM, NVLINK4, IB_NDR, storage=SUPERPOD_H100_STANDARD, host=DGX_H100_HOST),
+    _cluster(H200, NVLINK4, IB_NDR, host=DGX_H100_HOST),
+    _cluster(H100_96GB_500W, NVLINK4, IB_NDR),
+    _cluster(H100_95GB_LOWTDP, NVLINK4, IB_NDR),
+    _cluster(A40, PCIE4, IB_HDR, kind=IntraNodeKind.PCIE),
+    # Switched, as on a DGX-2's NVSwitch; a DGX-1's hybrid cube-mesh reaches some pairs more slowly.
+    _cluster(V100, NVLINK2, IB_EDR, host=DGX2_HOST),
+    _cluster(T4, PCIE3, ETH_100, per_node=4, kind=IntraNodeKind.PCIE),
+    _tpu_slice(TPU_V4, ICI_V4, (4, 4, 4)),
+    _tpu_slice(TPU_V5E, _ici("ici-v5e", 1600, 4), (16, 16)),
+    _tpu_slice(TPU_V5P, ICI_V5P, (4, 4, 4)),
+    _tpu_slice(TPU_V6E, _ici("ici-v6e", 3584, 4), (16, 16)),
+    ClusterSpec(name="cpu", device=CPU, devices_per_node=1,
+                intra_node=IntraNodeFabric(kind=IntraNodeKind.SHARED_MEMORY, link=LOOPBACK),
+                inter_node=host_network(LOOPBACK, 1), storage=ASSUMED_LOCAL_DISK),
+)}

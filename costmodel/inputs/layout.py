@@ -1,0 +1,176 @@
+"""`Layout`: the knobs Megatron and MaxText users set by hand, as one typed value.
+
+A layout says how a training step is spread over devices (data, tensor, pipeline,
+context and expert parallel degrees), how the batch is cut into micro-batches, and the
+memory/time trade-offs (activation recompute, sequence parallel, ZeRO stage), and the
+software stack that runs it (`costmodel.inputs.stack.SoftwareStack`).
+
+>>> lay = Layout(dp=4, tp=8, pp=2, micro_batch=1)
+>>> lay.n_devices
+64
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from costmodel.errors import InvalidConfigError, InvalidPlanError
+from costmodel.inputs.model_config import ModelConfig, Positions
+from costmodel.inputs.stack import STACKS, SoftwareStack
+from costmodel.inputs.train_config import TrainConfig
+
+
+class Recompute(StrEnum):
+    """Activation recomputation policy.
+
+    ``selective`` is Korthikanti et al. 2022's (Megatron-LM): recompute the attention core
+    (scores, softmax, dropout, attention·V), keep the rest. ``selective-op`` and
+    ``selective-layer`` are torchtitan's selective activation checkpointing: per-op (keep
+    matmul and attention outputs except every second matmul's, recompute everything else)
+    and per-layer (every second layer fully checkpointed).
+    """
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    SELECTIVE_OP = "selective-op"
+    SELECTIVE_LAYER = "selective-layer"
+    FULL = "full"
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Offload(StrEnum):
+    """What lives in host memory (`costmodel.step.offload`): nothing, or ZeRO-Offload's optimizer
+    state (fp32 master weights, Adam moments and the fp32 gradients they are updated from),
+    with the Adam step on the CPU."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+
+
+class Layout(BaseModel):
+    """A complete parallel layout of one training step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dp: PositiveInt = Field(1, description="Data-parallel degree (replicas, or FSDP shards with zero_stage=3).")
+    tp: PositiveInt = Field(1, description="Tensor-parallel degree (Megatron column/row split).")
+    pp: PositiveInt = Field(1, description="Pipeline stages.")
+    cp: PositiveInt = Field(1, description="Context-parallel degree (sequence split in attention).")
+    ep: PositiveInt = Field(1, description="Expert-parallel degree; divides dp·cp, MoE only.")
+    micro_batch: PositiveInt = Field(1, description="Sequences per micro-batch on one data-parallel replica.")
+    interleave: PositiveInt = Field(1, description="Model chunks per pipeline device (virtual stages).")
+    stage_layers: tuple[PositiveInt, ...] | None = Field(
+        None, description="Layers of each pipeline stage, first to last (uneven stages); None = as even as possible.")
+    schedule: Schedule = Field(Schedule.ONE_F_ONE_B, description="Pipeline schedule.")
+    recompute: Recompute = Field(Recompute.NONE, description="Activation recompute policy.")
+    sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (Megatron SP).")
+    zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (FSDP).")
+    offload: Offload = Field(Offload.NONE, description="What is held in host memory: 'none', or 'optimizer' (ZeRO-Offload: "
+                             "master weights, Adam moments and fp32 gradients on the host, Adam on the CPU).")
+    stack: SoftwareStack = Field(
+        default_factory=lambda: STACKS["jax"],
+        description="The software that runs the layout: kernel fusion, overlap, recompute style, ZeRO behaviour "
+        "(`costmodel.inputs.stack`); default the JAX program `plan validate` lowers.")
+
+    @property
+    def n_devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def layers_on_stage(self, num_layers: int, stage: int) -> int:
+        """Layers pipeline stage ``stage`` runs (the even split rounds up, as Megatron requires divisibility).
+
+        >>> Layout(pp=4, stage_layers=(7, 9, 9, 7)).layers_on_stage(32, 0), Layout(pp=4).layers_on_stage(32, 0)
+        (7, 8)
+        """
+        return self.stage_layers[stage] if self.stage_layers else math.ceil(num_layers / self.pp)
+
+    def micro_batches(self, train: TrainConfig) -> int:
+        """Micro-batches each pipeline processes per step (gradient accumulation steps)."""
+        return train.global_batch // (self.dp * self.micro_batch)
+
+
+def check_sequence(model: ModelConfig, train: TrainConfig) -> None:
+    """Raise `InvalidConfigError` when sequences are longer than learned positions allow.
+
+    >>> from costmodel.inputs.model_config import ModelConfig
+    >>> m = ModelConfig(name="gpt2", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=9,
+    ...                 positions="learned", max_position_embeddings=1024)
+    >>> check_sequence(m, TrainConfig(seq_len=2048))
+    Traceback (most recent call last):
+    costmodel.errors.InvalidConfigError: seq_len=2048 exceeds gpt2's 1024 learned positions; fix: use --seq-len 1024 or less
+    """
+    if model.positions is Positions.LEARNED and train.seq_len > model.max_position_embeddings:
+        raise InvalidConfigError(
+            f"seq_len={train.seq_len} exceeds {model.name}'s {model.max_position_embeddings} learned positions",
+            fix=f"use --seq-len {model.max_position_embeddings} or less",
+        )
+
+
+def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_devices: int) -> None:
+    """Raise `InvalidPlanError` naming what to change when ``layout`` cannot run.
+
+    >>> from costmodel.inputs.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=64, num_layers=4, num_heads=4, ffn_size=256, vocab_size=128)
+    >>> check_layout(Layout(tp=3), m, TrainConfig(global_batch=8), n_devices=3)
+    Traceback (most recent call last):
+    costmodel.errors.InvalidPlanError: num_heads=4 is not divisible by tp=3; fix: use a tp that divides 4
+    """
+    check_sequence(model, train)
+    if layout.n_devices != n_devices:
+        raise InvalidPlanError(
+            f"dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.n_devices} but devices={n_devices}",
+            fix="choose degrees whose product is the device count",
+        )
+    if model.num_heads % layout.tp:
+        raise InvalidPlanError(f"num_heads={model.num_heads} is not divisible by tp={layout.tp}",
+                               fix=f"use a tp that divides {model.num_heads}")
+    if model.num_kv_heads % layout.tp and layout.tp % model.num_kv_heads:
+        raise InvalidPlanError(
+            f"num_kv_heads={model.num_kv_heads} and tp={layout.tp}: neither divides the other",
+            fix=f"use a tp that divides or is a multiple of {model.num_kv_heads}",
+        )
+    if model.num_layers < layout.pp * layout.interleave:
+        raise InvalidPlanError(
+            f"num_layers={model.num_layers} < pp·interleave = {layout.pp * layout.interleave}",
+            fix="use fewer pipeline stages or model chunks",
+        )
+    if train.global_batch % (layout.dp * layout.micro_batch):
+        raise InvalidPlanError(
+            f"global_batch={train.global_batch} is not divisible by dp·micro_batch = {layout.dp}·{layout.micro_batch}",
+            fix="choose a global batch that is a multiple of dp·micro_batch",
+        )
+    if train.seq_len % layout.cp:
+        raise InvalidPlanError(f"seq_len={train.seq_len} is not divisible by cp={layout.cp}", fix=f"use a cp that divides {train.seq_len}")
+    if layout.ep > 1 and (not model.is_moe or model.num_experts % layout.ep or (layout.dp * layout.cp) % layout.ep):
+        raise InvalidPlanError(
+            f"ep={layout.ep} needs a MoE model whose experts ({model.num_experts}) and dp·cp ({layout.dp * layout.cp}) it divides",
+            fix="use ep=1 or a divisor of both",
+        )
+    if layout.interleave > 1 and layout.pp == 1:
+        raise InvalidPlanError(f"interleave={layout.interleave} needs pipeline parallelism (pp > 1)", fix="set interleave=1")
+    if layout.stage_layers is not None and (len(layout.stage_layers) != layout.pp or sum(layout.stage_layers) != model.num_layers
+                                            or layout.interleave > 1):
+        raise InvalidPlanError(
+            f"stage_layers={list(layout.stage_layers)} must give each of the pp={layout.pp} stages its layers, "
+            f"{model.num_layers} in all, without interleaving", fix="drop stage_layers for an even split")
+
+
+def stack_recompute(policy: Recompute | str, stack: SoftwareStack) -> Recompute:
+    """``policy`` as ``stack`` runs it: 'selective' is that framework's own selective recompute.
+
+    >>> from costmodel.inputs.stack import STACKS
+    >>> stack_recompute("selective", STACKS["torchtitan"]), stack_recompute("full", STACKS["torchtitan"])
+    (<Recompute.SELECTIVE_OP: 'selective-op'>, <Recompute.FULL: 'full'>)
+    """
+    policy = Recompute(policy)
+    return Recompute(stack.selective_recompute.value) if policy is Recompute.SELECTIVE else policy

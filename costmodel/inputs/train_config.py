@@ -1,0 +1,204 @@
+"""`TrainConfig`: what is trained on and how, separate from the model's shape.
+
+>>> t = TrainConfig(seq_len=2048, global_batch=512)
+>>> t.tokens_per_step, t.param_dtype.bytes, t.compute_dtype.bytes
+(1048576, 4, 2)
+>>> TrainConfig(workload="finetune-lora").lora.rank
+16
+>>> TrainConfig(workload="decode", global_batch=8).inference.kv_block_size
+16
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+
+from costmodel.inputs.workload import FrozenDtype, InferenceConfig, LoraConfig, WorkloadKind
+
+
+class Dtype(StrEnum):
+    """Numeric formats the planner reasons about."""
+
+    FP32 = "float32"
+    TF32 = "tf32"  # fp32 storage; the tensor cores' 10-bit-mantissa mode for fp32 GEMMs
+    BF16 = "bfloat16"
+    FP16 = "float16"
+    FP8 = "float8_e4m3fn"
+
+    @property
+    def bytes(self) -> int:
+        return {Dtype.FP32: 4, Dtype.TF32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FP8: 1}[self]
+
+
+class Precision(StrEnum):
+    """Precision recipe a user names.
+
+    fp32: everything fp32 at the fp32 (CUDA-core) peak. tf32: fp32 storage, every GEMM at
+    the tf32 tensor-core peak (PyTorch's ``allow_tf32``, JAX's default matmul precision on
+    Ampere and later). bf16 / fp16: as Megatron-LM's --bf16 / --fp16 run them (fp16: fp16
+    gradients, dynamic loss scaling). fp8: bf16 as the base, the linear layers' GEMMs in fp8
+    as Transformer Engine runs them (`costmodel.precision`).
+    """
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+class AdamW(BaseModel):
+    """AdamW hyper-parameters; its two moments are kept in ``TrainConfig.optimizer_dtype``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learning_rate: PositiveFloat = Field(3e-4, description="Peak learning rate.")
+    beta1: PositiveFloat = Field(0.9, lt=1, description="First-moment decay.")
+    beta2: PositiveFloat = Field(0.95, lt=1, description="Second-moment decay.")
+    eps: PositiveFloat = Field(1e-8, description="Denominator epsilon.")
+    weight_decay: NonNegativeFloat = Field(0.1, description="Decoupled weight decay.")
+
+
+class TrainConfig(BaseModel):
+    """Sequence length, batch and the mixed-precision policy of one training step.
+
+    The default policy is the common one for large models: fp32 master weights and
+    optimizer moments, bf16 compute (weights cast on use, activations in bf16), fp32
+    gradient accumulation.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq_len: PositiveInt = Field(2048, description="Tokens per sequence S.")
+    global_batch: PositiveInt = Field(256, description="Sequences per optimizer step, over all devices.")
+    param_dtype: Dtype = Field(Dtype.FP32, description="Master copy of the parameters.")
+    compute_dtype: Dtype = Field(Dtype.BF16, description="Matmul inputs and stored activations.")
+    linear_dtype: Dtype | None = Field(None, description="Inputs of the linear layers' GEMMs where they differ from "
+                                       "compute_dtype: float8_e4m3fn (fp8 recipe) or tf32 (every fp32 GEMM at the tf32 "
+                                       "peak); None: compute_dtype.")
+    grad_dtype: Dtype = Field(Dtype.FP32, description="Gradients as reduced and accumulated.")
+    optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
+    optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
+    workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="pretrain, finetune-full (the same step), finetune-lora, "
+                                   "or the inference workloads prefill and decode (global_batch: sequences per replica, "
+                                   "seq_len: context).")
+    lora: LoraConfig | None = Field(None, description="LoRA's settings; set exactly when workload is finetune-lora.")
+    inference: InferenceConfig | None = Field(None, description="Serving settings; set exactly when workload is prefill or decode.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_lora(cls, data: Any) -> Any:
+        """A LoRA workload without settings gets the defaults (rank 16 on the attention projections)."""
+        if isinstance(data, dict) and data.get("workload") == WorkloadKind.FINETUNE_LORA and data.get("lora") is None:
+            return {**data, "lora": LoraConfig()}
+        if isinstance(data, dict) and data.get("workload") in (WorkloadKind.PREFILL, WorkloadKind.DECODE) and data.get("inference") is None:
+            return {**data, "inference": InferenceConfig()}
+        return data
+
+    @model_validator(mode="after")
+    def _lora_only_for_lora(self) -> TrainConfig:
+        if self.lora is not None and self.workload is not WorkloadKind.FINETUNE_LORA:
+            raise ValueError(f"LoRA settings given for workload {self.workload.value}; they apply to finetune-lora only")
+        return self
+
+    @model_validator(mode="after")
+    def _inference_settings_only_for_inference(self) -> TrainConfig:
+        if self.inference is not None and not self.workload.is_inference:
+            raise ValueError(f"serving settings given for workload {self.workload.value}; they apply to prefill and decode only")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_within_context(self) -> TrainConfig:
+        if self.inference is not None and (self.inference.prompt_len or 0) > self.seq_len:
+            raise ValueError(f"prompt_len={self.inference.prompt_len} exceeds the context length {self.seq_len}")
+        return self
+
+    @property
+    def is_inference(self) -> bool:
+        """Whether the step is a prefill or decode forward on weights alone."""
+        return self.inference is not None
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt tokens per sequence of an inference workload (the whole context by default)."""
+        return (self.inference.prompt_len if self.inference else None) or self.seq_len
+
+    @property
+    def is_lora(self) -> bool:
+        """Whether the base weights are frozen and only LoRA adapters train."""
+        return self.lora is not None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+    @property
+    def loss_scaled(self) -> bool:
+        """fp16 compute needs dynamic loss scaling (bf16 has fp32's exponent range)."""
+        return self.compute_dtype is Dtype.FP16
+
+    @property
+    def is_fp8(self) -> bool:
+        """Whether the linear layers' GEMMs take fp8 inputs (the fp8 recipe)."""
+        return self.linear_dtype is Dtype.FP8
+
+    @property
+    def serves_fp8(self) -> bool:
+        """Whether a prefill or decode serves fp8 weights with its linear GEMMs in fp8 (W8A8).
+
+        >>> TrainConfig(workload="decode", inference={"weight_dtype": "fp8"}).serves_fp8
+        True
+        """
+        return self.inference is not None and self.inference.weight_dtype is FrozenDtype.FP8
+
+    @property
+    def linear_peak_dtype(self) -> str:
+        """The catalog dtype whose peak the linear layers' GEMMs run at (fp8 for the fp8 recipe
+        and for serving fp8 weights)."""
+        return Dtype.FP8.value if self.serves_fp8 else (self.linear_dtype or self.compute_dtype).value
+
+    @property
+    def matmul_peak_dtype(self) -> str:
+        """The catalog dtype whose peak every other GEMM (attention, the head) runs at: tf32
+        is a mode of every fp32 GEMM, fp8 only of the linear layers'."""
+        return Dtype.TF32.value if self.linear_dtype is Dtype.TF32 else self.compute_dtype.value
+
+    @property
+    def precision(self) -> Precision:
+        """The recipe this dtype policy is (`with_precision` inverted)."""
+        if self.linear_dtype is not None:
+            return Precision.FP8 if self.is_fp8 else Precision.TF32
+        return {Dtype.FP32: Precision.FP32, Dtype.FP16: Precision.FP16}.get(self.compute_dtype, Precision.BF16)
+
+    def with_precision(self, precision: Precision) -> TrainConfig:
+        """This config under ``precision``: bf16 computes in bf16 and accumulates and reduces
+        gradients in fp32 (Megatron-LM forces ``accumulate_allreduce_grads_in_fp32`` for bf16);
+        fp16 computes in fp16 and accumulates and all-reduces gradients in fp16 (Megatron-LM's
+        default for --fp16), unscaling them before the optimizer. fp32 and tf32 keep everything
+        in fp32 (no separate compute copy of the weights); fp8 is bf16 with the linear layers'
+        GEMM inputs in fp8.
+
+        >>> t = TrainConfig().with_precision(Precision.FP16)
+        >>> t.compute_dtype.value, t.grad_dtype.value, t.loss_scaled
+        ('float16', 'float16', True)
+        >>> f = TrainConfig().with_precision(Precision.FP8)
+        >>> f.compute_dtype.value, f.linear_peak_dtype, f.matmul_peak_dtype, f.precision.value
+        ('bfloat16', 'float8_e4m3fn', 'bfloat16', 'fp8')
+        >>> TrainConfig().with_precision(Precision.TF32).matmul_peak_dtype
+        'tf32'
+        """
+        compute = {Precision.FP32: Dtype.FP32, Precision.TF32: Dtype.FP32, Precision.FP16: Dtype.FP16}.get(precision, Dtype.BF16)
+        grads = Dtype.FP16 if precision is Precision.FP16 else Dtype.FP32
+        linear = {Precision.TF32: Dtype.TF32, Precision.FP8: Dtype.FP8}.get(precision)
+        return self.model_copy(update={"compute_dtype": compute, "grad_dtype": grads, "linear_dtype": linear})

@@ -1,0 +1,215 @@
+"""Inference: prefill and decode with a KV cache, on weights alone.
+
+A decode step produces one token for each of the batch's sequences. Per device it reads
+every weight it holds and the whole KV cache once, and computes ``2·params + attention``
+FLOPs per sequence, so at small batch it is HBM-bound: each kernel takes ``max(compute,
+HBM)`` time (`costmodel.step.roofline.kernel_time_s`, the launch floor included). Prefill runs
+the prompts' forward pass at once: compute-bound, the causal attention's quadratic part
+included.
+
+- KV cache: ``2 · layers · kv_heads · head_dim · bytes · batch · context`` in all, each
+  sequence rounded up to whole blocks of the paged allocator (``kv_block_size`` tokens).
+  Tensor parallelism splits the kv heads (each device keeps one when tp > kv_heads, so the
+  cache is replicated ``tp / kv_heads`` times), pipeline parallelism the layers, data
+  parallelism (independent replicas) nothing: each replica holds its own batch's cache.
+- Weights: the layer matrices in ``InferenceConfig.weight_dtype``, norms, embedding and
+  head in the compute dtype; split as in training (`costmodel.step.data_parallel.stage_params`).
+  fp8 weights run the linear GEMMs in fp8 at the part's fp8 peak (W8A8); a mixture of experts
+  holds every expert but a step reads only those its tokens touch (`costmodel.step.serving_kernels`).
+- KV cache in ``InferenceConfig.kv_cache_dtype`` (the compute dtype, or fp8: one byte).
+- Tensor parallelism: two all-reduces per layer of ``tokens × hidden`` (after the attention
+  output and the MLP down projections), on the critical path.
+- Pipeline parallelism: a replica's sequences are split into as many micro-batches as
+  stages (at most one per sequence, a divisor of the replica's batch); a token passes every
+  stage in turn, so the time per output token is the sum over stages plus the hand-offs,
+  and at least the busiest stage times the micro-batches it serves.
+- Data parallelism: independent replicas, each serving the batch (``batch`` is sequences per
+  replica); throughput is ``dp`` times a replica's, latency a replica's.
+- Time to first token: a replica's prompts prefilled together, stage after stage.
+
+>>> from costmodel.step.collectives import Tier
+>>> from costmodel.hardware.machine import Machine
+>>> from costmodel.inputs.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+>>> hw = Machine(name="x", peak_flops_per_s=1e15, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
+...              devices_per_node=8, intra=Tier(bytes_per_s=1e11, latency_s=1e-6), inter=Tier(bytes_per_s=1e10, latency_s=1e-5))
+>>> train = TrainConfig(workload="decode", global_batch=4, seq_len=1000)
+>>> kv_cache_bytes(m, train, Layout()) == 2 * 8 * 4 * 64 * 2 * 4 * 1008  # 1000 tokens in 63 blocks of 16
+True
+>>> est = simulate_inference(m, train, Layout(tp=2), hw)
+>>> est.serving.decode_bound, est.time_per_output_token_s >= est.serving.hbm_lower_bound_s
+('hbm', True)
+"""
+
+from __future__ import annotations
+
+import math
+
+from costmodel.step.collectives import all_reduce_s, p2p_s
+from costmodel.step.data_parallel import layer_params_per_device, stage_params
+from costmodel.errors import UnsupportedError
+from costmodel.step.estimate import ServingTimes, StepEstimate, TimeBreakdown
+from costmodel.step.kernels import Kernel, KernelKind
+from costmodel.inputs.layout import Layout, check_layout
+from costmodel.hardware.machine import Machine
+from costmodel.step.memory import MemoryBreakdown
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.roofline import kernel_time_s
+from costmodel.step.serving_kernels import head_kernel, kv_element_bytes, layer_kernels, untouched_expert_bytes
+from costmodel.hardware.topology import link_between_stages
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.workload import WorkloadKind, norm_params_per_layer
+
+_F32 = 4
+
+
+def kv_heads_per_device(model: ModelConfig, tp: int) -> int:
+    """KV heads one tensor-parallel device holds: ``kv_heads / tp``, or one (replicated) when tp > kv_heads."""
+    return max(1, model.num_kv_heads // tp)
+
+
+def padded_context(train: TrainConfig) -> int:
+    """Tokens of cache allocated per sequence: the context rounded up to whole blocks."""
+    block = train.inference.kv_block_size
+    return math.ceil(train.seq_len / block) * block
+
+
+def replica_batch(train: TrainConfig, layout: Layout) -> int:
+    """Sequences one data-parallel replica serves: the workload's batch (``TrainConfig.global_batch``)."""
+    return train.global_batch
+
+
+def micro_batches(train: TrainConfig, layout: Layout) -> int:
+    """Micro-batches in flight per replica: the largest divisor of its batch not above the stages."""
+    b = replica_batch(train, layout)
+    return max(d for d in range(1, min(layout.pp, b) + 1) if b % d == 0)
+
+
+def kv_cache_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, *, stage: int = 0) -> float:
+    """KV-cache bytes one device of pipeline stage ``stage`` holds (module docstring)."""
+    per_token_layer = 2 * kv_heads_per_device(model, layout.tp) * model.head_dim * kv_element_bytes(train)
+    layers = layout.layers_on_stage(model.num_layers, stage)
+    return per_token_layer * layers * replica_batch(train, layout) * padded_context(train)
+
+
+def layer_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    """Bytes of one layer's weights on one device: matrices as stored, norms in the compute dtype."""
+    norms = norm_params_per_layer(model) / layout.tp
+    matrices = layer_params_per_device(model, layout) - norms
+    return matrices * train.inference.weight_dtype.bytes + norms * train.compute_dtype.bytes
+
+
+def stage_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:
+    """Weight bytes one device of stage ``stage`` holds (the first has the embedding, the last the head)."""
+    layers = layout.layers_on_stage(model.num_layers, stage)
+    outer = stage_params(model, layout, stage) - layers * layer_params_per_device(model, layout)
+    return layers * layer_weight_bytes(model, train, layout) + outer * train.compute_dtype.bytes
+
+
+def _split_s(kernels: list[Kernel], hw: Machine) -> tuple[float, float, float]:
+    """(total, compute-limited part, HBM-limited part) seconds of ``kernels`` on ``hw``, launch floors included."""
+    compute = memory = 0.0
+    for k in kernels:
+        peak_flops_per_s = hw.linear_peak if k.linear else hw.peak_flops_per_s
+        t = kernel_time_s(k, peak_flops_per_s=peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
+        peak = hw.efficiency.matmul(k.flops) if k.kind is KernelKind.MATMUL else hw.efficiency.flash_attention
+        if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= k.flops / (peak_flops_per_s * peak):
+            memory += t
+        else:
+            compute += t
+    return compute + memory, compute, memory
+
+
+def _stage_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, stage: int, *, sequences: int,
+             new_tokens: int) -> tuple[float, float, float, float]:
+    """(total, compute-limited, HBM-limited, tensor-parallel comm) seconds of one stage's pass over ``sequences``."""
+    layers = layout.layers_on_stage(model.num_layers, stage)
+    per_layer = layer_kernels(model, train, layout, sequences=sequences, new_tokens=new_tokens,
+                              kv_heads=kv_heads_per_device(model, layout.tp), cache_tokens=padded_context(train))
+    kernels = [k.scaled(layers) for k in per_layer]
+    if stage == layout.pp - 1:
+        kernels.append(head_kernel(model, train, layout, sequences))
+    total, compute, memory = _split_s(kernels, hw)
+    tp_bytes = sequences * new_tokens * model.hidden_size * train.compute_dtype.bytes
+    comm = 2 * layers * all_reduce_s(tp_bytes, hw.groups(layout)["tp"]) if layout.tp > 1 else 0.0
+    return total + comm, compute, memory, comm
+
+
+def _handoff_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, tokens: int) -> float:
+    if layout.pp == 1:
+        return 0.0
+    tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter,
+                               inter_cross_rail=hw.inter_cross_rail)
+    return p2p_s(tokens * model.hidden_size * train.compute_dtype.bytes, tier)
+
+
+def check_inference_layout(model: ModelConfig, train: TrainConfig, layout: Layout) -> Layout:
+    """``layout`` with its micro-batch set for serving (`micro_batches`); refuses what is not modelled."""
+    if layout.cp > 1 or layout.ep > 1 or layout.zero_stage > 0 or layout.interleave > 1:
+        raise UnsupportedError("serving layouts use tensor, pipeline and data (replica) parallelism only (experts split by tp)",
+                               fix="drop --cp, --ep, --zero-stage and --interleave")
+    lay = layout.model_copy(update={"micro_batch": replica_batch(train, layout) // micro_batches(train, layout)})
+    check_layout(lay, model, train.model_copy(update={"global_batch": train.global_batch * lay.dp}), n_devices=lay.n_devices)
+    return lay
+
+
+def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None) -> MemoryBreakdown:
+    """Per-device memory of the busiest stage: weights, KV cache, the residual stream and
+    one layer's widest intermediate (decode: of a micro-batch; prefill: of the prompts), the last
+    tokens' fp32 logits."""
+    e = train.compute_dtype.bytes
+    b = layout.micro_batch if train.workload is WorkloadKind.DECODE else replica_batch(train, layout)
+    tokens = b * (1 if train.workload is WorkloadKind.DECODE else train.prompt_len)
+    stage = max(range(layout.pp), key=lambda s: stage_weight_bytes(model, train, layout, s) + kv_cache_bytes(model, train, layout, stage=s))
+    mlp_per_token = model.experts_per_token * model.moe_ffn_size + model.shared_expert_ffn_size if model.is_moe else model.ffn_size
+    widest = max((2 if model.mlp.gated else 1) * mlp_per_token, (model.num_heads + 2 * model.num_kv_heads) * model.head_dim) / layout.tp
+    logits = b * model.vocab_size / model.vocab_shards(layout.tp) * _F32 if stage == layout.pp - 1 else 0.0
+    return MemoryBreakdown(
+        stage="only" if layout.pp == 1 else ("last" if stage == layout.pp - 1 else "first"),
+        params_bytes=stage_weight_bytes(model, train, layout, stage), grads_bytes=0.0, optimizer_bytes=0.0,
+        activations_bytes=2 * tokens * model.hidden_size * e, temporary_bytes=tokens * widest * e + logits,
+        kv_cache_bytes=kv_cache_bytes(model, train, layout, stage=stage), hbm_bytes=hbm_bytes,
+    )
+
+
+def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> StepEstimate:
+    """Predict serving ``model`` under ``layout`` on ``hw``: time per output token, time to first
+    token, tokens/s (decode: output tokens; prefill: prompt tokens) and memory (module docstring)."""
+    lay = check_inference_layout(model, train, layout)
+    pp, m, b = lay.pp, micro_batches(train, lay), lay.micro_batch
+    decode = [_stage_s(model, train, lay, hw, s, sequences=b, new_tokens=1) for s in range(pp)]
+    chain_s = sum(t[0] for t in decode) + (pp - 1) * _handoff_s(model, train, lay, hw, b)
+    tpot_s = max(chain_s, m * max(t[0] for t in decode))
+    rb, prompt = replica_batch(train, lay), train.prompt_len
+    prefill = [_stage_s(model, train, lay, hw, s, sequences=rb, new_tokens=prompt) for s in range(pp)]
+    hops_s = (pp - 1) * _handoff_s(model, train, lay, hw, rb * prompt)
+    ttft_s = sum(t[0] for t in prefill) + hops_s
+    untouched = untouched_expert_bytes(model, train, lay, b)
+    read_bytes = [stage_weight_bytes(model, train, lay, s) - lay.layers_on_stage(model.num_layers, s) * untouched
+                  + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
+    serving = ServingTimes(
+        decode_compute_s=sum(t[1] for t in decode), decode_hbm_s=sum(t[2] for t in decode),
+        decode_tp_comm_s=sum(t[3] for t in decode), decode_pp_handoff_s=chain_s - sum(t[0] for t in decode),
+        decode_bound="hbm" if sum(t[2] for t in decode) >= sum(t[1] for t in decode) else "compute",
+        hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
+        prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
+    )
+    is_decode = train.workload is WorkloadKind.DECODE
+    runs, step_s = ((decode, m), tpot_s) if is_decode else ((prefill, 1), ttft_s)
+    busiest = max(runs[0], key=lambda t: t[0])
+    compute_s, memory_s, tp_s = (runs[1] * x for x in busiest[1:])
+    attn_per_token = 4 * model.num_layers * model.num_heads * model.head_dim
+    active_params = model.total_params - model.num_layers * (model.params_per_layer - model.active_params_per_layer)
+    model_flops = lay.dp * (train.global_batch * (2 * active_params + attn_per_token * train.seq_len) if is_decode else
+                   train.global_batch * prompt * (2 * active_params + attn_per_token * prompt / 2))
+    utilisation = model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
+    memory = inference_memory(model, train, lay, hbm_bytes=hw.hbm_bytes)
+    return StepEstimate(
+        layout=lay, hardware=hw.name, n_devices=lay.n_devices, step_time_s=step_s,
+        tokens_per_s=lay.dp * train.global_batch * (1 if is_decode else prompt) / step_s, mfu=utilisation, hfu=utilisation,
+        model_flops=model_flops, memory=memory, fits=memory.total_bytes <= hw.hbm_bytes,
+        breakdown=TimeBreakdown(compute_s=compute_s, memory_bound_s=memory_s, recompute_s=0.0, exposed_comm_s=tp_s,
+                                bubble_s=max(0.0, step_s - compute_s - memory_s - tp_s), optimizer_s=0.0,
+                                comm_s_by_axis={"tp": tp_s, "pp": serving.decode_pp_handoff_s if is_decode else hops_s}),
+        time_per_output_token_s=tpot_s, time_to_first_token_s=ttft_s, serving=serving,
+    )

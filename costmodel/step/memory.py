@@ -1,0 +1,279 @@
+"""Per-device memory of a layout, itemised, for the most loaded pipeline stage.
+
+Mixed-precision accounting (Megatron-LM's, 18 bytes per parameter without ZeRO):
+``params`` is the compute-dtype copy the kernels read (2 B); ``grads`` the gradients as
+reduced (fp32, 4 B); ``optimizer`` the fp32 master copy and Adam's two moments (12 B).
+ZeRO 1 shards the optimizer state over dp, ZeRO 2 also the gradients, ZeRO 3 (FSDP) also
+the parameters. With ``param_dtype == compute_dtype`` there is no separate master copy.
+Where the weights are held in fp32 and cast where used (`SoftwareStack.fp32_weights`, the
+JAX program) they are the master copy (4 B, 16 bytes per parameter without ZeRO), and ZeRO 1
+already splits their fp32 gradients with the optimizer state.
+
+Activations are `costmodel.step.activations` per layer times the layers a stage holds times
+the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);
+interleaved p·(1 + (p−1)/(p·v)), Korthikanti et al. 2022 section 4.2.3). The last stage
+also keeps the fp32 logits of each micro-batch in flight there (all m under GPipe, whose
+backward starts after every forward) and one logits gradient.
+
+Gradient accumulation over micro-batches (a loop adding each micro-batch's gradient into the
+accumulator) holds one micro-batch's gradient besides the accumulator, split as the
+accumulator is (with ZeRO ≥ 2 it is reduce-scattered layer by layer): in the compute dtype, or
+in fp32 where the weights are (`SoftwareStack.fp32_weights`; the JAX program's, measured on the
+CPU backend). Where the weight-gradient GEMMs add into the accumulator themselves
+(`SoftwareStack.fused_grad_accumulation`) there is no such buffer.
+
+LoRA fine-tuning (`costmodel.inputs.workload`): the frozen base weights are held as stored (16-bit,
+or int8/int4) with no gradient, no optimizer state and no master copy (``frozen_params_bytes``,
+part of ``params_bytes``); the adapters are accounted as any trained weight (compute-dtype
+copy, fp32 gradient, fp32 master and moments). ZeRO shards what exists: stage 3 the frozen
+weights too, stages 1–2 only the adapters' state. Under the fp8 recipe the fp8 copies a stack
+keeps of the frozen weights (`costmodel.step.fp8_memory.fp8_weight_copy_bytes`) count as frozen weights. Activations follow
+`costmodel.step.activations.lora_activation_terms`.
+
+>>> from costmodel.inputs.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
+>>> from costmodel.inputs.stack import stack_with
+>>> megatron = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout(stack=stack_with("megatron-core")))
+>>> jax = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout(stack=stack_with("jax")))
+>>> [(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / m.total_params for mem in (megatron, jax)]
+[18.0, 16.0]
+>>> lora = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8, workload="finetune-lora"), Layout())
+>>> lora.frozen_params_bytes / m.total_params, lora.optimizer_bytes / lora.grads_bytes  # 2 B frozen; 12 B state per 4 B gradient
+(2.0, 3.0)
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, NonNegativeFloat, computed_field
+
+from costmodel.step.activations import activation_bytes_per_layer
+from costmodel.step.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
+from costmodel.step.fp8_memory import fp8_weight_copy_bytes
+from costmodel.step.kernels import holds_master_weights
+from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule
+from costmodel.step.lockstep import in_flight_slots, runs_lockstep
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.offload import HostMemory, device_grad_bytes, host_memory
+from costmodel.record import Record
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.workload import adapter_params_per_layer
+
+# Gradient-reduction buckets in flight (PyTorch DDP's default bucket is 25 MB, two in flight).
+_REDUCTION_BUCKETS_BYTES = 2 * 25e6
+
+
+class MemoryBreakdown(Record):
+    """Bytes one device holds at its peak, by kind."""
+
+    stage: str = Field(description="Which pipeline stage this is ('first', 'last' or 'only').")
+    params_bytes: NonNegativeFloat = Field(description="Compute-dtype parameters held (frozen base weights included).")
+    frozen_params_bytes: NonNegativeFloat = Field(0.0, description="Of params_bytes, the frozen base weights as stored (LoRA); "
+                                                  "0 when every weight trains.")
+    grads_bytes: NonNegativeFloat = Field(description="Gradients held.")
+    optimizer_bytes: NonNegativeFloat = Field(description="Master weights and optimizer moments held.")
+    activations_bytes: NonNegativeFloat = Field(description="Activations kept for backward, all in-flight micro-batches.")
+    temporary_bytes: NonNegativeFloat = Field(description="Transient buffers: FSDP gathers, recompute working set, logits, buckets.")
+    kv_cache_bytes: NonNegativeFloat = Field(0.0, description="Inference: the KV cache one device holds, in whole blocks of the "
+                                             "paged allocator (`costmodel.step.inference`); 0 for training.")
+    hbm_bytes: NonNegativeFloat | None = Field(None, description="Device memory, when known.")
+    host: HostMemory | None = Field(None, description="Offloading: the host memory one device's offloaded state takes, "
+                                    "itemised (`costmodel.step.offload`), for the pipeline stage that offloads the most; None when "
+                                    "nothing is offloaded.")
+
+    @computed_field(description="Sum of all items.")
+    @property
+    def total_bytes(self) -> float:
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.temporary_bytes
+                + self.kv_cache_bytes)
+
+    @computed_field(description="The same as total_bytes: what one device must hold.")
+    @property
+    def per_device_bytes(self) -> float:
+        return self.total_bytes
+
+    @computed_field(description="hbm_bytes - total_bytes; negative when it does not fit.")
+    @property
+    def margin_bytes(self) -> float | None:
+        return None if self.hbm_bytes is None else self.hbm_bytes - self.total_bytes
+
+    @computed_field(description="Host memory this device's offloaded state takes (host.total_bytes); 0 without offloading.")
+    @property
+    def host_bytes(self) -> float:
+        return 0.0 if self.host is None else self.host.total_bytes
+
+    @computed_field(description="Whether total_bytes fits in hbm_bytes and, when offloading, the host state in its share of host memory.")
+    @property
+    def fits(self) -> bool | None:
+        if self.hbm_bytes is None:
+            return None
+        return self.total_bytes <= self.hbm_bytes and (self.host is None or self.host.fits is not False)
+
+
+def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices: int) -> float:
+    """A lower bound on any layout's per-device memory: weights, gradients and optimizer state of
+    every parameter, spread evenly over all devices (ZeRO 3 across everything), nothing else.
+
+    Arithmetic on the config alone, so a model no cluster of ``n_devices`` could hold is refused
+    before any layout is costed.
+
+    >>> from costmodel.inputs.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
+    >>> min_state_bytes_per_device(m, TrainConfig(seq_len=1024, global_batch=8), 2) / m.total_params
+    8.0
+    """
+    # Whatever the stack: the master weights, a gradient and Adam's moments (a compute-dtype copy
+    # is not needed where the weights are the master, `SoftwareStack.fp32_weights`).
+    per_param = train.param_dtype.bytes + train.grad_dtype.bytes + 2 * train.optimizer_dtype.bytes
+    if train.is_lora:  # the frozen weights, at most 2 B each, and the adapters' state
+        adapters = model.num_layers * adapter_params_per_layer(model, train.lora)
+        return (model.total_params * train.compute_dtype.bytes + adapters * per_param) / n_devices
+    return model.total_params * per_param / n_devices
+
+
+def in_flight_microbatches(layout: Layout, n_microbatches: int, stage: int = 0) -> float:
+    """Micro-batches whose activations pipeline stage ``stage`` holds at once, in units of its layers.
+
+    In 1F1B stage s warms up with p − s forwards before its first backward; in lockstep
+    (`SoftwareStack.lockstep_pipeline`) every stage keeps ``2v·p − 1`` chunks.
+    """
+    p, m, v = layout.pp, n_microbatches, layout.interleave
+    if layout.schedule is Schedule.GPIPE:
+        return m
+    if runs_lockstep(layout):  # every stage keeps the lockstep ring (`costmodel.step.lockstep`)
+        return in_flight_slots(p, v, m) / v
+    if layout.schedule is Schedule.INTERLEAVED and v > 1:
+        return min(m, p * (1 + (p - 1) / (p * v))) if stage == 0 else 1
+    return min(p - stage, m)
+
+
+def _largest_param(model: ModelConfig, layout: Layout, *, ends: bool) -> float:
+    """The largest single weight a device of a stage holds: an MLP matrix, or the embedding or head on an end stage."""
+    mlp = model.hidden_size * model.ffn_size / layout.tp
+    return max(mlp, model.hidden_size * model.vocab_size / model.vocab_shards(layout.tp)) if ends else mlp
+
+
+def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int, per_layer: float,
+                  recompute_temporary: float, host_capacity_bytes: float | None = None) -> dict[str, object]:
+    dp, zero = layout.dp, layout.zero_stage
+    first, last = stage == 0, stage == layout.pp - 1
+    n = stage_trainable_params(model, train, layout, stage)
+    mixed = train.param_dtype != train.compute_dtype
+    master_weights = holds_master_weights(train, layout)
+    separate_master = mixed and not master_weights
+    optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + 2 * train.optimizer_dtype.bytes
+    params = n * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
+    fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
+    frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
+    if train.is_lora:  # the fp8 copies are of the frozen weights, not of the adapters
+        frozen += fp8_copies
+    else:
+        params += fp8_copies
+    n_micro = max(1, layout.micro_batches(train))
+    # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
+    grad_split = gradient_split(train, layout)
+    grad_shards = 1 if n_micro > 1 and layout.stack.unsharded_grad_accumulation else grad_split
+    grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
+    grads = n * grad_bytes / grad_shards + frozen_grad_bytes(model, train, layout, stage) / grad_shards
+    optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
+    offloaded = layout.offload is Offload.OPTIMIZER
+    host = None
+    if offloaded:  # ZeRO-Offload: state and fp32 gradients of the dp partition on the host, a bucket on the device
+        grads, optimizer = device_grad_bytes(n, _largest_param(model, layout, ends=first or last), train), 0.0
+        host = host_memory(n / dp, train, micro_batches=n_micro, capacity_bytes=host_capacity_bytes)
+
+    layers = layout.layers_on_stage(model.num_layers, stage)
+    sb = layout.micro_batch * train.seq_len / layout.cp
+    in_flight = in_flight_microbatches(layout, n_micro, stage)
+    embedding_out = sb * model.hidden_size * train.compute_dtype.bytes / (layout.tp if layout.sequence_parallel else 1)
+    activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
+
+    temporary = 0.0
+    if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
+        temporary += micro_batch_gradient_bytes(n, train, layout)
+    if dp > 1:
+        layer_params = layer_params_per_device(model, layout)
+        trained_layer = layer_params if not train.is_lora else adapter_params_per_layer(model, train.lora, tp=layout.tp)
+        if grad_split > 1:
+            # One layer's full gradient exists until it is reduce-scattered (or reduced and sliced).
+            temporary += trained_layer * train.grad_dtype.bytes + frozen_grad_bytes(model, train, layout, stage) / max(1, layers)
+        elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends
+            temporary += _REDUCTION_BUCKETS_BYTES if not train.is_lora else min(_REDUCTION_BUCKETS_BYTES, n * train.grad_dtype.bytes)
+        if zero >= 3:
+            # FSDP gathers the layer being computed and prefetches the next.
+            gathered = layer_params * train.compute_dtype.bytes if not train.is_lora else \
+                frozen_layer_bytes(model, train, layout) + trained_layer * train.compute_dtype.bytes
+            temporary += min(2, layers) * gathered
+    temporary += recompute_temporary
+    if last:
+        logits = sb * model.vocab_size / model.vocab_shards(layout.tp) * 4  # fp32
+        # In lockstep the head runs one micro-batch per tick: its logits and their gradient.
+        temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
+    return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
+            "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
+
+
+def gradient_split(train: TrainConfig, layout: Layout) -> int:
+    """How many ways the accumulated gradients are split over dp: from ZeRO 2, or where the weights
+    are their own master copy from ZeRO 1, with the optimizer state; a pipeline's tick loop sums
+    such a stage's gradients whole (`validate.one_f_one_b`), so there only ZeRO 3 splits them."""
+    if holds_master_weights(train, layout):
+        split_from = 1 if layout.pp == 1 else 3
+    else:
+        split_from = 2
+    return layout.dp if layout.zero_stage >= split_from else 1
+
+
+def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout) -> float:
+    """One micro-batch's gradient of ``params`` parameters, held beside the accumulator while it is
+    added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer):
+    fp32 where the weights are the master copy, else in the compute dtype.
+
+    >>> from costmodel.inputs.stack import stack_with
+    >>> train = TrainConfig(seq_len=1024, global_batch=8)
+    >>> [micro_batch_gradient_bytes(1e9, train, Layout(dp=4, zero_stage=1, stack=stack_with(s))) for s in ("jax", "megatron-core")]
+    [1000000000.0, 2000000000.0]
+    """
+    dtype = train.param_dtype if holds_master_weights(train, layout) else train.compute_dtype
+    return params * dtype.bytes / gradient_split(train, layout)
+
+
+def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int = 0) -> float:
+    """Gradient bytes of a stage's frozen layer weights before any sharding: none, unless a
+    stack's ZeRO-3 gives them one (`SoftwareStack.fsdp_frozen_grads`), in the dtype they are held in.
+
+    >>> from costmodel.inputs.model_config import ModelConfig
+    >>> from costmodel.inputs.stack import stack_with
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> lora = TrainConfig(seq_len=512, global_batch=8, workload="finetune-lora")
+    >>> frozen_grad_bytes(m, lora, Layout(dp=2, zero_stage=3, stack=stack_with("lit-gpt"))) == 4 * frozen_layer_bytes(m, lora, Layout())
+    True
+    >>> frozen_grad_bytes(m, lora, Layout(dp=2, zero_stage=3, stack=stack_with("pytorch-fsdp1")))
+    0.0
+    """
+    if not (train.is_lora and layout.zero_stage >= 3 and layout.stack.fsdp_frozen_grads):
+        return 0.0
+    return layout.layers_on_stage(model.num_layers, stage) * frozen_layer_bytes(model, train, layout)
+
+
+def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None,
+                     host_capacity_bytes: float | None = None) -> MemoryBreakdown:
+    """Memory of the most loaded device: the first, a middle or the last pipeline stage
+    (``host_capacity_bytes``: with offloading, the device's share of its node's host memory).
+
+    With an even split a middle stage never holds more than the first (fewer layers in
+    flight, no embedding), so only the ends are costed; uneven stages are all costed.
+    """
+    per_layer = activation_bytes_per_layer(model, train, layout)
+    # Recomputing a layer materialises its full activations once more.
+    recompute_temporary = (0.0 if layout.recompute is Recompute.NONE else
+                           activation_bytes_per_layer(model, train, layout.model_copy(update={"recompute": Recompute.NONE})))
+    if layout.pp == 1:
+        return MemoryBreakdown(stage="only", hbm_bytes=hbm_bytes,
+                               **_stage_memory(model, train, layout, 0, per_layer, recompute_temporary, host_capacity_bytes))
+    names = {0: "first", layout.pp - 1: "last"}
+    costed = range(layout.pp) if layout.stage_layers else (0, layout.pp - 1)
+    totals = {s: _stage_memory(model, train, layout, s, per_layer, recompute_temporary, host_capacity_bytes) for s in costed}
+    busiest = max(totals, key=lambda s: (sum(v for k, v in totals[s].items() if k not in ("frozen_params_bytes", "host")), -s))
+    # Offloaded, the host state is the stage with the most parameters' (the embedding or head may outweigh the busiest's).
+    host = max((t["host"] for t in totals.values() if t["host"]), key=lambda h: h.total_bytes, default=None)
+    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **(totals[busiest] | {"host": host}))

@@ -1,0 +1,125 @@
+"""The kernels one transformer layer launches in a serving step (prefill or decode), per device.
+
+- Linear GEMMs (qkv, attention output, MLP or experts): the weights as stored
+  (`costmodel.inputs.workload.InferenceConfig.weight_dtype`), activations in the compute dtype. fp8
+  weights run W8A8 as TensorRT-LLM's and vLLM's fp8 recipes do: the GEMM reads the fp8 weight
+  and an fp8 activation at the part's fp8 peak and writes the compute dtype. Each GEMM input is
+  quantized with one per-tensor scale (static, calibrated; a dynamic scale's amax pass is not
+  counted) by a pass fused into the kernel that produces it (TensorRT-LLM's norm-quant and
+  activation-quant kernels, vLLM's compiled fusion passes): counted as one HBM read of the
+  compute-dtype input and one fp8 write, no launch of its own. int8/int4 weights are cast to the
+  compute dtype inside the GEMM (weight-only).
+- Attention against the KV cache (decode: the new token's query over the whole cache, read once
+  in the cache's dtype; prefill: causal, quadratic) at the compute dtype's peak; the head too.
+- Mixture of experts: the router (a ``hidden × experts`` GEMM at the compute peak), then each
+  token's top-k experts: ``2·k·expert params`` FLOPs a token, and the weights of every expert the
+  step's tokens touch. Under uniform, independent routing (the load-balancing loss's aim; real
+  routers are skewed, which touches fewer) ``n`` tokens touch on average
+  ``E·(1 − (1 − k/E)^n)`` of ``E`` experts (`expected_experts_touched`): ``k`` at batch 1, all of
+  them for a prompt. Dispatch and combine (gathers of ``k · tokens × hidden``) are not counted.
+  Tensor parallelism splits every expert as a dense MLP; expert parallelism is not modelled.
+
+>>> expected_experts_touched(num_experts=8, experts_per_token=2, tokens=1)
+2.0
+>>> round(expected_experts_touched(num_experts=8, experts_per_token=2, tokens=64), 4)
+8.0
+"""
+
+from __future__ import annotations
+
+from costmodel.step.fp8_memory import FP8_BYTES
+from costmodel.step.kernels import Kernel, KernelKind
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import TrainConfig
+
+_F32 = 4
+
+
+def expected_experts_touched(*, num_experts: int, experts_per_token: int, tokens: float) -> float:
+    """Distinct experts ``tokens`` tokens route to on average when each picks ``experts_per_token``
+    of ``num_experts`` uniformly: ``E·(1 − (1 − k/E)^n)`` (each expert missed by a token with
+    probability ``1 − k/E``, independently)."""
+    return num_experts * (1 - (1 - experts_per_token / num_experts) ** tokens)
+
+
+def kv_element_bytes(train: TrainConfig) -> float:
+    """Bytes of one cached key or value element (`costmodel.inputs.workload.KvCacheDtype`)."""
+    return train.inference.kv_cache_dtype.bytes(train.compute_dtype.bytes)
+
+
+def linear_kernels(name: str, *, tokens: float, d_in: float, d_out: float, train: TrainConfig, weights: float = 1.0) -> list[Kernel]:
+    """``tokens`` rows through a ``d_in × d_out`` weight (``weights`` distinct such matrices read:
+    the experts touched), at the linear layers' peak, and the fp8 input quantization (module docstring).
+
+    >>> fp8 = TrainConfig(workload="decode", inference={"weight_dtype": "fp8"})
+    >>> [(k.name, k.bytes, k.fused) for k in linear_kernels("w", tokens=1, d_in=10, d_out=20, train=fp8)]
+    [('w', 250.0, False), ('w_input_quant', 30.0, True)]
+    """
+    e, stored = train.compute_dtype.bytes, train.inference.weight_dtype.bytes
+    flops = 2 * tokens * d_in * d_out
+    if not train.serves_fp8:
+        return [Kernel(name=name, kind=KernelKind.MATMUL, flops=flops, linear=True,
+                       bytes=weights * d_in * d_out * stored + tokens * (d_in + d_out) * e)]
+    gemm = Kernel(name=name, kind=KernelKind.MATMUL, flops=flops, linear=True,
+                  bytes=weights * d_in * d_out * FP8_BYTES + tokens * d_in * FP8_BYTES + tokens * d_out * e)
+    quant = Kernel(name=f"{name}_input_quant", kind=KernelKind.MEMORY, flops=0, bytes=tokens * d_in * (e + FP8_BYTES), fused=True)
+    return [gemm, quant]
+
+
+def _mlp_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, tokens: float) -> list[Kernel]:
+    """The dense MLP, or the router and the experts (and a shared expert) of a mixture of experts."""
+    gated, d, tp = 2 if model.mlp.gated else 1, model.hidden_size, layout.tp
+    if not model.is_moe:
+        f = model.ffn_size / tp
+        return [*linear_kernels("mlp_up", tokens=tokens, d_in=d, d_out=gated * f, train=train),
+                *linear_kernels("mlp_down", tokens=tokens, d_in=f, d_out=d, train=train)]
+    n_e, k, e = model.num_experts, model.experts_per_token, train.compute_dtype.bytes
+    touched = expected_experts_touched(num_experts=n_e, experts_per_token=k, tokens=tokens)
+    f = model.moe_ffn_size / tp
+    router = Kernel(name="router", kind=KernelKind.MATMUL, flops=2 * tokens * d * n_e,
+                    bytes=d * n_e * train.inference.weight_dtype.bytes + tokens * (d + n_e) * e)
+    kernels = [router, *linear_kernels("expert_up", tokens=tokens * k, d_in=d, d_out=gated * f, train=train, weights=touched),
+               *linear_kernels("expert_down", tokens=tokens * k, d_in=f, d_out=d, train=train, weights=touched)]
+    if model.shared_expert_ffn_size:
+        fs = model.shared_expert_ffn_size / tp
+        kernels += [*linear_kernels("shared_up", tokens=tokens, d_in=d, d_out=gated * fs, train=train),
+                    *linear_kernels("shared_down", tokens=tokens, d_in=fs, d_out=d, train=train)]
+    return kernels
+
+
+def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, sequences: int, new_tokens: int,
+                  kv_heads: int, cache_tokens: int) -> list[Kernel]:
+    """One layer's kernels on one device for ``sequences`` sequences each adding ``new_tokens``
+    (1: a decode step against ``cache_tokens`` allocated tokens; the prompt: prefill, causal);
+    ``kv_heads`` the KV heads the device holds."""
+    e, tp = train.compute_dtype.bytes, layout.tp
+    d, hd = model.hidden_size, model.head_dim
+    q, kv = model.num_heads // tp * hd, kv_heads * hd
+    tokens = sequences * new_tokens
+    if new_tokens == 1:  # decode: each new query attends the whole cache, read once as stored
+        attn_flops = 4 * sequences * train.seq_len * q
+        attn_bytes = sequences * (2 * kv * cache_tokens * kv_element_bytes(train) + 2 * q * e)
+    else:  # prefill: causal, half the score matrix; q, k, v and the output pass HBM once
+        attn_flops = 2 * sequences * new_tokens ** 2 * q
+        attn_bytes = tokens * (2 * q + 2 * kv) * e
+    return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train),
+            Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=attn_bytes),
+            *linear_kernels("attn_out", tokens=tokens, d_in=q, d_out=d, train=train),
+            *_mlp_kernels(model, train, layout, tokens)]
+
+
+def head_kernel(model: ModelConfig, train: TrainConfig, layout: Layout, sequences: int) -> Kernel:
+    """The vocabulary projection of each sequence's last token (vocab-parallel over tp, compute dtype)."""
+    v = model.vocab_size / model.vocab_shards(layout.tp)
+    d, e = model.hidden_size, train.compute_dtype.bytes
+    return Kernel(name="head", kind=KernelKind.MATMUL, flops=2 * sequences * d * v, bytes=d * v * e + sequences * v * _F32)
+
+
+def untouched_expert_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, tokens: float) -> float:
+    """Bytes of one layer's expert weights on one device that ``tokens`` tokens leave unread (0 for a dense model)."""
+    if not model.is_moe:
+        return 0.0
+    touched = expected_experts_touched(num_experts=model.num_experts, experts_per_token=model.experts_per_token, tokens=tokens)
+    per_expert = model.routed_expert_params_per_layer / model.num_experts / layout.tp
+    return (model.num_experts - touched) * per_expert * train.inference.weight_dtype.bytes

@@ -1,0 +1,274 @@
+"""The step simulator: a layout on a machine → `StepEstimate`, every term explained.
+
+1. One layer's kernels and collectives for one micro-batch (`costmodel.step.layer_costs`).
+2. Per-stage forward/backward times: layers per stage, plus the embedding on the first
+   stage and the head and loss on the last.
+3. The pipeline schedule, simulated (`costmodel.step.schedules`), with blocking stage-to-stage
+   transfers (`stage_transfer_s`).
+4. Data-parallel reduction / ZeRO / FSDP traffic and what of it is exposed, plus FSDP2's
+   copies of gathered parameters (`costmodel.step.data_parallel`), the gradient accumulation
+   over micro-batches where it is a kernel of its own, then the optimizer update, with
+   fp16's gradient unscaling (all HBM-bound).
+5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
+6. With offloading (`costmodel.step.offload`), instead of the device's optimizer update and gradient
+   accumulation: the device↔host copies beyond what backward hides, and Adam on the CPU.
+
+>>> from costmodel.step.collectives import Tier
+>>> from costmodel.hardware.machine import Machine
+>>> from costmodel.inputs.model_config import ModelConfig
+>>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
+>>> hw = Machine(name="x", peak_flops_per_s=1e14, hbm_bytes_per_s=1e12, hbm_bytes=8e10,
+...              devices_per_node=8, intra=Tier(bytes_per_s=1e11, latency_s=0), inter=Tier(bytes_per_s=1e10, latency_s=0))
+>>> est = simulate(m, TrainConfig(seq_len=1024, global_batch=16), Layout(dp=2, tp=2, pp=2, micro_batch=2, recompute="full"), hw)
+>>> abs(est.breakdown.total_s - est.step_time_s) < 1e-9 and 0 < est.mfu < est.hfu < 1
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.step.collectives import all_gather_s, exposed_s, p2p_s
+from costmodel.step.data_parallel import data_parallel_costs, trainable_params_per_device
+from costmodel.step.estimate import StepEstimate, TimeBreakdown
+from costmodel.step.inference import simulate_inference
+from costmodel.step.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
+from costmodel.step.layer_costs import LayerCosts, layer_costs, phase_time
+from costmodel.inputs.layout import Layout, Offload, Schedule, check_layout
+from costmodel.step.lockstep import runs_lockstep
+from costmodel.hardware.machine import Machine
+from costmodel.step.memory import MemoryBreakdown, memory_breakdown
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.offload import OffloadTimes, check_offloadable, offload_times, require_host
+from costmodel.step.schedules import PipelineTimes, lockstep_step_estimate, pipeline_step_estimate, simulate_pipeline
+from costmodel.step.recompute import recomputed_kernels
+from costmodel.step.stage_split import identical_stage_layers
+from costmodel.hardware.topology import link_between_stages
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.workload import adapter_params_per_layer
+
+# Optimizer-step HBM traffic per parameter, Megatron-LM's and torchtitan's alike: Adam reads
+# the fp32 param, grad, m and v and writes param, m and v (28 B); the gradient norm for
+# clipping reads the grads (4 B); the grads are then scaled or zeroed (4 B); the updated
+# param is read again and written in the compute dtype (4 + 2 B).
+OPTIMIZER_BYTES_PER_PARAM = 7 * 4 + 4 + 4 + 4 + 2
+# fp16 with dynamic loss scaling, per parameter, before the update: the fp16 gradient is
+# cast into the fp32 main gradient (read 2 B, write 4 B), then unscaled and checked for
+# inf/NaN in one pass (read and write 4 B each). Megatron-LM @ec20274
+# megatron/optimizer/optimizer.py: _copy_model_grads_to_main_grads, then
+# _unscale_main_grads_and_check_for_nan (torch._amp_foreach_non_finite_check_and_unscale_).
+LOSS_SCALING_BYTES_PER_PARAM = 2 + 4 + 4 + 4
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One pipeline stage's work for one micro-batch, in seconds."""
+
+    compute_s: float
+    memory_s: float
+    recompute_s: float
+    comm_s: float
+    forward_s: float
+    backward_s: float
+
+
+def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> list[_Stage]:
+    embed_kernels = embedding_forward_kernels(model, train, layout)
+    embed, embed_bwd = phase_time(embed_kernels, hw), phase_time(embed_kernels, hw, backward=True)
+    head_kernels = head_forward_kernels(model, train, layout)
+    head, head_bwd = phase_time(head_kernels, hw), phase_time(head_kernels, hw, backward=True)
+    stages = []
+    for s in range(layout.pp):
+        first, last = s == 0, s == layout.pp - 1
+        n_layers = layout.layers_on_stage(model.num_layers, s)
+        fwd_ends = [p for p, on in ((embed, first), (head, last)) if on]
+        bwd_ends = [p for p, on in ((embed_bwd, first), (head_bwd, last)) if on]
+        stages.append(_Stage(
+            compute_s=n_layers * (layer.forward.compute_s + layer.backward.compute_s) + sum(p.compute_s for p in fwd_ends + bwd_ends),
+            memory_s=n_layers * (layer.forward.memory_s + layer.backward.memory_s) + sum(p.memory_s for p in fwd_ends + bwd_ends),
+            recompute_s=n_layers * layer.recompute.total_s,
+            comm_s=n_layers * layer.exposed_comm_s,
+            forward_s=n_layers * layer.forward_s + sum(p.total_s for p in fwd_ends),
+            backward_s=n_layers * layer.backward_s + sum(p.total_s for p in bwd_ends),
+        ))
+    return stages
+
+
+def balanced_layout(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> Layout:
+    """``layout`` with its layers cut into stages by `balanced_stage_layers` (the inter-op DP):
+    the end stages, which also run the embedding and the head, get fewer layers when that
+    shortens the slowest stage. Unchanged without pipelining, with interleaving, or when the
+    even split is already best.
+
+    >>> from costmodel.hardware.machine import load_machine
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=128000)
+    >>> balanced_layout(m, TrainConfig(seq_len=1024, global_batch=16), Layout(pp=4), load_machine("a100-80gb")).stage_layers
+    (2, 2, 3, 1)
+    """
+    if layout.pp == 1 or layout.interleave > 1:
+        return layout
+    even = layout.model_copy(update={"stage_layers": None})
+    layer = layer_costs(model, train, even, hw)
+    ends = _stages(model.model_copy(update={"num_layers": layout.pp}), train, even, hw, layer)
+    first_extra = ends[0].forward_s + ends[0].backward_s - (layer.forward_s + layer.backward_s)
+    last_extra = ends[-1].forward_s + ends[-1].backward_s - (layer.forward_s + layer.backward_s)
+    split = identical_stage_layers(model.num_layers, pp=layout.pp, layer_s=layer.forward_s + layer.backward_s,
+                                   first_extra_s=first_extra, last_extra_s=last_extra)
+    uneven = len(set(split)) > 1 or model.num_layers % layout.pp
+    return layout.model_copy(update={"stage_layers": split if uneven else None})
+
+
+def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
+    """Model FLOPs of one step: 3 × forward matmul FLOPs with full (non-causal) attention,
+    no recompute (the convention of Narayanan et al. 2021 and PaLM's MFU). Under LoRA the
+    frozen weights' backward has no weight gradient: 2 × their forward FLOPs (4·N per token),
+    the attention 3 ×, the adapters 3 × their own.
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> lora, full = TrainConfig(seq_len=128, workload="finetune-lora"), TrainConfig(seq_len=128)
+    >>> 0.66 < model_flops_per_step(m, lora) / model_flops_per_step(m, full) < 0.7
+    True
+    """
+    matmul_params = model.num_layers * model.active_params_per_layer + model.hidden_size * model.vocab_size
+    attention = 4 * model.num_layers * train.seq_len * model.num_heads * model.head_dim
+    if train.is_lora:
+        adapters = model.num_layers * adapter_params_per_layer(model, train.lora)
+        return train.tokens_per_step * (2 * 2 * matmul_params + 3 * attention + 3 * 2 * adapters)
+    return 3 * train.tokens_per_step * (2 * matmul_params + attention)
+
+
+def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    kernels = recomputed_kernels(layer_forward_kernels(model, train, layout), model, layout)
+    per_device_mb = sum(k.total_flops for k in kernels if k.kind is not KernelKind.MEMORY) * model.num_layers
+    return per_device_mb * layout.micro_batches(train) * layout.dp * layout.tp * layout.cp
+
+
+def grad_accumulation_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> float:
+    """Adding each micro-batch's gradient into the accumulator, after the first, where a
+    separate kernel does it (not `SoftwareStack.fused_grad_accumulation`): it reads the gradient
+    in the compute dtype and reads and writes the accumulator (in the gradient dtype, the
+    data-parallel shard of it from ZeRO 2 on).
+
+    >>> from costmodel.hardware.machine import load_machine
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> hw, train = load_machine("a100-80gb"), TrainConfig(seq_len=1024, global_batch=16)
+    >>> grad_accumulation_s(m, train, Layout(micro_batch=4), hw) > 0 == grad_accumulation_s(m, train, Layout(micro_batch=16), hw)
+    True
+    """
+    n_micro = layout.micro_batches(train)
+    if layout.stack.fused_grad_accumulation or n_micro <= 1:
+        return 0.0
+    params = trainable_params_per_device(model, train, layout) / (layout.dp if layout.zero_stage >= 2 else 1)
+    bytes_per_param = train.compute_dtype.bytes + 2 * train.grad_dtype.bytes
+    return hw.stream_s((n_micro - 1) * params * bytes_per_param)
+
+
+def _first_touch_s(memory: MemoryBreakdown, hw: Machine) -> float:
+    """Faulting in the step's temporaries (gradients, activations, buffers) where the
+    runtime maps them afresh every step (`costmodel.hardware.profile.StepAllocator`)."""
+    fresh_bytes = memory.grads_bytes + memory.activations_bytes + memory.temporary_bytes
+    alloc = hw.step_allocator
+    return fresh_bytes * alloc.first_touch_s_per_byte if alloc and fresh_bytes > alloc.fresh_above_bytes else 0.0
+
+
+def stage_transfer_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> float:
+    """Seconds to pass one micro-batch's activation to the next pipeline stage (0 without pipelining).
+
+    Each tensor-parallel rank sends its 1/tp of it (Megatron-LM's scatter-gather
+    optimisation); where the next stage needs it whole (no sequence parallelism) the tp
+    ranks there all-gather it over their own link.
+    """
+    if layout.pp == 1:
+        return 0.0
+    act_bytes = layout.micro_batch * train.seq_len / layout.cp * model.hidden_size * train.compute_dtype.bytes
+    stage_tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter,
+                                     inter_cross_rail=hw.inter_cross_rail)
+    regather_s = 0.0 if layout.sequence_parallel else all_gather_s(act_bytes, hw.groups(layout)["tp"])
+    return p2p_s(act_bytes / layout.tp, stage_tier) + regather_s
+
+
+def exposed_stage_transfer_s(send_s: float, stages: list[_Stage], layout: Layout, hw: Machine) -> float:
+    """What one stage-to-stage transfer of ``send_s`` adds to a micro-step: all of it where
+    sends block, only what outlasts the shortest chunk micro-step (and that step's slowdown)
+    where the stack overlaps them (`SoftwareStack.overlap_p2p`, interleaved schedule only)."""
+    if not (layout.stack.overlap_p2p and layout.schedule is Schedule.INTERLEAVED):
+        return send_s
+    chunk_step_s = min(s.forward_s for s in stages) / layout.interleave
+    return exposed_s(send_s, chunk_step_s, hw.efficiency.overlap_slowdown)
+
+
+def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, backward_s: float) -> tuple[OffloadTimes, float]:
+    """The step's offload costs and the device's share of its node's host memory."""
+    check_offloadable(train)
+    host = require_host(hw.host, hw.name)
+    sharing = min(layout.n_devices, hw.devices_per_node)
+    partition = trainable_params_per_device(model, train, layout) / layout.dp
+    times = offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=backward_s,
+                          overlap=layout.stack.dp_overlap, host=host, devices_sharing=sharing)
+    return times, host.memory_bytes_per_node / sharing
+
+
+def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
+    """Predict one training step of ``model`` under ``layout`` on ``hw`` (a prefill or decode
+    workload: `costmodel.step.inference.simulate_inference`)."""
+    if train.is_inference:
+        return simulate_inference(model, train, layout, hw)
+    check_layout(layout, model, train, n_devices=layout.n_devices)
+    layer = layer_costs(model, train, layout, hw)
+    stages = _stages(model, train, layout, hw, layer)
+    full_send_s = stage_transfer_s(model, train, layout, hw)
+    send_s = exposed_stage_transfer_s(full_send_s, stages, layout, hw)
+    n_micro = layout.micro_batches(train)
+    times = PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
+                          p2p_s=send_s, interleave=layout.interleave)
+    if runs_lockstep(layout):
+        pipe = lockstep_step_estimate(times, n_microbatches=n_micro, keep_events=keep_timeline)
+    elif keep_timeline:
+        pipe = simulate_pipeline(times, n_microbatches=n_micro, schedule=layout.schedule, keep_events=True)
+    else:
+        pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)
+    dp = data_parallel_costs(model, train, layout, hw, layer)
+    optimizer_params = trainable_params_per_device(model, train, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
+    optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM + (LOSS_SCALING_BYTES_PER_PARAM if train.loss_scaled else 0)
+    optimizer_s = hw.stream_s(optimizer_params * optimizer_bytes)
+    accumulate_s = grad_accumulation_s(model, train, layout, hw)
+    busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
+    busiest = stages[busiest_stage]
+    offload, host_capacity = None, None
+    if layout.offload is Offload.OPTIMIZER:  # Adam and the accumulation run on the host instead
+        offload, host_capacity = _offload(model, train, layout, hw, busiest.backward_s)
+        optimizer_s = accumulate_s = 0.0
+    memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes), host_capacity_bytes=host_capacity)
+    first_touch_s = _first_touch_s(memory, hw)
+    offload_s = offload.exposed_transfer_s + offload.cpu_adam_s if offload else 0.0
+    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + accumulate_s + optimizer_s + first_touch_s + offload_s
+
+    n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
+    transfers_s = n_micro * times.transfers_per_microbatch_s
+    breakdown = TimeBreakdown(
+        compute_s=n_micro * busiest.compute_s,
+        memory_bound_s=n_micro * busiest.memory_s + dp.copy_s + accumulate_s,
+        recompute_s=n_micro * busiest.recompute_s,
+        bubble_s=max(0.0, pipe.step_time_s - n_micro * (busiest.forward_s + busiest.backward_s) - transfers_s),
+        exposed_comm_s=n_micro * busiest.comm_s + transfers_s + dp.exposed_s,
+        optimizer_s=optimizer_s,
+        first_touch_s=first_touch_s,
+        offload_transfer_s=offload.exposed_transfer_s if offload else 0.0,
+        cpu_optimizer_s=offload.cpu_adam_s if offload else 0.0,
+        offload=offload,
+        comm_s_by_axis={
+            "tp": n_micro * n_layers * (layer.tp_forward_s + layer.tp_backward_s),
+            "cp": n_micro * n_layers * layer.cp_total_s,
+            "ep": n_micro * n_layers * (layer.ep_forward_s + layer.ep_backward_s),
+            "pp": n_micro * times.model_copy(update={"p2p_s": full_send_s}).transfers_per_microbatch_s,
+            "dp": dp.total_s,
+        },
+    )
+    flops = model_flops_per_step(model, train)
+    peak = step_s * layout.n_devices * hw.peak_flops_per_s
+    return StepEstimate(
+        layout=layout, hardware=hw.name, n_devices=layout.n_devices, step_time_s=step_s,
+        tokens_per_s=train.tokens_per_step / step_s, mfu=flops / peak,
+        hfu=(flops + _recompute_flops(model, train, layout)) / peak, model_flops=flops,
+        breakdown=breakdown, memory=memory, fits=memory.fits, timeline=pipe.events,
+    )

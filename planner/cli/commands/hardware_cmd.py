@@ -1,0 +1,61 @@
+"""``plan hardware``: which dtypes each built-in part accelerates, at what dense peak, and the
+``--precision`` recipes that follow (fp8 needs a float8 peak, tf32 a tf32 one, bf16 a bfloat16 one)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.hardware.catalog import CATALOG
+from costmodel.hardware.profile import ClusterSpec, load_hardware
+from costmodel.hardware.machine import supported_precisions
+
+# Catalog dtype keys, in the order the table shows them.
+DTYPE_COLUMNS = ("float32", "tf32", "bfloat16", "float16", "float8_e4m3fn", "int8")
+
+
+class PartPeaks(BaseModel):
+    """One part's dense peaks and the precisions they allow."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    part: str = Field(description="Device name, as --hardware takes it.")
+    peak_tflops_by_dtype: dict[str, float] = Field(description="Dense peak TFLOP/s (TOPS for int8) per dtype the part has.")
+    precisions: list[str] = Field(description="--precision values the part runs (`costmodel.hardware.machine.supported_precisions`).")
+    source: str = Field(description="Where the peaks come from.")
+
+
+def part_peaks(cluster: ClusterSpec) -> PartPeaks:
+    """``cluster``'s part as a row of the table.
+
+    >>> part_peaks(load_hardware("t4")).precisions
+    ['fp32', 'fp16']
+    """
+    device = cluster.device
+    return PartPeaks(part=device.name, peak_tflops_by_dtype={k: v / 1e12 for k, v in device.peak_flops_per_s.items()},
+                     precisions=[p.value for p in supported_precisions(cluster)], source=device.source)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hardware", help="one profile name or cluster JSON path (default: every built-in part)")
+    parser.add_argument("--json", action="store_true", help="print one JSON list")
+
+
+def run(args: argparse.Namespace) -> int:
+    clusters = [load_hardware(args.hardware)] if args.hardware else list(CATALOG.values())
+    rows = list({r.part: r for r in map(part_peaks, clusters)}.values())  # one row per part
+    if args.json:
+        print(json.dumps([r.model_dump() for r in rows], sort_keys=True))
+        return 0
+    table = Table(title="Dense peak TFLOP/s per dtype (blank: no peak; the part cannot run that precision)")
+    for column in ("part", *DTYPE_COLUMNS, "--precision"):
+        table.add_column(column, justify="left" if column in ("part", "--precision") else "right")
+    for r in rows:
+        peaks = [f"{r.peak_tflops_by_dtype[d]:,.1f}" if d in r.peak_tflops_by_dtype else "" for d in DTYPE_COLUMNS]
+        table.add_row(r.part, *peaks, " ".join(r.precisions))
+    Console(width=140).print(table)
+    return 0

@@ -1,0 +1,143 @@
+"""``plan simulate``: predict step time and memory of one hand-written layout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.errors import InvalidPlanError, flag_error
+from costmodel.step.estimate import StepEstimate
+from costmodel.hardware.profile import load_hardware
+from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule, stack_recompute
+from costmodel.hardware.machine import train_machine
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.simulator import simulate
+from costmodel.inputs.train_config import Precision, TrainConfig
+from planner.cli.commands.arg_types import PRECISION_HELP, non_negative_int, positive_int
+from planner.cli.commands.plan_cmd import memory_rows, offload_rows, serving_rows, titled_workload
+from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
+from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
+from planner.config import default_seq_len, load_model, train_config
+from planner.cli.timeline import write_timeline
+
+_GIB = 2**30
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="preset name or config.json path")
+    parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
+    parser.add_argument("--devices", type=positive_int, required=True, help="total devices")
+    parser.add_argument("--devices-per-node", type=positive_int, help="override the profile's devices per node")
+    for flag, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
+                            ("--ep", "expert parallel")):
+        parser.add_argument(flag, type=positive_int, default=1, help=f"{help_text} degree (default 1)")
+    parser.add_argument("--dp", type=positive_int, help="data parallel degree (default: devices / (tp·pp·cp))")
+    parser.add_argument("--global-batch", type=positive_int, help="sequences per step (training workloads; serving takes --batch)")
+    parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--seq-len", type=positive_int,
+                        help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
+    parser.add_argument("--interleave", type=positive_int, default=1, help="model chunks per pipeline device (default 1)")
+    parser.add_argument("--schedule", choices=[s.value for s in Schedule],
+                        help="pipeline schedule (default 1f1b, interleaved when --interleave > 1)")
+    parser.add_argument("--recompute", choices=[r.value for r in Recompute], default="none", help="activation recompute")
+    parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
+    parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
+                        help=PRECISION_HELP)
+    parser.add_argument("--offload", choices=[o.value for o in Offload], default="none",
+                        help="none (default) or optimizer: master weights, Adam moments and fp32 gradients on host memory, "
+                             "Adam on the CPU (ZeRO-Offload as DeepSpeed runs it)")
+    add_workload_arguments(parser)
+    add_stack_arguments(parser)
+    parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    """The Layout the flags describe; inconsistent degrees get one line naming the fix."""
+    rest = args.tp * args.pp * args.cp
+    if args.dp is None and args.devices % rest:
+        raise InvalidPlanError(f"devices={args.devices} is not divisible by tp·pp·cp = {rest}", fix="change --devices or the degrees")
+    schedule = args.schedule or (Schedule.INTERLEAVED if args.interleave > 1 else Schedule.ONE_F_ONE_B)
+    stack = stack_from_args(args)
+    try:
+        return Layout(
+            dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
+            interleave=args.interleave, schedule=schedule, recompute=stack_recompute(args.recompute, stack),
+            sequence_parallel=args.sequence_parallel, zero_stage=args.zero, stack=stack, offload=args.offload,
+        )
+    except ValidationError as err:
+        raise flag_error(err, InvalidPlanError) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args.model)
+    workload = workload_from_args(args)
+    sizes = {"seq_len": args.seq_len or default_seq_len(model), "global_batch": args.global_batch} | serving_sizes(args)
+    if sizes["global_batch"] is None:
+        raise InvalidPlanError("plan simulate needs the batch of the step", fix="add --global-batch N (or --batch N for prefill and decode)")
+    train = train_config(**sizes, **workload)
+    train = train.with_precision(Precision(args.precision))
+    layout = layout_from_args(args)
+    if layout.n_devices != args.devices:
+        raise InvalidPlanError(
+            f"tp·pp·dp·cp = {layout.tp}·{layout.pp}·{layout.dp}·{layout.cp} = {layout.n_devices} but --devices={args.devices}",
+            fix="make the degrees multiply to the device count",
+        )
+    machine = train_machine(load_hardware(args.hardware, devices_per_node=args.devices_per_node), train)
+    estimate = simulate(model, train, layout, machine, keep_timeline=bool(args.timeline))
+    if args.timeline:
+        write_timeline(estimate, args.timeline)
+    if args.json:
+        print(json.dumps(estimate_json(estimate), sort_keys=True))
+    else:
+        Console().print(_serving_table(estimate, model, train) if train.is_inference else
+                        _table(estimate, f"{model.name}{titled_workload(train)}", lora=train.is_lora))
+    return 0
+
+
+def estimate_json(est: StepEstimate) -> dict[str, object]:
+    """The JSON object ``plan simulate --json`` prints."""
+    return est.model_dump(mode="json", exclude={"timeline"})
+
+
+def _serving_table(est: StepEstimate, model: ModelConfig, train: TrainConfig) -> Table:
+    """A serving estimate's rows, as `plan` prints them for its choice."""
+    from planner.api import layout_plan  # mesh roles and shardings of the hand-written layout
+
+    lay = est.layout
+    p = layout_plan(model, lay, hardware=est.hardware, seq_len=train.seq_len, global_batch=train.global_batch, workload=train.workload,
+                    inference=train.inference).model_copy(update={"predicted": est})
+    table = Table(title=f"{model.name}{titled_workload(train)} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp}",
+                  show_header=False)
+    for name, value in serving_rows(p)[:-1] + [("fits", "yes" if est.fits else "NO")]:
+        table.add_row(name, value)
+    return table
+
+
+def _table(est: StepEstimate, model: str, *, lora: bool) -> Table:
+    lay, b, m = est.layout, est.breakdown, est.memory
+    table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} "
+                        f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}, stack {lay.stack.name}",
+                  show_header=False)
+    hbm = f" of {m.hbm_bytes / _GIB:.0f} GiB" if m.hbm_bytes else ""
+    rows = [
+        ("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),
+        ("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}"),
+        ("  compute (matmul, attention)", f"{b.compute_s:.3f} s"), ("  memory-bound kernels", f"{b.memory_bound_s:.3f} s"),
+        ("  recompute", f"{b.recompute_s:.3f} s"), ("  pipeline bubble", f"{b.bubble_s:.3f} s"),
+        ("  exposed communication", f"{b.exposed_comm_s:.3f} s"), ("  optimizer", f"{b.optimizer_s:.3f} s"),
+        *((("  offload: PCIe exposed / CPU Adam", f"{b.offload_transfer_s:.3f} / {b.cpu_optimizer_s:.3f} s"),) if b.offload else ()),
+        *((f"  {axis} collectives (total)", f"{t:.3f} s") for axis, t in b.comm_s_by_axis.items() if t > 0),
+        ("memory per device", f"{m.total_bytes / _GIB:.2f} GiB{hbm}"),
+        *memory_rows(m, lora=lora, digits=2, state="parameters / gradients / optimizer"),
+        *offload_rows(est, reason=None),
+        ("fits", "yes" if est.fits else "NO" if est.fits is False else "unknown"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -1,9 +1,0 @@
-"""Reference JAX transformer models and their training step."""
-
-from planner.models.params import LogicalAxis as LogicalAxis
-from planner.models.params import abstract_params as abstract_params
-from planner.models.params import init_params as init_params
-from planner.models.params import param_logical_axes as param_logical_axes
-from planner.models.train_step import abstract_train_inputs as abstract_train_inputs
-from planner.models.train_step import make_train_step as make_train_step
-from planner.models.transformer import forward as forward

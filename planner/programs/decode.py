@@ -1,0 +1,157 @@
+"""A decode step of the reference transformer against a KV cache.
+
+``decode_step(params, kv_cache, batch) -> (logits_BxV, kv_cache)``: each of the batch's
+sequences adds one token (``batch["tokens"]``, ``[B, 1]``) at ``batch["position"]``; every
+layer writes that token's key and value into its cache slot and attends over the whole
+allocated cache (``[layers, B, T, kv_heads, head_dim]``, T the context rounded up to whole
+blocks of the paged allocator), positions after the current one masked out. Query heads are
+grouped by the KV head they share (GQA), as in training. Weights are served as stored
+(`served_dtype_of`: layer matrices in the serving weight dtype, the rest in the compute
+dtype) and cast to the compute dtype on use, fp8 ones too (the weights' bytes and the FLOPs are
+the W8A8 program's; the activations' fp8 quantization is not lowered); the KV cache is stored in its dtype
+(`kv_cache_dtype_of`) and read back to the compute dtype; the score softmax and the logits are fp32.
+Mixture-of-experts models are not lowered (refused in one line).
+
+>>> from costmodel.inputs.model_config import ModelConfig
+>>> from costmodel.inputs.train_config import TrainConfig
+>>> cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=64, vocab_size=50)
+>>> train = TrainConfig(workload="decode", global_batch=3, seq_len=20)
+>>> params, cache, batch = abstract_decode_inputs(cfg, train)
+>>> cache["k"].shape  # 20 tokens in 2 blocks of 16
+(2, 3, 32, 2, 8)
+>>> logits, new_cache = jax.eval_shape(lambda p, c, b: decode_step(p, c, b, cfg), params, cache, batch)
+>>> logits.shape, logits.dtype, new_cache["v"].shape
+((3, 50), dtype('float32'), (2, 3, 32, 2, 8))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from costmodel.errors import UnsupportedError
+from costmodel.step.inference import padded_context
+from costmodel.inputs.model_config import ModelConfig, Positions
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.workload import KvCacheDtype
+from planner.programs.params import Params, abstract_params
+from planner.programs.transformer import Constrain, Lookup, _activation, _keep, _norm, _take, head
+
+
+def served_dtype_of(path: str, train: TrainConfig) -> Any:
+    """The dtype a served weight is stored in: layer matrices (not the norms) in the serving
+    weight dtype, embedding, head and norms in the compute dtype."""
+    quantized = path.startswith("layers/") and "norm/" not in path
+    return jnp.dtype(train.inference.weight_dtype.jax_name if quantized else train.compute_dtype.value)
+
+
+def kv_cache_dtype_of(train: TrainConfig) -> Any:
+    """The dtype the K and V caches are stored in: the compute dtype, or ``float8_e4m3fn`` for an fp8 cache."""
+    return jnp.dtype("float8_e4m3fn" if train.inference.kv_cache_dtype is KvCacheDtype.FP8 else train.compute_dtype.value)
+
+
+def kv_cache_shape(cfg: ModelConfig, train: TrainConfig, *, replicas: int = 1) -> tuple[int, int, int, int, int]:
+    """``(layers, batch, allocated tokens, kv_heads, head_dim)`` of the K (and of the V) cache of
+    ``replicas`` data-parallel replicas, each serving the workload's batch."""
+    return cfg.num_layers, train.global_batch * replicas, padded_context(train), cfg.num_kv_heads, cfg.head_dim
+
+
+def abstract_decode_inputs(cfg: ModelConfig, train: TrainConfig, *, replicas: int = 1) -> tuple[Params, dict[str, Any], dict[str, Any]]:
+    """``(params, kv_cache, batch)`` of a decode step as ``jax.ShapeDtypeStruct``s, the batch of ``replicas`` replicas."""
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct(x.shape, served_dtype_of("/".join(str(k.key) for k in path), train)), abstract_params(cfg))
+    cache = jax.ShapeDtypeStruct(kv_cache_shape(cfg, train, replicas=replicas), kv_cache_dtype_of(train))
+    batch = {"tokens": jax.ShapeDtypeStruct((train.global_batch * replicas, 1), jnp.int32), "position": jax.ShapeDtypeStruct((), jnp.int32)}
+    return params, {"k": cache, "v": cache}, batch
+
+
+def _rope_at(x_BxNxH: jax.Array, position: jax.Array, theta: float) -> jax.Array:
+    h = x_BxNxH.shape[-1]
+    angle_H2 = position.astype(jnp.float32) * theta ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)
+    cos, sin = jnp.cos(angle_H2), jnp.sin(angle_H2)
+    x1, x2 = jnp.split(x_BxNxH.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x_BxNxH.dtype)
+
+
+def _attend(x_BxD: jax.Array, p: Params, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array, position: jax.Array, cfg: ModelConfig,
+            dt: Any, constrain: Constrain) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One token's attention over the cache, after writing its key and value there."""
+    b, k_heads, group = x_BxD.shape[0], cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+    q_BxNxH = jnp.einsum("bd,dnh->bnh", x_BxD, p["wq"].astype(dt))
+    k_BxKxH = jnp.einsum("bd,dkh->bkh", x_BxD, p["wk"].astype(dt))
+    v_BxKxH = jnp.einsum("bd,dkh->bkh", x_BxD, p["wv"].astype(dt))
+    if "bq" in p:
+        q_BxNxH, k_BxKxH, v_BxKxH = q_BxNxH + p["bq"].astype(dt), k_BxKxH + p["bk"].astype(dt), v_BxKxH + p["bv"].astype(dt)
+    if cfg.positions is Positions.ROPE:
+        q_BxNxH, k_BxKxH = _rope_at(q_BxNxH, position, cfg.rope_theta), _rope_at(k_BxKxH, position, cfg.rope_theta)
+    zero = jnp.zeros((), jnp.int32)
+    k_BxTxKxH = constrain("kv_cache_BxTxKxH", jax.lax.dynamic_update_slice(k_BxTxKxH, k_BxKxH[:, None].astype(k_BxTxKxH.dtype),
+                                                                           (zero, position, zero, zero)))
+    v_BxTxKxH = constrain("kv_cache_BxTxKxH", jax.lax.dynamic_update_slice(v_BxTxKxH, v_BxKxH[:, None].astype(v_BxTxKxH.dtype),
+                                                                           (zero, position, zero, zero)))
+    q_BxKxGxH = q_BxNxH.reshape(b, k_heads, group, cfg.head_dim)
+    # An fp8 cache is read back to the compute dtype (a no-op for a compute-dtype cache).
+    scores_BxKxGxT = jnp.einsum("bkgh,btkh->bkgt", q_BxKxGxH, k_BxTxKxH.astype(dt)).astype(jnp.float32) / math.sqrt(cfg.head_dim)
+    visible_T = jnp.arange(k_BxTxKxH.shape[1]) <= position
+    probs_BxKxGxT = jax.nn.softmax(jnp.where(visible_T, scores_BxKxGxT, -jnp.inf), axis=-1).astype(dt)
+    out_BxNxH = jnp.einsum("bkgt,btkh->bkgh", probs_BxKxGxT, v_BxTxKxH.astype(dt)).reshape(b, cfg.num_heads, cfg.head_dim)
+    y_BxD = jnp.einsum("bnh,nhd->bd", out_BxNxH, p["wo"].astype(dt))
+    return (y_BxD + p["bo"].astype(dt) if "bo" in p else y_BxD), k_BxTxKxH, v_BxTxKxH
+
+
+def _mlp(x_BxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> jax.Array:
+    h_BxF = jnp.einsum("bd,df->bf", x_BxD, p["w_in"].astype(dt)) + (p["b_in"].astype(dt) if "b_in" in p else 0)
+    gate_BxF = jnp.einsum("bd,df->bf", x_BxD, p["w_gate"].astype(dt)) if "w_gate" in p else None
+    y_BxD = jnp.einsum("bf,fd->bd", _activation(h_BxF, gate_BxF, cfg.mlp), p["w_out"].astype(dt))
+    return y_BxD + p["b_out"].astype(dt) if "b_out" in p else y_BxD
+
+
+def check_serving_lowered(cfg: ModelConfig) -> None:
+    """Refuse in one line a model whose serving steps are not lowered: a mixture of experts (the
+    serving cost model predicts it; the training MoE layer's capacity dispatch would run every
+    expert on each sequence's one token, not the top-k the model costs)."""
+    if cfg.is_moe:
+        raise UnsupportedError(f"the serving steps of {cfg.name}, a mixture-of-experts model, are not lowered yet (dense models' are)",
+                               fix="validate a dense model's serving plan; plan and plan simulate predict this one")
+
+
+def decode_embed(params: Params, batch: dict[str, jax.Array], cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16,
+                 constrain: Constrain = _keep, lookup: Lookup = _take) -> jax.Array:
+    """The new tokens' embeddings ``[B, D]`` in the compute dtype (learned positions added at ``batch["position"]``)."""
+    tokens_Bx1, position = batch["tokens"], batch["position"]
+    x_Bx1xD = constrain("residual_BxSxD", lookup(params["embed"]["tokens"], tokens_Bx1).astype(compute_dtype))
+    if cfg.positions is Positions.LEARNED:
+        x_Bx1xD = x_Bx1xD + jax.lax.dynamic_slice_in_dim(params["embed"]["positions"], position, 1).astype(compute_dtype)[None]
+    return x_Bx1xD[:, 0]
+
+
+def decode_layers(x_BxD: jax.Array, layers: Params, kv_cache: dict[str, jax.Array], position: jax.Array, cfg: ModelConfig, *,
+                  compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The stacked ``layers`` (a pipeline stage's, or all) on one token per sequence, against
+    their slice of the cache ``[layers, B, T, kv_heads, head_dim]``: the residual stream after
+    them and the cache with the token's keys and values written at ``position``."""
+    def body(x_BxD: jax.Array, layer: tuple[Params, jax.Array, jax.Array]) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        p, k_BxTxKxH, v_BxTxKxH = layer
+        attended_BxD, k_BxTxKxH, v_BxTxKxH = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k_BxTxKxH, v_BxTxKxH,
+                                                     position, cfg, compute_dtype, constrain)
+        x_BxD = x_BxD + attended_BxD
+        return x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, compute_dtype), (k_BxTxKxH, v_BxTxKxH)
+
+    x_BxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(body, x_BxD, (layers, kv_cache["k"], kv_cache["v"]))
+    return x_BxD, {"k": k_LxBxTxKxH, "v": v_LxBxTxKxH}
+
+
+def decode_step(params: Params, kv_cache: dict[str, jax.Array], batch: dict[str, jax.Array], cfg: ModelConfig, *,
+                compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep,
+                lookup: Lookup = _take) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """fp32 logits ``[B, V]`` of the next token and the cache with this token's keys and values
+    written (module docstring). ``constrain`` pins named activations (``residual_BxSxD``,
+    ``kv_cache_BxTxKxH``, ``logits_BxSxV``), ``lookup`` gathers embedding rows, as in training."""
+    check_serving_lowered(cfg)
+    x_BxD = decode_embed(params, batch, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
+    x_BxD, kv_cache = decode_layers(x_BxD, params["layers"], kv_cache, batch["position"], cfg, compute_dtype=compute_dtype,
+                                    constrain=constrain)
+    return head(x_BxD[:, None], params, cfg, constrain=constrain)[:, 0], kv_cache

@@ -1,0 +1,200 @@
+"""The reference training step: loss, gradients and an AdamW update, mixed precision.
+
+fp32 master parameters and optimizer moments, bf16 compute (weights cast on use), fp32
+logits and loss. `make_train_step` gives a function of ``(params, opt_state, batch)`` for
+``jax.jit``; `abstract_train_inputs` gives its inputs as ``jax.ShapeDtypeStruct``s at any
+size without allocating.
+
+LoRA fine-tuning (``train.workload == "finetune-lora"``): the step is a function of
+``(frozen, adapters, opt_state, batch)`` returning ``(adapters, opt_state, metrics)``. Only
+the adapters are differentiated and have AdamW state; the frozen base weights
+(`planner.programs.lora.abstract_frozen`: compute dtype, or int8/int4 layer weights) are an
+argument that is read, never updated.
+
+>>> import jax
+>>> from costmodel.inputs.model_config import ModelConfig
+>>> cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=50)
+>>> train = TrainConfig(seq_len=8, global_batch=2)
+>>> params, opt_state, batch = abstract_train_inputs(cfg, train)
+>>> out = jax.eval_shape(make_train_step(cfg, train), params, opt_state, batch)
+>>> out[2]["loss"].shape
+()
+>>> lora = TrainConfig(seq_len=8, global_batch=2, workload="finetune-lora")
+>>> frozen, adapters, opt_state, batch = abstract_train_inputs(cfg, lora)
+>>> out = jax.eval_shape(make_train_step(cfg, lora), frozen, adapters, opt_state, batch)
+>>> out[0]["layers"]["attn"]["wq_lora_b"].shape, opt_state["m"]["layers"]["attn"]["wq_lora_a"].shape
+((2, 16, 4, 8), (2, 32, 16))
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import AdamW, TrainConfig
+from planner.programs.fp8_linear import fp8_linear
+from planner.programs.lora import abstract_adapters, abstract_frozen, merge_adapters
+from planner.programs.params import Params, abstract_params
+from planner.programs.transformer import forward
+
+# Weight of the MoE load-balancing loss (Switch Transformer, Fedus et al. 2021).
+MOE_AUX_LOSS_WEIGHT = 0.01
+Batch = dict[str, jax.Array]
+
+
+def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
+            attention: str = "materialized", hooks: dict[str, Any] | None = None, lora_scale: float = 1.0) -> jax.Array:
+    """Mean next-token cross-entropy (plus the MoE balancing loss); ``hooks`` are `forward`'s
+    ``constrain`` and ``lookup``."""
+    logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, attention=attention,
+                                lora_scale=lora_scale, **(hooks or {}))
+    return cross_entropy(logits_BxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux
+
+
+@jax.custom_vjp
+def cross_entropy(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
+    """Mean next-token negative log-likelihood.
+
+    >>> logits = jnp.log(jnp.array([[[0.25, 0.75]]]))
+    >>> round(float(cross_entropy(logits, jnp.array([[1]]))), 4), jax.grad(cross_entropy)(logits, jnp.array([[1]])).tolist()
+    (0.2877, [[[0.25, -0.25]]])
+    """
+    return _cross_entropy_forward(logits_BxSxV, targets_BxS)[0]
+
+
+def _cross_entropy_forward(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    with jax.named_scope("loss"):
+        # The target's logit is a masked sum over the vocabulary, as Megatron's vocab-parallel
+        # loss takes it: a gather there made XLA abort on a vocabulary-split head inside the
+        # pipeline's region manual over its axis (`validate.gpipe`).
+        lse_BxS = jax.nn.logsumexp(logits_BxSxV, axis=-1)
+        target_BxS = jnp.where(_is_target(logits_BxSxV, targets_BxS), logits_BxSxV, 0.0).sum(-1)
+        return (lse_BxS - target_BxS).mean(), (logits_BxSxV, lse_BxS, targets_BxS)
+
+
+def _cross_entropy_backward(residuals: tuple[jax.Array, ...], g: jax.Array) -> tuple[jax.Array, None]:
+    # One elementwise pass from the saved logits and log-sum-exp to their gradient, as fused
+    # cross-entropy kernels do: the logits and their gradient are the loss's only
+    # vocabulary-sized buffers (automatic differentiation also kept the softmax's exponentials).
+    logits_BxSxV, lse_BxS, targets_BxS = residuals
+    with jax.named_scope("loss"):
+        softmax_BxSxV = jnp.exp(logits_BxSxV - lse_BxS[..., None])
+        grad_BxSxV = (softmax_BxSxV - _is_target(logits_BxSxV, targets_BxS)) * (g / lse_BxS.size)
+        return grad_BxSxV.astype(logits_BxSxV.dtype), None
+
+
+def _is_target(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
+    return jnp.arange(logits_BxSxV.shape[-1]) == targets_BxS[..., None]
+
+
+cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
+
+
+def init_opt_state(params: Params) -> dict[str, Any]:
+    """AdamW state: fp32 first and second moments and the step count."""
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    return {"m": zeros, "v": jax.tree.map(jnp.copy, zeros), "step": jnp.zeros((), jnp.int32)}
+
+
+def adamw_update(params: Params, grads: Params, opt_state: dict[str, Any], opt: AdamW) -> tuple[Params, dict[str, Any]]:
+    """Bias-corrected AdamW; decoupled weight decay on matrices only (not norms or biases)."""
+    step = opt_state["step"] + 1
+    m = jax.tree.map(lambda m, g: opt.beta1 * m + (1 - opt.beta1) * g, opt_state["m"], grads)
+    v = jax.tree.map(lambda v, g: opt.beta2 * v + (1 - opt.beta2) * g * g, opt_state["v"], grads)
+    m_scale = 1 / (1 - opt.beta1 ** step.astype(jnp.float32))
+    v_scale = 1 / (1 - opt.beta2 ** step.astype(jnp.float32))
+
+    def update(path: tuple[Any, ...], p: jax.Array, m: jax.Array, v: jax.Array) -> jax.Array:
+        delta = m * m_scale / (jnp.sqrt(v * v_scale) + opt.eps)
+        if _decays(path):
+            delta = delta + opt.weight_decay * p
+        return p - opt.learning_rate * delta
+
+    return jax.tree_util.tree_map_with_path(update, params, m, v), {"m": m, "v": v, "step": step}
+
+
+def _decays(path: tuple[Any, ...]) -> bool:
+    """Weight matrices and embeddings decay; norm scales and biases (names 'scale', 'b…') do not."""
+    name = str(path[-1].key)
+    return name != "scale" and not name.startswith("b")
+
+
+def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
+                        attention: str = "materialized", hooks: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """A function ``(params, batch) -> (mean loss, fp32 gradients)``; under LoRA
+    ``(adapters, batch, frozen) -> (mean loss, the adapters' fp32 gradients)``.
+
+    With ``micro_batches`` > 1 the batch is cut into that many micro-batches whose
+    gradients accumulate in fp32 under a ``lax.scan`` (gradient accumulation), so only one
+    micro-batch's activations are live at a time. ``attention`` is `forward`'s kernel;
+    ``hooks`` go to `forward` (sharding constraints, the embedding lookup).
+    """
+    compute_dtype = jnp.dtype(train.compute_dtype.value)
+    lora_scale = train.lora.alpha / train.lora.rank if train.is_lora else 1.0
+    if train.is_fp8:  # the dense layers' projections in fp8 (`planner.programs.fp8_linear`)
+        hooks = {**(hooks or {}), "linear": fp8_linear}
+    loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale)
+
+    def trained_loss(params: Params, batch: Batch, cfg: ModelConfig, frozen: Params | None, **kwargs: Any) -> jax.Array:
+        # Under LoRA ``params`` are the adapters, merged beside the frozen weights they adapt.
+        return loss(params if frozen is None else merge_adapters(frozen, params), batch, cfg, **kwargs)
+
+    value_and_grad = jax.value_and_grad(trained_loss)
+
+    def loss_and_grads(params: Params, batch: Batch, frozen: Params | None = None) -> tuple[jax.Array, Params]:
+        grad_fn = partial(value_and_grad, frozen=frozen)
+        if micro_batches == 1:
+            return grad_fn(params, batch, cfg, compute_dtype=compute_dtype, remat=remat)
+        # Micro-batch index minor within each sequence block, so a batch split over data
+        # devices stays split the same way: no data moves between them.
+        micro = {k: jnp.moveaxis(v.reshape(v.shape[0] // micro_batches, micro_batches, *v.shape[1:]), 1, 0) for k, v in batch.items()}
+
+        def accumulate(carry: tuple[jax.Array, Params], mb: Batch) -> tuple[tuple[jax.Array, Params], None]:
+            loss, grads = grad_fn(params, mb, cfg, compute_dtype=compute_dtype, remat=remat)
+            return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], grads)), None
+
+        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+        (loss, grads), _ = jax.lax.scan(accumulate, zeros, micro)
+        return loss / micro_batches, jax.tree.map(lambda g: g / micro_batches, grads)
+
+    return loss_and_grads
+
+
+def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
+                    attention: str = "materialized") -> Callable[..., Any]:
+    """A function ``(params, opt_state, batch) -> (params, opt_state, {"loss": ...})``: loss and
+    gradients by `make_loss_and_grads`, then the AdamW update."""
+    loss_and_grads = make_loss_and_grads(cfg, train, remat=remat, micro_batches=micro_batches, attention=attention)
+    if train.is_lora:
+        def lora_step(frozen: Params, adapters: Params, opt_state: dict[str, Any],
+                      batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
+            loss, grads = loss_and_grads(adapters, batch, frozen)
+            with jax.named_scope("optimizer"):
+                adapters, opt_state = adamw_update(adapters, grads, opt_state, train.optimizer)
+            return adapters, opt_state, {"loss": loss}
+
+        return lora_step
+
+    def train_step(params: Params, opt_state: dict[str, Any], batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
+        loss, grads = loss_and_grads(params, batch)
+        with jax.named_scope("optimizer"):
+            params, opt_state = adamw_update(params, grads, opt_state, train.optimizer)
+        return params, opt_state, {"loss": loss}
+
+    return train_step
+
+
+def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: int | None = None) -> tuple[Any, ...]:
+    """``(params, opt_state, batch)`` as ``jax.ShapeDtypeStruct`` trees, allocating nothing;
+    under LoRA ``(frozen, adapters, opt_state, batch)``."""
+    tokens = jax.ShapeDtypeStruct((micro_batch or train.global_batch, train.seq_len), jnp.int32)
+    batch = {"tokens": tokens, "targets": tokens}
+    if train.is_lora:
+        adapters = abstract_adapters(cfg, train.lora, dtype=jnp.dtype(train.param_dtype.value))
+        return abstract_frozen(cfg, train), adapters, jax.eval_shape(init_opt_state, adapters), batch
+    params = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
+    return params, jax.eval_shape(init_opt_state, params), batch

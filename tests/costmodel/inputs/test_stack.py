@@ -1,0 +1,65 @@
+"""Tests `costmodel/inputs/stack.py`: presets are cited and distinct, overrides change one fact, options apply."""
+
+import pytest
+
+from costmodel.errors import InvalidConfigError
+from costmodel.inputs.layout import Recompute, stack_recompute
+from costmodel.inputs.stack import STACKS, SoftwareStack, TpOverlap, apply_options, get_stack, stack_with
+
+REQUIRED = ("jax", "maxtext", "megatron-lm-2021", "megatron-lm-2022", "megatron-core", "deepspeed", "megatron-deepspeed",
+            "pytorch-fsdp1", "torchtitan", "torchtitan-compile")
+
+
+def test_every_preset_the_issue_names_exists_and_cites_its_code():
+    assert set(REQUIRED) <= set(STACKS)
+    for name, stack in STACKS.items():
+        assert stack.name == name and "@" in stack.citation or name == "jax", name
+
+
+def test_presets_differ_from_each_other():
+    facts = {name: tuple(v for k, v in s if k not in ("name", "citation")) for name, s in STACKS.items()}
+    assert len(set(facts.values())) == len(facts)
+
+
+def test_megatron_eras_add_overlap_step_by_step():
+    assert [STACKS[n].tp_overlap for n in ("megatron-lm-2021", "megatron-lm-2022", "megatron-core")] == list(TpOverlap)
+    assert not STACKS["megatron-lm-2021"].fused_grad_accumulation and STACKS["megatron-lm-2022"].fused_grad_accumulation
+
+
+def test_override_changes_one_fact_and_renames():
+    custom = stack_with("megatron-core", tp_overlap="none")
+    assert custom.name == "custom" and custom.tp_overlap is TpOverlap.NONE
+    assert custom.model_dump(exclude={"name", "tp_overlap"}) == STACKS["megatron-core"].model_dump(exclude={"name", "tp_overlap"})
+    assert stack_with("megatron-core", tp_overlap="gemm") is STACKS["megatron-core"]  # the preset's own value changes nothing
+
+
+def test_none_is_a_value_not_an_unset_flag():
+    dropless = stack_with("jax", moe_capacity_factor=None)
+    assert dropless.moe_capacity_factor is None and STACKS["jax"].moe_capacity_factor == 1.25 and dropless.name == "custom"
+    with pytest.raises(InvalidConfigError, match="stack 'jax'"):
+        stack_with("jax", no_such_fact=None)
+
+
+def test_bad_names_and_values_say_what_to_use():
+    with pytest.raises(InvalidConfigError, match="unknown software stack 'megatron'"):
+        get_stack("megatron")
+    with pytest.raises(InvalidConfigError, match="stack 'jax'"):
+        stack_with("jax", tp_overlap="sometimes")
+    with pytest.raises(InvalidConfigError, match="unknown stack options"):
+        apply_options(STACKS["torchtitan"], "fused_rmsnorm;turbo")
+
+
+def test_options_apply_over_the_preset():
+    assert not STACKS["torchtitan"].fused_norm and apply_options(STACKS["torchtitan"], "fused_rmsnorm").fused_norm
+    assert apply_options(STACKS["torchtitan"], "") is STACKS["torchtitan"]
+
+
+def test_selective_means_the_frameworks_own_selective_recompute():
+    assert stack_recompute("selective", STACKS["megatron-lm-2022"]) is Recompute.SELECTIVE
+    assert stack_recompute("selective", STACKS["torchtitan"]) is Recompute.SELECTIVE_OP
+    assert stack_recompute("selective-layer", STACKS["torchtitan"]) is Recompute.SELECTIVE_LAYER
+
+
+def test_stack_round_trips_through_json():
+    for stack in STACKS.values():
+        assert SoftwareStack.model_validate_json(stack.model_dump_json()) == stack

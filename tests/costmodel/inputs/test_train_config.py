@@ -1,0 +1,30 @@
+"""Tests `costmodel/inputs/train_config.py`: the precision recipes as dtype policies."""
+
+import pytest
+
+from costmodel.inputs.train_config import Dtype, Precision, TrainConfig
+
+
+@pytest.mark.parametrize("precision, compute, linear_peak, other_peak", [
+    ("fp32", "float32", "float32", "float32"),
+    ("tf32", "float32", "tf32", "tf32"),
+    ("bf16", "bfloat16", "bfloat16", "bfloat16"),
+    ("fp16", "float16", "float16", "float16"),
+    ("fp8", "bfloat16", "float8_e4m3fn", "bfloat16"),
+])
+def test_each_precision_sets_storage_and_the_peaks_its_gemms_run_at(precision, compute, linear_peak, other_peak):
+    t = TrainConfig().with_precision(Precision(precision))
+    assert (t.compute_dtype.value, t.linear_peak_dtype, t.matmul_peak_dtype) == (compute, linear_peak, other_peak)
+    assert t.precision.value == precision  # the recipe reads back from the policy, as a plan JSON carries it
+
+
+def test_fp32_and_tf32_keep_no_separate_compute_copy_and_fp32_gradients():
+    for precision in (Precision.FP32, Precision.TF32):
+        t = TrainConfig().with_precision(precision)
+        assert t.compute_dtype is t.param_dtype is Dtype.FP32 and t.grad_dtype is Dtype.FP32 and not t.loss_scaled
+
+
+def test_a_precision_survives_the_json_round_trip():
+    t = TrainConfig(seq_len=128, global_batch=4).with_precision(Precision.FP8)
+    back = TrainConfig.model_validate_json(t.model_dump_json())
+    assert back == t and back.is_fp8 and Dtype.TF32.bytes == 4

@@ -1,0 +1,223 @@
+"""Tests `costmodel/step/memory.py`: itemised per-device memory."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.step.data_parallel import stage_trainable_params
+from costmodel.inputs.layout import Layout, Recompute, Schedule
+from costmodel.step.memory import in_flight_microbatches, memory_breakdown
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.stack import STACKS, Attention, stack_with
+from costmodel.inputs.train_config import Dtype, TrainConfig
+
+MODEL = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
+TRAIN = TrainConfig(seq_len=1024, global_batch=32)
+
+
+def _states_per_param(mem, model=MODEL):
+    return (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / model.total_params
+
+
+def test_mixed_precision_adam_holds_16_to_18_bytes_per_parameter():
+    assert 16 <= _states_per_param(memory_breakdown(MODEL, TRAIN, Layout())) <= 18
+    pure_fp32 = TrainConfig(seq_len=1024, global_batch=32, compute_dtype=Dtype.FP32)
+    assert _states_per_param(memory_breakdown(MODEL, pure_fp32, Layout())) == 16  # 4 + 4 + 8, no master copy
+
+
+def test_zero_stages_shard_states_over_data_parallel():
+    dp = 8
+    stage = {z: memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z)) for z in range(4)}
+    assert stage[1].optimizer_bytes == pytest.approx(stage[0].optimizer_bytes / dp)
+    assert stage[2].grads_bytes == pytest.approx(stage[0].grads_bytes / dp)
+    assert stage[3].params_bytes == pytest.approx(stage[0].params_bytes / dp)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60)
+@given(dp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       recompute=st.sampled_from(list(Recompute)), zero=st.integers(0, 2))
+def test_memory_never_grows_when_zero_stage_rises(dp, tp, pp, recompute, zero):
+    # 16 layers: every stage holds at least 4. (FSDP keeps two gathered layers besides its
+    # shards, so a stage of one or two layers can really hold more under ZeRO 3 than 2.)
+    deep = MODEL.model_copy(update={"num_layers": 16})
+    lay = Layout(dp=dp, tp=tp, pp=pp, recompute=recompute, zero_stage=zero)
+    higher = lay.model_copy(update={"zero_stage": zero + 1})
+    assert memory_breakdown(deep, TRAIN, higher).total_bytes <= memory_breakdown(deep, TRAIN, lay).total_bytes
+
+
+def test_tensor_parallel_shards_layer_weights():
+    one, four = memory_breakdown(MODEL, TRAIN, Layout()), memory_breakdown(MODEL, TRAIN, Layout(tp=4))
+    assert four.params_bytes == pytest.approx(one.params_bytes / 4, rel=0.01)
+
+
+@pytest.mark.parametrize(("stack", "schedule", "v", "m", "expected"), [
+    ("megatron-core", Schedule.ONE_F_ONE_B, 1, 16, 4), ("megatron-core", Schedule.ONE_F_ONE_B, 1, 2, 2),
+    ("megatron-core", Schedule.GPIPE, 1, 16, 16), ("megatron-core", Schedule.INTERLEAVED, 2, 16, 4 * (1 + 3 / 8)),
+    # Lockstep (the jax stack): 2S - 1 = 7 micro-batches; with 2 only, both and a slot for the bubble ticks; 2vS - 1 = 15 chunks.
+    ("jax", Schedule.ONE_F_ONE_B, 1, 16, 7), ("jax", Schedule.ONE_F_ONE_B, 1, 2, 3), ("jax", Schedule.GPIPE, 1, 16, 16),
+    ("jax", Schedule.INTERLEAVED, 2, 16, 15 / 2),
+])
+def test_first_stage_in_flight_microbatches(stack, schedule, v, m, expected):
+    layout = Layout(pp=4, interleave=v, schedule=schedule, stack=STACKS[stack])
+    assert in_flight_microbatches(layout, m) == pytest.approx(expected)
+
+
+def test_fits_and_margin_against_hbm():
+    mem = memory_breakdown(MODEL, TRAIN, Layout(), hbm_bytes=80 * 2**30)
+    assert mem.fits and mem.margin_bytes == pytest.approx(80 * 2**30 - mem.total_bytes)
+    tight = memory_breakdown(MODEL, TRAIN, Layout(), hbm_bytes=mem.total_bytes / 2)
+    assert tight.fits is False and tight.margin_bytes < 0
+    assert memory_breakdown(MODEL, TRAIN, Layout()).fits is None
+
+
+def test_pipeline_reports_the_fuller_end_stage():
+    mem = memory_breakdown(MODEL, TRAIN, Layout(pp=4))
+    assert mem.stage in ("first", "last")
+    assert mem.total_bytes < memory_breakdown(MODEL, TRAIN, Layout()).total_bytes
+
+
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (4, False), (4, True)])
+def test_materialized_attention_holds_the_score_matrices_flash_does_not(tp, sp):
+    # Per layer and micro-batch: the softmax output (2 B), dropout mask (1 B) and dropout output
+    # (2 B) of the a·s² scores, split over tp; flash keeps an fp32 log-sum-exp per query and head.
+    gpt = ModelConfig(name="gpt", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000,
+                      norm="layernorm", mlp="gelu", positions="learned")
+    lay = Layout(tp=tp, sequence_parallel=sp, micro_batch=2, stack=stack_with("jax", dropout=True))
+    flash, mat = (memory_breakdown(gpt, TRAIN, lay.model_copy(update={"stack": stack_with(lay.stack, attention=a)})) for a in Attention)
+    b, s, a = 2, TRAIN.seq_len, gpt.num_heads
+    per_layer = (5 * a * s * s * b - 4 * a * s * b) / tp
+    assert mat.activations_bytes - flash.activations_bytes == pytest.approx(gpt.num_layers * per_layer, rel=1e-12)
+
+
+def test_full_recompute_keeps_the_same_activations_for_either_kernel():
+    lay = Layout(tp=4, recompute=Recompute.FULL, stack=stack_with("jax", attention=Attention.FLASH))
+    flash = memory_breakdown(MODEL, TRAIN, lay)
+    mat = memory_breakdown(MODEL, TRAIN, lay.model_copy(update={"stack": stack_with(lay.stack, attention=Attention.MATERIALIZED)}))
+    assert mat.activations_bytes == flash.activations_bytes
+    # Recomputing a layer materializes its scores once more: a transient, not a kept activation.
+    assert mat.temporary_bytes > flash.temporary_bytes
+
+
+def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumulator():
+    def extra_temporary_bytes(micro_batch, fused=False, fp32_weights=False, **layout):
+        """Temporaries beyond one micro-batch's logits and their gradient."""
+        stack = stack_with("jax", fused_grad_accumulation=fused, fp32_weights=fp32_weights)
+        mem = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=micro_batch, stack=stack, **layout))
+        return mem.temporary_bytes - 2 * micro_batch * TRAIN.seq_len * MODEL.vocab_size * 4
+
+    # Mixed precision: in the compute dtype, only its dp shard with ZeRO 2.
+    assert extra_temporary_bytes(8) - extra_temporary_bytes(32) == pytest.approx(2 * MODEL.total_params)
+    zero2 = {mb: extra_temporary_bytes(mb, dp=4, zero_stage=2) for mb in (2, 8)}
+    assert zero2[2] - zero2[8] == pytest.approx(2 * MODEL.total_params / 4)
+    # fp32 weights (the JAX program): an fp32 gradient, split with the optimizer state from ZeRO 1.
+    fp32 = {mb: extra_temporary_bytes(mb, fp32_weights=True) for mb in (8, 32)}
+    assert fp32[8] - fp32[32] == pytest.approx(4 * MODEL.total_params)
+    zero1 = {mb: extra_temporary_bytes(mb, fp32_weights=True, dp=4, zero_stage=1) for mb in (2, 8)}
+    assert zero1[2] - zero1[8] == pytest.approx(4 * MODEL.total_params / 4)
+    # GEMMs that add into the accumulator themselves leave no micro-batch gradient behind.
+    assert extra_temporary_bytes(8, fused=True) == pytest.approx(extra_temporary_bytes(32))
+
+
+def test_gpipe_last_stage_keeps_every_micro_batch_logits():
+    logits = TRAIN.seq_len * MODEL.vocab_size * 4  # micro-batch 1, fp32
+    last = {s: memory_breakdown(MODEL, TRAIN, Layout(pp=2, micro_batch=1, schedule=s)) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B)}
+    assert last[Schedule.GPIPE].stage == last[Schedule.ONE_F_ONE_B].stage == "last"
+    assert last[Schedule.GPIPE].temporary_bytes - last[Schedule.ONE_F_ONE_B].temporary_bytes == pytest.approx((32 - 1) * logits)
+
+
+def test_reduction_buckets_exist_only_to_overlap_the_backward():
+    overlapped = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8))
+    after_backward = memory_breakdown(MODEL, TRAIN, Layout(dp=4, micro_batch=8, stack=stack_with("jax", dp_overlap=False)))
+    assert overlapped.temporary_bytes - after_backward.temporary_bytes == pytest.approx(2 * 25e6)
+
+
+LORA = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora")
+
+
+def test_lora_memory_is_frozen_weights_plus_adapter_state_napkin():
+    from costmodel.inputs.workload import adapter_params_per_layer
+
+    mem = memory_breakdown(MODEL, LORA, Layout(micro_batch=1))
+    adapters = MODEL.num_layers * adapter_params_per_layer(MODEL, LORA.lora)
+    assert mem.frozen_params_bytes == pytest.approx(2 * MODEL.total_params)  # bf16, no master copy
+    assert mem.params_bytes - mem.frozen_params_bytes == pytest.approx(2 * adapters)
+    assert mem.grads_bytes == pytest.approx(4 * adapters) and mem.optimizer_bytes == pytest.approx(12 * adapters)
+    assert mem.activations_bytes < memory_breakdown(MODEL, TRAIN, Layout(micro_batch=1)).activations_bytes
+
+
+@pytest.mark.parametrize("frozen, bytes_per_matrix_param", [("int8", 1.0), ("int4", 0.5)])
+def test_quantized_frozen_layer_weights_shrink_only_the_layers(frozen, bytes_per_matrix_param):
+    from costmodel.inputs.workload import norm_params_per_layer
+
+    train = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora", lora={"frozen_dtype": frozen})
+    mem = memory_breakdown(MODEL, train, Layout(micro_batch=1))
+    matrices = MODEL.num_layers * (MODEL.params_per_layer - norm_params_per_layer(MODEL))
+    rest = MODEL.total_params - matrices
+    assert mem.frozen_params_bytes == pytest.approx(matrices * bytes_per_matrix_param + 2 * rest)
+
+
+def test_zero_shards_what_exists_under_lora():
+    plain = memory_breakdown(MODEL, LORA, Layout(dp=8, micro_batch=1))
+    zero1 = memory_breakdown(MODEL, LORA, Layout(dp=8, micro_batch=1, zero_stage=1))
+    zero3 = memory_breakdown(MODEL, LORA, Layout(dp=8, micro_batch=1, zero_stage=3))
+    assert zero1.frozen_params_bytes == plain.frozen_params_bytes  # ZeRO 1 has no optimizer state of frozen weights to shard
+    assert zero1.optimizer_bytes == pytest.approx(plain.optimizer_bytes / 8)
+    assert zero3.frozen_params_bytes == pytest.approx(plain.frozen_params_bytes / 8)
+
+
+def test_pretraining_has_no_frozen_weights():
+    assert memory_breakdown(MODEL, TRAIN, Layout()).frozen_params_bytes == 0
+
+
+def test_offloaded_optimizer_state_leaves_the_device_for_the_host():
+    lay = Layout(dp=2, pp=2, micro_batch=1, stack=stack_with("deepspeed"))  # ZeRO-Offload's stack: a compute-dtype copy on the device
+    kept = memory_breakdown(MODEL, TRAIN, lay)
+    off = memory_breakdown(MODEL, TRAIN, Layout(dp=2, pp=2, micro_batch=1, stack=lay.stack, offload="optimizer"), host_capacity_bytes=1e12)
+    assert off.optimizer_bytes == 0 < kept.optimizer_bytes and off.grads_bytes < kept.grads_bytes
+    assert off.params_bytes == kept.params_bytes and off.stage == kept.stage
+    # Host: this device's 1/dp partition of its stage, 18 B per parameter plus 2 B of accumulators (16 micro-batches).
+    partition = kept.optimizer_bytes / 12 / lay.dp  # ZeRO 0 keeps 12 B per parameter of the stage
+    assert off.host_bytes == pytest.approx(20 * partition) and off.host.fits
+    assert kept.host is None and kept.host_bytes == 0
+
+
+def test_offloaded_host_state_is_the_largest_stage_partitions():
+    # The last stage's logits make it the busiest device; the first, with three layers and the embedding, offloads the most.
+    wide_vocab = MODEL.model_copy(update={"vocab_size": 128000})
+    lay = Layout(pp=4, stage_layers=(3, 2, 2, 1), micro_batch=1, offload="optimizer")
+    mem = memory_breakdown(wide_vocab, TrainConfig(seq_len=4096, global_batch=32), lay)
+    first = stage_trainable_params(wide_vocab, TRAIN, lay, 0)
+    assert mem.stage == "last" and first > stage_trainable_params(wide_vocab, TRAIN, lay, 3)
+    assert mem.host.master_weights_bytes == pytest.approx(4 * first)
+
+
+def test_fp8_frozen_weights_take_one_byte_and_te_keeps_their_transposes_as_frozen_memory():
+    from costmodel.inputs.train_config import Precision
+    from costmodel.inputs.workload import norm_params_per_layer
+
+    train = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora", lora={"frozen_dtype": "fp8"}).with_precision(Precision.FP8)
+    matrices = MODEL.num_layers * (MODEL.params_per_layer - norm_params_per_layer(MODEL))
+    rest = MODEL.total_params - matrices
+    jax_program = memory_breakdown(MODEL, train, Layout(micro_batch=1))
+    assert jax_program.frozen_params_bytes == pytest.approx(matrices + 2 * rest)
+    te = memory_breakdown(MODEL, train, Layout(micro_batch=1, stack=stack_with("megatron-core")))
+    assert te.frozen_params_bytes - jax_program.frozen_params_bytes == pytest.approx(MODEL.num_layers * MODEL.params_per_layer)
+    assert te.params_bytes - te.frozen_params_bytes == pytest.approx(jax_program.params_bytes - jax_program.frozen_params_bytes)
+    assert te.grads_bytes == jax_program.grads_bytes  # adapters only
+
+
+def test_fsdp1_lora_gives_frozen_weights_gradients_held_whole_under_no_sync():
+    from costmodel.step.data_parallel import frozen_layer_bytes
+    from costmodel.inputs.workload import adapter_params_per_layer
+
+    lora = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora", lora={"targets": "q,v"})
+    frozen_layers = MODEL.num_layers * frozen_layer_bytes(MODEL, lora, Layout())
+    adapter_grads = MODEL.num_layers * adapter_params_per_layer(MODEL, lora.lora) * lora.grad_dtype.bytes
+
+    def grads(stack, global_batch):
+        train = lora.model_copy(update={"global_batch": global_batch})
+        return memory_breakdown(MODEL, train, Layout(dp=4, micro_batch=1, zero_stage=3, stack=stack_with(stack))).grads_bytes
+
+    assert grads("pytorch-fsdp1", 32) == pytest.approx(adapter_grads / 4)  # frozen: no gradient, sharded adapters'
+    assert grads("lit-gpt", 32) == pytest.approx(adapter_grads + frozen_layers)  # 8 micro-batches: whole, under no_sync
+    assert grads("lit-gpt", 4) == pytest.approx((adapter_grads + frozen_layers) / 4)  # one micro-batch: reduce-scattered

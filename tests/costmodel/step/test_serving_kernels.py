@@ -1,0 +1,46 @@
+"""Tests `costmodel/step/serving_kernels.py`: fp8 W8A8 GEMMs and the experts a serving step touches."""
+
+import pytest
+
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.serving_kernels import expected_experts_touched, layer_kernels, linear_kernels
+from costmodel.inputs.train_config import TrainConfig
+
+MOE = ModelConfig(name="moe", hidden_size=1024, num_layers=2, num_heads=8, num_kv_heads=2, ffn_size=2048, vocab_size=1000,
+                  num_experts=8, experts_per_token=2)
+
+
+def _serve(workload="decode", **inference):
+    return TrainConfig(workload=workload, global_batch=1, seq_len=512, inference=inference or None)
+
+
+def test_expected_experts_touched_grows_from_top_k_to_all():
+    assert expected_experts_touched(num_experts=8, experts_per_token=2, tokens=1) == pytest.approx(2)
+    assert expected_experts_touched(num_experts=8, experts_per_token=2, tokens=2) == pytest.approx(8 * (1 - 0.75 ** 2))  # 3.5
+    counts = [expected_experts_touched(num_experts=64, experts_per_token=6, tokens=n) for n in (1, 4, 16, 256, 4096)]
+    assert counts == sorted(counts) and counts[0] == pytest.approx(6) and counts[-1] == pytest.approx(64)
+    assert expected_experts_touched(num_experts=8, experts_per_token=8, tokens=1) == pytest.approx(8)
+
+
+def test_fp8_gemm_reads_one_byte_weights_and_inputs_and_quantizes_its_input_in_a_fused_pass():
+    bf16 = linear_kernels("w", tokens=4, d_in=100, d_out=300, train=_serve())
+    fp8 = linear_kernels("w", tokens=4, d_in=100, d_out=300, train=_serve(weight_dtype="fp8"))
+    assert [k.bytes for k in bf16] == [100 * 300 * 2 + 4 * (100 + 300) * 2]
+    gemm, quant = fp8
+    assert gemm.linear and gemm.flops == bf16[0].flops == 2 * 4 * 100 * 300
+    assert gemm.bytes == 100 * 300 + 4 * 100 + 4 * 300 * 2  # fp8 weight and input, bf16 output
+    assert quant.fused and quant.flops == 0 and quant.bytes == 4 * 100 * (2 + 1)
+
+
+@pytest.mark.parametrize("sequences, new_tokens, experts_read", [(1, 1, 2), (16, 1, 8 * (1 - 0.75 ** 16)), (1, 512, 8)])
+def test_experts_cost_top_k_flops_and_the_weights_of_the_experts_touched(sequences, new_tokens, experts_read):
+    tp = 2
+    kernels = {k.name: k for k in layer_kernels(MOE, _serve(), Layout(tp=tp), sequences=sequences, new_tokens=new_tokens,
+                                                kv_heads=1, cache_tokens=512)}
+    tokens, d, f = sequences * new_tokens, 1024, 2048 / tp
+    up, down = kernels["expert_up"], kernels["expert_down"]
+    assert up.flops == 2 * tokens * 2 * d * 2 * f and down.flops == 2 * tokens * 2 * f * d  # k = 2 experts a token
+    assert up.bytes == pytest.approx(experts_read * d * 2 * f * 2 + tokens * 2 * (d + 2 * f) * 2)
+    assert kernels["router"].flops == 2 * tokens * d * 8 and not kernels["router"].linear
+    assert "mlp_up" not in kernels

@@ -1,0 +1,110 @@
+"""Tests `planner/cli/commands/simulate_cmd.py`: the software-stack flags reach the simulated layout and move its step time."""
+
+import csv
+import json
+
+import pytest
+
+from benchmarks.simulator_accuracy import DEFAULT_DATA, evaluate, model_from_row
+from costmodel.inputs.stack import STACKS
+from planner.cli.main import main
+
+# Llama-3-8B on two H100 nodes: tp4 with sequence parallelism, FSDP, full recompute, micro-batch 2.
+BASE = ("simulate", "--model", "llama3-8b", "--hardware", "h100-sxm", "--devices", "16", "--tp", "4", "--global-batch", "16",
+        "--micro-batch", "2", "--seq-len", "4096", "--sequence-parallel", "--zero", "3", "--recompute", "full", "--json")
+
+
+def _simulate(capsys, *flags):
+    code = main([*BASE, *flags])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    return json.loads(out)
+
+
+def test_default_stack_is_the_jax_program(capsys):
+    stack = _simulate(capsys)["layout"]["stack"]
+    assert stack["name"] == "jax"
+    assert not any(stack[k] for k in ("batch_major", "reentrant_recompute", "fsdp_copy_out", "fused_grad_accumulation"))
+
+
+@pytest.mark.parametrize(("flag", "value", "field", "slower"), [
+    ("--tp-overlap", "backward", "tp_overlap", False),
+    ("--batch-major", "yes", "batch_major", True),
+    ("--reentrant-recompute", "yes", "reentrant_recompute", True),
+    ("--fsdp-copy-out", "yes", "fsdp_copy_out", True),
+    ("--fused-grad-accumulation", "yes", "fused_grad_accumulation", False),
+])
+def test_each_fact_flag_overrides_one_fact_and_moves_step_time(capsys, flag, value, field, slower):
+    base_s = _simulate(capsys)["step_time_s"]
+    flagged = _simulate(capsys, flag, value)
+    assert flagged["layout"]["stack"][field] == (value if field == "tp_overlap" else True)
+    assert flagged["layout"]["stack"]["name"] == "custom"
+    assert (flagged["step_time_s"] > base_s) if slower else (flagged["step_time_s"] < base_s)
+
+
+def test_a_preset_sets_every_fact_and_a_flag_overrides_one(capsys):
+    titan = _simulate(capsys, "--stack", "torchtitan")["layout"]["stack"]
+    assert titan["name"] == "torchtitan" and titan["fsdp_copy_out"] and not titan["fused_norm"]
+    fused = _simulate(capsys, "--stack", "torchtitan", "--fused-norm", "yes")["layout"]["stack"]
+    assert fused["fused_norm"] and {k: v for k, v in fused.items() if k not in ("name", "fused_norm")} == {
+        k: v for k, v in titan.items() if k not in ("name", "fused_norm")}
+
+
+def test_help_lists_every_preset(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in STACKS)
+
+
+@pytest.mark.skipif(not DEFAULT_DATA.exists(), reason=f"no shared data at {DEFAULT_DATA}")
+def test_a_published_run_from_the_command_line_matches_the_benchmark(capsys, tmp_path):
+    """Narayanan et al. Table 1, GPT-18.4B (fp16, megatron-lm-2021): its columns as flags give the benchmark's prediction."""
+    with DEFAULT_DATA.open() as f:
+        row = next(r for r in csv.DictReader(f) if r["model"] == "GPT-18.4B")
+    path = tmp_path / "gpt-18.4b.json"
+    path.write_text(model_from_row(row).model_dump_json(exclude={"name"}))
+    code = main(["simulate", "--model", str(path), "--hardware", row["hardware"], "--devices", row["devices"],
+                 "--tp", row["tp"], "--pp", row["pp"], "--global-batch", row["global_batch_seqs"], "--micro-batch", row["micro_batch"],
+                 "--seq-len", row["seq_len"], "--recompute", row["recompute"], "--attention", row["attention"],
+                 "--dp-overlap", row["dp_overlap"], "--stack", row["stack"], "--precision", row["precision"], "--json"])
+    assert code == 0
+    est = json.loads(capsys.readouterr().out)
+    expected = evaluate([row])[0]["predicted_s"]
+    assert est["step_time_s"] == pytest.approx(expected, rel=1e-9)
+    assert abs(est["step_time_s"] - float(row["derived_step_time_s"])) / float(row["derived_step_time_s"]) < 0.08
+
+
+def test_offload_optimizer_moves_the_state_to_the_host_and_adds_its_own_terms(capsys):
+    on_device = _simulate(capsys)
+    offloaded = _simulate(capsys, "--offload", "optimizer")
+    b = offloaded["breakdown"]
+    assert offloaded["layout"]["offload"] == "optimizer" and b["optimizer_s"] == 0 < on_device["breakdown"]["optimizer_s"]
+    assert b["cpu_optimizer_s"] > 0 and b["offload_transfer_s"] > 0 and b["total_s"] == pytest.approx(offloaded["step_time_s"])
+    assert offloaded["memory"]["optimizer_bytes"] == 0 and offloaded["memory"]["host_bytes"] > 0
+    assert on_device["memory"]["host_bytes"] == 0 and on_device["breakdown"]["offload"] is None
+
+
+LORA_70B = ("simulate", "--model", "llama2-70b", "--hardware", "h100-sxm", "--devices", "8", "--tp", "4", "--global-batch", "8",
+            "--seq-len", "8192", "--sequence-parallel", "--stack", "megatron-core", "--workload", "finetune-lora", "--json")
+
+
+def test_lora_over_fp8_frozen_weights_is_faster_and_lighter_than_over_bf16(capsys):
+    assert main([*LORA_70B]) == 0
+    bf16 = json.loads(capsys.readouterr().out)
+    assert main([*LORA_70B, "--precision", "fp8", "--frozen-dtype", "fp8"]) == 0
+    fp8 = json.loads(capsys.readouterr().out)
+    assert fp8["step_time_s"] < 0.85 * bf16["step_time_s"]
+    # 1-byte frozen weights plus TE's kept transposes weigh what 2-byte ones did: same frozen bytes.
+    assert fp8["memory"]["frozen_params_bytes"] == pytest.approx(bf16["memory"]["frozen_params_bytes"], rel=0.01)
+
+
+@pytest.mark.parametrize(("flags", "cause"), [
+    (("--frozen-dtype", "fp8"), "needs --precision fp8, not bf16"),
+    (("--precision", "fp8", "--frozen-dtype", "int4"), "int4 frozen weights under --precision fp8 are not modelled"),
+    (("--precision", "fp8", "--frozen-dtype", "fp8", "--hardware", "a100-80gb"), "a100-80gb has no float8 peak"),
+])
+def test_fp8_frozen_dtype_is_refused_in_one_line_where_it_cannot_run(capsys, flags, cause):
+    assert main([*LORA_70B, *flags]) in (2, 5)
+    err = capsys.readouterr().err.strip()
+    assert cause in err and "fix:" in err and len(err.splitlines()) == 1

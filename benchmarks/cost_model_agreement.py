@@ -26,16 +26,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import InfeasibleError
-from costmodel.hardware.profile import load_hardware
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import machine_for
-from costmodel.oplevel.op_time import op_time_breakdown
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.stack import stack_with
+from costmodel.oplevel.op_time import op_time_breakdown
 from costmodel.oplevel.strategy_space import build_space, prune_dominated
 from planner.api import layout_plan
 from planner.intraop.ilp import solve_intra_op
-from planner.intraop.stage import intra_op_axes, stage_estimate, stage_graph, train_step_memory_factor
 from planner.intraop.rule_based import rule_based_space
+from planner.intraop.stage import intra_op_axes, stage_estimate, stage_graph, train_step_memory_factor
+from planner.request import PlanRequest
 from validate.lowering import input_specs
 
 AGREE_WITHIN = 0.10
@@ -88,8 +89,8 @@ CASES = (
 
 def run_case(case: Case, *, ilp_limit_s: float = 30.0) -> dict[str, Any]:
     """One table row: the case's op-level times (rule-based and ILP), the simulated one, and their parts."""
-    plan = layout_plan(case.model, case.layout, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len,
-                       global_batch=case.global_batch)
+    request = PlanRequest(model=case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len, global_batch=case.global_batch)
+    plan = layout_plan(request, case.layout)
     cfg, train, lay = plan.model, plan.train, plan.layout
     machine = machine_for(load_hardware(case.hardware), compute_dtype=train.compute_dtype.value)
     graph, _ = stage_graph(cfg, train, lay)

@@ -18,8 +18,8 @@ from pathlib import Path
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import InfeasibleError
 from costmodel.hardware.machine import load_machine
-from costmodel.oplevel.strategy_space import build_space, prune_dominated
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.oplevel.strategy_space import build_space, prune_dominated
 from planner.config import load_model
 from planner.intraop.extract import extract_graph
 from planner.intraop.ilp import solve_intra_op

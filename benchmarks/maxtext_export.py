@@ -22,6 +22,7 @@ from pathlib import Path
 from benchmarks.output import print_table
 from planner.api import plan
 from planner.cli.exports import to_maxtext
+from planner.request import PlanRequest
 
 MAXTEXT_PACKAGES = ("maxtext==0.2.5", "jax==0.10.2", "omegaconf", "pydantic", "absl-py", "flax", "packaging",
                     "pathwaysutils", "jinja2")
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as tmp:
         for model, mesh in CASES:
-            p = plan(model, mesh=mesh, hardware="h100-sxm")
+            p = plan(PlanRequest(model=model, mesh=mesh, hardware="h100-sxm"))
             export = to_maxtext(p)
             controls = {"unknown key refused": {**export, "axis0_parallelism": 2}}
             if "num_slices" in export:

@@ -63,7 +63,8 @@ def penzai_llama(*, small: bool = False) -> Program:
 
     width, layers, batch, seq = (256, 2, 8, 64) if small else (2048, 8, 16, 1024)
     cfg = llamalike_common.LlamalikeTransformerConfig(
-        num_kv_heads=width // 128, query_head_multiplier=4 if not small else 1, embedding_dim=width, projection_dim=128 if not small else 64,
+        num_kv_heads=width // 128, query_head_multiplier=4 if not small else 1, embedding_dim=width,
+        projection_dim=128 if not small else 64,
         mlp_hidden_dim=4 * width, num_decoder_blocks=layers, vocab_size=32000 if not small else 1000, mlp_variant="swiglu",
         tie_embedder_and_logits=False, parameter_dtype=jnp.float32, activation_dtype=jnp.bfloat16)
     unbound, _ = pz.unbind_params(llamalike_common.build_llamalike_transformer(cfg), freeze=True)

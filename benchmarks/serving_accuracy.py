@@ -38,13 +38,13 @@ from pathlib import Path
 from benchmarks.output import print_table, write_csv
 from benchmarks.simulator_accuracy import error_summary
 from costmodel.errors import PlannerError
-from costmodel.step.estimate import StepEstimate
-from costmodel.hardware.profile import load_hardware
-from costmodel.step.inference import simulate_inference
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import train_machine
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.inputs.workload import InferenceConfig
+from costmodel.step.estimate import StepEstimate
+from costmodel.step.inference import simulate_inference
 from planner.config import load_model, train_config
 from planner.presets import PRESETS
 

@@ -9,8 +9,9 @@ hardware="a100-40gb", donate_argnums=(0, 1))``. Then the choice is compiled as a
 ``result.jit(train_step, ...)`` (every equation pinned to the chosen shardings), and with its
 specs alone (``specs_only_gib``), and every baseline's specs (plain DP, FSDP, FSDP × TP, scored
 by the same model inside the call) as a user would write them; their per-device memory from
-``memory_analysis()`` (arguments + outputs + temporaries − aliased) is set against the prediction. The prediction is for the CPU backend the check
-compiles on (``backend`` follows the mesh's devices). Writes
+``memory_analysis()`` (arguments + outputs + temporaries − aliased) is set against the
+prediction. The prediction is for the CPU backend the check compiles on (``backend`` follows
+the mesh's devices). Writes
 ``benchmarks/out/shard_programs.csv``; the last line is "N/M programs: predicted memory
 within 15 % of compiled".
 """
@@ -87,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(run_program(build(small=args.small), mesh, time_limit_s=args.time_limit_s))
         print(f"{name}: compiled/predicted {rows[-1]['ratio']:.3f}, shard {rows[-1]['shard_s']:.1f} s", file=sys.stderr, flush=True)
-    columns = ("program", "library", "params_b", "mesh", "chosen", "pred_gib", "compiled_gib", "ratio", "specs_only_gib", "planned", "dp", "fsdp",
-               "fsdp_tp", "fits", "fsdp_fits", "shard_s", "compile_s")
+    columns = ("program", "library", "params_b", "mesh", "chosen", "pred_gib", "compiled_gib", "ratio", "specs_only_gib", "planned", "dp",
+               "fsdp", "fsdp_tp", "fits", "fsdp_fits", "shard_s", "compile_s")
     table = [{k: r.get(k, "-") for k in columns} for r in rows]
-    print_table(f"planner.intraop.shard on library programs, 8 emulated devices, {HARDWARE} (GiB per device, predicted/compiled; ratio = compiled/predicted)",
-                table)
+    print_table(f"planner.intraop.shard on library programs, 8 emulated devices, {HARDWARE} "
+                "(GiB per device, predicted/compiled; ratio = compiled/predicted)", table)
     write_csv(Path("benchmarks/out/shard_programs.csv"), table)
     within = sum(abs(r["ratio"] - 1) <= TOLERANCE for r in rows)
     print(f"{within}/{len(rows)} programs: predicted memory within {TOLERANCE:.0%} of compiled")

@@ -45,15 +45,15 @@ from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
 from costmodel.hardware.catalog import CHIP, MICROBENCHMARK_EFFICIENCY
-from costmodel.hardware.profile import load_hardware
-from costmodel.inputs.layout import Layout, Schedule, stack_recompute
 from costmodel.hardware.machine import Machine, load_machine, train_machine
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import Layout, Schedule, stack_recompute
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.roofline import Efficiency
-from costmodel.step.simulator import simulate
 from costmodel.inputs.stack import SoftwareStack, apply_options, get_stack, stack_with
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.inputs.workload import FrozenDtype, LoraConfig, WorkloadKind
+from costmodel.step.roofline import Efficiency
+from costmodel.step.simulator import simulate
 from search.layouts import SearchSpace, divisors, grid_search
 
 # The shared data sit beside the project's checkout (main or a worktree under it).
@@ -144,12 +144,18 @@ def workload_from_row(row: dict[str, str]) -> dict[str, object]:
     'fp8'
     """
     workload = row.get("workload") or WorkloadKind.PRETRAIN.value
-    if workload != WorkloadKind.FINETUNE_LORA:
-        return {"workload": workload}
-    lora = LoraConfig(rank=int(row["lora_rank"]), alpha=float(row["lora_alpha"]), targets=row["lora_targets"],
+    settings = _ROW_SETTINGS.get(workload)
+    return {"workload": workload} | ({settings[0]: settings[1](row)} if settings else {})
+
+
+def _lora_from_row(row: dict[str, str]) -> LoraConfig:
+    return LoraConfig(rank=int(row["lora_rank"]), alpha=float(row["lora_alpha"]), targets=row["lora_targets"],
                       frozen_dtype=FrozenDtype(row["frozen_dtype"] or FrozenDtype.BF16.value),
                       dropout=float(row.get("lora_dropout") or 0.0), fused_qkv=row.get("lora_fused_qkv") == "yes")
-    return {"workload": workload, "lora": lora}
+
+
+# The settings columns of each workload that has some: (`TrainConfig` keyword, their parser).
+_ROW_SETTINGS = {WorkloadKind.FINETUNE_LORA.value: ("lora", _lora_from_row)}
 
 
 def train_from_row(row: dict[str, str]) -> TrainConfig:
@@ -196,7 +202,7 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         measured = float(row["derived_step_time_s"])
         results.append({
             "source": row["source"].split(" (")[0], "table": row["table"], "model": row["model"], "hardware": row["hardware"],
-            "stack": row["stack"] or "jax", "workload": train.workload.value,
+            "stack": row["stack"] or "jax", "workload": train.workload.kind,
             "devices": layout.n_devices, "layout": f"tp{layout.tp} pp{layout.pp} dp{layout.dp} mb{layout.micro_batch} "
             f"v{layout.interleave} {layout.recompute}{' sp' if layout.sequence_parallel else ''} z{layout.zero_stage}",
             "measured_s": measured, "predicted_s": est.step_time_s, "error_pct": 100 * (est.step_time_s - measured) / measured,

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import PlannerError
 from planner.api import plan
+from planner.request import PlannerName, PlanRequest
 from validate.compile_check import compile_in_subprocess
 from validate.report import Check, checks
 
@@ -40,7 +41,7 @@ class Case(BaseModel):
     hardware: str = Field(description="Hardware profile.")
     seq_len: int | None = Field(None, description="Sequence length (the model's default when None).")
     global_batch: int = Field(256, description="Sequences per step.")
-    planner: str = Field("grid", description="grid or ilp.")
+    planner: PlannerName = Field(PlannerName.GRID, description="grid or ilp.")
 
 
 CASES = (
@@ -85,11 +86,11 @@ def _worst(found: list[Check], prefix: str) -> tuple[float | None, bool | None]:
 def run_case(case: Case) -> dict[str, Any]:
     """Plan ``case`` as `plan` does, compile the plan, and summarise the checks."""
     row: dict[str, Any] = {"case": case.name, "model": case.model, "mesh": case.mesh, "hardware": case.hardware,
-                           "planner": case.planner}
+                           "planner": case.planner.value}
     start = time.perf_counter()
     try:
-        chosen = plan(case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len, global_batch=case.global_batch,
-                      planner=case.planner)
+        chosen = plan(PlanRequest(model=case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len,
+                                  global_batch=case.global_batch, planner=case.planner))
     except PlannerError as err:
         return {**row, "layout": "-", "validates": False, "why": f"planning failed: {err}"}
     plan_s = time.perf_counter() - start

@@ -34,6 +34,7 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from planner import api
 from planner.plan_schema import Plan
+from planner.request import PlanRequest
 from validate.cpu_profile import CpuMeasurement, cached_measurement, cpu_cluster
 from validate.timed import cpu_estimate, time_in_subprocess
 
@@ -72,9 +73,9 @@ def profile_row(m: CpuMeasurement) -> dict[str, object]:
 def chosen_plan(model: ModelConfig, name: str) -> Plan:
     """A hand-picked layout of `LAYOUTS`, or for ``planned on N devices`` the layout `plan`
     itself chooses for the ``cpu`` profile on a mesh of N devices, as a user would ask for it."""
-    if name in LAYOUTS:
-        return api.layout_plan(model, LAYOUTS[name], hardware="cpu", seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH)
-    return api.plan(model, mesh=str(PLANNED[name]), hardware="cpu", seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH)
+    mesh = None if name in LAYOUTS else str(PLANNED[name])
+    request = PlanRequest(model=model, mesh=mesh, hardware="cpu", seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH)
+    return api.layout_plan(request, LAYOUTS[name]) if name in LAYOUTS else api.plan(request)
 
 
 def timed_row(model: ModelConfig, name: str, measured: CpuMeasurement, *, steps: int, repeats: int) -> dict[str, object]:

@@ -3,7 +3,7 @@
 The public API, importable from a notebook::
 
     import planner
-    p = planner.plan("llama3-8b", mesh="8x4", hardware="h100-sxm")
+    p = planner.plan("llama3-8b", mesh="8x4", hardware="h100-sxm")  # or planner.plan(planner.PlanRequest(...))
     specs = planner.partition_spec_tree(p.model, p.param_specs)
     sharded = planner.intraop.shard(train_step, *abstract_inputs, mesh="data=8,tensor=4")  # any jittable function
 
@@ -17,6 +17,9 @@ from typing import Any
 
 _EXPORTS = {
     "plan": "planner.api",
+    "layout_plan": "planner.api",
+    "PlanRequest": "planner.request",
+    "PlannerName": "planner.request",
     "Plan": "planner.plan_schema",
     "load_model": "planner.config",
     "from_hf_config": "planner.config",

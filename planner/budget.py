@@ -30,6 +30,7 @@ from planner.api import plan
 from planner.config import load_model
 from planner.largest import FAMILIES, family_model
 from planner.plan_schema import Plan
+from planner.request import PlanRequest
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 RULE = "Chinchilla: D = 20·N tokens (Hoffmann et al. 2022), C = 6·N·D"
@@ -92,8 +93,8 @@ def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: flo
         key = (cfg.hidden_size, cfg.num_layers)
         if key not in plans:
             try:
-                plans[key] = plan(cfg, devices=devices, hardware=hardware, seq_len=seq_len,
-                                  global_batch=global_batch or max(256, devices), time_limit_s=time_limit_s)
+                plans[key] = plan(PlanRequest(model=cfg, devices=devices, hardware=hardware, seq_len=seq_len,
+                                              global_batch=global_batch or max(256, devices), time_limit_s=time_limit_s))
             except InfeasibleError:
                 plans[key] = None
             tps = plans[key].predicted.tokens_per_s if plans[key] else None

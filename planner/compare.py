@@ -24,15 +24,16 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidConfigError
-from costmodel.inputs.layout import Layout, Recompute
 from costmodel.hardware.machine import load_machine
+from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.oplevel.opgraph import OP_ATTR
 from costmodel.inputs.stack import Attention
+from costmodel.oplevel.opgraph import OP_ATTR
 from costmodel.oplevel.strategy_space import StrategySpace
 from planner.api import plan
 from planner.intraop.ilp import solve_intra_op
 from planner.intraop.stage import intra_op_axes, stage_model, stage_space
+from planner.request import PlanRequest
 from planner.shardings import logical_rules, param_specs
 from search.strategy_search import SEARCH_PLANNERS, SearchRun, TracePoint, descend
 
@@ -88,8 +89,8 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
     if unknown or "ilp" not in planners:
         raise InvalidConfigError(f"cannot compare planners {', '.join(unknown) or '(no ilp)'}",
                                  fix=f"choose among {', '.join(COMPARED)}, ilp included")
-    outer = plan(model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=global_batch,
-                 attention=Attention.MATERIALIZED)
+    outer = plan(PlanRequest(model=model, mesh=mesh, hardware=hardware, seq_len=seq_len, global_batch=global_batch,
+                             attention=Attention.MATERIALIZED))
     machine = load_machine(hardware)
     axes = intra_op_axes(outer.mesh)
     if not axes:

@@ -15,10 +15,9 @@ import time
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.oplevel.opgraph import ops, primitive_counts, total_bytes_accessed, total_flops
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.oplevel.opgraph import ops, primitive_counts, total_bytes_accessed, total_flops
 from planner.intraop.extract import extract_graph
-from planner.programs.lora import adapter_elements
 from planner.programs.train_step import abstract_train_inputs, make_train_step
 
 
@@ -54,9 +53,9 @@ def inspect_model(cfg: ModelConfig, train: TrainConfig) -> InspectReport:
     flops = total_flops(g)
     return InspectReport(
         model=cfg.name,
-        workload=train.workload.value,
+        workload=train.workload.kind,
         params=cfg.total_params,
-        trainable_params=adapter_elements(cfg, train.lora) if train.is_lora else cfg.total_params,
+        trainable_params=round(train.workload.trainable_params(cfg)),
         embedding_params=cfg.embedding_params,
         params_per_layer=cfg.params_per_layer,
         layers=cfg.num_layers,

@@ -18,10 +18,10 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, InvalidConfigError
-from costmodel.step.estimate import StepEstimate
-from costmodel.hardware.profile import load_hardware
 from costmodel.hardware.machine import machine_for
+from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.estimate import StepEstimate
 from planner.config import default_seq_len, load_model, train_config
 from search.layouts import grid_search
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from costmodel.step.estimate import StepEstimate
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.estimate import StepEstimate
 
 AxisSpec = tuple[str | tuple[str, ...] | None, ...]
 
@@ -109,10 +109,11 @@ class Plan(BaseModel):
         # ``workload`` is written from ``train`` (a computed field), so it is dropped on reading.
         return _without(_without(data, "plan_time_s"), "workload")
 
-    @computed_field(description="What the step does: pretrain, finetune-full or finetune-lora (train.lora has LoRA's settings).")
+    @computed_field(description="What the step does: pretrain, finetune-full, finetune-lora, prefill or decode "
+                                "(train.workload has its settings).")
     @property
     def workload(self) -> str:
-        return self.train.workload.value
+        return self.train.workload.kind
 
     def axes_of(self, parallelism: str) -> tuple[str, ...]:
         """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp or cp)."""

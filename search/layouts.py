@@ -27,12 +27,12 @@ from typing import Callable, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, PlannerError, TimeLimitError
-from costmodel.step.estimate import StepEstimate
-from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule, check_layout
 from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule, check_layout
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.simulator import balanced_layout, simulate
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.estimate import StepEstimate
+from costmodel.step.simulator import balanced_layout, simulate
 
 _GIB = 2**30
 # The validator pads uneven stages and moves layers between them every step (`validate.gpipe`),
@@ -169,7 +169,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if pp > 1 and tp > 1 and model.is_moe and space.lowered_only:
             pruned[PIPELINE_MOE_TP_RULE] += 1
             continue
-        if pp > 1 and train.is_lora and space.lowered_only:
+        if pp > 1 and not train.workload.pipeline_lowered and space.lowered_only:
             pruned[LORA_PIPELINE_RULE] += 1
             continue
         if pp > 1 and space.intra_op and space.lowered_only:
@@ -236,7 +236,7 @@ def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: 
     """Whether a search that found nothing fitting should try again offloaded: memory was the
     cause, the planner may offload, the cluster has a host and the workload is full training."""
     return (space.offload_when_nothing_fits and space.stack.offload is Offload.NONE and machine.host is not None
-            and not (train.is_lora or train.is_inference) and isinstance(err, NothingFitsError))
+            and train.workload.trains_base_weights and isinstance(err, NothingFitsError))
 
 
 def _search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace, keep: int,

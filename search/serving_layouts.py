@@ -14,7 +14,8 @@ latency reachable.
 >>> choice = choose_serving_layout(load_model("llama3-8b"), train, load_machine("h100-sxm"), splits=None, n_devices=8)
 >>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.latency_bound
 ((8, 1, 1), False)
->>> bounded = train.model_copy(update={"inference": train.inference.model_copy(update={"max_token_latency_ms": 5.0})})
+>>> bounded = train.model_copy(update={"workload": train.workload.model_copy(
+...     update={"serving": train.workload.serving.model_copy(update={"max_token_latency_ms": 5.0})})})
 >>> choice = choose_serving_layout(load_model("llama3-8b"), bounded, load_machine("h100-sxm"), splits=None, n_devices=8)
 >>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.latency_bound
 ((1, 8, 1), True)
@@ -25,13 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.errors import InfeasibleError, InvalidPlanError, UnsupportedError
-from costmodel.step.estimate import StepEstimate
-from costmodel.step.inference import simulate_inference
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import WorkloadKind
+from costmodel.step.estimate import StepEstimate
+from costmodel.step.inference import simulate_inference
 
 _GIB = 2**30
 RUNNERS_UP = 4
@@ -54,7 +54,8 @@ def _splits_of(n_devices: int) -> list[tuple[int, int, int, int]]:
 
 
 def _latency_s(est: StepEstimate, train: TrainConfig) -> float:
-    return est.time_per_output_token_s if train.workload is WorkloadKind.DECODE else est.time_to_first_token_s
+    return train.workload.step_time_s(time_per_output_token_s=est.time_per_output_token_s,
+                                      time_to_first_token_s=est.time_to_first_token_s)
 
 
 def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machine, *,
@@ -76,11 +77,11 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
     if not fitting:
         least = min(estimates, key=lambda e: e.memory.total_bytes)
         raise InfeasibleError(
-            f"{model.name} does not fit for {train.workload.value} on {n_devices}× {machine.name}: the least memory per device, "
+            f"{model.name} does not fit for {train.workload.kind} on {n_devices}× {machine.name}: the least memory per device, "
             f"{least.memory.total_bytes / _GIB:.1f} GiB (dp{least.layout.dp} tp{least.layout.tp} pp{least.layout.pp}, KV cache "
             f"{least.memory.kv_cache_bytes / _GIB:.1f} GiB), exceeds {machine.hbm_bytes / _GIB:.0f} GiB",
             fix="use more devices, a smaller --batch or --context-len, or --frozen-dtype int8 / int4")
-    bound_ms = train.inference.max_token_latency_ms
+    bound_ms = train.workload.serving.max_token_latency_ms
     within = [e for e in fitting if bound_ms is None or _latency_s(e, train) * 1e3 <= bound_ms]
     if not within:
         quickest = min(fitting, key=lambda e: _latency_s(e, train))
@@ -106,7 +107,7 @@ def _why(e: StepEstimate, best: StepEstimate, train: TrainConfig) -> str:
     if not e.fits:
         return f"does not fit: needs {e.memory.total_bytes / _GIB:.1f} GiB per device, has {e.memory.hbm_bytes / _GIB:.0f} GiB"
     latency_ms = _latency_s(e, train) * 1e3
-    bound_ms = train.inference.max_token_latency_ms
+    bound_ms = train.workload.serving.max_token_latency_ms
     if bound_ms is not None and latency_ms > bound_ms:
         return f"{e.tokens_per_s:,.0f} tokens/s but {latency_ms:.2f} ms per output token, over the {bound_ms:g} ms bound"
     return f"{100 * (1 - e.tokens_per_s / best.tokens_per_s):.1f} % fewer tokens/s ({e.tokens_per_s:,.0f}; {latency_ms:.2f} ms)"

@@ -14,12 +14,16 @@ from __future__ import annotations
 import resource
 import time
 
+import jax
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InvalidPlanError
 from planner.plan_schema import Plan
+from planner.programs.decode import check_serving_lowered
 from validate.emulated import run_emulated
 from validate.hlo import Collective, collectives, dot_flops
+from validate.lowering import abstract_inputs, check_param_specs, jitted_step
+from validate.mesh_hooks import device_mesh
 
 # XLA may otherwise drop a bf16 round trip (f32 → bf16 → f32) where a backend computes in
 # f32: the CPU backend then loses the trace of which collectives the program runs in bf16
@@ -54,9 +58,7 @@ class CompileReport(BaseModel):
 def compile_plan(plan: Plan) -> CompileReport:
     """Lower and compile the plan's train step (`validate.lowering.jitted_step`) in this process,
     on ``jax.devices()`` (the global devices under ``jax.distributed``)."""
-    import jax
 
-    from validate.lowering import abstract_inputs, check_param_specs, device_mesh, jitted_step
 
     check_param_specs(plan)
     mesh = device_mesh(plan)
@@ -86,11 +88,9 @@ def compile_plan(plan: Plan) -> CompileReport:
 
 def compile_in_subprocess(plan: Plan, *, timeout_s: float = 600) -> CompileReport:
     """`compile_plan` in a fresh Python with the plan's device count emulated on the CPU."""
-    from planner.programs.decode import check_serving_lowered
-    from validate.lowering import check_param_specs
 
     check_param_specs(plan)  # here, so a broken spec is named in plain words rather than by the child's traceback
-    if plan.train.is_inference:
+    if not plan.train.workload.runs_backward:
         check_serving_lowered(plan.model)  # likewise
     code = ("import sys; from planner.plan_schema import Plan; from validate.compile_check import compile_plan; "
             "print(compile_plan(Plan.model_validate_json(sys.stdin.read())).model_dump_json())")

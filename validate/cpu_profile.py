@@ -63,6 +63,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from costmodel.hardware.fabric import IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
@@ -135,7 +138,6 @@ def other_cpu_share(start: tuple[float, float, float], end: tuple[float, float, 
 
 
 def _median_s(fn: Callable[..., Any], *args: Any, repeats: int = _REPEATS) -> float:
-    import jax
 
     jax.block_until_ready(fn(*args))
     times = []
@@ -154,7 +156,6 @@ def _per_iteration_s(make_loop: Callable[[int], Callable[..., Any]], x: Any, *, 
 
 
 def _gemm_curve(per_device: Callable[..., Any], n_devices: int) -> list[tuple[float, float]]:
-    import jax
 
     contractions = (((2,), (1,)), ((2,), (2,)), ((1,), (1,)))  # A·B, G·Bᵀ, Aᵀ·G; b = 1/n keeps x at ones
 
@@ -177,8 +178,6 @@ def _gemm_curve(per_device: Callable[..., Any], n_devices: int) -> list[tuple[fl
 
 def _link(per_device: Callable[..., Any], mesh: Any, n_devices: int) -> tuple[float, float]:
     """(bandwidth, latency) of the psum ring, inverting the simulator's 2(n−1)(S/(n·bw) + α)."""
-    import jax
-    from jax.sharding import PartitionSpec
 
     def psums(k: int) -> Callable[..., Any]:
         loop = lambda v: jax.lax.fori_loop(0, k, lambda _, v: jax.lax.pcast(jax.lax.psum(v, "d"), ("d",), to="varying"), v)  # noqa: E731
@@ -196,9 +195,6 @@ def _gradient_transpose(mesh: Any, n_devices: int) -> tuple[float, float]:
     backend copies ``g`` transposed (`costmodel.hardware.profile.GradientTranspose`). Per device
     x: [tokens, 256], g: [tokens, 1024] with 4 Mi tokens·features over the host, as JAX's
     transpose rule emits it for a ``[batch, seq, features]`` layer."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     tokens, width, features = max(1, _TRANSPOSE_TOKENS // n_devices), 256, 1024
     cotangent_bytes = tokens * features * 4
@@ -224,7 +220,6 @@ def _gradient_transpose(mesh: Any, n_devices: int) -> tuple[float, float]:
 
 
 def _layer_norm(x: Any) -> Any:
-    import jax
 
     centred = x - x.mean(-1, keepdims=True)
     return centred * jax.lax.rsqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * 1.0001
@@ -233,9 +228,6 @@ def _layer_norm(x: Any) -> Any:
 def measure(n_devices: int) -> CpuMeasurement:
     """Run the micro-benchmarks on this process's first ``n_devices`` devices, all at once
     (about 5 s for one device, 10 s for eight)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     start = cpu_clock()
     mesh = jax.make_mesh((n_devices,), ("d",), devices=jax.devices()[:n_devices])

@@ -1,7 +1,7 @@
 """Pipeline parallelism as a real JAX program: GPipe over the plan's pipeline axis with ``shard_map``.
 
 Plans with schedule "gpipe" run the program below; the other pipelined plans run the 1F1B
-schedule, plain or interleaved, of `validate.one_f_one_b` (`pipeline_loss_and_grads` picks).
+schedule, plain or interleaved, of `validate.one_f_one_b` (`validate.lowering.loss_and_grads` picks).
 
 Schedule. Inside a ``jax.shard_map`` that is manual over the pipeline axis only (data, tensor
 and context axes stay automatic, so XLA partitions each stage's layers as the plan's specs
@@ -73,10 +73,10 @@ from jax.sharding import Mesh, PartitionSpec
 
 from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Layout
+from planner.plan_schema import Plan
 from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.programs.transformer import SAVED, embed, head, run_layers
-from planner.plan_schema import Plan
-from validate.lowering import activation_constraint, embedding_lookup, residual_storage
+from validate.mesh_hooks import activation_constraint, embedding_lookup, residual_storage
 
 
 def check_pipeline(plan: Plan) -> tuple[str, ...]:
@@ -173,15 +173,11 @@ def micro_batch_mean(loss_fn: Callable[..., jax.Array]) -> Callable[..., jax.Arr
     return mean_loss
 
 
-def pipeline_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[..., Any]:
-    """``(params, batch) -> (mean loss, gradients)`` of the plan's pipeline schedule (1F1B by
-    `validate.one_f_one_b` where `runs_one_f_one_b`; else GPipe, or its interleaved form, whose
-    stacked layers are stored as `interleaved_layer_order` says);
+def gpipe_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[..., Any]:
+    """``(params, batch) -> (mean loss, gradients)`` of the plan's GPipe schedule, or its
+    interleaved form, whose stacked layers are stored as `interleaved_layer_order` says (1F1B
+    plans run `validate.one_f_one_b` instead: `validate.lowering.loss_and_grads` picks);
     ``remat`` is the reference model's recompute policy ("none", "selective", "full")."""
-    from validate.one_f_one_b import one_f_one_b_loss_and_grads, runs_one_f_one_b
-
-    if runs_one_f_one_b(plan):
-        return one_f_one_b_loss_and_grads(plan, mesh, remat=remat)
     axes = check_pipeline(plan)
     model, train, stages, chunks = plan.model, plan.train, plan.layout.pp, plan.layout.interleave
     micro = plan.layout.micro_batches(train)

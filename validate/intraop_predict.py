@@ -31,8 +31,8 @@ from typing import Any
 import jax
 
 from costmodel.oplevel.opgraph import OP_ATTR, USES_ATTR, OpNode, TensorSpec
-from costmodel.oplevel.strategies import Sharding, axis_dims, shard_factor
 from costmodel.oplevel.program_memory import MemoryModel, temporary_bytes
+from costmodel.oplevel.strategies import Sharding, axis_dims, shard_factor
 from validate.intraop_program import IntraOpProgram, cut_vars
 from validate.program_runs import PredictedCollective
 

@@ -7,8 +7,9 @@ sums. Lowered with the parameters' specs alone, XLA propagates its own choice be
 do not describe what it chose. So the validator rebuilds the graph's program, the training
 step on one micro-batch per data-parallel replica that `planner.intraop.stage` traced, and
 re-binds its jaxpr equation by equation (`constrained`, by `planner.intraop.pinned`): every leaf
-equation's operands and results are pinned to the chosen strategy's shardings. With M micro-batches the gradient part runs M times under a ``lax.scan`` that
-sums its results, and the optimizer part once, as the reference program accumulates.
+equation's operands and results are pinned to the chosen strategy's shardings. With M
+micro-batches the gradient part runs M times under a ``lax.scan`` that sums its results, and
+the optimizer part once, as the reference program accumulates.
 
 What the program then does follows from the choice (`validate.intraop_predict`).
 """
@@ -25,12 +26,14 @@ import networkx as nx
 from jax.extend import core as jex_core
 from jax.sharding import Mesh
 
+from costmodel.hardware.machine import load_machine
 from costmodel.oplevel.opgraph import OP_ATTR
 from costmodel.oplevel.strategies import Sharding
-from costmodel.oplevel.strategy_space import StrategySpace
+from costmodel.oplevel.strategy_space import StrategySpace, build_space
 from planner.intraop.extract import extract_graph
-from planner.plan_schema import Plan
 from planner.intraop.pinned import PinnedInterpreter, pinned_function
+from planner.intraop.stage import param_specs_of, stage_step, train_step_memory_factor
+from planner.plan_schema import Plan
 
 _OPTIMIZER_SCOPE = "optimizer"
 
@@ -95,10 +98,6 @@ def build_intra_op_program(plan: Plan) -> IntraOpProgram | None:
     The strategy space is rebuilt unpruned, so what it holds does not depend on the
     hardware's costs; the choice is looked up by strategy name."""
     info = plan.solver.intra_op
-    from costmodel.hardware.machine import load_machine
-    from costmodel.oplevel.strategy_space import build_space
-    from planner.intraop.stage import param_specs_of, stage_step, train_step_memory_factor
-
     sizes = {a.name: a.size for a in plan.mesh}
     machine = load_machine(plan.hardware, compute_dtype=plan.train.compute_dtype.value)
     step, abstract = stage_step(plan.model, plan.train, plan.layout)

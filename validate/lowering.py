@@ -11,7 +11,7 @@ all-reduces each micro-batch's gradients inside the accumulation loop, where the
 sums appear; `validate.predict` counts them there. Pipeline plans run the 1F1B schedule of
 `validate.one_f_one_b` (plain or interleaved), or for schedule "gpipe" the GPipe one of `validate.gpipe`.
 
-A LoRA plan (``train.workload == "finetune-lora"``) takes ``(frozen, adapters, opt_state,
+Each workload lowers by its entry in `WORKLOAD_PROGRAMS`. A LoRA plan takes ``(frozen, adapters, opt_state,
 batch)`` and returns ``(adapters, opt_state, metrics)``: the frozen base weights carry the
 plan's ``param_specs`` and are neither donated nor updated; each adapter is sharded like
 the matrix it adapts (`planner.programs.lora.adapter_specs`), its moments over the data axes
@@ -25,42 +25,36 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import InvalidPlanError, UnsupportedError
-from costmodel.inputs.layout import Recompute
-from planner.programs.lora import adapter_shapes, adapter_specs, adapter_tree
-from planner.programs.params import abstract_params
-from planner.programs.residuals import residuals_as_bits
-from planner.programs.train_step import abstract_train_inputs, adamw_update, make_loss_and_grads
-from planner.programs.transformer import Experts, KeepResiduals
 from planner.intraop.pinned import to_partition_spec
 from planner.plan_schema import Plan
+from planner.programs.decode import abstract_decode_inputs
+from planner.programs.lora import adapter_shapes, adapter_specs, adapter_tree, init_adapters, init_frozen
+from planner.programs.params import abstract_params, init_params
+from planner.programs.prefill import abstract_prefill_inputs
+from planner.programs.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_loss_and_grads
 from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
+from validate.gpipe import gpipe_loss_and_grads
 from validate.intraop_program import constrained, intra_op_program
-
-# The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
-# are closest to Megatron's selective policy (keep the weight matmuls).
-REMAT_POLICY = {
-    Recompute.NONE: "none", Recompute.FULL: "full", Recompute.SELECTIVE: "selective",
-    Recompute.SELECTIVE_OP: "selective", Recompute.SELECTIVE_LAYER: "selective",
-}
-
-
-def device_mesh(plan: Plan, devices: Any = None) -> Mesh:
-    """The plan's mesh on ``devices`` (default: this process's, or the global ones under
-    ``jax.distributed``), axes named as in the plan."""
-    devices = jax.devices() if devices is None else devices
-    if len(devices) < plan.layout.n_devices:
-        raise InvalidPlanError(f"the plan needs {plan.layout.n_devices} devices, this process sees {len(devices)}",
-                               fix="run it through validate.compile_check.compile_in_subprocess, which emulates them")
-    sizes = tuple(a.size for a in plan.mesh)
-    return jax.make_mesh(sizes, tuple(a.name for a in plan.mesh), axis_types=(AxisType.Auto,) * len(sizes),
-                         devices=devices[:plan.layout.n_devices])
+from validate.mesh_hooks import (
+    REMAT_POLICY,
+    activation_constraint,
+    embedding_lookup,
+    kv_cache_spec,
+    residual_storage,
+    tensor_parallel_experts,
+    token_spec,
+)
+from validate.one_f_one_b import one_f_one_b_loss_and_grads, runs_one_f_one_b
+from validate.serving import serving_program
 
 
 def check_param_specs(plan: Plan) -> None:
@@ -116,40 +110,31 @@ def input_specs(plan: Plan) -> tuple[Any, ...]:
         flat = [to_partition_spec(s) for s in program.input_shardings()]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(program.abstract), flat)
     param_specs = partition_spec_tree(plan.model, plan.param_specs)
-    data_axes = plan.axes_of("dp")
-    if plan.train.is_inference:
-        return _serving_specs(plan, param_specs, data_axes)
-    if plan.train.is_lora:
-        return (param_specs, *_lora_specs(plan, data_axes))
+    return workload_program(plan).input_specs(plan, param_specs, plan.axes_of("dp"))
+
+
+def _train_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
+    """``PartitionSpec`` trees of a training step's parameters, AdamW state and batch."""
     moment_specs = param_specs
     if plan.layout.zero_stage >= 1:
         shape = {a.name: a.size for a in plan.mesh}
         moment_specs = partition_spec_tree(plan.model, zero_sharded_specs(plan.model, plan.param_specs, data_axes, shape))
-    context_axes = plan.axes_of("cp")
-    token_spec = PartitionSpec(data_axes or None, context_axes or None)
+    tokens = token_spec(plan)
     opt_specs = {"m": moment_specs, "v": moment_specs, "step": PartitionSpec()}
-    return param_specs, opt_specs, {"tokens": token_spec, "targets": token_spec}
-
-
-def kv_cache_spec(plan: Plan) -> PartitionSpec:
-    """How a serving step's K (and V) cache ``[layers, batch, tokens, kv_heads, head_dim]`` is split:
-    by layer over the pipeline axes, by sequence over the data axes, by KV head as the plan's ``wk``."""
-    kv_split = plan.param_specs["layers/attn/wk"][2]
-    return PartitionSpec(plan.axes_of("pp") or None, plan.axes_of("dp") or None, None, kv_split, None)
+    return param_specs, opt_specs, {"tokens": tokens, "targets": tokens}
 
 
 def _serving_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
     """``PartitionSpec`` trees of a serving step's weights, KV cache and batch (prompts, or a token and its position)."""
     cache = kv_cache_spec(plan)
     batch = {"tokens": PartitionSpec(data_axes or None, None)}
-    if plan.train.workload.value == "decode":
-        batch["position"] = PartitionSpec()
+    batch |= plan.train.workload.of_step(decode={"position": PartitionSpec()}, prefill={})
     return param_specs, {"k": cache, "v": cache}, batch
 
 
-def _lora_specs(plan: Plan, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
-    """``PartitionSpec`` trees of a LoRA plan's adapters, their AdamW state and the batch."""
-    model, lora = plan.model, plan.train.lora
+def _lora_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any, Any]:
+    """``PartitionSpec`` trees of a LoRA plan's frozen weights, adapters, their AdamW state and the batch."""
+    model, lora = plan.model, plan.train.workload.lora
     flat = adapter_specs(model, lora, plan.param_specs)
     moments = flat
     if plan.layout.zero_stage >= 1:
@@ -158,8 +143,8 @@ def _lora_specs(plan: Plan, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
     def tree(specs: dict[str, tuple[Any, ...]]) -> Any:
         return adapter_tree(model, lora, {path: PartitionSpec(*spec) for path, spec in specs.items()})
 
-    token_spec = PartitionSpec(data_axes or None, plan.axes_of("cp") or None)
-    return tree(flat), {"m": tree(moments), "v": tree(moments), "step": PartitionSpec()}, {"tokens": token_spec, "targets": token_spec}
+    tokens = token_spec(plan)
+    return param_specs, tree(flat), {"m": tree(moments), "v": tree(moments), "step": PartitionSpec()}, {"tokens": tokens, "targets": tokens}
 
 
 def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
@@ -167,15 +152,17 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
     def sharded(tree: Any, spec_tree: Any) -> Any:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)), tree, spec_tree)
 
-    if plan.train.is_inference:
-        from planner.programs.decode import abstract_decode_inputs
-        from planner.programs.prefill import abstract_prefill_inputs
-
-        serving_inputs = abstract_decode_inputs if plan.train.workload.value == "decode" else abstract_prefill_inputs
-        inputs = serving_inputs(plan.model, plan.train, replicas=plan.layout.dp)
-    else:
-        inputs = abstract_train_inputs(plan.model, plan.train)
+    inputs = workload_program(plan).abstract_inputs(plan)
     return tuple(sharded(t, s) for t, s in zip(inputs, input_specs(plan)))
+
+
+def _abstract_train_inputs(plan: Plan) -> tuple[Any, ...]:
+    return abstract_train_inputs(plan.model, plan.train)
+
+
+def _abstract_serving_inputs(plan: Plan) -> tuple[Any, ...]:
+    serving_inputs = plan.train.workload.of_step(decode=abstract_decode_inputs, prefill=abstract_prefill_inputs)
+    return serving_inputs(plan.model, plan.train, replicas=plan.layout.dp)
 
 
 def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, Any]:
@@ -183,127 +170,27 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
     from ``seed``, in the plan's dtypes. Each process builds the whole state on its host and
     hands its own devices their slices, so the state is the same whatever the process count
     (also under ``jax.distributed``)."""
-    import numpy as np
-
-    from planner.programs.lora import init_adapters, init_frozen
-    from planner.programs.params import init_params
-    from planner.programs.train_step import init_opt_state
-
     sequence_BxS = np.random.default_rng(seed).integers(0, plan.model.vocab_size, (plan.train.global_batch, plan.train.seq_len + 1),
                                                         dtype=np.int32)
     batch = {"tokens": sequence_BxS[:, :-1], "targets": sequence_BxS[:, 1:]}
-    if plan.train.is_lora:
-        adapters = init_adapters(plan.model, plan.train.lora, jax.random.key(seed + 1), dtype=np.dtype(plan.train.param_dtype.value))
-        host = jax.device_get((init_frozen(plan.model, plan.train, jax.random.key(seed)), adapters, init_opt_state(adapters), batch))
-    else:
-        params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
-        host = jax.device_get((params, init_opt_state(params), batch))
+    host = jax.device_get(workload_program(plan).initial_values(plan, seed, batch))
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), input_specs(plan))
     return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), host, shardings)
 
 
-def _region_mesh(mesh: Mesh) -> Any:
-    """``mesh``, or inside a region manual over some of its axes (the pipeline's,
-    `validate.gpipe`) that region's abstract mesh, whose axis types say which axes are
-    manual: shardings and nested shard_maps there must name it (XLA aborted otherwise)."""
-    context = jax.sharding.get_abstract_mesh()
-    return context if context.axis_names else mesh
+def _initial_train_values(plan: Plan, seed: int, batch: dict[str, Any]) -> tuple[Any, ...]:
+    params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
+    return params, init_opt_state(params), batch
 
 
-def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], jax.Array]:
-    """``constrain(name, x)`` for the reference model: pins the activations the plan names to
-    its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather
-    than by its own propagation. K/V heads follow the query heads' spec when the tensor
-    axes divide the KV heads, and stay whole otherwise, as the plan's ``wk`` does."""
-    specs = {name: PartitionSpec(*spec) for name, spec in plan.activation_specs.items()}
-    heads = plan.activation_specs.get("attention_heads_BxSxNxH")
-    if heads is not None:
-        kv_split = plan.param_specs["layers/attn/wk"][2] is not None
-        specs["kv_heads_BxSxKxH"] = PartitionSpec(*(heads if kv_split else (heads[0], None, None, None)))
-        # A materialized score matrix is split like the heads (over KV heads, or their query groups), whole over
-        # both sequences: left free, XLA split the backward's over the sequence and moved it with all-to-alls.
-        specs["scores_BxKxGxSxS"] = PartitionSpec(heads[0], heads[2] if kv_split else None, None if kv_split else heads[2], None, None)
-
-    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-
-    def divides(dim: Any, n: int) -> bool:
-        return dim is None or n % math.prod(sizes[a] for a in ((dim,) if isinstance(dim, str) else dim)) == 0
-
-    def constrain(name: str, x: jax.Array) -> jax.Array:
-        spec = specs.get(name)
-        if spec is None:
-            return x
-        # A dimension its axes do not divide (GPT-2's 50257-token vocabulary) stays whole, as its weight does.
-        spec = PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape)))
-        return jax.lax.with_sharding_constraint(x, NamedSharding(_region_mesh(mesh), spec))
-
-    return constrain
+def _initial_lora_values(plan: Plan, seed: int, batch: dict[str, Any]) -> tuple[Any, ...]:
+    adapters = init_adapters(plan.model, plan.train.workload.lora, jax.random.key(seed + 1), dtype=np.dtype(plan.train.param_dtype.value))
+    return init_frozen(plan.model, plan.train, jax.random.key(seed)), adapters, init_opt_state(adapters), batch
 
 
-def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    """Megatron's vocab-parallel embedding when the plan splits the table's vocabulary: each
-    device looks up the tokens its vocabulary slice holds (zeros elsewhere) and a sum over the
-    vocabulary axes completes the rows; a table ZeRO-3 also splits over the data axes is
-    gathered whole over them first, as FSDP gathers any weight. Left to XLA, the gather of a
-    vocabulary-sharded table became all-gathers of tokens, an all-reduce over every axis and
-    an all-to-all of the gradient, and under ZeRO-3 exchanges of row slices over both axes."""
-    vocab, _ = plan.param_specs["embed/tokens"]
-    if vocab is None:
-        return lambda table_VxD, tokens_BxS: jnp.take(table_VxD, tokens_BxS, axis=0)
-    vocab_axes = (vocab,) if isinstance(vocab, str) else tuple(vocab)
-    token_spec = input_specs(plan)[-1]["tokens"]
-
-    def local(table_vxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
-        start = jax.lax.axis_index(vocab_axes) * table_vxD.shape[0]
-        local_BxS = tokens_BxS - start
-        inside_BxS = (local_BxS >= 0) & (local_BxS < table_vxD.shape[0])
-        rows_BxSxD = jnp.take(table_vxD, jnp.where(inside_BxS, local_BxS, 0), axis=0)
-        return jax.lax.psum(jnp.where(inside_BxS[..., None], rows_BxSxD, 0), vocab_axes)
-
-    def lookup(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
-        return jax.shard_map(local, mesh=_region_mesh(mesh), in_specs=(PartitionSpec(vocab_axes, None), token_spec),
-                             out_specs=PartitionSpec(*token_spec, None))(table_VxD, tokens_BxS)
-
-    return lookup
-
-
-def tensor_parallel_experts(plan: Plan, mesh: Mesh) -> Experts:
-    """Megatron's MoE layer under tensor parallelism without expert parallelism: every device
-    of the tensor axes dispatches all tokens and runs every expert on its slice of the
-    experts' hidden dimension (``w_in``/``w_gate`` split by columns, ``w_out`` by rows), and a
-    sum over the tensor axes completes the layer's output — one all-reduce of ``[tokens, D]``
-    in the forward and, as the transpose of taking the whole input, one of its gradient in the
-    backward, as a dense MLP has. Left to XLA, the dispatch buffers (``k · 1.25`` times the
-    tokens) were all-reduced instead. On the CPU backend, which has no 16-bit arithmetic, the
-    region computes in float32: XLA aborts on its 16-bit sums there, over the manual axes and
-    over the others alike (``Invalid binary instruction opcode copy``, jax 0.10.2)."""
-    tensor = set(plan.axes_of("tp"))
-    region_dtype = jnp.float32 if mesh.devices.flat[0].platform == "cpu" else jnp.dtype(plan.train.compute_dtype.value)
-    spec = plan.param_specs.get("layers/moe/w_in")
-    split = spec[3] if spec is not None else None
-    f_axes = tuple(a for a in ((split,) if isinstance(split, str) else split or ()) if a in tensor)
-    if not f_axes:
-        return lambda fn: fn
-    columns, rows = PartitionSpec(None, None, f_axes), PartitionSpec(None, f_axes, None)
-
-    def wrap(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-        def region(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, w_in: jax.Array, w_gate: jax.Array | None,
-                   w_out: jax.Array) -> jax.Array:
-            def local(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, *weights: Any) -> jax.Array:
-                # Varying from the start, so the backward sums the gradient of the layer's input
-                # ([tokens, D]) over the tensor axes, not that of the dispatched copies.
-                x_BxSxD, weight_BxExC = jax.lax.pcast((x_BxSxD, weight_BxExC), f_axes, to="varying")
-                return jax.lax.psum(fn(x_BxSxD, token_BxExC, weight_BxExC, *weights), f_axes)
-
-            whole = PartitionSpec()
-            in_specs = (whole, whole, whole, columns, columns if w_gate is not None else None, rows)
-            y_BxSxD = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=whole, axis_names=set(f_axes))(
-                x_BxSxD.astype(region_dtype), token_BxExC, weight_BxExC.astype(region_dtype), w_in, w_gate, w_out)
-            return y_BxSxD.astype(x_BxSxD.dtype)
-
-        return region
-
-    return wrap
+def _no_initial_serving_values(plan: Plan, seed: int, batch: dict[str, Any]) -> tuple[Any, ...]:
+    raise UnsupportedError(f"a {plan.train.workload.kind} plan is checked compiled only: the validator runs no serving steps",
+                           fix="run plan validate with --compile-only")
 
 
 def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
@@ -311,17 +198,19 @@ def jitted_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     (a step is a fixed point of its layout) and the parameters and optimizer state donated,
     as a training loop runs it. An intra-op plan runs the program it chose, every equation
     pinned (`validate.intraop_program.constrained`)."""
-    specs = input_specs(plan)
-    named = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
-    if plan.train.is_inference:
-        from validate.serving import serving_program
+    named = jax.tree.map(lambda s: NamedSharding(mesh, s), input_specs(plan))
+    return workload_program(plan).jit(plan, mesh, named)
 
-        logits = NamedSharding(mesh, PartitionSpec(plan.axes_of("dp") or None, plan.activation_specs["logits_BxSxV"][2]))
-        return jax.jit(serving_program(plan, mesh), in_shardings=named, out_shardings=(logits, named[1]), donate_argnums=(1,))
+
+def _jitted_serving_step(plan: Plan, mesh: Mesh, named: Any) -> Callable[..., Any]:
+    logits = NamedSharding(mesh, PartitionSpec(plan.axes_of("dp") or None, plan.activation_specs["logits_BxSxV"][2]))
+    return jax.jit(serving_program(plan, mesh), in_shardings=named, out_shardings=(logits, named[1]), donate_argnums=(1,))
+
+
+def _jitted_train_step(plan: Plan, mesh: Mesh, named: Any, *, updated: tuple[int, int]) -> Callable[..., Any]:
+    """What the step updates (the parameters, or a LoRA plan's adapters, and the optimizer state) is donated."""
     program = intra_op_program(plan)
     step = constrained(program, mesh) if program is not None else train_step(plan, mesh)
-    # What the step updates (the parameters, or a LoRA plan's adapters, and the optimizer state) is donated.
-    updated = (1, 2) if plan.train.is_lora else (0, 1)
     return jax.jit(step, in_shardings=named, out_shardings=(*(named[i] for i in updated), NamedSharding(mesh, PartitionSpec())),
                    donate_argnums=updated)
 
@@ -331,23 +220,17 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     attention kernel, recompute policy, micro-batches, activation constraints and vocab-parallel embedding,
     and for ``pp > 1`` the pipeline schedule of `validate.gpipe`."""
     lay = plan.layout
-    if lay.pp > 1 and plan.train.is_lora:
-        raise UnsupportedError("a LoRA plan with pipeline stages is not lowered yet", fix="plan it again (plan never emits one)")
+    if lay.pp > 1 and not plan.train.workload.pipeline_lowered:
+        raise UnsupportedError(f"a {plan.train.workload.kind} plan with pipeline stages is not lowered yet",
+                               fix="plan it again (plan never emits one)")
+    if lay.pp > 1 and runs_one_f_one_b(plan):
+        return one_f_one_b_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1:
-        from validate.gpipe import pipeline_loss_and_grads
-
-        return pipeline_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
+        return gpipe_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
                                attention=lay.stack.attention.value,
                                hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
                                       "experts": tensor_parallel_experts(plan, mesh), "keep_residuals": residual_storage(mesh)})
-
-
-def residual_storage(mesh: Mesh) -> KeepResiduals:
-    """How the layers keep their backward's residuals on ``mesh``'s backend: as raw 16-bit
-    integers on the CPU, whose float normalization would widen them to fp32
-    (`planner.programs.residuals`); as computed elsewhere."""
-    return residuals_as_bits if mesh.devices.flat[0].platform == "cpu" else (lambda fn: fn)
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
@@ -356,6 +239,7 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     >>> from costmodel.inputs.layout import Layout
     >>> from planner.api import layout_plan
     >>> p = layout_plan("gpt2", Layout(micro_batch=2, recompute="full"), hardware="a100-80gb", global_batch=4, seq_len=32)
+    >>> from validate.mesh_hooks import device_mesh
     >>> step = train_step(p, device_mesh(p))
     >>> out = jax.eval_shape(step, *abstract_inputs(p, device_mesh(p)))
     >>> out[2]["loss"].shape
@@ -373,6 +257,44 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
             params, opt_state = adamw_update(params, grads, opt_state, train.optimizer)
         return params, opt_state, {"loss": loss}
 
-    if train.is_lora:  # only the adapters train; the frozen weights come first
-        return lambda frozen, adapters, opt_state, batch: step(adapters, opt_state, batch, frozen)
-    return step
+    return workload_program(plan).step_arguments(step)
+
+
+def _frozen_first(step: Callable[..., Any]) -> Callable[..., Any]:
+    """Only the adapters train; the frozen weights come first."""
+    return lambda frozen, adapters, opt_state, batch: step(adapters, opt_state, batch, frozen)
+
+
+@dataclass(frozen=True)
+class WorkloadProgram:
+    """How one workload's step is lowered: its inputs' ``PartitionSpec`` trees, its abstract and
+    initial inputs, its jitted step, and how the training step takes its arguments."""
+
+    input_specs: Callable[[Plan, Any, tuple[str, ...]], tuple[Any, ...]]
+    abstract_inputs: Callable[[Plan], tuple[Any, ...]]
+    initial_values: Callable[[Plan, int, dict[str, Any]], tuple[Any, ...]]
+    jit: Callable[[Plan, Mesh, Any], Callable[..., Any]]
+    step_arguments: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda step: step
+
+
+_TRAINING = WorkloadProgram(input_specs=_train_specs, abstract_inputs=_abstract_train_inputs, initial_values=_initial_train_values,
+                            jit=partial(_jitted_train_step, updated=(0, 1)))
+# The program each workload (`costmodel.workloads`, by its --workload name) lowers to.
+WORKLOAD_PROGRAMS = {
+    "pretrain": _TRAINING,
+    "finetune-full": _TRAINING,
+    "finetune-lora": WorkloadProgram(input_specs=_lora_specs, abstract_inputs=_abstract_train_inputs,
+                                     initial_values=_initial_lora_values, jit=partial(_jitted_train_step, updated=(1, 2)),
+                                     step_arguments=_frozen_first),
+    "prefill": WorkloadProgram(input_specs=_serving_specs, abstract_inputs=_abstract_serving_inputs,
+                               initial_values=_no_initial_serving_values, jit=_jitted_serving_step),
+}
+WORKLOAD_PROGRAMS["decode"] = WORKLOAD_PROGRAMS["prefill"]
+
+
+def workload_program(plan: Plan) -> WorkloadProgram:
+    """The lowering of ``plan``'s workload (`WORKLOAD_PROGRAMS`); one without a program is refused in one line."""
+    kind = plan.train.workload.kind
+    if kind not in WORKLOAD_PROGRAMS:
+        raise UnsupportedError(f"the {kind} workload has no JAX program to lower", fix="plan and simulate it; it cannot be validated")
+    return WORKLOAD_PROGRAMS[kind]

@@ -43,11 +43,15 @@ import time
 import traceback
 from pathlib import Path
 
+import jax
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from costmodel.errors import InvalidPlanError, PlannerError
 from planner.plan_schema import Plan
+from validate.compile_check import compile_plan
 from validate.emulated import emulated_cpu_env
+from validate.lowering import check_param_specs, initial_inputs, jitted_step
+from validate.mesh_hooks import device_mesh
 
 _RESULT = "MULTIHOST-RESULT "
 _POLL_S = 0.05
@@ -156,8 +160,6 @@ the plan's device count
 
 def compile_plan_json(payload: str) -> str:
     """Target: compile the plan (JSON) on the global mesh; the `CompileReport` as JSON."""
-    from validate.compile_check import compile_plan
-
     return compile_plan(Plan.model_validate_json(payload)).model_dump_json()
 
 
@@ -166,10 +168,6 @@ def step_plan(plan: Plan, *, steps: int = 3, seed: int = 0) -> StepRun:
     process, on ``jax.devices()``: the global devices under ``jax.distributed``, where every
     process must call it alike, from the same state whatever the process count
     (`validate.lowering.initial_inputs`). The model runs as the plan says (its dtypes included)."""
-    import jax
-
-    from validate.lowering import check_param_specs, device_mesh, initial_inputs, jitted_step
-
     check_param_specs(plan)
     mesh = device_mesh(plan)
     params, opt_state, batch = initial_inputs(plan, mesh, seed=seed)
@@ -210,7 +208,6 @@ def worker_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--process-id", type=int)
     args = parser.parse_args(argv)
-    import jax
 
     if args.coordinator:
         jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)

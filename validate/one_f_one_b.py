@@ -73,11 +73,11 @@ from jax.sharding import Mesh, PartitionSpec
 from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Schedule
 from costmodel.step.lockstep import backward_lag_ticks, in_flight_slots, one_f_one_b_ticks, ring_slots
+from planner.plan_schema import Plan
 from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.programs.transformer import embed, head, run_layers
-from planner.plan_schema import Plan
-from validate.lowering import activation_constraint, embedding_lookup, residual_storage
 from validate.gpipe import check_pipeline, runs_outer_whole, stage_slots, work_item
+from validate.mesh_hooks import activation_constraint, embedding_lookup, residual_storage
 
 
 def runs_one_f_one_b(plan: Plan) -> bool:

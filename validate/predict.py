@@ -58,21 +58,21 @@ parallelism (`validate.gpipe.runs_outer_whole`) or with MoE layers and tensor pa
 
 from __future__ import annotations
 
+from costmodel.hardware.machine import machine_for
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import Recompute, Schedule
+from costmodel.inputs.model_config import ModelConfig, Norm
+from costmodel.inputs.stack import Attention
 from costmodel.step.activations import activation_table
 from costmodel.step.data_parallel import layer_params_per_device, stage_params, stage_params_per_device
-from costmodel.hardware.profile import load_hardware
-from costmodel.inputs.layout import Recompute, Schedule
 from costmodel.step.lockstep import in_flight_slots
-from costmodel.hardware.machine import machine_for
 from costmodel.step.memory import MemoryBreakdown, activation_bytes_per_layer, micro_batch_gradient_bytes
-from costmodel.inputs.model_config import ModelConfig, Norm
 from costmodel.step.simulator import simulate
-from costmodel.inputs.stack import Attention
+from planner.plan_schema import Plan
 from planner.programs.attention import block_pairs, block_size
 from planner.programs.transformer import moe_capacity
-from planner.plan_schema import Plan
-from validate.one_f_one_b import runs_one_f_one_b
 from validate.gpipe import runs_outer_whole
+from validate.one_f_one_b import runs_one_f_one_b
 from validate.predict_data_parallel import data_parallel_collectives
 from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns, param_shards, pipeline_ticks, program_runs
 

@@ -1,4 +1,4 @@
-"""What a LoRA plan's program (`validate.lowering`, ``train.workload == "finetune-lora"``)
+"""What a LoRA plan's program (`validate.lowering`, ``--workload finetune-lora``)
 takes as arguments, computes and communicates per device: the LoRA branch of `validate.predict`.
 
 - Arguments: the frozen base weights as stored (each by the plan's spec; layer weights in the
@@ -35,8 +35,9 @@ import jax.numpy as jnp
 
 from costmodel.inputs.layout import Recompute
 from costmodel.inputs.workload import FrozenDtype, adapted_matrices
-from planner.programs.lora import adapter_shapes, adapter_specs, frozen_dtype_of
+from costmodel.workloads import Pretrain
 from planner.plan_schema import Plan
+from planner.programs.lora import adapter_shapes, adapter_specs, frozen_dtype_of
 from validate.predict import predicted_collectives, predicted_matmul_flops, predicted_memory_bytes
 from validate.program_runs import F32_BYTES, PredictedCollective, param_shards
 
@@ -58,9 +59,9 @@ def adapter_elements_per_device(plan: Plan, *, data_whole: bool = False) -> floa
     over the data axes, as their gradients are reduced)."""
     sizes = {a.name: a.size for a in plan.mesh}
     data = plan.axes_of("dp")
-    specs = adapter_specs(plan.model, plan.train.lora, plan.param_specs)
+    specs = adapter_specs(plan.model, plan.train.workload.lora, plan.param_specs)
     return sum(math.prod(shape) * (_split(specs[p], sizes, data) if data_whole else 1) / _split(specs[p], sizes)
-               for p, shape in adapter_shapes(plan.model, plan.train.lora).items())
+               for p, shape in adapter_shapes(plan.model, plan.train.workload.lora).items())
 
 
 def lora_argument_bytes(plan: Plan) -> float:
@@ -74,7 +75,7 @@ def lora_argument_bytes(plan: Plan) -> float:
     """
     lay, train = plan.layout, plan.train
     frozen = sum(el * jnp.dtype(frozen_dtype_of(path, train)).itemsize for path, (el, _, _) in param_shards(plan).items())
-    if train.lora.frozen_dtype.value == "int4":  # jnp's itemsize of int4 is 1; XLA packs two per byte
+    if train.workload.lora.frozen_dtype.value == "int4":  # jnp's itemsize of int4 is 1; XLA packs two per byte
         frozen -= sum(el / 2 for path, (el, _, _) in param_shards(plan).items() if frozen_dtype_of(path, train) == jnp.int4)
     adapters = adapter_elements_per_device(plan)
     moments = adapters * 2 * train.optimizer_dtype.bytes / (lay.dp if lay.zero_stage in (1, 2) else 1)
@@ -85,21 +86,21 @@ def lora_argument_bytes(plan: Plan) -> float:
 def lora_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The per-device memory the LoRA program should peak at on ``platform`` (see the module docstring)."""
     total = predicted_memory_bytes(plan, platform=platform)
-    if platform == "cpu" and plan.train.lora.frozen_dtype is FrozenDtype.BF16:
+    if platform == "cpu" and plan.train.workload.lora.frozen_dtype is FrozenDtype.BF16:
         total += sum(el for path, (el, _, _) in param_shards(plan).items() if path.startswith("layers/")) * F32_BYTES
     return total
 
 
 def _pretraining_twin(plan: Plan) -> Plan:
     """The same plan pretraining the model: the rules LoRA's program shares with it."""
-    return plan.model_copy(update={"train": plan.train.model_copy(update={"workload": "pretrain", "lora": None})})
+    return plan.model_copy(update={"train": plan.train.model_copy(update={"workload": Pretrain()})})
 
 
 def _adapter_matmul_flops_per_token(plan: Plan) -> float:
     """Forward FLOPs of one layer's adapter GEMMs per token on one device (the split half divided by tp)."""
-    t, r = plan.layout.tp, plan.train.lora.rank
+    t, r = plan.layout.tp, plan.train.workload.lora.rank
     return sum(2 * r * (a.d_in + a.d_out / t if a.split == "column" else a.d_in / t + a.d_out)
-               for a in adapted_matrices(plan.model, plan.train.lora))
+               for a in adapted_matrices(plan.model, plan.train.workload.lora))
 
 
 def lora_matmul_flops(plan: Plan) -> float:
@@ -133,14 +134,15 @@ def lora_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedColl
             c = c.model_copy(update={"bytes_per_call": c.bytes_per_call * 3 / 4, "why": "softmax max and sum over the vocabulary split"})
         out.append(c)
     if tensor:
-        adapters = adapted_matrices(plan.model, train.lora)
+        adapters = adapted_matrices(plan.model, train.workload.lora)
         rows = sum(a.split == "row" for a in adapters) * (2 if lay.recompute is Recompute.FULL else 1)
         cols = sum(a.split == "column" for a in adapters)
-        rank_bytes = lay.micro_batch * train.seq_len * train.lora.rank * e
+        rank_bytes = lay.micro_batch * train.seq_len * train.workload.adapter_rank * e
         for count, why in ((rows, "LoRA: a row-parallel adapter's x·A summed over the tensor axes, forward (and recompute)"),
                            (cols, "LoRA: a column-parallel adapter's dy·Bᵀ summed over the tensor axes, backward")):
             if count:
-                out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=rank_bytes, calls=count * layer_runs, why=why))
+                out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=rank_bytes, calls=count * layer_runs,
+                                               why=why))
     if data:
         per_layer = adapter_elements_per_device(plan, data_whole=True) / plan.model.num_layers
         out.append(PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=per_layer * e, calls=layer_runs,

@@ -42,18 +42,18 @@ import math
 
 import jax.numpy as jnp
 
+from costmodel.inputs.stack import Attention
 from costmodel.step.inference import padded_context
 from costmodel.step.serving_kernels import kv_element_bytes
-from costmodel.inputs.stack import Attention
+from planner.plan_schema import Plan
 from planner.programs.attention import block_pairs, block_size
 from planner.programs.decode import served_dtype_of
-from planner.plan_schema import Plan
 from validate.program_runs import PredictedCollective, param_shards
 from validate.serving import serving_micro_batches
 
 
 def _is_decode(plan: Plan) -> bool:
-    return plan.train.workload.value == "decode"
+    return plan.train.workload.of_step(decode=True, prefill=False)
 
 
 def _new_tokens(plan: Plan) -> int:

@@ -20,8 +20,8 @@ import jax
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks
-from planner.programs.params import abstract_params
 from planner.plan_schema import Plan
+from planner.programs.params import abstract_params
 from validate.one_f_one_b import runs_one_f_one_b
 
 F32_BYTES = 4

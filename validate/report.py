@@ -35,6 +35,8 @@ devices (`fp8_frozen_not_checked`).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -94,11 +96,11 @@ class Check(BaseModel):
 def predicted_argument_bytes(plan: Plan) -> float:
     """What the step takes as input on one device: master parameters (as the plan's specs
     split them), Adam moments (also split over the data axes with ZeRO ≥ 1), the batch."""
+    return workload_predictions(plan).argument_bytes(plan)
+
+
+def _train_argument_bytes(plan: Plan) -> float:
     lay, train = plan.layout, plan.train
-    if train.is_inference:
-        return serving_argument_bytes(plan)
-    if train.is_lora:
-        return lora_argument_bytes(plan)
     n = parameters_per_device(plan)
     params = n * train.param_dtype.bytes
     moments = n * 2 * train.optimizer_dtype.bytes / (lay.dp if lay.zero_stage in (1, 2) else 1)
@@ -118,7 +120,8 @@ def offload_not_checked(plan: Plan) -> str | None:
 def fp8_frozen_not_checked(plan: Plan, *, platform: str = "cpu") -> str | None:
     """What a validation on ``platform`` leaves unchecked of a LoRA plan over fp8 frozen weights;
     None for other plans or on a GPU."""
-    if platform != "cpu" or not plan.train.is_lora or plan.train.lora.frozen_dtype is not FrozenDtype.FP8:
+    workload = plan.train.workload
+    if platform != "cpu" or not workload.runs_backward or workload.frozen_dtype is not FrozenDtype.FP8:
         return None
     return ("frozen fp8 weights: the CPU backend converts them for its fp32 dots in ways not predicted (compiled peaks "
             "0.94-1.16x a bf16-copy estimate on gpt2, dp 2-8), so memory per device is not checked; arguments, FLOPs and "
@@ -128,8 +131,7 @@ def fp8_frozen_not_checked(plan: Plan, *, platform: str = "cpu") -> str | None:
 def refuse_unlowered_weights(plan: Plan) -> None:
     """Refuse in one line (`UnsupportedError`) a plan whose weights are stored in a format the
     reference program cannot lower (NF4): checking it as int4 would check another program."""
-    train = plan.train
-    stored = train.lora.frozen_dtype if train.lora is not None else train.inference.weight_dtype if train.inference else None
+    stored = plan.train.workload.frozen_dtype
     if stored is not None:
         stored.require_lowerable()
 
@@ -139,9 +141,7 @@ def features_not_predicted(plan: Plan) -> list[str]:
     `validate.predict_lora` for LoRA); none for an intra-op plan, predicted from its choice."""
     if intra_op_program(plan) is not None:
         return []
-    if plan.train.is_inference:  # every serving program lowered is predicted (`validate.predict_serving`)
-        return []
-    return (lora_unpredicted_features if plan.train.is_lora else unpredicted_features)(plan)
+    return workload_predictions(plan).unpredicted_features(plan)
 
 
 def _collective_checks(report: CompileReport, predicted: list[PredictedCollective] | None, tolerance: float) -> list[Check]:
@@ -168,17 +168,53 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
                      matmul_flops=intraop_predict.predicted_matmul_flops(program),
                      collectives=intraop_predict.predicted_collectives(program, tuple(a.name for a in plan.mesh),
                                                                         platform=report.platform))
-    if plan.train.is_inference:  # the CPU backend's fp32 weight copies say nothing of a GPU's peak: no memory row
-        return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=None,
-                     matmul_flops=serving_matmul_flops(plan), collectives=serving_collectives(plan))
+    predictions = workload_predictions(plan)
     unpredicted = bool(features_not_predicted(plan))
-    lora = plan.train.is_lora
     offloaded = offload_not_checked(plan) is not None  # the peak compiled is of the program without offload
     unchecked_peak = offloaded or fp8_frozen_not_checked(plan, platform=report.platform) is not None
-    memory = None if unchecked_peak else (lora_memory_bytes if lora else predicted_memory_bytes)(plan, platform=report.platform)
+    memory = None if unchecked_peak or predictions.memory_bytes is None else predictions.memory_bytes(plan, platform=report.platform)
     return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=memory,
-                 matmul_flops=(lora_matmul_flops if lora else predicted_matmul_flops)(plan),
-                 collectives=None if unpredicted else (lora_collectives if lora else predicted_collectives)(plan, platform=report.platform))
+                 matmul_flops=predictions.matmul_flops(plan),
+                 collectives=None if unpredicted else predictions.collectives(plan, platform=report.platform))
+
+
+@dataclass(frozen=True)
+class WorkloadPredictions:
+    """What `validate` predicts of one workload's compiled program (`validate.predict`, `validate.predict_lora`,
+    `validate.predict_serving`): its arguments, peak memory (None: no memory row), matmul FLOPs and collectives,
+    and the features whose collectives it does not predict."""
+
+    argument_bytes: Callable[[Plan], float]
+    memory_bytes: Callable[..., float] | None
+    matmul_flops: Callable[[Plan], float]
+    collectives: Callable[..., list[PredictedCollective]]
+    unpredicted_features: Callable[[Plan], list[str]]
+
+
+def _serving_collectives(plan: Plan, *, platform: str) -> list[PredictedCollective]:
+    return serving_collectives(plan)
+
+
+_TRAINING = WorkloadPredictions(argument_bytes=_train_argument_bytes, memory_bytes=predicted_memory_bytes,
+                                matmul_flops=predicted_matmul_flops, collectives=predicted_collectives,
+                                unpredicted_features=unpredicted_features)
+# Each workload's predictions, by its --workload name (`costmodel.workloads`). Serving has no memory row: the CPU
+# backend's fp32 weight copies say nothing of a GPU's peak; every serving program lowered is predicted.
+WORKLOAD_PREDICTIONS = {
+    "pretrain": _TRAINING,
+    "finetune-full": _TRAINING,
+    "finetune-lora": WorkloadPredictions(argument_bytes=lora_argument_bytes, memory_bytes=lora_memory_bytes,
+                                         matmul_flops=lora_matmul_flops, collectives=lora_collectives,
+                                         unpredicted_features=lora_unpredicted_features),
+    "prefill": WorkloadPredictions(argument_bytes=serving_argument_bytes, memory_bytes=None, matmul_flops=serving_matmul_flops,
+                                   collectives=_serving_collectives, unpredicted_features=lambda plan: []),
+}
+WORKLOAD_PREDICTIONS["decode"] = WORKLOAD_PREDICTIONS["prefill"]
+
+
+def workload_predictions(plan: Plan) -> WorkloadPredictions:
+    """The predictions of ``plan``'s workload (`WORKLOAD_PREDICTIONS`)."""
+    return WORKLOAD_PREDICTIONS[plan.train.workload.kind]
 
 
 def _rows(report: CompileReport, tolerance: float, *, argument_bytes: float, memory_bytes: float | None, matmul_flops: float | None,

@@ -42,18 +42,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import UnsupportedError
 from costmodel.step.inference import micro_batches
+from planner.plan_schema import Plan
 from planner.programs.decode import decode_embed, decode_layers, decode_step
 from planner.programs.prefill import prefill_layers, prefill_step
 from planner.programs.transformer import embed, head
-from planner.plan_schema import Plan
-from validate.lowering import _region_mesh, activation_constraint, embedding_lookup, kv_cache_spec
+from validate.mesh_hooks import activation_constraint, embedding_lookup, kv_cache_spec, region_mesh
 
 Step = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
 
 
 def serving_micro_batches(plan: Plan) -> int:
     """Micro-batches per replica the program runs through the pipeline (module docstring)."""
-    return micro_batches(plan.train, plan.layout) if plan.train.workload.value == "decode" else 1
+    return plan.train.workload.of_step(decode=micro_batches, prefill=lambda train, layout: 1)(plan.train, plan.layout)
 
 
 def serving_program(plan: Plan, mesh: Mesh) -> Step:
@@ -61,7 +61,8 @@ def serving_program(plan: Plan, mesh: Mesh) -> Step:
 
     >>> from costmodel.inputs.layout import Layout
     >>> from planner.api import layout_plan
-    >>> from validate.lowering import abstract_inputs, device_mesh
+    >>> from validate.lowering import abstract_inputs
+    >>> from validate.mesh_hooks import device_mesh
     >>> p = layout_plan("gpt2", Layout(), global_batch=2, seq_len=64, workload="prefill", inference={"prompt_len": 32})
     >>> mesh = device_mesh(p)
     >>> logits, cache = jax.eval_shape(serving_program(p, mesh), *abstract_inputs(p, mesh))
@@ -72,14 +73,14 @@ def serving_program(plan: Plan, mesh: Mesh) -> Step:
     if lay.pp > 1 and (plan.model.num_layers % lay.pp or (lay.stage_layers and len(set(lay.stage_layers)) > 1)):
         raise UnsupportedError(f"a serving plan with uneven pipeline stages ({plan.model.num_layers} layers on {lay.pp} stages) "
                                "is not lowered yet", fix="plan it with a pipeline degree that divides the layers")
-    model, prefill = plan.model, plan.train.workload.value == "prefill"
+    model, prefill = plan.model, plan.train.workload.of_step(decode=False, prefill=True)
     dt = jnp.dtype(plan.train.compute_dtype.value)
     constrain_activation = activation_constraint(plan, mesh)
     cache_spec = PartitionSpec(*(d for i, d in enumerate(kv_cache_spec(plan)) if i != 0))  # one layer's slice
 
     def constrain(name: str, x: jax.Array) -> jax.Array:
         if name == "kv_cache_BxTxKxH":
-            return jax.lax.with_sharding_constraint(x, NamedSharding(_region_mesh(mesh), cache_spec))
+            return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh(mesh), cache_spec))
         return constrain_activation(name, x)
 
     lookup, attention = embedding_lookup(plan, mesh), plan.layout.stack.attention.value

@@ -3,7 +3,17 @@
 The checks ``plan validate --compile-only`` makes, for a function the user wrote, compiled as
 the choice pins it (``ShardResult.jit``): per-device
 memory from ``memory_analysis()`` against the predicted arguments, temporaries and outputs,
-the compiled matmul FLOPs, and the collectives of the partitioned HLO per mesh axis.
+the compiled matmul FLOPs, and the collectives of the partitioned HLO per mesh axis. The caller
+of ``planner.intraop.shard`` (a user, a benchmark) checks its result here; planner does not reach up.
+
+>>> import jax, jax.numpy as jnp
+>>> from planner.intraop.shard import shard
+>>> x, w = jax.ShapeDtypeStruct((64, 256), jnp.float32), jax.ShapeDtypeStruct((256, 512), jnp.float32)
+>>> mesh = jax.make_mesh((1,), ("data",))
+>>> result = shard(lambda x, w: jnp.tanh(x @ w), x, w, mesh=mesh, hardware="a100-80gb", baselines=False)
+>>> check = check_shard(result, lambda x, w: jnp.tanh(x @ w), x, w, mesh=mesh)
+>>> check.compiled_arguments_bytes == (64 * 256 + 256 * 512) * 4, check.compiled_matmul_flops == 2 * 64 * 256 * 512
+(True, True)
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.intraop.shard import ShardResult
 from validate.hlo import collectives, dot_flops
 
 
@@ -47,9 +58,9 @@ def compiled_memory(fn: Callable[..., Any], abstract_args: Sequence[Any], in_spe
                    donate_argnums=tuple(donate_argnums)).lower(*abstract_args).compile()
 
 
-def check_shard(result: Any, fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh,
+def check_shard(result: ShardResult, fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh,
                 donate_argnums: Sequence[int] = ()) -> ShardCheck:
-    """Compile ``result``'s pinned program (``planner.intraop.shard.ShardResult.jit``) and compare with its prediction."""
+    """Compile ``result``'s pinned program (`ShardResult.jit`) of ``fn`` on ``mesh`` and compare with its prediction."""
     compiled = result.jit(fn, *abstract_args, mesh=mesh, donate_argnums=donate_argnums).lower(*abstract_args).compile()
     m = compiled.memory_analysis()
     text = compiled.as_text()

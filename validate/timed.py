@@ -26,18 +26,21 @@ import os
 import statistics
 import time
 
+import jax
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, computed_field
 
 from costmodel.errors import InfeasibleError, InvalidPlanError
-from costmodel.step.estimate import StepEstimate
-from costmodel.hardware.profile import ClusterSpec
 from costmodel.hardware.machine import machine_for
-from costmodel.step.simulator import simulate
+from costmodel.hardware.profile import ClusterSpec
 from costmodel.inputs.stack import Attention, stack_with
 from costmodel.inputs.train_config import Dtype
+from costmodel.step.estimate import StepEstimate
+from costmodel.step.simulator import simulate
 from planner.plan_schema import Plan
-from validate.cpu_profile import cpu_clock, other_cpu_share
+from validate.cpu_profile import cached_measurement, cpu_clock, cpu_cluster, other_cpu_share
 from validate.emulated import run_emulated
+from validate.lowering import initial_inputs, jitted_step
+from validate.mesh_hooks import device_mesh
 from validate.report import Check
 
 
@@ -93,9 +96,7 @@ def predicted_step_s(plan: Plan, cluster: ClusterSpec) -> float:
 def time_plan(plan: Plan, *, steps: int = 3, repeats: int = 5, warmup: int = 2, seed: int = 0) -> TimedRun:
     """Time `cpu_plan` (``plan`` in float32) in this process, which must see the plan's
     device count (`time_in_subprocess` makes sure it does)."""
-    import jax
 
-    from validate.lowering import device_mesh, initial_inputs, jitted_step
 
     load_before = os.getloadavg()[0]
     plan = cpu_plan(plan)
@@ -137,8 +138,6 @@ def step_time_check(plan: Plan, *, compiled_peak_bytes: float, steps: int = 3, r
     Refuses (`InfeasibleError`) a plan whose devices' compiled peak (``compiled_peak_bytes``
     each; float32 compute needs more) would not fit in half of this host's memory: all
     emulated devices share it."""
-    from validate.cpu_profile import cached_measurement, cpu_cluster
-
     n = plan.layout.n_devices
     need_bytes, host_bytes = compiled_peak_bytes * n, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if need_bytes > host_bytes / 2:

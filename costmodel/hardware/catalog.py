@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 
 from costmodel.hardware.fabric import InterNodeFabric, IntraNodeFabric, IntraNodeKind, LinkSpec, host_network
-from costmodel.hardware.profile import ClusterSpec, DeviceKind, DeviceSpec
 from costmodel.hardware.host import HostSpec
-from costmodel.step.roofline import Efficiency
+from costmodel.hardware.profile import ClusterSpec, DeviceKind, DeviceSpec
 from costmodel.hardware.storage import ASSUMED_LOCAL_DISK, ASSUMED_SHARED_STORAGE, SUPERPOD_H100_STANDARD, StorageSpec
+from costmodel.step.roofline import Efficiency
 
 GB, GIB, TFLOPS = 1e9, 2**30, 1e12
 _GBIT = 1e9 / 8

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from costmodel.step.collectives import Group, Tier
 from costmodel.errors import InvalidConfigError, UnsupportedError
-from costmodel.step.fp8_memory import check_frozen_dtype
-from costmodel.hardware.profile import ClusterSpec, GradientTranspose, StepAllocator, load_hardware
+from costmodel.hardware.catalog import CATALOG
 from costmodel.hardware.host import HostSpec
-from costmodel.inputs.layout import Layout
-from costmodel.step.roofline import Efficiency
+from costmodel.hardware.profile import ClusterSpec, GradientTranspose, StepAllocator
+from costmodel.hardware.registry import load_hardware
 from costmodel.hardware.topology import layout_groups, mesh_groups
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.train_config import Precision, TrainConfig
+from costmodel.step.collectives import Group, Tier
+from costmodel.step.fp8_memory import check_frozen_dtype
+from costmodel.step.roofline import Efficiency
 
 
 class Machine(BaseModel):
@@ -119,8 +121,6 @@ def check_peak(cluster: ClusterSpec, dtype: str) -> None:
     ...     print(str(err).split(";")[0])
     a100-80gb has no float8 peak
     """
-    from costmodel.hardware.catalog import CATALOG  # the catalog builds on this module's neighbours
-
     if dtype in cluster.device.peak_flops_per_s:
         return
     label = _DTYPE_LABELS.get(dtype, dtype)
@@ -141,8 +141,6 @@ def check_serving_peak(cluster: ClusterSpec, train: TrainConfig) -> None:
     ...     print(str(err).split(";")[0])
     serving fp8 weights runs the GEMMs in fp8, and a100-80gb has no fp8 peak
     """
-    from costmodel.hardware.catalog import CATALOG
-
     if not train.serves_fp8 or "float8_e4m3fn" in cluster.device.peak_flops_per_s:
         return
     having = sorted({c.name for c in CATALOG.values() if "float8_e4m3fn" in c.device.peak_flops_per_s})

@@ -110,7 +110,7 @@ class AxisLink(BaseModel):
 def axis_links(mesh: MeshSpec, cluster: ClusterSpec) -> dict[str, AxisLink]:
     """For each axis of ``mesh`` on ``cluster``, the links its groups cross (as `costmodel.hardware.topology` places them).
 
-    >>> from costmodel.hardware.profile import load_hardware
+    >>> from costmodel.hardware.registry import load_hardware
     >>> links = axis_links(parse_mesh("4x8"), load_hardware("h100-sxm"))
     >>> links["axis1"].tiers, links["axis0"].tiers
     (('nvlink4',), ('ib-ndr400',))

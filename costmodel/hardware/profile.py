@@ -4,6 +4,7 @@ Units are SI and converted once, in `costmodel.hardware.catalog`: FLOP/s, bytes,
 seconds (NIC speeds in Gb/s, as vendors quote them). A user adds a profile as a JSON
 file holding a `ClusterSpec`.
 
+>>> from costmodel.hardware.registry import load_hardware
 >>> cluster = load_hardware("a100-80gb")
 >>> cluster.device.peak_flops_per_s["bfloat16"], cluster.devices_per_node
 (312000000000000.0, 8)
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated
 
 from pydantic import (
@@ -23,16 +23,16 @@ from pydantic import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
-    ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
-from costmodel.step.collectives import Tier
-from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
+from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.hardware.fabric import MAX_PER_NODE, ByteRate, InterNodeFabric, IntraNodeFabric
 from costmodel.hardware.host import HostSpec
-from costmodel.step.roofline import Efficiency
 from costmodel.hardware.storage import ASSUMED_SHARED_STORAGE, StorageSpec
+from costmodel.step.collectives import Tier
+from costmodel.step.roofline import Efficiency
 
 # A floor no part comes near (a CPU core does GFLOP/s), so that seconds computed from a
 # profile stay finite: a fuzzed profile of 1e-300 rates divided by zero.
@@ -114,7 +114,7 @@ class ClusterSpec(BaseModel):
 
     For TPUs a "node" is a slice: ``intra_node`` is its ICI torus and ``inter_node`` the
     data-centre network (DCN) between slices. In a JSON file ``device`` may name a built-in
-    device (``"h100-sxm"``) instead of spelling it out; README "Describing a cluster" has an example.
+    device (``"h100-sxm"``) instead of spelling it out; docs/clusters.md "Describing a cluster" has an example.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # a profile is finite numbers
@@ -132,10 +132,11 @@ class ClusterSpec(BaseModel):
 
     @field_validator("device", mode="before")
     @classmethod
-    def _device_by_name(cls, value: object) -> object:
+    def _device_by_name(cls, value: object, info: ValidationInfo) -> object:
         if not isinstance(value, str):
             return value
-        devices = known_devices()
+        # The built-in devices are built from this module's types, so `registry.load_hardware` hands them in.
+        devices = (info.context or {}).get("devices", {})
         if value not in devices:
             raise ValueError(f"unknown device {value!r} (known: {', '.join(sorted(devices))})")
         return devices[value]
@@ -155,6 +156,7 @@ class ClusterSpec(BaseModel):
     def with_devices_per_node(self, n: int) -> ClusterSpec:
         """This cluster with nodes of ``n`` devices, each device keeping its share of the NICs.
 
+        >>> from costmodel.hardware.registry import load_hardware
         >>> load_hardware("dgx-h100").with_devices_per_node(4).inter_node.nics_per_node
         4
         """
@@ -165,61 +167,16 @@ class ClusterSpec(BaseModel):
             raise InvalidConfigError(
                 f"--devices-per-node={n} would split {self.name}'s NICs ({nics} per {self.devices_per_node} devices) unevenly",
                 fix=f"give a multiple of {self.devices_per_node // math.gcd(nics, self.devices_per_node)}, or describe "
-                    "the nodes in a cluster JSON file (README: Describing a cluster)")
+                    "the nodes in a cluster JSON file (docs/clusters.md: Describing a cluster)")
         network = self.inter_node.model_copy(update={"nics_per_node": nics * n // self.devices_per_node})
         return self.model_copy(update={"devices_per_node": n, "inter_node": network})
 
     def summary(self) -> str:
         """One line: devices per node, the fabric inside a node and the network between nodes.
 
+        >>> from costmodel.hardware.registry import load_hardware
         >>> print(load_hardware("dgx-a100").summary())
         dgx-a100: 8× a100-80gb per node; NVSwitch (nvlink3) at 300 GB/s; 8× 200 Gb/s NICs (ib-hdr200), rail-optimised, 25 GB/s per device
         """
         return (f"{self.name}: {self.devices_per_node}× {self.device.name} per {self.intra_node.unit}; {self.intra_node.summary()}; "
                 f"{self.inter_node.summary(self.devices_per_node)}")
-
-
-def _known() -> dict[str, ClusterSpec]:
-    from costmodel.hardware.clusters import HARDWARE  # the catalog is built from this module's types
-
-    return HARDWARE
-
-
-def list_hardware() -> list[str]:
-    """Names of the built-in profiles: part names (``h100-sxm``) and cluster presets (``dgx-h100``)."""
-    return sorted(_known())
-
-
-def known_devices() -> dict[str, DeviceSpec]:
-    """The built-in devices by name, for a cluster file's ``"device": "h100-sxm"``."""
-    return {cluster.device.name: cluster.device for cluster in _known().values()}
-
-
-def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> ClusterSpec:
-    """A built-in profile by name, or a `ClusterSpec` JSON file; ``devices_per_node`` overrides
-    (see `ClusterSpec.with_devices_per_node`).
-
-    Raises:
-      InvalidConfigError: unknown name (the known ones are listed; for a prefix such as
-        ``alvis``, the presets it begins), missing file, or a
-        file that is not a valid profile (the first problem named by its field).
-    """
-    known = _known()
-    if name_or_path in known:
-        cluster = known[name_or_path]
-    else:
-        path = Path(name_or_path)
-        family = [name for name in list_hardware() if name.startswith(f"{name_or_path}-")]
-        if family and not path.is_file():  # e.g. 'alvis': a site with several node types
-            raise InvalidConfigError(f"hardware {name_or_path!r} has several node types", fix=f"name one: {', '.join(family)}")
-        if not path.is_file():
-            raise InvalidConfigError(
-                f"unknown hardware {name_or_path!r}", fix=f"use a profile JSON path or one of: {', '.join(list_hardware())}"
-            )
-        try:
-            cluster = ClusterSpec.model_validate_json(read_user_file(path, "hardware profile"))
-        except ValidationError as err:
-            where, msg, _ = first_problem(err)
-            raise InvalidConfigError(f"{name_or_path}: {where or 'profile'}: {msg}",
-                                     fix="see README 'Describing a cluster' (costmodel.hardware.profile.ClusterSpec)") from None
-    return cluster if devices_per_node is None else cluster.with_devices_per_node(devices_per_node)

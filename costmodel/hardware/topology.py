@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from costmodel.step.collectives import Group, Tier
 from costmodel.inputs.layout import Layout
+from costmodel.step.collectives import Group, Tier
 
 # Mesh axes from fastest to slowest varying.
 AXIS_ORDER = ("tp", "cp", "dp", "pp")

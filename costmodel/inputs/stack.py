@@ -53,22 +53,40 @@ class SelectiveRecompute(StrEnum):
     PER_LAYER = "selective-layer"
 
 
+# Marks a field that names or cites a preset rather than states a fact: it is not in `FACTS`,
+# so it gets no `plan` flag and `plan`'s preset list does not compare it.
+_NOT_A_FACT: dict[str, Any] = {"fact": False}
+
+
 class SoftwareStack(BaseModel):
-    """The facts of one training framework that move step time (frozen)."""
+    """The facts of one training framework that move step time (frozen).
+
+    Each fact's description is also the help of its `plan` flag (``tp_overlap`` is ``--tp-overlap``).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field("custom", description="Preset name, or 'custom' once a fact is overridden.")
-    citation: str = Field("", description="Where each fact was read: repository, file and commit.")
-    attention: Attention = Field(Attention.FLASH, description="Attention kernel.")
-    dp_overlap: bool = Field(True, description="Gradient reduction and ZeRO/FSDP gathers overlap compute.")
+    name: str = Field("custom", description="Preset name, or 'custom' once a fact is overridden.",
+                      json_schema_extra=_NOT_A_FACT)
+    citation: str = Field("", description="Where each fact was read: repository, file and commit.",
+                          json_schema_extra=_NOT_A_FACT)
+    attention: Attention = Field(
+        Attention.FLASH, description="Attention kernel: flash, fused, never writes the S×S scores (FlashAttention, "
+        "TE fused attention, the JAX program's blockwise attention); materialized, the S×S scores written out and read back.")
+    dp_overlap: bool = Field(
+        True, description="Data-parallel gradient reduction and ZeRO/FSDP parameter gathers overlap compute (bucketed "
+        "reduction behind the backward, gathers prefetched behind the neighbouring layer); False: all of it on the "
+        "critical path.")
     fused_elementwise: bool = Field(
         True, description="Activations, RoPE and residual adds run as fused kernels; False: one kernel per op (eager PyTorch), "
         "so a gated MLP also keeps its activation's output (silu keeps its input, the multiply both of its operands).")
     fused_norm: bool = Field(
         True, description="Each normalisation is one fused kernel; False: op by op (eager RMSNorm: fp32 upcast, pow, mean, "
         "rsqrt, two multiplies).")
-    tp_overlap: TpOverlap = Field(TpOverlap.NONE, description="Which tensor-parallel collectives hide behind GEMMs.")
+    tp_overlap: TpOverlap = Field(
+        TpOverlap.NONE, description="Which tensor-parallel collectives hide behind GEMMs: none; backward, the input "
+        "gradient's reduction behind the weight-gradient GEMM (Megatron-LM's asynchronous TP); gemm, every collective "
+        "pipelined in chunks with its GEMM (TransformerEngine's userbuffer overlap, XLA's collective matmul).")
     dropout: bool = Field(
         True, description="Trains a LayerNorm (GPT-2/Megatron-style) model with its dropout: fused dropout kernels after "
         "the attention probabilities and each block's output. False: no dropout (this project's JAX program has none).")
@@ -82,23 +100,26 @@ class SoftwareStack(BaseModel):
         "per weight matrix, whose partial input gradients XLA all-reduces one by one (this project's JAX program: "
         "`validate.predict`, checked against the compiled HLO).")
     batch_major: bool = Field(
-        False, description="Activations [batch, seq, hidden]: a sequence-parallel gather or reduce-scatter over the inner "
-        "sequence axis copies its buffer when micro_batch > 1. False: [seq, batch, hidden] or a compiler picks the layout.")
+        False, description="Activations [batch, seq, hidden] (DeepSpeed, PyTorch FSDP, torchtitan): a sequence-parallel "
+        "gather or reduce-scatter over the inner sequence axis copies its buffer when micro_batch > 1. "
+        "False: [seq, batch, hidden] or a compiler picks the layout.")
     reentrant_recompute: bool = Field(
         False, description="Recompute re-runs a layer's whole forward, last GEMM and collective included (reentrant "
-        "checkpointing); False: it stops at the last tensor backward needs (non-reentrant checkpointing, JAX remat).")
+        "checkpointing, Megatron-LM's CheckpointFunction); False: it stops at the last tensor backward needs (non-reentrant "
+        "checkpointing, JAX remat).")
     fsdp_copy_out: bool = Field(
         False, description="With ZeRO-3, each gathered parameter is copied out of the all-gather buffer on the compute "
-        "stream (per-parameter FSDP2); False: compute reads the gathered buffer.")
+        "stream (PyTorch's per-parameter FSDP2); False: compute reads the gathered buffer.")
     fused_grad_accumulation: bool = Field(
-        False, description="Weight-gradient GEMMs add into the accumulator themselves; False: each micro-batch's gradient "
-        "is written, then added by an HBM-bound kernel.")
+        False, description="Weight-gradient GEMMs add into the accumulator themselves (Megatron-LM's "
+        "gradient-accumulation fusion); False: each micro-batch's gradient is written, then added by an HBM-bound kernel.")
     reduce_every_micro_batch: bool = Field(
         False, description="With ZeRO-2, gradients are reduce-scattered after every micro-batch's backward, not only the "
-        "last (ZeRO-3 always does).")
+        "last (DeepSpeed; ZeRO-3 always does).")
     overlap_p2p: bool = Field(
         False, description="In the interleaved pipeline schedule, each stage-to-stage send and receive is posted "
-        "asynchronously and waited on only where the next chunk needs it, so it runs behind the micro-step beside it; "
+        "asynchronously and waited on only where the next chunk needs it, so it runs behind the micro-step beside it "
+        "(Megatron-Core's overlap_p2p_comm); "
         "False: blocking send/recv pairs. The non-interleaved schedule always blocks.")
     per_chunk_grad_reduce: bool = Field(
         False, description="In the interleaved schedule, each model chunk's gradients are reduced as soon as its last "
@@ -116,14 +137,14 @@ class SoftwareStack(BaseModel):
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
         "(cast, max, subtract, exp, sum, divide; backward a multiply and the cast back).")
     fp8_kept_casts: bool = Field(
-        True, description="Under the fp8 recipe a linear layer keeps its input for backward as the fp8 cast it made, and "
-        "each layer weight's fp8 cast and transpose stay resident between micro-batches (Transformer Engine @0004dbd "
+        True, description="Under the fp8 recipe (--precision fp8) a linear layer keeps its input for backward as the fp8 "
+        "cast it made, and each layer weight's fp8 cast and transpose stay resident between micro-batches (Transformer Engine @0004dbd "
         "transformer_engine/pytorch/module/linear.py; torchao Float8Linear keeps its fp8 input too); False: the 16-bit "
         "inputs are kept and every cast is redone where used (this project's JAX program, whose remat policy saves the "
         "inputs by name).")
     fp8_param_gather: bool = Field(
-        False, description="Under the fp8 recipe the layers' weights are kept and all-gathered (ZeRO 1-3) as fp8 "
-        "(Transformer Engine's fp8_model_init, Megatron-LM's --fp8-param-gather, torchao's "
+        False, description="Under the fp8 recipe (--precision fp8) the layers' weights are kept and all-gathered (ZeRO 1-3) "
+        "as fp8 (Transformer Engine's fp8_model_init, Megatron-LM's --fp8-param-gather, torchao's "
         "enable_fsdp_float8_all_gather); False: as bf16, cast to fp8 after the gather.")
     eager_adapters: bool = Field(
         True, description="LoRA adapters' dropout, alpha/r scale and add run as kernels of their own (NeMo's "
@@ -133,12 +154,13 @@ class SoftwareStack(BaseModel):
         False, description="With ZeRO-3 under LoRA, a layer's frozen weights share one FSDP flat parameter with its "
         "adapters and so get a gradient, in the dtype they are held in, and their weight-gradient GEMMs run (FSDP1 with "
         "use_orig_params=True: 'the gradient memory usage will be higher than expected (namely, equivalent to not "
-        "freezing those parameters)', pytorch/pytorch torch/distributed/fsdp/fully_sharded_data_parallel.py); False: "
-        "frozen weights have no gradient.")
+        "freezing those parameters)', pytorch/pytorch torch/distributed/fsdp/fully_sharded_data_parallel.py; Lit-GPT); "
+        "False: frozen weights have no gradient.")
     unsharded_grad_accumulation: bool = Field(
         False, description="With ZeRO 2-3 and several micro-batches, gradients are accumulated unsharded and "
         "reduce-scattered after the last micro-batch only (FSDP1's no_sync: 'FSDP will accumulate the full model "
-        "gradients (instead of gradient shards) until the eventual sync'); False: sharded after every micro-batch.")
+        "gradients (instead of gradient shards) until the eventual sync', as Lit-GPT runs it); False: sharded after every "
+        "micro-batch.")
     adapter_dropout_saved: bool = Field(
         False, description="Under LoRA with adapter dropout, each dropout keeps its output (A's input) and a one-byte mask "
         "for backward, apart from the tensor it read (an eager nn.Dropout: PyTorch native_dropout saves its bool mask; "
@@ -155,9 +177,13 @@ class SoftwareStack(BaseModel):
         False, description="Under LoRA over NF4 frozen weights (--frozen-dtype nf4 / nf4-dq), every 4-bit linear keeps "
         "its input for backward although its weight is frozen: bitsandbytes 0.41.0-0.43.1 MatMul4Bit.forward saves "
         "ctx.tensors = (A, B) whenever any input needs a gradient (bitsandbytes/autograd/_functions.py; 0.43.2, #1270, "
-        "saves (None, B)); False: a frozen linear keeps no input (bitsandbytes >= 0.43.2, PyTorch's own linear).")
+        "saves (None, B); the version of Lit-GPT's runs); False: a frozen linear keeps no input (bitsandbytes >= 0.43.2, "
+        "PyTorch's own linear).")
     selective_recompute: SelectiveRecompute = Field(
-        SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute re-runs.")
+        SelectiveRecompute.ATTENTION_CORE, description="What this framework's 'selective' recompute (--recompute "
+        "selective) re-runs: selective, the attention core (Megatron-LM, Korthikanti et al. 2022); selective-op, per op, "
+        "keeping matmul and attention outputs but every second matmul's; selective-layer, every second layer whole "
+        "(torchtitan's selective activation checkpointing).")
     fp32_weights: bool = Field(
         False, description="The trained weights are held in fp32 as the optimizer's master copy (no compute-dtype copy) "
         "and cast to the compute dtype by a kernel where each is used, every forward and every recomputed forward (with "
@@ -176,6 +202,10 @@ class SoftwareStack(BaseModel):
 
 _MEGATRON = "NVIDIA/Megatron-LM"
 _TITAN = "pytorch/torchtitan"
+
+FACTS: tuple[str, ...] = tuple(name for name, field in SoftwareStack.model_fields.items()
+                               if field.json_schema_extra != _NOT_A_FACT)
+"""`SoftwareStack`'s facts, in declaration order: every field but the preset's name and citation."""
 
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
@@ -240,8 +270,8 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         name="megatron-deepspeed", attention=Attention.MATERIALIZED, reentrant_recompute=True, reduce_every_micro_batch=True,
         fused_cross_entropy=False,
         citation="deepspeedai/Megatron-DeepSpeed (Megatron-LM 2021 fork): Megatron's fused kernels and reentrant "
-        "CheckpointFunction and op-by-op vocab-parallel cross-entropy, [s, b, h] activations; ZeRO from DeepSpeed @aecfec7 runtime/engine.py (ZeRO-2 reduces "
-        "every micro-batch); no asynchronous TP.",
+        "CheckpointFunction and op-by-op vocab-parallel cross-entropy, [s, b, h] activations; ZeRO from DeepSpeed "
+        "@aecfec7 runtime/engine.py (ZeRO-2 reduces every micro-batch); no asynchronous TP.",
     ),
     SoftwareStack(
         name="pytorch-fsdp1", batch_major=True, fused_elementwise=False, fused_norm=False,
@@ -264,8 +294,8 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         name="torchtitan", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_copy_out=True,
         selective_recompute=SelectiveRecompute.PER_OP,
         citation=f"{_TITAN} @9dec370: torchtitan/parallelisms/parallelize_llama.py fully_shard (FSDP2, per-parameter: "
-        "pytorch/pytorch @v2.5.0 torch/distributed/_composable/fsdp/_fsdp_collectives.py copies each parameter out of the all-gather output), "
-        "ptd_checkpoint_wrapper (non-reentrant); train_configs/llama3_8b.toml compile=false, norm_type=rmsnorm, "
+        "pytorch/pytorch @v2.5.0 torch/distributed/_composable/fsdp/_fsdp_collectives.py copies each parameter out of "
+        "the all-gather output), ptd_checkpoint_wrapper (non-reentrant); train_configs/llama3_8b.toml compile=false, norm_type=rmsnorm, "
         "selective_ac_option='op'; DTensor [batch, seq, hidden] sequence parallelism; vanilla (not async) TP.",
     ),
     SoftwareStack(

@@ -3,9 +3,9 @@
 >>> t = TrainConfig(seq_len=2048, global_batch=512)
 >>> t.tokens_per_step, t.param_dtype.bytes, t.compute_dtype.bytes
 (1048576, 4, 2)
->>> TrainConfig(workload="finetune-lora").lora.rank
+>>> TrainConfig(workload="finetune-lora").workload.lora.rank
 16
->>> TrainConfig(workload="decode", global_batch=8).inference.kv_block_size
+>>> TrainConfig(workload="decode", global_batch=8).workload.serving.kv_block_size
 16
 """
 
@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from costmodel.inputs.workload import FrozenDtype, InferenceConfig, LoraConfig, WorkloadKind
+from costmodel.workloads import Pretrain, Workload, workload_of
 
 
 class Dtype(StrEnum):
@@ -90,54 +90,34 @@ class TrainConfig(BaseModel):
     grad_dtype: Dtype = Field(Dtype.FP32, description="Gradients as reduced and accumulated.")
     optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
     optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
-    workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="pretrain, finetune-full (the same step), finetune-lora, "
-                                   "or the inference workloads prefill and decode (global_batch: sequences per replica, "
-                                   "seq_len: context).")
-    lora: LoraConfig | None = Field(None, description="LoRA's settings; set exactly when workload is finetune-lora.")
-    inference: InferenceConfig | None = Field(None, description="Serving settings; set exactly when workload is prefill or decode.")
+    workload: Workload = Field(default_factory=Pretrain, description="What the step does (`costmodel.workloads`): pretrain, "
+                               "finetune-full (the same step), finetune-lora (with its LoRA settings), or the serving "
+                               "workloads prefill and decode (global_batch: sequences per replica, seq_len: context).")
 
     @model_validator(mode="before")
     @classmethod
-    def _default_lora(cls, data: Any) -> Any:
-        """A LoRA workload without settings gets the defaults (rank 16 on the attention projections)."""
-        if isinstance(data, dict) and data.get("workload") == WorkloadKind.FINETUNE_LORA and data.get("lora") is None:
-            return {**data, "lora": LoraConfig()}
-        if isinstance(data, dict) and data.get("workload") in (WorkloadKind.PREFILL, WorkloadKind.DECODE) and data.get("inference") is None:
-            return {**data, "inference": InferenceConfig()}
-        return data
+    def _typed_workload(cls, data: Any) -> Any:
+        """The workload named as before the typed workloads (``workload`` a name, its ``lora`` or ``inference``
+        settings beside it), as plan files and keyword callers still give it, becomes its typed object."""
+        if not isinstance(data, dict) or not ({"lora", "inference"} & data.keys() or isinstance(data.get("workload"), str)):
+            return data
+        rest = {k: v for k, v in data.items() if k not in ("lora", "inference")}
+        named = data.get("workload", "pretrain")
+        if isinstance(named, str):
+            return {**rest, "workload": workload_of(named, lora=data.get("lora"), inference=data.get("inference"))}
+        if data.get("lora") is not None or data.get("inference") is not None:
+            raise ValueError("give the LoRA or serving settings inside the workload object, not beside it")
+        return rest
 
     @model_validator(mode="after")
-    def _lora_only_for_lora(self) -> TrainConfig:
-        if self.lora is not None and self.workload is not WorkloadKind.FINETUNE_LORA:
-            raise ValueError(f"LoRA settings given for workload {self.workload.value}; they apply to finetune-lora only")
+    def _settings_fit_context(self) -> TrainConfig:
+        self.workload.check_context(self.seq_len)
         return self
-
-    @model_validator(mode="after")
-    def _inference_settings_only_for_inference(self) -> TrainConfig:
-        if self.inference is not None and not self.workload.is_inference:
-            raise ValueError(f"serving settings given for workload {self.workload.value}; they apply to prefill and decode only")
-        return self
-
-    @model_validator(mode="after")
-    def _prompt_within_context(self) -> TrainConfig:
-        if self.inference is not None and (self.inference.prompt_len or 0) > self.seq_len:
-            raise ValueError(f"prompt_len={self.inference.prompt_len} exceeds the context length {self.seq_len}")
-        return self
-
-    @property
-    def is_inference(self) -> bool:
-        """Whether the step is a prefill or decode forward on weights alone."""
-        return self.inference is not None
 
     @property
     def prompt_len(self) -> int:
-        """Prompt tokens per sequence of an inference workload (the whole context by default)."""
-        return (self.inference.prompt_len if self.inference else None) or self.seq_len
-
-    @property
-    def is_lora(self) -> bool:
-        """Whether the base weights are frozen and only LoRA adapters train."""
-        return self.lora is not None
+        """Prompt tokens per sequence of a serving workload (the whole context by default)."""
+        return self.workload.prompt_len(self.seq_len)
 
     @property
     def tokens_per_step(self) -> int:
@@ -160,7 +140,7 @@ class TrainConfig(BaseModel):
         >>> TrainConfig(workload="decode", inference={"weight_dtype": "fp8"}).serves_fp8
         True
         """
-        return self.inference is not None and self.inference.weight_dtype is FrozenDtype.FP8
+        return self.workload.serves_fp8
 
     @property
     def linear_peak_dtype(self) -> str:

@@ -1,4 +1,4 @@
-"""What a step does with the model: pretraining, full fine-tuning or LoRA fine-tuning.
+"""The settings of the workloads (`costmodel.workloads`, one typed object each): LoRA's and serving's.
 
 A workload is one of the three typed inputs (cluster, software stack, workload). Pretraining
 and full fine-tuning run the same step (every weight trains, AdamW state for all of them), so
@@ -11,6 +11,7 @@ them); the adapters train in fp32
 with AdamW like any weight. Inference workloads (prefill: one forward over whole prompts;
 decode: one token per sequence per step against a KV cache) hold weights only, no gradients
 or optimizer state; `InferenceConfig` has their settings and `costmodel.step.inference` their costs.
+`WorkloadKind` lists the ``--workload`` names.
 
 >>> lora = LoraConfig(rank=16)
 >>> m = ModelConfig(name="m", hidden_size=4096, num_layers=1, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=8)
@@ -41,11 +42,6 @@ class WorkloadKind(StrEnum):
     FINETUNE_LORA = "finetune-lora"
     PREFILL = "prefill"
     DECODE = "decode"
-
-    @property
-    def is_inference(self) -> bool:
-        """Prefill and decode run the forward pass only, on weights alone."""
-        return self in (WorkloadKind.PREFILL, WorkloadKind.DECODE)
 
 
 class LoraGroup(StrEnum):

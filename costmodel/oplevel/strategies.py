@@ -32,11 +32,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from costmodel.step.collectives import Group, all_gather_s, all_reduce_s, all_to_all_s, combined, exposed_s, reduce_scatter_s
-from costmodel.oplevel.fusion import HbmTraffic
-from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.hardware.machine import Machine
+from costmodel.oplevel.fusion import HbmTraffic
 from costmodel.oplevel.opgraph import LoopNest, OpNode, TensorSpec, dtype_bytes
+from costmodel.step.collectives import Group, all_gather_s, all_reduce_s, all_to_all_s, combined, exposed_s, reduce_scatter_s
+from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.step.roofline import kernel_time_s
 
 Sharding = tuple[tuple[str, ...], ...]

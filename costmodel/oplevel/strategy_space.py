@@ -34,12 +34,12 @@ from typing import Callable
 import networkx as nx
 import numpy as np
 
-from costmodel.step.collectives import exposed_s
 from costmodel.errors import InfeasibleError
-from costmodel.oplevel.fusion import OWN_KERNEL, HbmTraffic, fused_traffic
 from costmodel.hardware.machine import Machine
+from costmodel.oplevel.fusion import OWN_KERNEL, HbmTraffic, fused_traffic
 from costmodel.oplevel.opgraph import OP_ATTR, USES_ATTR, OpNode, TensorSpec
 from costmodel.oplevel.strategies import MeshGroups, Sharding, Strategy, loop_divisible, op_strategies, reshard_s, strategy_for
+from costmodel.step.collectives import exposed_s
 
 _GIB = 2**30
 # Ops that make a big tensor from a small one: they follow their reader, not their producer.

@@ -47,12 +47,12 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.step.kernels import local_widths, mlp_rows_per_token, uses_dropout
 from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import Attention
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import LoraGroup, LoraTarget, adapted_matrices
+from costmodel.inputs.workload import LoraGroup, LoraTarget
+from costmodel.step.kernels import local_widths, mlp_rows_per_token, uses_dropout
 
 
 class Role(StrEnum):
@@ -100,9 +100,9 @@ def activation_table(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
                   ActivationTerm(name="mlp_dropout_mask", bytes=mask, role=Role.ELEMENTWISE)]
     # Under LoRA a frozen fp8 GEMM keeps nothing for a weight gradient: the inputs kept are the
     # adapters', which run in the compute dtype and keep it.
-    if train.is_fp8 and layout.stack.fp8_kept_casts and not train.is_lora:
-        terms = fp8_activation_terms(terms, train)
-    return lora_activation_terms(terms, model, train, layout) if train.is_lora else terms
+    if train.workload.trains_base_weights:
+        return fp8_activation_terms(terms, train) if train.is_fp8 and layout.stack.fp8_kept_casts else terms
+    return lora_activation_terms(terms, model, train, layout)
 
 
 # The inputs of the fp8 GEMMs: what their weight gradients read in backward.
@@ -159,9 +159,9 @@ def lora_activation_terms(terms: list[ActivationTerm], model: ModelConfig, train
     """
     flash = layout.stack.attention is Attention.FLASH
     # bitsandbytes' 4-bit matmul keeps the input of every frozen linear (`SoftwareStack.bnb_4bit_saves_input`).
-    frozen_keep_inputs = train.lora.frozen_dtype.is_bitsandbytes and layout.stack.bnb_4bit_saves_input
+    frozen_keep_inputs = train.workload.frozen_dtype.is_bitsandbytes and layout.stack.bnb_4bit_saves_input
     readers = _adapter_readers(model, train, layout)
-    eager_dropout = layout.stack.adapter_dropout_saved and train.lora.dropout > 0
+    eager_dropout = layout.stack.adapter_dropout_saved and train.workload.adapter_dropout > 0
     kept, dropouts = [], []
     for t in terms:
         read = readers.get(t.name, 0) if t.name in _WEIGHT_GRADIENT_INPUTS else 0
@@ -174,8 +174,8 @@ def lora_activation_terms(terms: list[ActivationTerm], model: ModelConfig, train
             kept.append(t)
     tokens = layout.micro_batch * train.seq_len / layout.cp
     return kept + dropouts + [ActivationTerm(name=f"lora_{a.name}_down_output", role=Role.MATMUL_OUTPUT,
-                                             bytes=tokens * train.lora.rank * train.compute_dtype.bytes)
-                              for a in adapted_matrices(model, train.lora)]
+                                             bytes=tokens * train.workload.adapter_rank * train.compute_dtype.bytes)
+                              for a in train.workload.adapters(model)]
 
 
 # The matmul input each adapted matrix reads (`costmodel.inputs.workload.WEIGHT_NAMES`).
@@ -187,7 +187,7 @@ def _adapter_readers(model: ModelConfig, train: TrainConfig, layout: Layout) -> 
     """How many adapters (each with its own dropout) read each matmul input; adapters on a fused
     qkv projection (`SoftwareStack.fused_qkv_views`) are one module with one dropout."""
     readers: dict[str, int] = {}
-    for a in adapted_matrices(model, train.lora):
+    for a in train.workload.adapters(model):
         readers[_ADAPTER_INPUTS[a.name]] = readers.get(_ADAPTER_INPUTS[a.name], 0) + 1
     if layout.stack.fused_qkv_views and "qkv_input" in readers:
         readers["qkv_input"] = 1

@@ -42,16 +42,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
+from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig, Positions
+from costmodel.inputs.train_config import Dtype, TrainConfig
+from costmodel.inputs.workload import norm_params_per_layer
 from costmodel.step.collectives import all_gather_s, all_reduce_s, exposed_s, reduce_scatter_s
 from costmodel.step.fp8_memory import gathered_layer_param_bytes
 from costmodel.step.kernels import holds_master_weights
 from costmodel.step.layer_costs import LayerCosts
-from costmodel.inputs.layout import Layout
 from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks, runs_lockstep
-from costmodel.hardware.machine import Machine
-from costmodel.inputs.model_config import ModelConfig, Positions
-from costmodel.inputs.train_config import Dtype, TrainConfig
-from costmodel.inputs.workload import adapter_params_per_layer, norm_params_per_layer
 
 
 class DataParallelCost(BaseModel):
@@ -98,14 +98,14 @@ def stage_trainable_params(model: ModelConfig, train: TrainConfig, layout: Layou
     >>> stage_trainable_params(m, TrainConfig(workload="finetune-lora"), Layout(), 0)  # 4 layers · 16 · 4 · 2048
     524288.0
     """
-    if not train.is_lora:
+    if train.workload.trains_base_weights:
         return stage_params(model, layout, stage)
-    return layout.layers_on_stage(model.num_layers, stage) * adapter_params_per_layer(model, train.lora, tp=layout.tp)
+    return layout.layers_on_stage(model.num_layers, stage) * train.workload.adapter_params_per_layer(model, tp=layout.tp)
 
 
 def trainable_params_per_device(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
     """Trained parameters on the most loaded pipeline stage, per device, before ZeRO sharding."""
-    if not train.is_lora:
+    if train.workload.trains_base_weights:
         return stage_params_per_device(model, layout)
     return max(stage_trainable_params(model, train, layout, s) for s in range(layout.pp))
 
@@ -114,7 +114,7 @@ def frozen_layer_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -
     """Bytes of one layer's frozen base weights on one device under LoRA: the weight matrices
     as `costmodel.inputs.workload.FrozenDtype` stores them, the norms in the compute dtype."""
     norms = norm_params_per_layer(model) / layout.tp
-    return (layer_params_per_device(model, layout) - norms) * train.lora.frozen_dtype.bytes + norms * train.compute_dtype.bytes
+    return (layer_params_per_device(model, layout) - norms) * train.workload.frozen_dtype.bytes + norms * train.compute_dtype.bytes
 
 
 def frozen_stage_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:
@@ -197,10 +197,10 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     n_micro = layout.micro_batches(train)
     per_layer = layer_params_per_device(model, layout)
-    if train.is_lora:
+    if not train.workload.trains_base_weights:
         gather, other_gather = _lora_fsdp_bytes(model, train, layout)
         gather_s = all_gather_s(gather, group)
-        scatter_s = reduce_scatter_s(adapter_params_per_layer(model, train.lora, tp=layout.tp) * grad_bytes, group)
+        scatter_s = reduce_scatter_s(train.workload.adapter_params_per_layer(model, tp=layout.tp) * grad_bytes, group)
         ends_s = 2 * all_gather_s(other_gather, group)
         gathered_bytes = n_micro * 2 * (layers * gather + other_gather)
     else:
@@ -225,7 +225,7 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
 def _lora_fsdp_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> tuple[float, float]:
     """ZeRO 3 under LoRA: bytes one layer's gather moves (frozen weights as stored, adapters in
     the compute dtype) and the embedding's and head's (frozen, so they have no gradient to scatter)."""
-    adapters = adapter_params_per_layer(model, train.lora, tp=layout.tp) * train.compute_dtype.bytes
+    adapters = train.workload.adapter_params_per_layer(model, tp=layout.tp) * train.compute_dtype.bytes
     stage = max(range(layout.pp), key=lambda s: frozen_stage_bytes(model, train, layout, s))
     frozen_layer = frozen_layer_bytes(model, train, layout)
     other = frozen_stage_bytes(model, train, layout, stage) - layout.layers_on_stage(model.num_layers, stage) * frozen_layer

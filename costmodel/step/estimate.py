@@ -11,11 +11,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, computed_field
 
 from costmodel.inputs.layout import Layout
+from costmodel.record import Record
 from costmodel.step.memory import MemoryBreakdown
 from costmodel.step.offload import OffloadTimes
-from costmodel.step.schedules import TimelineEvent
 from costmodel.step.run_overheads import RunOverheads
-from costmodel.record import Record
+from costmodel.step.schedules import TimelineEvent
 
 
 class TimeBreakdown(Record):
@@ -62,8 +62,8 @@ class ServingTimes(Record):
     decode_pp_handoff_s: NonNegativeFloat = Field(description="Decode: activations passed between pipeline stages.")
     decode_bound: str = Field(description="What limits the decode kernels: 'hbm' (bandwidth) or 'compute'.")
     hbm_lower_bound_s: NonNegativeFloat = Field(description="Decode per-token floor: the busiest device's weight and KV-cache "
-                                                "bytes at the datasheet HBM bandwidth, summed over the stages in series (at least the busiest stage "
-                                                "times its micro-batches).")
+                                                "bytes at the datasheet HBM bandwidth, summed over the stages in series "
+                                                "(at least the busiest stage times its micro-batches).")
     prefill_compute_s: NonNegativeFloat = Field(description="Prefill: forward matmuls and causal attention of the prompts.")
     prefill_comm_s: NonNegativeFloat = Field(description="Prefill: tensor-parallel all-reduces and pipeline hand-offs.")
     micro_batches: int = Field(description="Micro-batches in flight per replica (as many as stages, at most one per sequence).")

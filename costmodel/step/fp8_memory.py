@@ -53,12 +53,12 @@ def check_frozen_dtype(train: TrainConfig) -> None:
     ...     print(str(err).split(";")[0])
     --frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not bf16
     """
-    if train.inference is not None and train.is_fp8:
+    if not train.workload.runs_backward and train.is_fp8:
         raise UnsupportedError("--precision fp8 is a training recipe; serving's fp8 stores the weights in fp8 and runs "
                                "the linear GEMMs on them", fix="use --frozen-dtype fp8 with --precision bf16 (the default)")
-    if train.lora is None:
+    stored = train.workload.frozen_dtype
+    if stored is None or not train.workload.runs_backward:
         return
-    stored = train.lora.frozen_dtype
     if stored is FrozenDtype.FP8 and not train.is_fp8:
         raise InvalidConfigError(f"--frozen-dtype fp8 feeds the fp8 GEMMs as stored and needs --precision fp8, not {train.precision.value}",
                                  fix="add --precision fp8 (on a part with an fp8 peak: h100-sxm, h200) "
@@ -87,8 +87,8 @@ def fp8_weight_copy_bytes(model: ModelConfig, train: TrainConfig, layout: Layout
         return 0.0
     per_layer = layer_params
     layers = layout.layers_on_stage(model.num_layers, stage)
-    if train.lora is not None:  # frozen: no master copy; an fp8-stored weight is its own cast
-        copies = FP8_BYTES if train.lora.frozen_dtype is FrozenDtype.FP8 else 2 * FP8_BYTES
+    if not train.workload.trains_base_weights:  # frozen: no master copy; an fp8-stored weight is its own cast
+        copies = FP8_BYTES if train.workload.frozen_dtype is FrozenDtype.FP8 else 2 * FP8_BYTES
         return (layers if layout.zero_stage < 3 else min(2, layers)) * per_layer * copies
     e = train.compute_dtype.bytes
     if layout.zero_stage < 3:

@@ -44,21 +44,22 @@ True
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+from costmodel.errors import UnsupportedError
+from costmodel.hardware.machine import Machine
+from costmodel.hardware.topology import link_between_stages
+from costmodel.inputs.layout import Layout, check_layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.workload import norm_params_per_layer
 from costmodel.step.collectives import all_reduce_s, p2p_s
 from costmodel.step.data_parallel import layer_params_per_device, stage_params
-from costmodel.errors import UnsupportedError
 from costmodel.step.estimate import ServingTimes, StepEstimate, TimeBreakdown
 from costmodel.step.kernels import Kernel, KernelKind
-from costmodel.inputs.layout import Layout, check_layout
-from costmodel.hardware.machine import Machine
 from costmodel.step.memory import MemoryBreakdown
-from costmodel.inputs.model_config import ModelConfig
 from costmodel.step.roofline import kernel_time_s
 from costmodel.step.serving_kernels import head_kernel, kv_element_bytes, layer_kernels, untouched_expert_bytes
-from costmodel.hardware.topology import link_between_stages
-from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import WorkloadKind, norm_params_per_layer
 
 _F32 = 4
 
@@ -70,7 +71,7 @@ def kv_heads_per_device(model: ModelConfig, tp: int) -> int:
 
 def padded_context(train: TrainConfig) -> int:
     """Tokens of cache allocated per sequence: the context rounded up to whole blocks."""
-    block = train.inference.kv_block_size
+    block = train.workload.serving.kv_block_size
     return math.ceil(train.seq_len / block) * block
 
 
@@ -96,7 +97,7 @@ def layer_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -
     """Bytes of one layer's weights on one device: matrices as stored, norms in the compute dtype."""
     norms = norm_params_per_layer(model) / layout.tp
     matrices = layer_params_per_device(model, layout) - norms
-    return matrices * train.inference.weight_dtype.bytes + norms * train.compute_dtype.bytes
+    return matrices * train.workload.frozen_dtype.bytes + norms * train.compute_dtype.bytes
 
 
 def stage_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:
@@ -158,8 +159,8 @@ def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
     one layer's widest intermediate (decode: of a micro-batch; prefill: of the prompts), the last
     tokens' fp32 logits."""
     e = train.compute_dtype.bytes
-    b = layout.micro_batch if train.workload is WorkloadKind.DECODE else replica_batch(train, layout)
-    tokens = b * (1 if train.workload is WorkloadKind.DECODE else train.prompt_len)
+    b = train.workload.step_sequences(micro_batch=layout.micro_batch, replica_batch=replica_batch(train, layout))
+    tokens = b * train.workload.new_tokens(prompt_len=train.prompt_len)
     stage = max(range(layout.pp), key=lambda s: stage_weight_bytes(model, train, layout, s) + kv_cache_bytes(model, train, layout, stage=s))
     mlp_per_token = model.experts_per_token * model.moe_ffn_size + model.shared_expert_ffn_size if model.is_moe else model.ffn_size
     widest = max((2 if model.mlp.gated else 1) * mlp_per_token, (model.num_heads + 2 * model.num_kv_heads) * model.head_dim) / layout.tp
@@ -170,6 +171,17 @@ def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
         activations_bytes=2 * tokens * model.hidden_size * e, temporary_bytes=tokens * widest * e + logits,
         kv_cache_bytes=kv_cache_bytes(model, train, layout, stage=stage), hbm_bytes=hbm_bytes,
     )
+
+
+class _Phase(NamedTuple):
+    """One serving phase as `simulate_inference` costs it; the workload's step is one of the two (`ServingWorkload.of_step`)."""
+
+    stages: list[tuple[float, float, float, float]]
+    repeats: int
+    step_s: float
+    pp_s: float
+    new_tokens: int
+    model_flops: float
 
 
 def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> StepEstimate:
@@ -194,22 +206,24 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
         prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
     )
-    is_decode = train.workload is WorkloadKind.DECODE
-    runs, step_s = ((decode, m), tpot_s) if is_decode else ((prefill, 1), ttft_s)
-    busiest = max(runs[0], key=lambda t: t[0])
-    compute_s, memory_s, tp_s = (runs[1] * x for x in busiest[1:])
     attn_per_token = 4 * model.num_layers * model.num_heads * model.head_dim
     active_params = model.total_params - model.num_layers * (model.params_per_layer - model.active_params_per_layer)
-    model_flops = lay.dp * (train.global_batch * (2 * active_params + attn_per_token * train.seq_len) if is_decode else
-                   train.global_batch * prompt * (2 * active_params + attn_per_token * prompt / 2))
-    utilisation = model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
+    step = train.workload.of_step(
+        decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1,
+                      model_flops=lay.dp * (train.global_batch * (2 * active_params + attn_per_token * train.seq_len))),
+        prefill=_Phase(stages=prefill, repeats=1, step_s=ttft_s, pp_s=hops_s, new_tokens=prompt,
+                       model_flops=lay.dp * (train.global_batch * prompt * (2 * active_params + attn_per_token * prompt / 2))))
+    busiest = max(step.stages, key=lambda t: t[0])
+    compute_s, memory_s, tp_s = (step.repeats * x for x in busiest[1:])
+    step_s = step.step_s
+    utilisation = step.model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
     memory = inference_memory(model, train, lay, hbm_bytes=hw.hbm_bytes)
     return StepEstimate(
         layout=lay, hardware=hw.name, n_devices=lay.n_devices, step_time_s=step_s,
-        tokens_per_s=lay.dp * train.global_batch * (1 if is_decode else prompt) / step_s, mfu=utilisation, hfu=utilisation,
-        model_flops=model_flops, memory=memory, fits=memory.total_bytes <= hw.hbm_bytes,
+        tokens_per_s=lay.dp * train.global_batch * step.new_tokens / step_s, mfu=utilisation, hfu=utilisation,
+        model_flops=step.model_flops, memory=memory, fits=memory.total_bytes <= hw.hbm_bytes,
         breakdown=TimeBreakdown(compute_s=compute_s, memory_bound_s=memory_s, recompute_s=0.0, exposed_comm_s=tp_s,
                                 bubble_s=max(0.0, step_s - compute_s - memory_s - tp_s), optimizer_s=0.0,
-                                comm_s_by_axis={"tp": tp_s, "pp": serving.decode_pp_handoff_s if is_decode else hops_s}),
+                                comm_s_by_axis={"tp": tp_s, "pp": step.pp_s}),
         time_per_output_token_s=tpot_s, time_to_first_token_s=ttft_s, serving=serving,
     )

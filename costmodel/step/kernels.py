@@ -28,12 +28,12 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.step.fp8_memory import FP8_BYTES
 from costmodel.inputs.layout import Layout, Offload
 from costmodel.inputs.model_config import ModelConfig, Norm, Positions
 from costmodel.inputs.stack import Attention
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import FrozenDtype, adapted_matrices, norm_params_per_layer
+from costmodel.inputs.workload import FrozenDtype, norm_params_per_layer
+from costmodel.step.fp8_memory import FP8_BYTES
 
 # HBM passes (reads plus writes of one compute-dtype tensor; a one-byte dropout mask is half
 # a pass) of each memory-bound kernel, forward and backward, fused into one kernel
@@ -171,7 +171,7 @@ def fp8_cast_kernels(name: str, m: float, n: float, k: float, *, train: TrainCon
     """
     per = FP8_CAST_BYTES_PER_ELEMENT * train.compute_dtype.bytes / 2
     input_cast = Kernel(name=f"{name}_input_cast", kind=KernelKind.MEMORY, flops=0, bytes=m * k * per, backward_scale=n / k)
-    if train.lora is not None and train.lora.frozen_dtype is FrozenDtype.FP8:
+    if train.workload.frozen_dtype is FrozenDtype.FP8:
         return [input_cast]
     return [input_cast, Kernel(name=f"{name}_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=k * n * per, backward_scale=0.0)]
 
@@ -193,7 +193,7 @@ def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
     """Whether the trained weights are themselves the fp32 master copy (`SoftwareStack.fp32_weights`,
     with a compute dtype other than fp32). LoRA's few adapter weights keep the mixed-precision
     accounting, and an offloaded optimizer its master copy on the host (ZeRO-Offload)."""
-    return (layout.stack.fp32_weights and train.param_dtype != train.compute_dtype and not train.is_lora
+    return (layout.stack.fp32_weights and train.param_dtype != train.compute_dtype and train.workload.trains_base_weights
             and layout.offload is not Offload.OPTIMIZER)
 
 
@@ -238,7 +238,7 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
     ]
     if holds_master_weights(train, layout):
         kernels.append(weight_cast_kernel(model, train, layout))
-    return lora_kernels(kernels, model, train, layout) if train.is_lora else kernels
+    return lora_kernels(kernels, model, train, layout)
 
 
 # Weight matrices of a layer, each cast by a kernel of its own: q, k, v, o and the MLP's
@@ -280,8 +280,9 @@ def _frozen(k: Kernel) -> Kernel:
 
 
 def lora_kernels(kernels: list[Kernel], model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
-    """A layer's forward ``kernels`` under LoRA: weight GEMMs frozen (unless the stack's ZeRO-3
-    gives frozen weights gradients, `SoftwareStack.fsdp_frozen_grads`), each adapter's down
+    """A layer's forward ``kernels`` as the workload trains them: where the base weights do not train
+    (LoRA), weight GEMMs frozen (unless the stack's ZeRO-3
+    gives frozen weights gradients, `SoftwareStack.fsdp_frozen_grads`), and each adapter's down
     (``x·A``) and up (``(x·A)·B``) GEMMs added. Under tensor parallelism a column-parallel
     matrix's ``A`` is whole on every device and its ``B`` split; a row-parallel one's ``A``
     split (its ``x·A`` a partial sum) and ``B`` whole.
@@ -292,16 +293,17 @@ def lora_kernels(kernels: list[Kernel], model: ModelConfig, train: TrainConfig, 
     >>> [k.name for k in ks if k.name.startswith("lora")][:2], next(k.backward_scale for k in ks if k.name == "qkv")
     (['lora_wq_down', 'lora_wq_up'], 1.0)
     """
-    e, t, r = train.compute_dtype.bytes, layout.tp, train.lora.rank
+    e, t, r, dropout = train.compute_dtype.bytes, layout.tp, train.workload.adapter_rank, train.workload.adapter_dropout
     tokens = layout.micro_batch * train.seq_len / layout.cp
     adapters = []
-    for a in adapted_matrices(model, train.lora):
+    for a in train.workload.adapters(model):
         d_in, d_out = (a.d_in, a.d_out / t) if a.split == "column" else (a.d_in / t, a.d_out)
-        adapters += [_matmul(f"lora_{a.name}_down", tokens, r, d_in, elem_bytes=e), _matmul(f"lora_{a.name}_up", tokens, d_out, r, elem_bytes=e),
-                     *(adapter_elementwise_kernels(a.name, tokens * d_in, tokens * d_out, dropout=train.lora.dropout, elem_bytes=e)
+        adapters += [_matmul(f"lora_{a.name}_down", tokens, r, d_in, elem_bytes=e),
+                     _matmul(f"lora_{a.name}_up", tokens, d_out, r, elem_bytes=e),
+                     *(adapter_elementwise_kernels(a.name, tokens * d_in, tokens * d_out, dropout=dropout, elem_bytes=e)
                        if layout.stack.eager_adapters else ())]
-    frozen_grads = layout.zero_stage >= 3 and layout.stack.fsdp_frozen_grads
-    return (kernels if frozen_grads else [_frozen(k) for k in kernels]) + adapters
+    trained = train.workload.trains_base_weights or (layout.zero_stage >= 3 and layout.stack.fsdp_frozen_grads)
+    return (kernels if trained else [_frozen(k) for k in kernels]) + adapters
 
 
 # HBM passes of an adapter's eager elementwise ops, as NeMo's ParallelLinearAdapter.forward
@@ -399,7 +401,7 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     loss = "cross_entropy" if layout.stack.fused_cross_entropy else "vocab_parallel_cross_entropy"
     kernels = [
         _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
-        _frozen(head) if train.is_lora else head,
+        head if train.workload.trains_base_weights else _frozen(head),
         _memory("cross_entropy", tokens * v, _passes(loss, layout), elem_bytes=4),
     ]
     if holds_master_weights(train, layout):  # the head's weight cast, as `weight_cast_kernel`
@@ -414,4 +416,4 @@ def embedding_forward_kernels(model: ModelConfig, train: TrainConfig, layout: La
     tokens = layout.micro_batch * train.seq_len / layout.cp
     lookup = _memory("embedding", tokens * model.hidden_size, _passes("embedding", layout), elem_bytes=e)
     # A frozen table needs no gradient: nothing of the lookup runs backward.
-    return [lookup.model_copy(update={"backward_scale": 0.0}) if train.is_lora else lookup]
+    return [lookup if train.workload.trains_base_weights else lookup.model_copy(update={"backward_scale": 0.0})]

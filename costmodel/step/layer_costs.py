@@ -3,7 +3,8 @@
 Kernels come from `costmodel.step.kernels`, their times from the roofline; the collectives a
 layer issues (tensor, context and expert parallel) from `costmodel.step.collectives` on the
 layout's groups. Tensor-parallel collectives sit between dependent GEMMs; they hide
-behind GEMMs only as far as the software overlaps them (`costmodel.step.tensor_parallel`). The context-parallel ring overlaps the attention it feeds.
+behind GEMMs only as far as the software overlaps them (`costmodel.step.tensor_parallel`).
+The context-parallel ring overlaps the attention it feeds.
 
 >>> from costmodel.step.collectives import Tier
 >>> from costmodel.hardware.machine import Machine
@@ -20,15 +21,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
+from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.collectives import all_to_all_s, exposed_s, p2p_s
 from costmodel.step.kernels import Kernel, KernelKind, layer_forward_kernels, local_widths
-from costmodel.inputs.layout import Layout
-from costmodel.hardware.machine import Machine
-from costmodel.inputs.model_config import ModelConfig
 from costmodel.step.recompute import recomputed_forward_comm_fraction, recomputed_kernels
 from costmodel.step.roofline import kernel_time_s
 from costmodel.step.tensor_parallel import tensor_parallel_costs
-from costmodel.inputs.train_config import TrainConfig
 
 
 class Phase(BaseModel):

@@ -46,17 +46,16 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeFloat, computed_field
 
+from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.record import Record
 from costmodel.step.activations import activation_bytes_per_layer
 from costmodel.step.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
 from costmodel.step.fp8_memory import fp8_weight_copy_bytes
 from costmodel.step.kernels import holds_master_weights
-from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule
 from costmodel.step.lockstep import in_flight_slots, runs_lockstep
-from costmodel.inputs.model_config import ModelConfig
 from costmodel.step.offload import HostMemory, device_grad_bytes, host_memory
-from costmodel.record import Record
-from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import adapter_params_per_layer
 
 # Gradient-reduction buckets in flight (PyTorch DDP's default bucket is 25 MB, two in flight).
 _REDUCTION_BUCKETS_BYTES = 2 * 25e6
@@ -124,9 +123,8 @@ def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices
     # Whatever the stack: the master weights, a gradient and Adam's moments (a compute-dtype copy
     # is not needed where the weights are the master, `SoftwareStack.fp32_weights`).
     per_param = train.param_dtype.bytes + train.grad_dtype.bytes + 2 * train.optimizer_dtype.bytes
-    if train.is_lora:  # the frozen weights, at most 2 B each, and the adapters' state
-        adapters = model.num_layers * adapter_params_per_layer(model, train.lora)
-        return (model.total_params * train.compute_dtype.bytes + adapters * per_param) / n_devices
+    if not train.workload.trains_base_weights:  # the frozen weights, at most 2 B each, and the trained ones' state
+        return (model.total_params * train.compute_dtype.bytes + train.workload.trainable_params(model) * per_param) / n_devices
     return model.total_params * per_param / n_devices
 
 
@@ -163,11 +161,11 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + 2 * train.optimizer_dtype.bytes
     params = n * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
     fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
-    frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) if train.is_lora else 0.0
-    if train.is_lora:  # the fp8 copies are of the frozen weights, not of the adapters
-        frozen += fp8_copies
-    else:
+    if train.workload.trains_base_weights:
+        frozen = 0.0
         params += fp8_copies
+    else:  # the fp8 copies are of the frozen weights, not of the adapters
+        frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) + fp8_copies
     n_micro = max(1, layout.micro_batches(train))
     # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
     grad_split = gradient_split(train, layout)
@@ -192,15 +190,16 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         temporary += micro_batch_gradient_bytes(n, train, layout)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
-        trained_layer = layer_params if not train.is_lora else adapter_params_per_layer(model, train.lora, tp=layout.tp)
+        trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)
         if grad_split > 1:
             # One layer's full gradient exists until it is reduce-scattered (or reduced and sliced).
             temporary += trained_layer * train.grad_dtype.bytes + frozen_grad_bytes(model, train, layout, stage) / max(1, layers)
         elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends
-            temporary += _REDUCTION_BUCKETS_BYTES if not train.is_lora else min(_REDUCTION_BUCKETS_BYTES, n * train.grad_dtype.bytes)
+            temporary += _REDUCTION_BUCKETS_BYTES if train.workload.trains_base_weights else \
+                min(_REDUCTION_BUCKETS_BYTES, n * train.grad_dtype.bytes)
         if zero >= 3:
             # FSDP gathers the layer being computed and prefetches the next.
-            gathered = layer_params * train.compute_dtype.bytes if not train.is_lora else \
+            gathered = layer_params * train.compute_dtype.bytes if train.workload.trains_base_weights else \
                 frozen_layer_bytes(model, train, layout) + trained_layer * train.compute_dtype.bytes
             temporary += min(2, layers) * gathered
     temporary += recompute_temporary
@@ -250,7 +249,7 @@ def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, st
     >>> frozen_grad_bytes(m, lora, Layout(dp=2, zero_stage=3, stack=stack_with("pytorch-fsdp1")))
     0.0
     """
-    if not (train.is_lora and layout.zero_stage >= 3 and layout.stack.fsdp_frozen_grads):
+    if train.workload.trains_base_weights or not (layout.zero_stage >= 3 and layout.stack.fsdp_frozen_grads):
         return 0.0
     return layout.layers_on_stage(model.num_layers, stage) * frozen_layer_bytes(model, train, layout)
 

@@ -46,8 +46,8 @@ from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.errors import UnsupportedError
 from costmodel.hardware.host import HostSpec
-from costmodel.record import Record
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.record import Record
 
 # DeepSpeed's default reduce_bucket_size, in elements (deepspeed/runtime/zero/config.py).
 REDUCE_BUCKET_ELEMENTS = 5e8
@@ -110,7 +110,7 @@ def require_host(host: HostSpec | None, cluster: str) -> HostSpec:
     """
     if host is None:
         raise UnsupportedError(f"{cluster} describes no host memory or device-to-host link to offload to",
-                               fix="use --offload none, or give a cluster file with 'host' (README: Offloading)")
+                               fix="use --offload none, or give a cluster file with 'host' (docs/workloads.md: Offloading)")
     return host
 
 
@@ -121,8 +121,8 @@ def check_offloadable(train: TrainConfig) -> None:
     Traceback (most recent call last):
     costmodel.errors.UnsupportedError: offloading is modelled for full training, not finetune-lora; fix: use --offload none
     """
-    if train.is_lora or train.is_inference:
-        raise UnsupportedError(f"offloading is modelled for full training, not {train.workload}", fix="use --offload none")
+    if not train.workload.trains_base_weights:
+        raise UnsupportedError(f"offloading is modelled for full training, not {train.workload.kind}", fix="use --offload none")
 
 
 def device_grad_bytes(partition_params: float, largest_param: float, train: TrainConfig) -> float:

@@ -23,9 +23,9 @@
 
 from __future__ import annotations
 
-from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
+from costmodel.step.kernels import Kernel, KernelKind
 
 # Kernels that end a layer after the last tensor its backward needs.
 LAYER_TAIL = frozenset({"mlp_out", "shared_out", "mlp_residual"})

@@ -25,9 +25,9 @@ import math
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, computed_field
 
-from costmodel.record import Record
 from costmodel.hardware.storage import SUPERPOD_H100_STANDARD, StorageSpec  # noqa: F401 (the doctest's storage)
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.record import Record
 
 DEFAULT_CHECKPOINT_EVERY_S = 3600.0
 _UINT16_VOCAB_LIMIT = 65_500  # Megatron's DType.optimal_dtype: uint16 below this cardinality, int32 above

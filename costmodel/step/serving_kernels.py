@@ -27,11 +27,11 @@
 
 from __future__ import annotations
 
-from costmodel.step.fp8_memory import FP8_BYTES
-from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.fp8_memory import FP8_BYTES
+from costmodel.step.kernels import Kernel, KernelKind
 
 _F32 = 4
 
@@ -45,7 +45,7 @@ def expected_experts_touched(*, num_experts: int, experts_per_token: int, tokens
 
 def kv_element_bytes(train: TrainConfig) -> float:
     """Bytes of one cached key or value element (`costmodel.inputs.workload.KvCacheDtype`)."""
-    return train.inference.kv_cache_dtype.bytes(train.compute_dtype.bytes)
+    return train.workload.serving.kv_cache_dtype.bytes(train.compute_dtype.bytes)
 
 
 def linear_kernels(name: str, *, tokens: float, d_in: float, d_out: float, train: TrainConfig, weights: float = 1.0) -> list[Kernel]:
@@ -56,7 +56,7 @@ def linear_kernels(name: str, *, tokens: float, d_in: float, d_out: float, train
     >>> [(k.name, k.bytes, k.fused) for k in linear_kernels("w", tokens=1, d_in=10, d_out=20, train=fp8)]
     [('w', 250.0, False), ('w_input_quant', 30.0, True)]
     """
-    e, stored = train.compute_dtype.bytes, train.inference.weight_dtype.bytes
+    e, stored = train.compute_dtype.bytes, train.workload.frozen_dtype.bytes
     flops = 2 * tokens * d_in * d_out
     if not train.serves_fp8:
         return [Kernel(name=name, kind=KernelKind.MATMUL, flops=flops, linear=True,
@@ -78,7 +78,7 @@ def _mlp_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, tokens:
     touched = expected_experts_touched(num_experts=n_e, experts_per_token=k, tokens=tokens)
     f = model.moe_ffn_size / tp
     router = Kernel(name="router", kind=KernelKind.MATMUL, flops=2 * tokens * d * n_e,
-                    bytes=d * n_e * train.inference.weight_dtype.bytes + tokens * (d + n_e) * e)
+                    bytes=d * n_e * train.workload.frozen_dtype.bytes + tokens * (d + n_e) * e)
     kernels = [router, *linear_kernels("expert_up", tokens=tokens * k, d_in=d, d_out=gated * f, train=train, weights=touched),
                *linear_kernels("expert_down", tokens=tokens * k, d_in=f, d_out=d, train=train, weights=touched)]
     if model.shared_expert_ffn_size:
@@ -122,4 +122,4 @@ def untouched_expert_bytes(model: ModelConfig, train: TrainConfig, layout: Layou
         return 0.0
     touched = expected_experts_touched(num_experts=model.num_experts, experts_per_token=model.experts_per_token, tokens=tokens)
     per_expert = model.routed_expert_params_per_layer / model.num_experts / layout.tp
-    return (model.num_experts - touched) * per_expert * train.inference.weight_dtype.bytes
+    return (model.num_experts - touched) * per_expert * train.workload.frozen_dtype.bytes

@@ -28,24 +28,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodel.hardware.machine import Machine
+from costmodel.hardware.topology import link_between_stages
+from costmodel.inputs.layout import Layout, Offload, Schedule, check_layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.collectives import all_gather_s, exposed_s, p2p_s
 from costmodel.step.data_parallel import data_parallel_costs, trainable_params_per_device
 from costmodel.step.estimate import StepEstimate, TimeBreakdown
 from costmodel.step.inference import simulate_inference
 from costmodel.step.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.step.layer_costs import LayerCosts, layer_costs, phase_time
-from costmodel.inputs.layout import Layout, Offload, Schedule, check_layout
 from costmodel.step.lockstep import runs_lockstep
-from costmodel.hardware.machine import Machine
 from costmodel.step.memory import MemoryBreakdown, memory_breakdown
-from costmodel.inputs.model_config import ModelConfig
 from costmodel.step.offload import OffloadTimes, check_offloadable, offload_times, require_host
-from costmodel.step.schedules import PipelineTimes, lockstep_step_estimate, pipeline_step_estimate, simulate_pipeline
 from costmodel.step.recompute import recomputed_kernels
+from costmodel.step.schedules import PipelineTimes, lockstep_step_estimate, pipeline_step_estimate, simulate_pipeline
 from costmodel.step.stage_split import identical_stage_layers
-from costmodel.hardware.topology import link_between_stages
-from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import adapter_params_per_layer
 
 # Optimizer-step HBM traffic per parameter, Megatron-LM's and torchtitan's alike: Adam reads
 # the fp32 param, grad, m and v and writes param, m and v (28 B); the gradient norm for
@@ -129,12 +128,7 @@ def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
     >>> 0.66 < model_flops_per_step(m, lora) / model_flops_per_step(m, full) < 0.7
     True
     """
-    matmul_params = model.num_layers * model.active_params_per_layer + model.hidden_size * model.vocab_size
-    attention = 4 * model.num_layers * train.seq_len * model.num_heads * model.head_dim
-    if train.is_lora:
-        adapters = model.num_layers * adapter_params_per_layer(model, train.lora)
-        return train.tokens_per_step * (2 * 2 * matmul_params + 3 * attention + 3 * 2 * adapters)
-    return 3 * train.tokens_per_step * (2 * matmul_params + attention)
+    return train.workload.model_flops(model, tokens=train.tokens_per_step, seq_len=train.seq_len)
 
 
 def _recompute_flops(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
@@ -211,7 +205,7 @@ def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
 def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
     """Predict one training step of ``model`` under ``layout`` on ``hw`` (a prefill or decode
     workload: `costmodel.step.inference.simulate_inference`)."""
-    if train.is_inference:
+    if not train.workload.runs_backward:  # a serving forward: its own model
         return simulate_inference(model, train, layout, hw)
     check_layout(layout, model, train, n_devices=layout.n_devices)
     layer = layer_costs(model, train, layout, hw)

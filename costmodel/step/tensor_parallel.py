@@ -42,7 +42,8 @@ Two facts of the software stack change what this costs:
 >>> plain.backward_exposed_s == 2 * plain.forward_s > 0  # wq, wk, wv and w_in reduce their input gradients apart
 True
 >>> fused = stack_with("jax", tp_overlap="backward", fused_projections=True)
->>> tensor_parallel_costs(m, train, lay.model_copy(update={"stack": fused}), hw, layer_forward_kernels(m, train, lay)).backward_exposed_s < plain.forward_s / 2
+>>> fused_costs = tensor_parallel_costs(m, train, lay.model_copy(update={"stack": fused}), hw, layer_forward_kernels(m, train, lay))
+>>> fused_costs.backward_exposed_s < plain.forward_s / 2
 True
 >>> 0 < overlapped.backward_exposed_s < plain.backward_exposed_s  # three reductions outlast the QKV weight gradient
 True
@@ -52,15 +53,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
-from costmodel.step.collectives import all_gather_s, all_reduce_s, exposed_s
-from costmodel.step.kernels import Kernel
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.recompute import recomputed_forward_comm_fraction
-from costmodel.step.roofline import kernel_time_s
 from costmodel.inputs.stack import TpOverlap
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.collectives import all_gather_s, all_reduce_s, exposed_s
+from costmodel.step.kernels import Kernel
+from costmodel.step.recompute import recomputed_forward_comm_fraction
+from costmodel.step.roofline import kernel_time_s
 
 # The GEMM that opens each block (its input is gathered) and the one that closes it (its
 # output is reduced): the GEMMs each block's collectives hide behind.

@@ -1,35 +1,38 @@
 """The ``plan`` command line: parse, dispatch to a command module, print, exit.
 
 Every user-facing failure is a `PlannerError`; it is printed as one line on stderr and
-the process exits with the error's code (see README, "Exit codes"). ``--debug`` shows the
+the process exits with the error's code (see docs/commands.md, "Exit codes"). ``--debug`` shows the
 traceback instead. Every command runs under its ``--time-limit-s`` (`planner.cli.time_limit`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import Callable, NoReturn, Sequence
+from types import ModuleType
+from typing import Collection, NoReturn, Sequence
 
 from costmodel.errors import PlannerError
-from planner.cli.commands import budget_cmd, compare_cmd, hardware_cmd, inspect_cmd, largest_cmd, plan_cmd, simulate_cmd, validate_cmd
 from planner.cli.time_limit import add_time_limit, time_limit, wall_limit_s
 
-# Each command module offers add_arguments(parser) and run(args) -> int.
-_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "layout": ("choose a layout (the default command: plan --model M --mesh 8x4)", plan_cmd.add_arguments, plan_cmd.run),
-    "inspect": ("parameter count, FLOPs and graph size of a model", inspect_cmd.add_arguments, inspect_cmd.run),
-    "hardware": ("which dtypes each part accelerates and at what peak (the --precision it runs)", hardware_cmd.add_arguments,
-                 hardware_cmd.run),
-    "simulate": ("predict step time and memory of one layout", simulate_cmd.add_arguments, simulate_cmd.run),
-    "validate": ("compile a plan on its (emulated) device mesh and compare", validate_cmd.add_arguments, validate_cmd.run),
-    "largest": ("the largest model of a family whose training step fits the devices", largest_cmd.add_arguments,
-                largest_cmd.run),
-    "budget": ("the compute-optimal model size and tokens for a device budget (Chinchilla rule)", budget_cmd.add_arguments,
-               budget_cmd.run),
-    "compare": ("the ILP and the search planners on one strategy space, side by side", compare_cmd.add_arguments,
-                compare_cmd.run),
+# Command → (help, the module that offers add_arguments(parser) and run(args) -> int). A module
+# loads only when its command runs (or its --help shows): `plan simulate` never loads the planner,
+# the validator or JAX.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "layout": ("choose a layout (the default command: plan --model M --mesh 8x4)", "plan_cmd"),
+    "inspect": ("parameter count, FLOPs and graph size of a model", "inspect_cmd"),
+    "hardware": ("which dtypes each part accelerates and at what peak (the --precision it runs)", "hardware_cmd"),
+    "simulate": ("predict step time and memory of one layout", "simulate_cmd"),
+    "validate": ("compile a plan on its (emulated) device mesh and compare", "validate_cmd"),
+    "largest": ("the largest model of a family whose training step fits the devices", "largest_cmd"),
+    "budget": ("the compute-optimal model size and tokens for a device budget (Chinchilla rule)", "budget_cmd"),
+    "compare": ("the ILP and the search planners on one strategy space, side by side", "compare_cmd"),
 }
+
+
+def _command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"planner.cli.commands.{_COMMANDS[name][1]}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,15 +43,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"plan: error: {message}{fix}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for ``plan <command> ...``."""
+def build_parser(commands: Collection[str] = tuple(_COMMANDS)) -> argparse.ArgumentParser:
+    """The argument parser for ``plan <command> ...``, with the flags of ``commands`` (every
+    command still lists with its help)."""
     parser = _Parser(prog="plan", description="Plan, simulate and validate parallel layouts for JAX training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, add_arguments, _) in _COMMANDS.items():
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(command)
-        add_time_limit(command, name)
+    for name, (help_text, _) in _COMMANDS.items():
+        parser_of_command = sub.add_parser(name, help=help_text, description=help_text)
+        if name in commands:
+            _command_module(name).add_arguments(parser_of_command)
+        add_time_limit(parser_of_command, name)
     return parser
 
 
@@ -59,10 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = next((a for a in argv if a != "--debug"), None)
     if first is not None and first not in _COMMANDS and first not in ("-h", "--help"):
         argv.insert(argv.index(first), "layout")
-    args = build_parser().parse_args(argv)
+    chosen = next((a for a in argv if a != "--debug"), None)
+    args = build_parser([chosen] if chosen in _COMMANDS else []).parse_args(argv)
     try:
         with time_limit(args.command, wall_limit_s(args.command, args.time_limit_s)):
-            return _COMMANDS[args.command][2](args)
+            return _command_module(args.command).run(args)
     except PlannerError as err:
         if args.debug:
             raise

@@ -11,7 +11,8 @@ live set of each program point the solution overflows, re-solving until none doe
 constraints: the final choice satisfies every point). The hand-written baselines (plain
 DP, FSDP, FSDP × TP, planner/intraop/baselines.py) are solved with their input specs pinned and
 scored by the same model; the result is the best of them all, so it is never predicted
-worse than any, and ``ShardResult.baselines`` says how each scored.
+worse than any, and ``ShardResult.baselines`` says how each scored. To compile the choice and
+compare it with the prediction, call ``validate.shard_check.check_shard(result, fn, *abstract_args, mesh=mesh)``.
 
 >>> import jax, jax.numpy as jnp
 >>> x = jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16)
@@ -37,12 +38,12 @@ from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.hardware.machine import load_machine
 from costmodel.hardware.mesh import parse_mesh
 from costmodel.oplevel.opgraph import OP_ATTR
+from costmodel.oplevel.program_memory import MemoryBreakdown, MemoryModel
 from costmodel.oplevel.strategies import Sharding, shard_factor
 from costmodel.oplevel.strategy_space import StrategySpace, build_space, prune_dominated, restrict
 from planner.intraop.baselines import baseline_specs
 from planner.intraop.extract import extract_graph
 from planner.intraop.ilp import IntraOpSolution, model_variables, solve_intra_op
-from costmodel.oplevel.program_memory import MemoryBreakdown, MemoryModel
 from planner.intraop.pinned import pinned_function, to_partition_spec
 
 _LAZY_ROUNDS = 8
@@ -100,12 +101,6 @@ class ShardResult:
 
         return jax.jit(self.pinned(fn, *abstract_args, mesh=mesh), in_shardings=named(self.in_specs),
                        out_shardings=named(self.out_specs), donate_argnums=tuple(donate_argnums))
-
-    def check(self, fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh, donate_argnums: Sequence[int] = ()) -> Any:
-        """Compile `jit` on ``mesh`` and compare with the prediction (validate.shard_check)."""
-        from planner.api import check_shard
-
-        return check_shard(self, fn, *abstract_args, mesh=mesh, donate_argnums=donate_argnums)
 
 
 def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardware: str = "h100-sxm",

@@ -25,19 +25,19 @@ import jax
 import networkx as nx
 
 from costmodel.errors import InfeasibleError
-from costmodel.step.estimate import StepEstimate
-from costmodel.inputs.layout import Layout, Recompute
 from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.oplevel.opgraph import OP_ATTR, OpNode
-from costmodel.step.simulator import simulate
-from costmodel.oplevel.strategy_space import StrategySpace, build_space, format_bytes, prune_dominated
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.oplevel.opgraph import OP_ATTR, OpNode
+from costmodel.oplevel.strategy_space import StrategySpace, build_space, format_bytes, prune_dominated
+from costmodel.step.estimate import StepEstimate
+from costmodel.step.simulator import simulate
 from planner.intraop.extract import extract_graph
 from planner.intraop.ilp import solve_intra_op
-from planner.programs.train_step import abstract_train_inputs, make_train_step
-from planner.plan_schema import IntraOpInfo, MeshAxis
 from planner.intraop.pinned import to_partition_spec
+from planner.plan_schema import IntraOpInfo, MeshAxis
+from planner.programs.train_step import abstract_train_inputs, make_train_step
 from search.strategy_search import SEARCH_PLANNERS
 
 _REMAT = {Recompute.NONE: "none", Recompute.FULL: "full"}

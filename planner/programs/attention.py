@@ -112,9 +112,9 @@ def _forward(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> tuple[jax.
 
     init = _varying_like((q, k, v), (jnp.zeros(q.shape, jnp.float32), jnp.full((b, kh, g, s), _MASKED, jnp.float32),
                              jnp.zeros((b, kh, g, s), jnp.float32)))
-    (o, m, l), _ = jax.lax.scan(step, init, (jnp.asarray(q_P), jnp.asarray(k_P)))
-    l_BxSxKxG = jnp.moveaxis(l, 3, 1)
-    return (o / l_BxSxKxG[..., None]).astype(q.dtype), m + jnp.log(l)
+    (o, m, row_sum_BxKxGxS), _ = jax.lax.scan(step, init, (jnp.asarray(q_P), jnp.asarray(k_P)))
+    row_sum_BxSxKxG = jnp.moveaxis(row_sum_BxKxGxS, 3, 1)
+    return (o / row_sum_BxSxKxG[..., None]).astype(q.dtype), m + jnp.log(row_sum_BxKxGxS)
 
 
 def _backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse_BxKxGxS: jax.Array, do: jax.Array,

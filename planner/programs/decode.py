@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 
 from costmodel.errors import UnsupportedError
-from costmodel.step.inference import padded_context
 from costmodel.inputs.model_config import ModelConfig, Positions
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.inputs.workload import KvCacheDtype
+from costmodel.step.inference import padded_context
 from planner.programs.params import Params, abstract_params
 from planner.programs.transformer import Constrain, Lookup, _activation, _keep, _norm, _take, head
 
@@ -45,12 +45,12 @@ def served_dtype_of(path: str, train: TrainConfig) -> Any:
     """The dtype a served weight is stored in: layer matrices (not the norms) in the serving
     weight dtype, embedding, head and norms in the compute dtype."""
     quantized = path.startswith("layers/") and "norm/" not in path
-    return jnp.dtype(train.inference.weight_dtype.jax_name if quantized else train.compute_dtype.value)
+    return jnp.dtype(train.workload.frozen_dtype.jax_name if quantized else train.compute_dtype.value)
 
 
 def kv_cache_dtype_of(train: TrainConfig) -> Any:
     """The dtype the K and V caches are stored in: the compute dtype, or ``float8_e4m3fn`` for an fp8 cache."""
-    return jnp.dtype("float8_e4m3fn" if train.inference.kv_cache_dtype is KvCacheDtype.FP8 else train.compute_dtype.value)
+    return jnp.dtype("float8_e4m3fn" if train.workload.serving.kv_cache_dtype is KvCacheDtype.FP8 else train.compute_dtype.value)
 
 
 def kv_cache_shape(cfg: ModelConfig, train: TrainConfig, *, replicas: int = 1) -> tuple[int, int, int, int, int]:

@@ -96,7 +96,7 @@ def frozen_dtype_of(path: str, train: TrainConfig) -> Any:
     """The dtype a frozen base weight is stored in: layer weights (all but the norms) as
     LoRA's ``frozen_dtype`` says, embedding, head and norms in the compute dtype."""
     quantized = path.startswith("layers/") and "norm/" not in path
-    return jnp.dtype(train.lora.frozen_dtype.jax_name if quantized else train.compute_dtype.value)
+    return jnp.dtype(train.workload.frozen_dtype.jax_name if quantized else train.compute_dtype.value)
 
 
 def init_frozen(cfg: ModelConfig, train: TrainConfig, key: jax.Array) -> Params:

@@ -5,7 +5,7 @@ logits and loss. `make_train_step` gives a function of ``(params, opt_state, bat
 ``jax.jit``; `abstract_train_inputs` gives its inputs as ``jax.ShapeDtypeStruct``s at any
 size without allocating.
 
-LoRA fine-tuning (``train.workload == "finetune-lora"``): the step is a function of
+LoRA fine-tuning (``--workload finetune-lora``, `costmodel.workloads.lora`): the step is a function of
 ``(frozen, adapters, opt_state, batch)`` returning ``(adapters, opt_state, metrics)``. Only
 the adapters are differentiated and have AdamW state; the frozen base weights
 (`planner.programs.lora.abstract_frozen`: compute dtype, or int8/int4 layer weights) are an
@@ -134,7 +134,7 @@ def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "n
     ``hooks`` go to `forward` (sharding constraints, the embedding lookup).
     """
     compute_dtype = jnp.dtype(train.compute_dtype.value)
-    lora_scale = train.lora.alpha / train.lora.rank if train.is_lora else 1.0
+    lora_scale = train.workload.adapter_scale
     if train.is_fp8:  # the dense layers' projections in fp8 (`planner.programs.fp8_linear`)
         hooks = {**(hooks or {}), "linear": fp8_linear}
     loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale)
@@ -169,7 +169,7 @@ def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none"
     """A function ``(params, opt_state, batch) -> (params, opt_state, {"loss": ...})``: loss and
     gradients by `make_loss_and_grads`, then the AdamW update."""
     loss_and_grads = make_loss_and_grads(cfg, train, remat=remat, micro_batches=micro_batches, attention=attention)
-    if train.is_lora:
+    if not train.workload.trains_base_weights:  # adapters train over frozen weights, which come first
         def lora_step(frozen: Params, adapters: Params, opt_state: dict[str, Any],
                       batch: Batch) -> tuple[Params, dict[str, Any], dict[str, jax.Array]]:
             loss, grads = loss_and_grads(adapters, batch, frozen)
@@ -193,8 +193,8 @@ def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: 
     under LoRA ``(frozen, adapters, opt_state, batch)``."""
     tokens = jax.ShapeDtypeStruct((micro_batch or train.global_batch, train.seq_len), jnp.int32)
     batch = {"tokens": tokens, "targets": tokens}
-    if train.is_lora:
-        adapters = abstract_adapters(cfg, train.lora, dtype=jnp.dtype(train.param_dtype.value))
+    if not train.workload.trains_base_weights:
+        adapters = abstract_adapters(cfg, train.workload.lora, dtype=jnp.dtype(train.param_dtype.value))
         return abstract_frozen(cfg, train), adapters, jax.eval_shape(init_opt_state, adapters), batch
     params = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
     return params, jax.eval_shape(init_opt_state, params), batch

@@ -23,8 +23,8 @@ from benchmarks.simulator_accuracy import (
     unmodelled,
     workload_from_row,
 )
-from costmodel.step.simulator import simulate
 from costmodel.inputs.workload import FrozenDtype, LoraGroup, LoraTarget
+from costmodel.step.simulator import simulate
 
 ROWS = list(csv.DictReader(DEFAULT_DATA.open()))
 
@@ -96,8 +96,8 @@ def test_lora_rows_are_simulated_as_lora_over_fp8_frozen_weights_from_their_colu
     lora = [r for r in FP8_ROWS if "LoRA" in r["model"]]
     assert len(lora) == 2 and all(r["workload"] == "finetune-lora" for r in lora)
     train = train_from_row(lora[0])
-    assert train.is_fp8 and train.lora.rank == 16 and train.lora.alpha == 32
-    assert train.lora.targets == LoraGroup.ATTN.targets and train.lora.frozen_dtype is FrozenDtype.FP8
+    assert train.is_fp8 and train.workload.lora.rank == 16 and train.workload.lora.alpha == 32
+    assert train.workload.lora.targets == LoraGroup.ATTN.targets and train.workload.lora.frozen_dtype is FrozenDtype.FP8
     results = evaluate(lora)
     assert [r["workload"] for r in results] == ["finetune-lora"] * 2 and all(r["fits"] for r in results)
     # Pretraining the same rows (every weight gradient, AdamW for all 70B) is slower.
@@ -109,7 +109,7 @@ def test_lora_rows_are_simulated_as_lora_over_fp8_frozen_weights_from_their_colu
 
 def test_rows_without_workload_columns_are_pretraining():
     assert workload_from_row(ROWS[0]) == {"workload": "pretrain"}
-    assert not train_from_row(ROWS[0]).is_lora
+    assert train_from_row(ROWS[0]).workload.trains_base_weights
 
 
 def test_a_finetune_csv_is_a_fourth_set_where_it_exists(tmp_path):

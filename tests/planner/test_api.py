@@ -1,4 +1,4 @@
-"""Tests `planner/api.py`, `planner/shardings.py`, `planner/mesh_assign.py`: plans and their shardings."""
+"""Tests `planner/api.py` (with `planner/request.py`), `planner/shardings.py`, `planner/mesh_assign.py`: plans and their shardings."""
 
 import json
 import os
@@ -12,10 +12,11 @@ from jax.sharding import PartitionSpec
 
 from costmodel.errors import InfeasibleError, InvalidConfigError, UnsupportedError
 from costmodel.hardware.mesh import parse_mesh
-from planner.api import plan
+from planner.api import layout_plan, plan
 from planner.config import from_hf_config
 from planner.mesh_assign import assignments, degrees
 from planner.plan_schema import Plan
+from planner.request import PlanRequest
 from planner.shardings import partition_spec_tree
 
 
@@ -113,6 +114,7 @@ def test_public_api_is_importable_from_the_package():
     import planner
 
     assert planner.plan is plan and planner.load_model("gpt2").total_params == 124439808
+    assert planner.PlanRequest is PlanRequest and planner.layout_plan is layout_plan
     with pytest.raises(AttributeError):
         planner.no_such_name  # noqa: B018
 
@@ -176,7 +178,7 @@ def test_lora_plan_carries_its_workload_and_needs_no_more_zero_than_pretraining(
     lora = plan("llama3-8b", mesh="8x4", workload="finetune-lora")
     pretrain = plan("llama3-8b", mesh="8x4")
     data = json.loads(lora.model_dump_json())
-    assert data["workload"] == "finetune-lora" and data["train"]["lora"]["rank"] == 16
+    assert data["workload"] == "finetune-lora" and data["train"]["workload"]["lora"]["rank"] == 16
     assert data["predicted"]["memory"]["per_device_bytes"] > data["predicted"]["memory"]["frozen_params_bytes"] > 0
     # 15 GiB of frozen weights fit unsharded: no parameter gathers.
     assert lora.layout.pp == 1 and lora.layout.zero_stage <= min(1, pretrain.layout.zero_stage)
@@ -186,3 +188,28 @@ def test_lora_plan_carries_its_workload_and_needs_no_more_zero_than_pretraining(
 def test_lora_with_an_intra_op_planner_is_refused():
     with pytest.raises(UnsupportedError, match="finetune-lora plans use the grid planner"):
         plan("gpt2", mesh="2", workload="finetune-lora", planner="ilp")
+
+
+def test_a_request_and_the_keyword_form_give_the_same_plan():
+    request = PlanRequest(model="gpt2", mesh="2x4", hardware="a100-80gb", global_batch=64)
+    assert plan(request) == plan("gpt2", mesh="2x4", hardware="a100-80gb", global_batch=64)
+    with pytest.raises(TypeError, match="give global_batch in the PlanRequest"):
+        plan(request, global_batch=32)
+
+
+@pytest.mark.parametrize("fields", [{}, {"workload": "decode", "global_batch": 8, "seq_len": 4096}], ids=["train", "decode"])
+def test_a_chosen_layout_given_by_hand_gets_the_same_mesh_shardings_and_prediction(fields):
+    request = PlanRequest(model="llama3-8b", mesh="2x4", **fields)
+    chosen = plan(request)
+    given = layout_plan(request, chosen.layout)
+    assert (given.mesh, given.layout, given.param_specs, given.activation_specs) == (
+        chosen.mesh, chosen.layout, chosen.param_specs, chosen.activation_specs)
+    assert given.predicted.step_time_s == pytest.approx(chosen.predicted.step_time_s, rel=1e-12)
+    assert (given.solver.planner, chosen.solver.planner) == ("fixed", "grid")
+
+
+def test_a_mesh_that_cannot_carry_the_given_layout_is_refused():
+    from costmodel.inputs.layout import Layout
+
+    with pytest.raises(InvalidConfigError, match=r"mesh 4x2 cannot carry dp=2, tp=4, pp=1, cp=1"):
+        layout_plan("gpt2", Layout(dp=2, tp=4, micro_batch=8), mesh="4x2", hardware="a100-80gb", global_batch=64)

@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodel.errors import PlannerError
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import load_machine
 from costmodel.hardware.mesh import parse_mesh
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.simulator import simulate
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.simulator import simulate
 from planner.api import plan
 from planner.config import from_hf_config
 

@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 
 from costmodel.errors import InfeasibleError
-from costmodel.inputs.layout import Offload, Recompute
 from costmodel.hardware.machine import load_machine
+from costmodel.inputs.layout import Offload, Recompute
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.simulator import simulate
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.simulator import simulate
 from search.layouts import (
     INTRA_OP_PIPELINE_RULE,
     PIPELINE_MOE_TP_RULE,
@@ -139,4 +139,5 @@ def test_when_offloading_does_not_fit_either_the_answer_says_what_the_host_lacks
     with pytest.raises(InfeasibleError) as err:
         grid_search(LLAMA3_8B, TrainConfig(seq_len=2048, global_batch=8), small_host, n_devices=1, space=space)
     offloaded = err.value.cause.split("; offloading the optimizer state, closest: ")[1]
-    assert re.fullmatch(r"dp1 tp1 pp1 mb1 full recompute ZeRO 0 needs [\d.]+ GiB \(.*\) and 1\d\d\.\d GiB of host against its 64", offloaded)
+    assert re.fullmatch(r"dp1 tp1 pp1 mb1 full recompute ZeRO 0 needs [\d.]+ GiB \(.*\) and 1\d\d\.\d GiB of host against its 64",
+                        offloaded)

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from costmodel.step.collectives import Group, Tier
 from costmodel.errors import InfeasibleError
 from costmodel.hardware.machine import load_machine
 from costmodel.oplevel.opgraph import LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
 from costmodel.oplevel.strategy_space import build_space
+from costmodel.step.collectives import Group, Tier
 from search.strategy_search import SEARCH_PLANNERS, anneal, beam_search, random_search
 
 MACHINE = load_machine("a100-80gb")

@@ -21,7 +21,8 @@ import jax, jax.numpy as jnp, numpy as np
 from planner.plan_schema import Plan
 from planner.programs.params import init_params
 from planner.programs.train_step import make_loss_and_grads
-from validate.lowering import device_mesh, loss_and_grads
+from validate.lowering import loss_and_grads
+from validate.mesh_hooks import device_mesh
 from validate.gpipe import interleaved_layer_order
 
 plan = Plan.model_validate_json(sys.stdin.read())

@@ -6,8 +6,8 @@ from costmodel.inputs.model_config import ModelConfig
 from costmodel.oplevel.opgraph import TensorSpec
 from planner.api import plan
 from validate.compile_check import compile_in_subprocess
-from validate.intraop_program import intra_op_program
 from validate.intraop_predict import _reshard, predicted_argument_bytes, predicted_matmul_flops, predicted_memory_bytes
+from validate.intraop_program import intra_op_program
 
 TINY = ModelConfig(name="tiny", hidden_size=128, num_layers=2, num_heads=4, ffn_size=512, vocab_size=512)
 

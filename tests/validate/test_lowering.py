@@ -20,7 +20,8 @@ import jax, jax.numpy as jnp
 from planner.plan_schema import Plan
 from planner.programs.params import init_params
 from planner.programs.train_step import init_opt_state, make_loss_and_grads
-from validate.lowering import device_mesh, embedding_lookup, input_specs, jitted_step, loss_and_grads
+from validate.lowering import input_specs, jitted_step, loss_and_grads
+from validate.mesh_hooks import device_mesh, embedding_lookup
 
 plan = Plan.model_validate_json(sys.stdin.read())
 params = init_params(plan.model, jax.random.key(0))
@@ -68,7 +69,8 @@ def test_pipelined_step_matches_the_single_device_loss_and_gradients(layout, mod
 def test_initial_inputs_carry_the_plan_shardings_and_dtypes():
     import jax
 
-    from validate.lowering import device_mesh, initial_inputs, input_specs
+    from validate.lowering import initial_inputs, input_specs
+    from validate.mesh_hooks import device_mesh
 
     plan = layout_plan(LLAMA, Layout(micro_batch=2), hardware="a100-80gb", seq_len=16, global_batch=4)
     mesh = device_mesh(plan, devices=jax.devices()[:1])

@@ -70,9 +70,9 @@ def test_zero_one_shards_the_moments_over_data():
 
 
 def test_a_pipeline_holds_its_bubble_ticks_activations_and_with_one_micro_batch_a_ticks_gradient():
-    from costmodel.step.data_parallel import stage_params_per_device
-    from costmodel.inputs.layout import Schedule
     from costmodel.hardware.machine import load_machine
+    from costmodel.inputs.layout import Schedule
+    from costmodel.step.data_parallel import stage_params_per_device
     from costmodel.step.memory import activation_bytes_per_layer, micro_batch_gradient_bytes
     from costmodel.step.simulator import simulate
     from validate.predict import ends_elsewhere_bytes, predicted_memory_bytes

@@ -20,7 +20,8 @@ from planner.plan_schema import Plan
 from planner.programs.decode import decode_step, served_dtype_of
 from planner.programs.params import init_params
 from planner.programs.prefill import prefill_step
-from validate.lowering import abstract_inputs, device_mesh, input_specs, jitted_step
+from validate.lowering import abstract_inputs, input_specs, jitted_step
+from validate.mesh_hooks import device_mesh
 
 plan = Plan.model_validate_json(sys.stdin.read())
 model, train = plan.model, plan.train

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from planner.budget import compute_optimal_model
 from planner.cli.commands.arg_types import positive_float, positive_int
+from planner.largest import FAMILIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from planner.largest import FAMILIES
-
     parser.add_argument("--devices", type=positive_int, required=True, help="device count")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
     parser.add_argument("--days", type=positive_float, required=True, help="days of training steps the budget buys, e.g. 30")
@@ -23,7 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.budget import compute_optimal_model
 
     r = compute_optimal_model(devices=args.devices, hardware=args.hardware, days=args.days, family=args.family,
                               seq_len=args.seq_len, global_batch=args.global_batch, time_limit_s=args.search_time_limit_s)

@@ -11,6 +11,8 @@ from rich.table import Table
 
 from costmodel.errors import InvalidConfigError
 from planner.cli.commands.arg_types import positive_float, positive_int
+from planner.cli.csv_out import write_csv
+from planner.compare import compare, plot_traces
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.compare import compare, plot_traces
-    from planner.cli.csv_out import write_csv
-
     if args.seeds < 1 or args.budget_s <= 0:
         raise InvalidConfigError("--seeds must be at least 1 and --budget-s positive", fix="e.g. --seeds 3 --budget-s 30")
     planners = tuple(p.strip() for p in args.planners.split(",") if p.strip())

@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.hardware.catalog import CATALOG
-from costmodel.hardware.profile import ClusterSpec, load_hardware
 from costmodel.hardware.machine import supported_precisions
+from costmodel.hardware.profile import ClusterSpec
+from costmodel.hardware.registry import load_hardware
 
 # Catalog dtype keys, in the order the table shows them.
 DTYPE_COLUMNS = ("float32", "tf32", "bfloat16", "float16", "float8_e4m3fn", "int8")

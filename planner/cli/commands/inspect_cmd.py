@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidConfigError, UnsupportedError
-from costmodel.hardware.profile import ClusterSpec, load_hardware
-from costmodel.inputs.layout import check_sequence
 from costmodel.hardware.mesh import AxisLink, axis_links, parse_mesh
+from costmodel.hardware.profile import ClusterSpec
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import check_sequence
 from costmodel.inputs.workload import FrozenDtype
 from planner.cli.commands.arg_types import positive_int
 from planner.cli.commands.workload_args import add_workload_arguments, workload_from_args
@@ -68,7 +69,7 @@ def _inspect(args: argparse.Namespace) -> InspectReport:
     cfg = load_model(args.model)
     train = train_config(seq_len=args.seq_len or default_seq_len(cfg), global_batch=args.global_batch, **workload_from_args(args))
     check_sequence(cfg, train)
-    if train.lora is not None and train.lora.frozen_dtype is FrozenDtype.FP8:  # fp8 storage needs the fp8 recipe
+    if train.workload.runs_backward and train.workload.frozen_dtype is FrozenDtype.FP8:  # fp8 storage needs the fp8 recipe
         raise UnsupportedError("plan inspect traces the bf16 program; --frozen-dtype fp8 needs --precision fp8",
                                fix="inspect with --frozen-dtype bf16, or use plan / plan simulate with --precision fp8")
     return inspect_model(cfg, train)
@@ -92,7 +93,8 @@ def _table(r: InspectReport) -> Table:
     table = Table(title=f"{r.model}: one {r.workload} step, seq {r.seq_len} × batch {r.global_batch}", show_header=False)
     rows = [
         ("parameters", f"{r.params:,} ({r.params / 1e9:.3f} B)"),
-        *([("  trained (LoRA adapters)", f"{r.trainable_params:,} ({r.trainable_params / r.params:.2%})")] if r.trainable_params != r.params else []),
+        *([("  trained (LoRA adapters)", f"{r.trainable_params:,} ({r.trainable_params / r.params:.2%})")]
+          if r.trainable_params != r.params else []),
         ("  embedding + head", f"{r.embedding_params:,}"),
         ("  per layer × layers", f"{r.params_per_layer:,} × {r.layers}"),
         ("FLOPs per step", f"{r.flops_per_step:.4g}"),

@@ -6,13 +6,12 @@ import argparse
 import json
 
 from planner.cli.commands.arg_types import positive_float, positive_int
+from planner.largest import FAMILIES, largest_model
 
 _GIB = 2**30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from planner.largest import FAMILIES
-
     parser.add_argument("--devices", type=positive_int, required=True, help="device count")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
     parser.add_argument("--family", choices=sorted(FAMILIES), default="llama", help="model family to scale (default llama)")
@@ -24,8 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.largest import largest_model
-
     r = largest_model(devices=args.devices, hardware=args.hardware, family=args.family, seq_len=args.seq_len,
                       global_batch=args.global_batch, time_limit_s=args.search_time_limit_s)
     lay, mem = r.predicted.layout, r.predicted.memory

@@ -10,19 +10,20 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.errors import InvalidPlanError, flag_error
-from costmodel.step.estimate import StepEstimate
-from costmodel.hardware.profile import load_hardware
-from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule, stack_recompute
 from costmodel.hardware.machine import train_machine
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule, stack_recompute
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.simulator import simulate
 from costmodel.inputs.train_config import Precision, TrainConfig
+from costmodel.step.estimate import StepEstimate
+from costmodel.step.simulator import simulate
 from planner.cli.commands.arg_types import PRECISION_HELP, non_negative_int, positive_int
-from planner.cli.commands.plan_cmd import memory_rows, offload_rows, serving_rows, titled_workload
 from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
-from planner.config import default_seq_len, load_model, train_config
+from planner.cli.tables import memory_rows, offload_rows, serving_rows, titled_workload
 from planner.cli.timeline import write_timeline
+from planner.config import default_seq_len, load_model, train_config
+from planner.request import PlanRequest
 
 _GIB = 2**30
 
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     workload = workload_from_args(args)
     sizes = {"seq_len": args.seq_len or default_seq_len(model), "global_batch": args.global_batch} | serving_sizes(args)
     if sizes["global_batch"] is None:
-        raise InvalidPlanError("plan simulate needs the batch of the step", fix="add --global-batch N (or --batch N for prefill and decode)")
+        raise InvalidPlanError("plan simulate needs the batch of the step",
+                               fix="add --global-batch N (or --batch N for prefill and decode)")
     train = train_config(**sizes, **workload)
     train = train.with_precision(Precision(args.precision))
     layout = layout_from_args(args)
@@ -95,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(estimate_json(estimate), sort_keys=True))
     else:
-        Console().print(_serving_table(estimate, model, train) if train.is_inference else
-                        _table(estimate, f"{model.name}{titled_workload(train)}", lora=train.is_lora))
+        Console().print(_table(estimate, f"{model.name}{titled_workload(train)}", lora=not train.workload.trains_base_weights)
+                        if train.workload.runs_backward else _serving_table(estimate, model, train))
     return 0
 
 
@@ -107,11 +109,12 @@ def estimate_json(est: StepEstimate) -> dict[str, object]:
 
 def _serving_table(est: StepEstimate, model: ModelConfig, train: TrainConfig) -> Table:
     """A serving estimate's rows, as `plan` prints them for its choice."""
-    from planner.api import layout_plan  # mesh roles and shardings of the hand-written layout
+    from planner.api import layout_plan  # JAX (planner.shardings) only for this table, so `plan simulate` starts without it
 
     lay = est.layout
-    p = layout_plan(model, lay, hardware=est.hardware, seq_len=train.seq_len, global_batch=train.global_batch, workload=train.workload,
-                    inference=train.inference).model_copy(update={"predicted": est})
+    request = PlanRequest(model=model, hardware=est.hardware, seq_len=train.seq_len, global_batch=train.global_batch,
+                          workload=train.workload.kind, inference=train.workload.serving)
+    p = layout_plan(request, lay).model_copy(update={"predicted": est})
     table = Table(title=f"{model.name}{titled_workload(train)} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp}",
                   show_header=False)
     for name, value in serving_rows(p)[:-1] + [("fits", "yes" if est.fits else "NO")]:

@@ -1,58 +1,124 @@
 """``--stack NAME`` and one flag per software fact, shared by ``plan`` and ``plan simulate``.
 
 A preset from `costmodel.inputs.stack.STACKS` sets every fact; each fact's own flag overrides it
-(``--stack megatron-core --tp-overlap none``).
+(``--stack megatron-core --tp-overlap none``). The flags are made from `SoftwareStack`'s fields:
+``--`` and the fact's name with dashes, its values from the field's type (yes/no for a bool, the
+values of an enum or Literal, a number for a bounded number, ``none`` where None is allowed),
+its help from the field's description. A new fact gets its flag by being declared.
+
+>>> FACT_FLAGS["tp_overlap"].option, FACT_FLAGS["tp_overlap"].choices
+('--tp-overlap', ['none', 'backward', 'gemm'])
+>>> FACT_FLAGS["moe_capacity_factor"].metavar, FACT_FLAGS["moe_capacity_factor"].value("none") is None
+('F|none', True)
 """
 
 from __future__ import annotations
 
 import argparse
+import types
+import typing
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Literal
 
-from costmodel.inputs.stack import STACKS, Attention, SoftwareStack, TpOverlap, stack_with
+from annotated_types import Ge, Gt
+from pydantic.fields import FieldInfo
 
-# Fact → (flag values, help). yes/no facts are booleans of `SoftwareStack`.
-_FACT_FLAGS: dict[str, tuple[list[str], str]] = {
-    "attention": ([a.value for a in Attention], "attention kernel"),
-    "dp_overlap": (["yes", "no"], "data-parallel reduction and ZeRO/FSDP gathers overlap compute"),
-    "tp_overlap": ([o.value for o in TpOverlap], "tensor-parallel collectives hidden behind GEMMs: none, backward (Megatron "
-                   "async TP) or gemm (TransformerEngine / XLA collective matmul)"),
-    "fused_projections": (["yes", "no"], "q/k/v and the MLP's input/gate are one GEMM each, so tensor parallelism reduces one "
-                          "input gradient per block (Megatron-LM; no: the JAX program's one per weight matrix)"),
-    "overlap_param_gather": (["yes", "no"], "ZeRO 1-2's gather of updated parameters runs behind the next forward (no: it "
-                             "ends the step, as in the JAX program)"),
-    "dropout": (["yes", "no"], "LayerNorm (GPT-style) models train with dropout (no: the JAX program has none)"),
-    "fused_elementwise": (["yes", "no"], "activations, RoPE and residual adds fused (no: eager PyTorch)"),
-    "fused_norm": (["yes", "no"], "each norm one fused kernel (no: eager RMSNorm)"),
-    "overlap_p2p": (["yes", "no"], "interleaved pipeline transfers run behind compute (Megatron-Core overlap_p2p_comm)"),
-    "per_chunk_grad_reduce": (["yes", "no"], "interleaved pipelines reduce each chunk's gradients once its last backward is "
-                              "done, behind the other chunks' backward (Megatron-Core grad_sync_func)"),
-    "lockstep_pipeline": (["yes", "no"], "pipeline stages step in lockstep, one forward and backward per tick on every device "
-                          "(the jax stack's single-program 1F1B): 2S-1 micro-batches in flight, bubbles computed"),
-    "fused_cross_entropy": (["yes", "no"], "one fused softmax-cross-entropy kernel (no: Megatron's op-by-op fp32 one)"),
-    "batch_major": (["yes", "no"], "activations [batch, seq, hidden]: sequence-parallel collectives copy their buffers"),
-    "reentrant_recompute": (["yes", "no"], "recompute re-runs the layer's whole forward (Megatron-LM checkpointing)"),
-    "fsdp_copy_out": (["yes", "no"], "ZeRO-3 copies gathered parameters out of the all-gather buffer (PyTorch FSDP2)"),
-    "fused_grad_accumulation": (["yes", "no"], "weight-gradient GEMMs add into the accumulator (Megatron-LM)"),
-    "reduce_every_micro_batch": (["yes", "no"], "ZeRO-2 reduce-scatters after every micro-batch (DeepSpeed)"),
-    "fp8_kept_casts": (["yes", "no"], "with --precision fp8, GEMM inputs kept in fp8 and weight casts resident (Transformer "
-                       "Engine, torchao; no: the JAX program's bf16 inputs, casts redone)"),
-    "fp8_param_gather": (["yes", "no"], "with --precision fp8, weights kept and all-gathered in fp8 (Megatron-LM --fp8-param-gather)"),
-    "eager_adapters": (["yes", "no"], "LoRA adapters' dropout, scale and add as kernels of their own (NeMo, PEFT; "
-                       "no: fused by a compiler)"),
-    "fsdp_frozen_grads": (["yes", "no"], "LoRA with ZeRO-3: frozen weights in the adapters' FSDP flat parameters get "
-                          "gradients (FSDP1, Lit-GPT)"),
-    "unsharded_grad_accumulation": (["yes", "no"], "ZeRO 2-3 accumulates whole gradients until the last micro-batch "
-                                    "(FSDP1 no_sync, Lit-GPT)"),
-    "adapter_dropout_saved": (["yes", "no"], "LoRA dropout keeps its output and a one-byte mask beside its input "
-                              "(eager nn.Dropout, Lit-GPT)"),
-    "fused_qkv_views": (["yes", "no"], "attention reads q, k, v as views of one fused projection, whose output stays alive; "
-                        "q/k/v adapters share one dropout (Lit-GPT)"),
-    "fp32_weights": (["yes", "no"], "weights held in fp32 as the master copy and cast where used, every forward and "
-                     "recomputed forward; gradients fp32, split with the optimizer state from ZeRO 1 (the JAX program; no: a "
-                     "compute-dtype copy beside the master, written by the update, Megatron-LM)"),
-    "bnb_4bit_saves_input": (["yes", "no"], "LoRA over --frozen-dtype nf4/nf4-dq: every 4-bit linear keeps its input for backward "
-                             "(bitsandbytes 0.41.0-0.43.1 MatMul4Bit, Lit-GPT's table)"),
+from costmodel.inputs.stack import FACTS, STACKS, SoftwareStack, stack_with
+from planner.cli.commands.arg_types import non_negative_int, positive_float, positive_int
+
+# A number fact's type and bound → the parser that refuses anything else while parsing, and its metavar.
+_NUMBER_PARSERS: dict[tuple[type, object], tuple[Callable[[str], int | float], str]] = {
+    (float, Gt(0)): (positive_float, "F"),
+    (int, Gt(0)): (positive_int, "N"),
+    (int, Ge(1)): (positive_int, "N"),
+    (int, Ge(0)): (non_negative_int, "N"),
 }
+
+
+@dataclass(frozen=True)
+class FactFlag:
+    """How one `SoftwareStack` fact is spelled, parsed and explained on the command line."""
+
+    fact: str
+    option: str
+    words: dict[str, Any]  # each word the flag takes → the fact's value (yes → True, none → None)
+    parse: Callable[[str], Any] | None  # a number fact's parser (it also passes 'none' through where None is allowed)
+    metavar: str | None
+    help: str
+
+    @property
+    def choices(self) -> list[str] | None:
+        """The words the flag takes; None for a number fact, whose ``parse`` checks it."""
+        return None if self.parse else list(self.words)
+
+    def value(self, given: Any) -> Any:
+        """The fact's value for what argparse stored: the value of a word, or a parsed number as it is."""
+        return self.words.get(given, given)
+
+
+def fact_flag(fact: str, field: FieldInfo) -> FactFlag:
+    """The flag of the `SoftwareStack` field ``fact``; a type no flag can spell is refused, naming the field.
+
+    >>> flag = fact_flag("dp_overlap", SoftwareStack.model_fields["dp_overlap"])
+    >>> flag.option, flag.choices, flag.value("no")
+    ('--dp-overlap', ['yes', 'no'], False)
+    """
+    option = "--" + fact.replace("_", "-")
+    kind, nullable = _without_none(field.annotation)
+    words = _words(kind)
+    parse, metavar = None, None
+    if words is None:
+        number = _NUMBER_PARSERS.get((kind, *field.metadata)) if len(field.metadata) == 1 else None
+        if number is None:
+            raise TypeError(f"SoftwareStack.{fact}: no flag spells {field.annotation} with {field.metadata}; give it a "
+                            "bool, StrEnum or Literal type, or a number > 0 (int or float) or >= 0 (int)")
+        parse, metavar = number
+        words = {}
+        if nullable:
+            parse, metavar = _or_none(parse), f"{metavar}|none"
+    if nullable:
+        words["none"] = None
+    description = (field.description or "").replace("%", "%%")  # argparse %-formats help
+    # The description speaks of the field's values (False: ..., None: ...); say which word is which.
+    spelled = "".join(f"{word} = {v}, " for word, v in words.items() if str(v) != word)
+    return FactFlag(fact=fact, option=option, words=words, parse=parse, metavar=metavar,
+                    help=f"{description} ({spelled}default: the stack's)")
+
+
+def _without_none(annotation: Any) -> tuple[Any, bool]:
+    """The annotation with None taken out of a union, and whether None was in it."""
+    if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], len(rest) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def _words(kind: Any) -> dict[str, Any] | None:
+    """Each word that chooses a fact of this type, with the value it stands for; None for a number."""
+    if kind is bool:
+        return {"yes": True, "no": False}
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return {member.value: member for member in kind}
+    if typing.get_origin(kind) is Literal:
+        return {str(v): v for v in typing.get_args(kind)}
+    return None
+
+
+def _or_none(parse: Callable[[str], int | float]) -> Callable[[str], int | float | str]:
+    def parse_or_none(text: str) -> int | float | str:
+        if text == "none":
+            return text
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{err}, or none") from None
+
+    return parse_or_none
+
+
+FACT_FLAGS: dict[str, FactFlag] = {fact: fact_flag(fact, SoftwareStack.model_fields[fact]) for fact in FACTS}
 
 
 def stack_help() -> str:
@@ -64,7 +130,7 @@ def stack_help() -> str:
     jax = STACKS["jax"]
     lines = []
     for name, stack in STACKS.items():
-        diff = [f"{k}={_show(v)}" for k, v in stack if k not in ("name", "citation") and v != getattr(jax, k)]
+        diff = [f"{k}={_show(getattr(stack, k))}" for k in FACTS if getattr(stack, k) != getattr(jax, k)]
         lines.append(f"{name}: {', '.join(diff) or 'the JAX program plan validate lowers'}")
     return "; ".join(lines)
 
@@ -74,31 +140,28 @@ def _show(value: object) -> str:
 
 
 def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--stack`` and every fact's flag; each flag's value stays None unless given.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_stack_arguments(parser)
+    >>> parser.parse_args(["--fused-norm", "no"]).fused_norm, parser.parse_args([]).fused_norm
+    ('no', None)
+    """
     parser.add_argument("--stack", choices=list(STACKS), default="jax",
                         help=f"software stack that runs the layout (default jax); presets: {stack_help()}")
-    for fact, (values, help_text) in _FACT_FLAGS.items():
-        parser.add_argument(f"--{fact.replace('_', '-')}", choices=values, help=f"{help_text} (default: the stack's)")
-    parser.add_argument("--moe-capacity-factor", type=_capacity_factor, metavar="F|none",
-                        help="MoE experts compute a buffer of F times their even share of the routed tokens, idle slots "
-                             "too (the JAX program: 1.25); none: dropless (default: the stack's)")
-
-
-def _capacity_factor(text: str) -> float | str:
-    if text == "none":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'none'; e.g. --moe-capacity-factor 1.25") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not positive; e.g. --moe-capacity-factor 1.25, or none for dropless")
-    return value
+    for flag in FACT_FLAGS.values():
+        parser.add_argument(flag.option, dest=flag.fact, choices=flag.choices, type=flag.parse, metavar=flag.metavar,
+                            help=flag.help)
 
 
 def stack_from_args(args: argparse.Namespace) -> SoftwareStack:
-    """The ``--stack`` preset with every fact flag given applied over it."""
-    given = {fact: getattr(args, fact) for fact in _FACT_FLAGS if getattr(args, fact) is not None}
-    facts = {k: v == "yes" if v in ("yes", "no") else v for k, v in given.items()}
-    if args.moe_capacity_factor is not None:
-        facts["moe_capacity_factor"] = None if args.moe_capacity_factor == "none" else args.moe_capacity_factor
-    return stack_with(args.stack, **facts)
+    """The ``--stack`` preset with every fact flag given applied over it.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_stack_arguments(parser)
+    >>> stack = stack_from_args(parser.parse_args(["--stack", "megatron-core", "--tp-overlap", "none"]))
+    >>> stack.name, stack.tp_overlap
+    ('custom', <TpOverlap.NONE: 'none'>)
+    """
+    given = {fact: getattr(args, fact) for fact in FACT_FLAGS}
+    return stack_with(args.stack, **{fact: FACT_FLAGS[fact].value(v) for fact, v in given.items() if v is not None})

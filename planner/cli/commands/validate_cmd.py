@@ -21,6 +21,12 @@ from rich.table import Table
 
 from costmodel.errors import InvalidConfigError, UnsupportedError, first_problem, read_user_file
 from planner.cli.commands.arg_types import positive_float, positive_int
+from planner.plan_schema import Plan
+from planner.programs.decode import check_serving_lowered
+from validate.compile_check import CompileReport, compile_in_subprocess
+from validate.multihost import run_processes, validate_processes
+from validate.report import checks, features_not_predicted, fp8_frozen_not_checked, offload_not_checked, refuse_unlowered_weights
+from validate.timed import step_time_check
 
 _GIB = 2**30
 
@@ -51,13 +57,7 @@ def _format(value: float | None, unit: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The validator imports planner; the CLI loads it only for this command (DESIGN: composition root).
-    from planner.programs.decode import check_serving_lowered
-    from planner.plan_schema import Plan
-    from validate.compile_check import CompileReport, compile_in_subprocess
-    from validate.multihost import run_processes, validate_processes
-    from validate.report import checks, features_not_predicted, fp8_frozen_not_checked, offload_not_checked, refuse_unlowered_weights
-    from validate.timed import step_time_check
+    # These read the reference JAX programs: JAX loads only when a plan is validated.
 
     if not args.compile_only and args.processes > 1:
         raise UnsupportedError("the timed check runs in one process", fix="add --compile-only, or drop --processes")
@@ -70,10 +70,10 @@ def run(args: argparse.Namespace) -> int:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
     refuse_unlowered_weights(plan)
-    if plan.train.is_inference:
+    if not plan.train.workload.runs_backward:
         check_serving_lowered(plan.model)  # before any process starts
         if not args.compile_only:
-            raise UnsupportedError(f"the timed check runs training steps; a {plan.train.workload.value} plan is checked compiled only",
+            raise UnsupportedError(f"the timed check runs training steps; a {plan.train.workload.kind} plan is checked compiled only",
                                    fix="add --compile-only")
     not_checked = offload_not_checked(plan)
     if not_checked and not args.compile_only:

@@ -18,6 +18,7 @@ from typing import Any
 
 from costmodel.errors import InvalidConfigError
 from costmodel.inputs.workload import FrozenDtype, InferenceConfig, KvCacheDtype, LoraConfig, LoraTarget, WorkloadKind, parse_lora_targets
+from costmodel.workloads import workload_type
 from planner.cli.commands.arg_types import positive_float, positive_int
 
 _LORA_FLAGS = ("lora_rank", "lora_targets")
@@ -65,17 +66,19 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
     lora_given = {f: getattr(args, f) for f in _LORA_FLAGS if getattr(args, f) is not None}
     serving_given = {f: getattr(args, f) for f in _SERVING_FLAGS if getattr(args, f) is not None}
     workload = WorkloadKind(args.workload)
-    _refuse(lora_given, workload, wanted="finetune-lora", applies=workload is WorkloadKind.FINETUNE_LORA)
-    _refuse(serving_given, workload, wanted="decode (or prefill)", applies=workload.is_inference)
-    if workload is WorkloadKind.PREFILL and "max_token_latency_ms" in serving_given:
-        raise InvalidConfigError("--max-token-latency-ms bounds decode steps, not prefill", fix="use --workload decode or drop the flag")
-    if args.frozen_dtype is not None and workload not in (WorkloadKind.FINETUNE_LORA, WorkloadKind.PREFILL, WorkloadKind.DECODE):
+    kind = workload_type(workload)
+    _refuse(lora_given, workload, wanted="finetune-lora", applies=kind.takes_adapter_settings)
+    _refuse(serving_given, workload, wanted="decode (or prefill)", applies=not kind.runs_backward)
+    if not kind.runs_backward and not kind.latency_bounded and "max_token_latency_ms" in serving_given:
+        raise InvalidConfigError(f"--max-token-latency-ms bounds decode steps, not {workload.value}",
+                                 fix="use --workload decode or drop the flag")
+    if args.frozen_dtype is not None and kind.trains_base_weights:
         raise InvalidConfigError(f"--frozen-dtype applies to finetune-lora, prefill and decode, not {args.workload}",
                                  fix="add --workload finetune-lora (or decode) or drop the flag")
-    if workload is WorkloadKind.FINETUNE_LORA:
+    if kind.takes_adapter_settings:
         settings = {"rank": lora_given.get("lora_rank"), "targets": lora_given.get("lora_targets"), "frozen_dtype": args.frozen_dtype}
         return {"workload": args.workload, "lora": LoraConfig(**{k: v for k, v in settings.items() if v is not None}), "inference": None}
-    if workload.is_inference:
+    if not kind.runs_backward:
         settings = {"prompt_len": args.prompt_len, "kv_block_size": args.kv_block_size,
                     "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype,
                     "kv_cache_dtype": args.kv_cache_dtype}
@@ -87,7 +90,7 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def serving_sizes(args: argparse.Namespace) -> dict[str, int]:
     """A serving workload's batch and context as `TrainConfig`'s ``global_batch`` and ``seq_len``
     (``--batch`` default 1, ``--context-len`` default ``--seq-len``); nothing for training."""
-    if not WorkloadKind(args.workload).is_inference:
+    if workload_type(args.workload).runs_backward:
         return {}
     sizes = {"global_batch": args.batch or 1}
     context = args.context_len or getattr(args, "seq_len", None)

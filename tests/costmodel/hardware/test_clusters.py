@@ -2,11 +2,11 @@
 
 import pytest
 
-from costmodel.hardware.clusters import ALVIS, CLUSTERS
 from costmodel.errors import InvalidConfigError
-from costmodel.hardware.profile import load_hardware
+from costmodel.hardware.clusters import ALVIS, CLUSTERS
 from costmodel.hardware.machine import machine_for
 from costmodel.hardware.mesh import axis_links, parse_mesh
+from costmodel.hardware.registry import load_hardware
 
 ALVIS_NAMES = ["alvis-a100", "alvis-a100fat", "alvis-a40", "alvis-t4", "alvis-v100"]
 

@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.step.collectives import all_reduce_s
 from costmodel.errors import InvalidConfigError
 from costmodel.hardware.fabric import InterNodeFabric
-from costmodel.hardware.profile import load_hardware
 from costmodel.hardware.machine import machine_for
+from costmodel.hardware.registry import load_hardware
 from costmodel.hardware.topology import placement
+from costmodel.step.collectives import all_reduce_s
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+CLUSTERS_DOC = Path(__file__).resolve().parents[3] / "docs" / "clusters.md"
 
 
-def _readme_cluster() -> dict:
-    section = README.read_text().split("## Describing a cluster", 1)[1]
+def _documented_cluster() -> dict:
+    section = CLUSTERS_DOC.read_text().split("## Describing a cluster", 1)[1]
     return json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
 
 
@@ -34,8 +34,8 @@ def _network(**facts) -> InterNodeFabric:
     return InterNodeFabric(**{**base, **facts})
 
 
-def test_the_readme_cluster_loads_with_the_facts_it_states(tmp_path):
-    cluster = load_hardware(_write(tmp_path, _readme_cluster()))
+def test_the_documented_cluster_loads_with_the_facts_it_states(tmp_path):
+    cluster = load_hardware(_write(tmp_path, _documented_cluster()))
     assert cluster.name == "my-h100-roce" and cluster.device == load_hardware("h100-sxm").device  # named, not spelled out
     # 4 × 400 Gb/s over 8 GPUs = 25 GB/s each, halved by the 2:1 spine, × 0.8 efficiency.
     assert cluster.inter_tier().bytes_per_s == pytest.approx(10e9)
@@ -89,11 +89,11 @@ def test_nvlink_pairs_bridge_a_pair_and_pcie_carries_the_rest():
     (lambda d: d.update(devices_per_node=2**40), "devices_per_node: Input should be less than or equal to 16777216"),
 ])
 def test_a_bad_cluster_file_gets_one_line_naming_the_field(tmp_path, change, message):
-    doc = _readme_cluster()
+    doc = _documented_cluster()
     change(doc)
     path = _write(tmp_path, doc)
     with pytest.raises(InvalidConfigError) as err:
         load_hardware(path)
     assert re.search(message, str(err.value)) and "\n" not in str(err.value)
-    assert str(err.value).startswith(f"{path}: ") and str(err.value).endswith("fix: see README 'Describing a cluster' "
+    assert str(err.value).startswith(f"{path}: ") and str(err.value).endswith("fix: see docs/clusters.md 'Describing a cluster' "
                                                                               "(costmodel.hardware.profile.ClusterSpec)")

@@ -3,8 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from costmodel.hardware.profile import load_hardware
 from costmodel.hardware.host import ADAM_HOST_BYTES_PER_PARAM, HostSpec
+from costmodel.hardware.registry import load_hardware
 
 
 def test_catalog_hosts_are_the_datasheet_nodes():

@@ -3,8 +3,8 @@
 import pytest
 
 from costmodel.errors import InvalidConfigError
-from costmodel.hardware.profile import load_hardware
 from costmodel.hardware.machine import check_peak, supported_precisions, train_machine
+from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.train_config import Precision, TrainConfig
 
 

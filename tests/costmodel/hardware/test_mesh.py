@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.errors import InvalidConfigError
-from costmodel.hardware.profile import load_hardware
 from costmodel.hardware.mesh import axis_links, mesh_shapes_for, parse_mesh
+from costmodel.hardware.registry import load_hardware
 
 DETERMINISTIC = settings(derandomize=True, database=None, deadline=None)
 

@@ -1,14 +1,16 @@
-"""Tests `costmodel/hardware/profile.py`, `costmodel/hardware/catalog.py` and `costmodel/hardware/clusters.py`: profiles, presets and loading."""
+"""Tests `costmodel/hardware/profile.py`, `costmodel/hardware/catalog.py` and `costmodel/hardware/clusters.py`:
+profiles, presets and loading."""
 
 import json
 
 import pytest
 
+from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.hardware.catalog import CATALOG
 from costmodel.hardware.clusters import CLUSTERS, HARDWARE
-from costmodel.errors import InvalidConfigError, UnsupportedError
-from costmodel.hardware.profile import ClusterSpec, list_hardware, load_hardware
 from costmodel.hardware.machine import machine_for
+from costmodel.hardware.profile import ClusterSpec
+from costmodel.hardware.registry import list_hardware, load_hardware
 
 REQUIRED = ["a100-40gb", "a100-80gb", "h100-sxm", "h200", "a40", "v100", "t4", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e",
             "cpu", "h100-96gb-hbm2e-500w", "h100-95gb-hbm2e-lowtdp"]

@@ -3,7 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from costmodel.hardware.profile import ClusterSpec, load_hardware
+from costmodel.hardware.profile import ClusterSpec
+from costmodel.hardware.registry import load_hardware
 from costmodel.hardware.storage import ASSUMED_SHARED_STORAGE, SUPERPOD_H100_STANDARD, StorageSpec
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from costmodel.step.collectives import Tier
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.topology import layout_groups, link_between_stages
+from costmodel.inputs.layout import Layout
+from costmodel.step.collectives import Tier
 
 NV, IB = Tier(bytes_per_s=3e11, latency_s=0), Tier(bytes_per_s=2.5e10, latency_s=0)
 

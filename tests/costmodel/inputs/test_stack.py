@@ -4,7 +4,7 @@ import pytest
 
 from costmodel.errors import InvalidConfigError
 from costmodel.inputs.layout import Recompute, stack_recompute
-from costmodel.inputs.stack import STACKS, SoftwareStack, TpOverlap, apply_options, get_stack, stack_with
+from costmodel.inputs.stack import FACTS, STACKS, SoftwareStack, TpOverlap, apply_options, get_stack, stack_with
 
 REQUIRED = ("jax", "maxtext", "megatron-lm-2021", "megatron-lm-2022", "megatron-core", "deepspeed", "megatron-deepspeed",
             "pytorch-fsdp1", "torchtitan", "torchtitan-compile")
@@ -17,8 +17,15 @@ def test_every_preset_the_issue_names_exists_and_cites_its_code():
 
 
 def test_presets_differ_from_each_other():
-    facts = {name: tuple(v for k, v in s if k not in ("name", "citation")) for name, s in STACKS.items()}
+    facts = {name: tuple(getattr(s, k) for k in FACTS) for name, s in STACKS.items()}
     assert len(set(facts.values())) == len(facts)
+
+
+def test_every_field_but_the_presets_name_and_citation_is_a_described_fact():
+    assert FACTS == tuple(k for k in SoftwareStack.model_fields if k not in ("name", "citation"))
+    for fact in FACTS:  # each description is also the help of the fact's `plan` flag
+        description = SoftwareStack.model_fields[fact].description
+        assert description and len(description) > 40 and description.endswith("."), fact
 
 
 def test_megatron_eras_add_overlap_step_by_step():

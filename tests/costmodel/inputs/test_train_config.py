@@ -1,6 +1,7 @@
 """Tests `costmodel/inputs/train_config.py`: the precision recipes as dtype policies."""
 
 import pytest
+from pydantic import ValidationError
 
 from costmodel.inputs.train_config import Dtype, Precision, TrainConfig
 
@@ -28,3 +29,22 @@ def test_a_precision_survives_the_json_round_trip():
     t = TrainConfig(seq_len=128, global_batch=4).with_precision(Precision.FP8)
     back = TrainConfig.model_validate_json(t.model_dump_json())
     assert back == t and back.is_fp8 and Dtype.TF32.bytes == 4
+
+
+def test_a_train_config_written_before_the_typed_workloads_still_loads():
+    # As plan files before costmodel.workloads wrote it: the workload's name, its settings beside it.
+    old = ('{"seq_len": 4096, "global_batch": 8, "workload": "decode", "lora": null, '
+           '"inference": {"prompt_len": 100, "kv_block_size": 16, "max_token_latency_ms": null, "weight_dtype": "int8", '
+           '"kv_cache_dtype": "fp8"}}')
+    train = TrainConfig.model_validate_json(old)
+    assert train.workload.kind == "decode" and train.workload.serving.weight_dtype.value == "int8" and train.prompt_len == 100
+    assert TrainConfig.model_validate_json(train.model_dump_json()) == train
+    lora = TrainConfig.model_validate_json('{"workload": "finetune-lora", "lora": {"rank": 8}, "inference": null}')
+    assert lora.workload.lora.rank == 8 and not lora.workload.trains_base_weights
+
+
+def test_settings_beside_a_workload_they_do_not_fit_are_refused():
+    with pytest.raises(ValidationError, match="serving settings given for workload pretrain"):
+        TrainConfig(workload="pretrain", inference={"prompt_len": 10})
+    with pytest.raises(ValidationError, match="prompt_len=10 exceeds the context length 8"):
+        TrainConfig(workload="prefill", seq_len=8, inference={"prompt_len": 10})

@@ -60,9 +60,9 @@ def test_nf4_has_no_jax_format_and_says_so_in_one_line():
 
 
 def test_train_config_fills_lora_defaults_and_refuses_lora_settings_elsewhere():
-    assert TrainConfig().lora is None and not TrainConfig().is_lora
-    assert TrainConfig(workload="finetune-lora").lora == LoraConfig()
-    assert not TrainConfig(workload="finetune-full").is_lora
+    assert TrainConfig().workload.trains_base_weights and TrainConfig().workload.adapter_rank == 0
+    assert TrainConfig(workload="finetune-lora").workload.lora == LoraConfig()
+    assert TrainConfig(workload="finetune-full").workload.trains_base_weights
     with pytest.raises(ValidationError, match="apply to finetune-lora only"):
         TrainConfig(workload="pretrain", lora=LoraConfig())
     with pytest.raises(ValidationError):
@@ -72,7 +72,7 @@ def test_train_config_fills_lora_defaults_and_refuses_lora_settings_elsewhere():
 def test_workload_round_trips_through_json():
     t = TrainConfig(workload="finetune-lora", lora=LoraConfig(rank=64, frozen_dtype="int4", targets=("mlp", "attn", "mlp")))
     assert TrainConfig.model_validate_json(t.model_dump_json()) == t
-    assert t.lora.target_label == "attn,mlp" and len(t.lora.targets) == 7
+    assert t.workload.lora.target_label == "attn,mlp" and len(t.workload.lora.targets) == 7
 
 
 def test_fused_qkv_adapter_has_one_a_and_the_qkv_width_of_b():

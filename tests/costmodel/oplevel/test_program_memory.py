@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 
 from costmodel.oplevel.opgraph import TensorSpec
-from planner.intraop.extract import extract_graph
 from costmodel.oplevel.program_memory import MemoryModel, temporary_bytes
+from planner.intraop.extract import extract_graph
 
 MIB = 2**20
 X = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)  # 4 MiB

@@ -2,11 +2,11 @@
 
 import pytest
 
-from costmodel.step.collectives import Group, Tier, all_gather_s, all_reduce_s, all_to_all_s, combined, exposed_s, reduce_scatter_s
-from costmodel.oplevel.fusion import HbmTraffic
 from costmodel.hardware.machine import load_machine
+from costmodel.oplevel.fusion import HbmTraffic
 from costmodel.oplevel.opgraph import LoopNest, OpNode, TensorSpec
 from costmodel.oplevel.strategies import input_nest, op_strategies, partial_sums_s, reshard_s, shard_factor
+from costmodel.step.collectives import Group, Tier, all_gather_s, all_reduce_s, all_to_all_s, combined, exposed_s, reduce_scatter_s
 
 MACHINE = load_machine("a100-80gb")
 TIER = Tier(bytes_per_s=1e11, latency_s=1e-6)

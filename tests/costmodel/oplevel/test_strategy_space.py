@@ -4,11 +4,11 @@ import itertools
 
 import pytest
 
-from costmodel.step.collectives import Group, Tier, exposed_s
 from costmodel.hardware.machine import load_machine
 from costmodel.oplevel.opgraph import OP_ATTR, LoopNest, OpNode, TensorSpec, add_input, add_op, new_op_graph
 from costmodel.oplevel.strategies import op_strategies, reshard_s
 from costmodel.oplevel.strategy_space import build_space, prune_dominated
+from costmodel.step.collectives import Group, Tier, exposed_s
 
 MACHINE = load_machine("a100-80gb")
 TIER = Tier(bytes_per_s=1e11, latency_s=1e-6)

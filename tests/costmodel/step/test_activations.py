@@ -9,11 +9,11 @@ log-sum-exp per query and head. The forms assume dropout, which the JAX program 
 
 import pytest
 
-from costmodel.step.activations import activation_bytes_per_layer, activation_table
 from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import Attention, stack_with
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.activations import activation_bytes_per_layer, activation_table
 
 # GPT-3 175B as in the paper: h = 12288, a = 96, s = 2048, b = 1, t = 8.
 GPT3 = ModelConfig(name="gpt3", hidden_size=12288, num_layers=96, num_heads=96, ffn_size=4 * 12288, vocab_size=51200,
@@ -189,7 +189,8 @@ def test_only_an_eager_gated_mlp_keeps_its_activation_output():
 def test_each_separate_adapter_keeps_its_own_dropout():
     m = ModelConfig(name="l", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=2816, vocab_size=1000)
     train = TrainConfig(seq_len=S, workload="finetune-lora", lora={"targets": "q,v,o", "dropout": 0.1})
-    no_dropout = train.model_copy(update={"lora": train.lora.model_copy(update={"dropout": 0.0})})
+    no_dropout = train.model_copy(update={"workload": train.workload.model_copy(
+        update={"lora": train.workload.lora.model_copy(update={"dropout": 0.0})})})
     peft = Layout(stack=stack_with("jax", adapter_dropout_saved=True))
     # q and v each drop out the qkv input (2 x (2 + 1) bytes) and o its input (2 + 1), which the flash backward keeps
     # anyway; without the dropouts, q and v's A read the qkv input itself (2).

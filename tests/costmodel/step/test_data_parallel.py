@@ -2,14 +2,14 @@
 
 import pytest
 
-from costmodel.step.collectives import Group, Tier, all_gather_s, all_reduce_s
-from costmodel.step.data_parallel import data_parallel_costs, layer_params_per_device, stage_params_per_device
-from costmodel.step.layer_costs import layer_costs
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import stack_with
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.collectives import Group, Tier, all_gather_s, all_reduce_s
+from costmodel.step.data_parallel import data_parallel_costs, layer_params_per_device, stage_params_per_device
+from costmodel.step.layer_costs import layer_costs
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=8, num_heads=16, ffn_size=5632, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=2048, global_batch=64)
@@ -46,11 +46,13 @@ def test_the_jax_program_reduces_every_micro_batch_in_bf16_and_gathers_fp32_para
 
 
 def test_overlap_hides_part_of_the_reduction():
-    assert _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=True))).exposed_s < _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=False))).exposed_s
+    overlapped = _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=True)))
+    assert overlapped.exposed_s < _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=False))).exposed_s
 
 
 def test_fsdp_moves_more_bytes_than_plain_data_parallel():
-    assert _costs(Layout(dp=32, zero_stage=3, stack=stack_with("jax", dp_overlap=False))).total_s > _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=False))).total_s
+    no_overlap = stack_with("jax", dp_overlap=False)
+    assert _costs(Layout(dp=32, zero_stage=3, stack=no_overlap)).total_s > _costs(Layout(dp=32, stack=no_overlap)).total_s
 
 
 def test_no_data_parallelism_costs_nothing():
@@ -100,7 +102,7 @@ def test_lora_reduces_only_adapter_gradients():
     lora = TrainConfig(seq_len=2048, global_batch=64, workload="finetune-lora")
     lay = Layout(dp=32, stack=stack_with("jax", dp_overlap=False))
     c = data_parallel_costs(MODEL, lora, lay, HW, layer_costs(MODEL, lora, lay, HW))
-    adapters = MODEL.num_layers * adapter_params_per_layer(MODEL, lora.lora)
+    adapters = MODEL.num_layers * adapter_params_per_layer(MODEL, lora.workload.lora)
     assert c.total_s == pytest.approx(all_reduce_s(adapters * 4, Group(n=32, n_nodes=4, intra=NV, inter=IB)))
     assert c.total_s < _costs(lay).total_s / 50
 

@@ -2,13 +2,13 @@
 
 import pytest
 
-from costmodel.step.data_parallel import layer_params_per_device
 from costmodel.errors import InvalidConfigError, UnsupportedError
-from costmodel.step.fp8_memory import check_frozen_dtype, fp8_weight_copy_bytes, gathered_layer_param_bytes
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import stack_with
 from costmodel.inputs.train_config import Precision, TrainConfig
+from costmodel.step.data_parallel import layer_params_per_device
+from costmodel.step.fp8_memory import check_frozen_dtype, fp8_weight_copy_bytes, gathered_layer_param_bytes
 
 M = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
 FP8 = TrainConfig(seq_len=512, global_batch=8).with_precision(Precision.FP8)

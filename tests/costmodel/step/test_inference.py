@@ -3,13 +3,13 @@
 import pytest
 
 from costmodel.errors import UnsupportedError
-from costmodel.hardware.profile import load_hardware
-from costmodel.step.inference import kv_cache_bytes, micro_batches, simulate_inference
-from costmodel.step.kernels import KernelKind
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import load_machine, train_machine
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.inference import kv_cache_bytes, micro_batches, simulate_inference
+from costmodel.step.kernels import KernelKind
 
 M = ModelConfig(name="m", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=128256)
 H100 = load_machine("h100-sxm")

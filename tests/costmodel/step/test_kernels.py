@@ -2,11 +2,11 @@
 
 import pytest
 
-from costmodel.step.kernels import KernelKind, head_forward_kernels, layer_forward_kernels
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import Attention, stack_with
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.kernels import KernelKind, head_forward_kernels, layer_forward_kernels
 
 GPT = ModelConfig(name="gpt", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=5000,
                   norm="layernorm", mlp="gelu", positions="learned", tie_embeddings=True)
@@ -85,7 +85,8 @@ def test_backward_traffic_follows_each_kernels_passes():
     assert jax_gpt["attn_residual"].backward_scale == 1
     assert gpt["attn_residual"].backward_scale == pytest.approx(5.5 / 3.5)
     assert gpt["qkv"].backward_scale == 2 and gpt["flash_attention"].backward_scale == 2.5
-    eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("jax", fused_elementwise=False, fused_norm=False)))}
+    eager_stack = stack_with("jax", fused_elementwise=False, fused_norm=False)
+    eager = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=eager_stack))}
     assert eager["attn_norm"].bytes == pytest.approx(7 * gpt["attn_norm"].bytes)  # 14 passes to 2
     fused = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout())}
     fused_norm = {k.name: k for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("jax", fused_elementwise=False)))}
@@ -163,8 +164,8 @@ def test_fp8_lora_runs_frozen_gemms_in_fp8_without_weight_gradients_and_adapters
     assert ks["qkv"].bytes == tokens * 1024 + 1024 * qkv_out + 2 * tokens * qkv_out
     adapters = [k for n, k in ks.items() if n.startswith("lora_") and k.kind is KernelKind.MATMUL]
     assert adapters and not any(k.linear for k in adapters) and all(k.backward_scale == 2.0 for k in adapters)
-    bf16_frozen = {k.name for k in layer_forward_kernels(LLAMA, lora.model_copy(update={"lora": lora.lora.model_copy(
-        update={"frozen_dtype": "bf16"})}), Layout(tp=2))}
+    bf16_frozen = {k.name for k in layer_forward_kernels(LLAMA, lora.model_copy(update={"workload": lora.workload.model_copy(
+        update={"lora": lora.workload.lora.model_copy(update={"frozen_dtype": "bf16"})})}), Layout(tp=2))}
     assert "qkv_weight_cast" in bf16_frozen
 
 

@@ -2,15 +2,15 @@
 
 import pytest
 
+from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout, Recompute
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.stack import Attention, stack_with
+from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.collectives import Tier
 from costmodel.step.kernels import layer_forward_kernels
 from costmodel.step.layer_costs import layer_costs, phase_time
-from costmodel.inputs.layout import Layout, Recompute
-from costmodel.hardware.machine import Machine
-from costmodel.inputs.model_config import ModelConfig
 from costmodel.step.roofline import Efficiency
-from costmodel.inputs.stack import Attention, stack_with
-from costmodel.inputs.train_config import TrainConfig
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=5632,
                     vocab_size=32000, num_experts=8, experts_per_token=2)

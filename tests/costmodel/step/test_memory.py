@@ -4,12 +4,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.step.data_parallel import stage_trainable_params
 from costmodel.inputs.layout import Layout, Recompute, Schedule
-from costmodel.step.memory import in_flight_microbatches, memory_breakdown
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import STACKS, Attention, stack_with
 from costmodel.inputs.train_config import Dtype, TrainConfig
+from costmodel.step.data_parallel import stage_trainable_params
+from costmodel.step.memory import in_flight_microbatches, memory_breakdown
 
 MODEL = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=1024, global_batch=32)
@@ -138,7 +138,7 @@ def test_lora_memory_is_frozen_weights_plus_adapter_state_napkin():
     from costmodel.inputs.workload import adapter_params_per_layer
 
     mem = memory_breakdown(MODEL, LORA, Layout(micro_batch=1))
-    adapters = MODEL.num_layers * adapter_params_per_layer(MODEL, LORA.lora)
+    adapters = MODEL.num_layers * adapter_params_per_layer(MODEL, LORA.workload.lora)
     assert mem.frozen_params_bytes == pytest.approx(2 * MODEL.total_params)  # bf16, no master copy
     assert mem.params_bytes - mem.frozen_params_bytes == pytest.approx(2 * adapters)
     assert mem.grads_bytes == pytest.approx(4 * adapters) and mem.optimizer_bytes == pytest.approx(12 * adapters)
@@ -207,12 +207,12 @@ def test_fp8_frozen_weights_take_one_byte_and_te_keeps_their_transposes_as_froze
 
 
 def test_fsdp1_lora_gives_frozen_weights_gradients_held_whole_under_no_sync():
-    from costmodel.step.data_parallel import frozen_layer_bytes
     from costmodel.inputs.workload import adapter_params_per_layer
+    from costmodel.step.data_parallel import frozen_layer_bytes
 
     lora = TrainConfig(seq_len=1024, global_batch=32, workload="finetune-lora", lora={"targets": "q,v"})
     frozen_layers = MODEL.num_layers * frozen_layer_bytes(MODEL, lora, Layout())
-    adapter_grads = MODEL.num_layers * adapter_params_per_layer(MODEL, lora.lora) * lora.grad_dtype.bytes
+    adapter_grads = MODEL.num_layers * adapter_params_per_layer(MODEL, lora.workload.lora) * lora.grad_dtype.bytes
 
     def grads(stack, global_batch):
         train = lora.model_copy(update={"global_batch": global_batch})

@@ -2,10 +2,10 @@
 
 import pytest
 
-from costmodel.hardware.catalog import DGX_A100_320GB_HOST
 from costmodel.errors import UnsupportedError
-from costmodel.step.offload import REDUCE_BUCKET_ELEMENTS, check_offloadable, device_grad_bytes, host_memory, offload_times, require_host
+from costmodel.hardware.catalog import DGX_A100_320GB_HOST
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.offload import REDUCE_BUCKET_ELEMENTS, check_offloadable, device_grad_bytes, host_memory, offload_times, require_host
 
 N = 8e9  # parameters of one device's partition
 BF16 = TrainConfig()

@@ -2,12 +2,12 @@
 
 import pytest
 
-from costmodel.step.kernels import KernelKind, layer_forward_kernels
 from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.recompute import LAYER_TAIL, every_second_matmul_share, recomputed_forward_comm_fraction, recomputed_kernels
 from costmodel.inputs.stack import Attention, stack_with
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.kernels import KernelKind, layer_forward_kernels
+from costmodel.step.recompute import LAYER_TAIL, every_second_matmul_share, recomputed_forward_comm_fraction, recomputed_kernels
 
 LLAMA3_8B = ModelConfig(name="llama3-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336,
                         vocab_size=128256)
@@ -38,7 +38,8 @@ def test_full_recompute_stops_before_the_layer_tail_unless_reentrant():
 
 
 def test_selective_recomputes_the_attention_core_only():
-    assert _names(GPT, Layout(recompute=Recompute.SELECTIVE, stack=stack_with("jax", attention=Attention.MATERIALIZED))) == ["scores", "softmax_dropout", "attn_v"]
+    materialized = stack_with("jax", attention=Attention.MATERIALIZED)
+    assert _names(GPT, Layout(recompute=Recompute.SELECTIVE, stack=materialized)) == ["scores", "softmax_dropout", "attn_v"]
     assert _names(GPT, Layout(recompute=Recompute.NONE)) == []
 
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from costmodel.step.run_overheads import RunOverheads, RunSettings, run_overheads
 from costmodel.hardware.storage import StorageSpec
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.run_overheads import RunOverheads, RunSettings, run_overheads
 
 _SLOW_DISK = StorageSpec(read_bytes_per_s_per_device=1e6, write_bytes_per_s_per_device=1e9, assumed=True, source="test")
 

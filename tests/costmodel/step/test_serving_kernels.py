@@ -4,8 +4,8 @@ import pytest
 
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.serving_kernels import expected_experts_touched, layer_kernels, linear_kernels
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.serving_kernels import expected_experts_touched, layer_kernels, linear_kernels
 
 MOE = ModelConfig(name="moe", hidden_size=1024, num_layers=2, num_heads=8, num_kv_heads=2, ffn_size=2048, vocab_size=1000,
                   num_experts=8, experts_per_token=2)

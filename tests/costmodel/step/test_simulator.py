@@ -4,15 +4,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.step.collectives import Tier, all_gather_s, p2p_s
-from costmodel.step.data_parallel import stage_params_per_device
 from costmodel.errors import InvalidConfigError, InvalidPlanError, UnsupportedError
-from costmodel.inputs.layout import Layout, Recompute
 from costmodel.hardware.machine import Machine, load_machine
+from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.step.simulator import LOSS_SCALING_BYTES_PER_PARAM, grad_accumulation_s, model_flops_per_step, simulate, stage_transfer_s
 from costmodel.inputs.stack import STACKS, Attention, SoftwareStack, TpOverlap, stack_with
 from costmodel.inputs.train_config import Dtype, Precision, TrainConfig
+from costmodel.step.collectives import Tier, all_gather_s, p2p_s
+from costmodel.step.data_parallel import stage_params_per_device
+from costmodel.step.simulator import LOSS_SCALING_BYTES_PER_PARAM, grad_accumulation_s, model_flops_per_step, simulate, stage_transfer_s
 
 DETERMINISTIC = settings(derandomize=True, database=None, deadline=None, max_examples=40)
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=5632, vocab_size=32000)
@@ -106,7 +106,8 @@ def test_fp16_pays_for_loss_scaling_on_top_of_its_fp16_gradient_traffic():
     megatron = layout.model_copy(update={"stack": stack_with("megatron-core")})
     assert (simulate(MODEL, fp16, megatron, HW).breakdown.comm_s_by_axis["dp"]
             < simulate(MODEL, bf16, megatron, HW).breakdown.comm_s_by_axis["dp"])
-    assert simulate(MODEL, fp16, layout, HW).breakdown.comm_s_by_axis["dp"] == simulate(MODEL, bf16, layout, HW).breakdown.comm_s_by_axis["dp"]
+    assert (simulate(MODEL, fp16, layout, HW).breakdown.comm_s_by_axis["dp"]
+            == simulate(MODEL, bf16, layout, HW).breakdown.comm_s_by_axis["dp"])
 
 
 def test_unfused_gradient_accumulation_streams_the_gradient_and_the_accumulator_per_extra_micro_batch():
@@ -271,8 +272,8 @@ def test_offloaded_gradient_copies_hide_behind_backward_only_where_the_stack_ove
 
 
 def _precision_step(model_name: str, hardware: str, precision: str, *, layout: Layout):
-    from costmodel.hardware.profile import load_hardware
     from costmodel.hardware.machine import train_machine
+    from costmodel.hardware.registry import load_hardware
     from planner.config import load_model
 
     train = TrainConfig(seq_len=1024, global_batch=8).with_precision(Precision(precision))

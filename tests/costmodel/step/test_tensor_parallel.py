@@ -2,15 +2,15 @@
 
 import pytest
 
+from costmodel.hardware.machine import Machine
+from costmodel.inputs.layout import Layout, Recompute
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.stack import SoftwareStack, TpOverlap, stack_with
+from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.collectives import Tier, all_gather_s, all_reduce_s
 from costmodel.step.kernels import layer_forward_kernels
-from costmodel.inputs.layout import Layout, Recompute
-from costmodel.hardware.machine import Machine
-from costmodel.inputs.model_config import ModelConfig
 from costmodel.step.roofline import Efficiency
-from costmodel.inputs.stack import SoftwareStack, TpOverlap, stack_with
 from costmodel.step.tensor_parallel import column_parallel_reductions, tensor_parallel_costs
-from costmodel.inputs.train_config import TrainConfig
 
 MODEL = ModelConfig(name="m", hidden_size=4096, num_layers=4, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=4096, global_batch=16)
@@ -60,7 +60,8 @@ def test_batch_major_sequence_parallel_copies_every_buffer():
     assert _costs(batch_major=True).forward_s == _costs().forward_s  # all-reduces need no reorder
     one = Layout(tp=8, micro_batch=1, sequence_parallel=True)
     kernels = layer_forward_kernels(MODEL, TRAIN, one)
-    assert (tensor_parallel_costs(MODEL, TRAIN, one.model_copy(update={"stack": stack_with("jax", batch_major=True)}), HW, kernels).forward_s
+    batch_major = one.model_copy(update={"stack": stack_with("jax", batch_major=True)})
+    assert (tensor_parallel_costs(MODEL, TRAIN, batch_major, HW, kernels).forward_s
             == tensor_parallel_costs(MODEL, TRAIN, one, HW, kernels).forward_s)
 
 

@@ -1,4 +1,4 @@
-"""Golden tests of the error catalog (README, "Exit codes"): every user-facing failure of the
+"""Golden tests of the error catalog (docs/commands.md, "Exit codes"): every user-facing failure of the
 ``plan`` CLI prints exactly one line, ``plan: error: <cause>; fix: <fix>``, on stderr, exits
 with its documented code, prints nothing on stdout and shows no traceback.
 
@@ -102,7 +102,7 @@ CATALOG = [
      "valid one nests that deep"),
     ("hardware profile with a newline in a key", ["simulate", "--model", "gpt2", "--hardware", "{tmp}/newline_key.json",
                                                   "--devices", "2", "--global-batch", "8"], 2,
-     "{tmp}/newline_key.json: '\\n': Extra inputs are not permitted; fix: see README 'Describing a cluster' "
+     "{tmp}/newline_key.json: '\\n': Extra inputs are not permitted; fix: see docs/clusters.md 'Describing a cluster' "
      "(costmodel.hardware.profile.ClusterSpec)"),
     ("file name with a newline", ["--model", "{tmp}/new\nline.json", "--mesh", "2"], 2,
      "new\\nline: hidden_size: Input should be a valid integer (got True); fix: write 'hidden_size' as a JSON number (not true/false)"),

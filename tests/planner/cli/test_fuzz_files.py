@@ -5,7 +5,8 @@ run must end with a documented exit code, at most one line on stderr (``plan: er
 no traceback (any exception other than the CLI's own exit fails the test) and within its
 ``--time-limit-s`` plus a small grace. Documents are a valid base with up to four mutations
 (a key set to a value of any JSON type, extreme or inconsistent; a number scaled by up
-to 1e±300, keeping its type; a key removed; an unknown key added), or any JSON value, or text that is not JSON at all, or brackets nested deep.
+to 1e±300, keeping its type; a key removed; an unknown key added), or any JSON value, or text
+that is not JSON at all, or brackets nested deep.
 
 The default run keeps a fast subset; ``python -m pytest -m slow tests/planner/test_fuzz_files.py -s``
 runs `SLOW_CASES` per kind and prints, per kind, the cases run, exit codes seen and the slowest case.

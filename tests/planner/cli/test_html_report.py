@@ -12,8 +12,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from costmodel.hardware.profile import load_hardware
 from costmodel.hardware.machine import machine_for
+from costmodel.hardware.registry import load_hardware
 from costmodel.step.simulator import simulate
 from planner.api import plan
 from planner.cli.html_report import html_report

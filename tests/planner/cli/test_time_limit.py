@@ -13,7 +13,8 @@ from planner.cli.time_limit import time_limit, wall_limit_s
 def test_a_block_past_its_limit_raises_time_limit_error_and_the_handler_is_restored():
     before = signal.getsignal(signal.SIGALRM)
     start = time.perf_counter()
-    with pytest.raises(TimeLimitError, match=r"^plan simulate ran past its time limit of 0.05 s with no answer; fix: raise --time-limit-s$") as err:
+    expected = r"^plan simulate ran past its time limit of 0.05 s with no answer; fix: raise --time-limit-s$"
+    with pytest.raises(TimeLimitError, match=expected) as err:
         with time_limit("simulate", 0.05):
             time.sleep(5)
     assert time.perf_counter() - start < 1 and err.value.exit_code == 6

@@ -4,19 +4,19 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec
 
-from costmodel.step.collectives import all_reduce_s
-from costmodel.step.layer_costs import layer_costs
-from costmodel.inputs.layout import Layout
 from costmodel.hardware.machine import load_machine
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.stack import stack_with
+from costmodel.inputs.train_config import TrainConfig
 from costmodel.oplevel.op_time import op_time_breakdown
 from costmodel.oplevel.opgraph import OP_ATTR
-from costmodel.inputs.stack import stack_with
 from costmodel.oplevel.strategy_space import build_space
-from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.collectives import all_reduce_s
+from costmodel.step.layer_costs import layer_costs
 from planner.intraop.ilp import solve_intra_op
-from planner.intraop.stage import stage_estimate, stage_graph, train_step_memory_factor
 from planner.intraop.rule_based import rule_based_space
+from planner.intraop.stage import stage_estimate, stage_graph, train_step_memory_factor
 
 SMALL = ModelConfig(name="small", hidden_size=2048, num_layers=4, num_heads=16, num_kv_heads=4, ffn_size=8192, vocab_size=8192)
 TRAIN = TrainConfig(seq_len=1024, global_batch=32)

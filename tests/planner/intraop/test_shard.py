@@ -7,15 +7,15 @@ import os
 import subprocess
 import sys
 import textwrap
-
 from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from costmodel.errors import InfeasibleError, InvalidConfigError
-from costmodel.hardware.profile import load_hardware
+from costmodel.hardware.registry import load_hardware
 from planner.intraop.shard import shard
 
 D, F, N, H = 1024, 4096, 16, 64
@@ -125,7 +125,7 @@ _T4_FP32_SCRIPT = textwrap.dedent("""
     import json, math
     import jax, jax.numpy as jnp
     from jax.sharding import AxisType, NamedSharding
-    from costmodel.hardware.profile import load_hardware
+    from costmodel.hardware.registry import load_hardware
     from planner.intraop.shard import shard
 
     D, F, BLOCKS, B = 8192, 32768, 3, 16

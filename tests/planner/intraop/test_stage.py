@@ -5,8 +5,8 @@ import json
 import pytest
 
 from costmodel.errors import InvalidConfigError
-from costmodel.inputs.layout import Layout, Recompute
 from costmodel.hardware.machine import load_machine
+from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
 from planner.api import plan

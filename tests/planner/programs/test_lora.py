@@ -24,7 +24,7 @@ BATCH = {"tokens": jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 50, "targets"
 
 
 def test_adapter_count_matches_the_cost_model():
-    assert adapter_elements(CFG, TRAIN.lora) == CFG.num_layers * adapter_params_per_layer(CFG, TRAIN.lora)
+    assert adapter_elements(CFG, TRAIN.workload.lora) == CFG.num_layers * adapter_params_per_layer(CFG, TRAIN.workload.lora)
 
 
 def test_query_value_adapters_have_the_napkin_count_and_only_they_train():
@@ -33,7 +33,7 @@ def test_query_value_adapters_have_the_napkin_count_and_only_they_train():
     # r·(d_in + d_out) per adapted matrix per layer: q is d → d, v is d → kv width.
     assert adapter_elements(CFG, qv) == CFG.num_layers * (r * (d + d) + r * (d + kv))
     assert set(adapter_shapes(CFG, qv)) == {f"layers/attn/{w}_lora_{h}" for w in ("wq", "wv") for h in "ab"}
-    train = TRAIN.model_copy(update={"lora": qv})
+    train = TRAIN.model_copy(update={"workload": TRAIN.workload.model_copy(update={"lora": qv})})
     frozen, adapters = init_frozen(CFG, train, jax.random.key(0)), init_adapters(CFG, qv, jax.random.key(1))
     new, _, _ = jax.jit(make_train_step(CFG, train))(frozen, adapters, init_opt_state(adapters), BATCH)
     assert set(new["layers"]) == {"attn"} and float(jnp.abs(new["layers"]["attn"]["wv_lora_b"]).max()) > 0
@@ -46,7 +46,7 @@ def test_gate_on_a_non_gated_mlp_adapts_nothing():
 
 def test_adapters_start_as_the_base_model_and_only_they_train():
     frozen = init_frozen(CFG, TRAIN, jax.random.key(0))
-    adapters = init_adapters(CFG, TRAIN.lora, jax.random.key(1))
+    adapters = init_adapters(CFG, TRAIN.workload.lora, jax.random.key(1))
     base = loss_fn(frozen, BATCH, CFG)
     assert loss_fn(merge_adapters(frozen, adapters), BATCH, CFG) == base  # B starts at zero
     step = jax.jit(make_train_step(CFG, TRAIN))

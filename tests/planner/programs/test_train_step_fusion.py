@@ -3,10 +3,10 @@
 import networkx as nx
 import pytest
 
-from costmodel.oplevel.fusion import _fusions, recomputed
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.oplevel.opgraph import OP_ATTR
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.oplevel.fusion import _fusions, recomputed
+from costmodel.oplevel.opgraph import OP_ATTR
 from planner.intraop.extract import extract_graph
 from planner.programs.train_step import abstract_train_inputs, make_train_step
 

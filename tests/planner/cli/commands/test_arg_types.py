@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from planner.cli.main import build_parser, main
 from planner.cli.commands.arg_types import NUMERIC_TYPES, non_negative_int, positive_float, positive_int
+from planner.cli.main import build_parser, main
 
 BAD_VALUES = {
     positive_int: ("0", "-1", "1.5", "nan", "inf", "1e3", "eight"),

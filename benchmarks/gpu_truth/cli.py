@@ -1,0 +1,86 @@
+"""``python -m benchmarks.gpu_truth``: the prepared measurement run (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks.gpu_truth.micro import attention_cases, elementwise_cases, gemm_cases, hbm_cases
+from benchmarks.gpu_truth.report import print_rows, step_summary, write_run_csv
+from benchmarks.gpu_truth.serving import decode_cases, prefill_cases
+from benchmarks.gpu_truth.sizes import sizes_for
+from benchmarks.gpu_truth.steps import step_cases
+from benchmarks.gpu_truth.target import Target, detect_target
+from benchmarks.gpu_truth.timing import Case, Row, run_cases
+
+DEFAULT_OUT_DIR = Path(__file__).resolve().parents[1] / "data" / "gpu"
+# Of the device's memory, what JAX may take (its default, 75 %, leaves the 8B step without room).
+_GPU_MEMORY_FRACTION = "0.92"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (module docstring).
+
+    >>> parse_args(["--backend", "cpu", "--quick"]).time_budget_s
+    450.0
+    """
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_truth", description=__doc__)
+    parser.add_argument("--backend", choices=("gpu", "cpu"), default="gpu", help="where to measure (default gpu)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes: the CPU check, well under two minutes")
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="folder of the run's CSV (default benchmarks/data/gpu)")
+    parser.add_argument("--time-budget-s", type=float, default=450.0,
+                        help="stop measuring new cases after this many seconds; the rest are listed as skipped (default 450)")
+    parser.add_argument("--hardware", help="hardware profile predicting the device (default: detected from the GPU, or the "
+                                           "measured cpu profile)")
+    return parser.parse_args(argv)
+
+
+def all_cases(target: Target) -> list[Case]:
+    """Every case, the kinds interleaved (one of each in turn) so a budget that runs out leaves every kind measured."""
+    sizes = sizes_for(quick=target.quick)
+    kinds = [hbm_cases(target, sizes), elementwise_cases(target, sizes), gemm_cases(target, sizes), step_cases(target, sizes),
+             attention_cases(target, sizes), decode_cases(target, sizes), prefill_cases(target, sizes)]
+    return [case for turn in itertools.zip_longest(*kinds) for case in turn if case is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every case, write the CSV, print the table and the full steps' summary; 0 once the CSV is written."""
+    args = parse_args(argv)
+    if args.backend == "gpu":
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", _GPU_MEMORY_FRACTION)
+    else:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    console = Console(width=200)
+    start = time.perf_counter()
+    target = detect_target(args.backend, quick=args.quick, hardware=args.hardware)
+    console.print(f"{target.device} (driver {target.driver or 'none'}), jax {target.jax_version}, profile {target.cluster.name}, "
+                  f"{target.dtype}")
+    cases = all_cases(target)
+
+    def progress(row: Row) -> None:
+        measured = "-" if row.measured_s is None else f"{row.measured_s * 1e3:.4g} ms"
+        console.print(f"[{time.perf_counter() - start:6.1f} s] {row.kind:<11} {row.case:<40} {measured:>12}  {row.error[:80]}",
+                      highlight=False)
+
+    rows = run_cases(cases, budget_s=args.time_budget_s, on_row=progress)
+    path = write_run_csv(rows, target, args.out_dir)
+    print_rows(rows, target, console)
+    for line in step_summary(rows):
+        console.print(line, highlight=False)
+    skipped = [r.case for r in rows if r.error.startswith("skipped")]
+    if skipped:
+        console.print(f"skipped for the time budget ({len(skipped)}): {', '.join(skipped)}", highlight=False)
+    failed = sum(1 for r in rows if r.error and not r.error.startswith("skipped"))
+    console.print(f"{len(rows)} cases, {failed} failed, {len(skipped)} skipped, {time.perf_counter() - start:.0f} s; wrote {path}",
+                  highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

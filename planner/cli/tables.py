@@ -1,0 +1,91 @@
+"""Rows of the summary tables that ``plan`` and ``plan simulate`` both print: the workload's
+title, the memory breakdown, a serving plan's latencies, offloading's costs."""
+
+from __future__ import annotations
+
+from costmodel.inputs.train_config import Precision, TrainConfig
+from costmodel.step.estimate import StepEstimate
+from costmodel.step.memory import MemoryBreakdown
+from planner.plan_schema import Plan
+
+_GIB = 2**30
+
+
+def workload_label(train: TrainConfig) -> str:
+    """``pretrain``, or LoRA's or serving's settings in a few words.
+
+    >>> workload_label(TrainConfig(workload="finetune-lora"))
+    'finetune-lora: rank 16 on attn, frozen weights bf16'
+    >>> workload_label(TrainConfig(workload="decode", global_batch=64, seq_len=4096))
+    'decode: batch 64, context 4096, weights bf16'
+    """
+    return train.workload.describe(global_batch=train.global_batch, seq_len=train.seq_len)
+
+
+def titled_workload(train: TrainConfig) -> str:
+    """`` (workload ..., precision)`` after a model's name in a title; nothing for bf16 pretraining, the default.
+
+    >>> titled_workload(TrainConfig().with_precision(Precision.FP8))
+    ' (fp8)'
+    """
+    parts = [workload_label(train)] if train.workload.named_in_titles else []
+    parts += [train.precision.value] if train.precision is not Precision.BF16 else []
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "params / grads / optimizer") -> list[tuple[str, str]]:
+    """The memory breakdown's rows of a summary, in GiB; LoRA's frozen weights, adapters and their state apart."""
+    def gib(*values: float) -> str:
+        return " / ".join(f"{v / _GIB:.{digits}f}" for v in values) + " GiB"
+
+    row = (("  frozen weights / adapters / grads / optimizer",
+            gib(mem.frozen_params_bytes, mem.params_bytes - mem.frozen_params_bytes, mem.grads_bytes, mem.optimizer_bytes))
+           if lora else (f"  {state}", gib(mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes)))
+    return [row, ("  activations / temporary", gib(mem.activations_bytes, mem.temporary_bytes))]
+
+
+def serving_rows(p: Plan) -> list[tuple[str, str]]:
+    """The summary rows of a serving plan: latencies, throughput, memory with the KV cache, why this layout."""
+    est, mem, srv, train = p.predicted, p.predicted.memory, p.predicted.serving, p.train
+    lay = p.layout
+    bound_ms = train.workload.serving.max_token_latency_ms
+    decode = train.workload.of_step(decode=True, prefill=False)
+    rivals = [a for a in p.alternatives if "over the" in a.why]
+    if decode and rivals:
+        why = (f"latency-bound: dp{rivals[0].layout.dp} tp{rivals[0].layout.tp} pp{rivals[0].layout.pp} would serve more tokens/s "
+               f"but takes {rivals[0].step_time_s * 1e3:.2f} ms per token, over the {bound_ms:g} ms bound")
+    else:
+        why = (f"throughput: the most {'output' if decode else 'prompt'} tokens/s of the layouts that fit"
+               + (f", within {bound_ms:g} ms per token" if bound_ms else ""))
+    return [
+        ("time per output token", f"{est.time_per_output_token_s * 1e3:.2f} ms   ({srv.decode_bound}-bound; HBM floor "
+                                  f"{srv.hbm_lower_bound_s * 1e3:.2f} ms; {srv.micro_batches} micro-batch(es) per replica)"),
+        ("  compute / HBM / tp all-reduce / pp hand-off", f"{srv.decode_compute_s * 1e3:.2f} / {srv.decode_hbm_s * 1e3:.2f} / "
+                                                       f"{srv.decode_tp_comm_s * 1e3:.2f} / {srv.decode_pp_handoff_s * 1e3:.2f} ms"),
+        ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch} × "
+                                f"{train.prompt_len} tokens per replica)"),
+        ("tokens/s", f"{est.tokens_per_s:,.0f} {'output' if decode else 'prompt'} tokens/s over {lay.dp} replica(s)"),
+        ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
+        ("  weights / KV cache / activations + temporary", f"{mem.params_bytes / _GIB:.2f} / {mem.kv_cache_bytes / _GIB:.2f} / "
+                                                          f"{(mem.activations_bytes + mem.temporary_bytes) / _GIB:.2f} GiB"),
+        ("why this layout", why),
+    ]
+
+
+def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, str]]:
+    """With offloading: why, what it costs per step, and the host memory it takes, itemised."""
+    off, host = est.breakdown.offload, est.memory.host
+    if off is None or host is None:
+        return []
+    why = f"optimizer state on the host because {reason}" if reason else "optimizer state on the host (--offload optimizer)"
+    capacity = f" of {host.capacity_bytes / _GIB:,.0f} GiB (this device's share of the node)" if host.capacity_bytes else ""
+    return [
+        ("offload", f"{why}; costs {off.exposed_transfer_s:.3f} s/step of PCIe and {off.cpu_adam_s:.3f} s of CPU Adam"),
+        ("  device↔host", f"{(off.grads_to_host_bytes + off.grads_from_host_bytes + off.params_to_device_bytes) / 1e9:,.1f} GB "
+                         f"a step at {off.link_bytes_per_s / 1e9:.1f} GB/s = {off.transfer_s:.3f} s, {off.exposed_transfer_s:.3f} s "
+                         "exposed (gradients run behind backward, parameters go up after Adam)"),
+        ("host memory", f"{host.total_bytes / _GIB:,.1f} GiB{capacity}"),
+        ("  master / moments / grads / 16-bit copy / accumulators",
+         " / ".join(f"{v / _GIB:.1f}" for v in (host.master_weights_bytes, host.moments_bytes, host.grads_bytes,
+                                                 host.param_copy_bytes, host.accumulated_grads_bytes)) + " GiB"),
+    ]

@@ -1,0 +1,43 @@
+"""Tests `planner/request.py`: the one typed request `plan` answers."""
+
+import pytest
+from pydantic import ValidationError
+
+from costmodel.errors import InvalidConfigError, UnsupportedError
+from costmodel.inputs.layout import Offload
+from costmodel.inputs.train_config import Precision
+from planner.request import PlannerName, PlanRequest, plan_request
+
+
+def test_planner_names_are_the_clis_and_only_grid_keeps_the_rule_based_shardings():
+    assert [p.value for p in PlannerName] == ["grid", "ilp", "anneal", "beam", "random"]
+    assert [p for p in PlannerName if not p.shards_intra_op] == [PlannerName.GRID]
+
+
+def test_names_become_typed_values():
+    request = PlanRequest(model="gpt2", mesh="8", planner="beam", precision="fp16", offload="none")
+    assert request.planner is PlannerName.BEAM and request.precision is Precision.FP16 and request.offload is Offload.NONE
+
+
+@pytest.mark.parametrize("fields, error, match", [
+    ({"planner": "greedy"}, InvalidConfigError, r"unknown planner 'greedy'; fix: use one of grid, ilp, anneal, beam, random"),
+    ({"mesh": None, "devices": 0}, InvalidConfigError, "--devices=0 is not a positive device count"),
+    ({"time_limit_s": float("nan")}, InvalidConfigError, "--time-limit-s=nan is not a positive number of seconds"),
+    ({"offload": "disk"}, InvalidConfigError, "unknown offload 'disk'; fix: use one of: none, optimizer"),
+    ({"offload": "optimizer", "planner": "ilp"}, UnsupportedError, "--planner ilp does not plan offloaded layouts"),
+])
+def test_a_bad_setting_gets_the_error_catalogs_line(fields, error, match):
+    with pytest.raises(error, match=match):
+        PlanRequest(**{"model": "gpt2", "mesh": "8"} | fields)
+
+
+def test_a_malformed_value_is_named_by_its_flag():
+    with pytest.raises(InvalidConfigError, match=r"^--global-batch='many': .*; fix: give a valid --global-batch$"):
+        plan_request(model="gpt2", mesh="8", global_batch="many")
+
+
+def test_a_request_is_frozen_and_round_trips_through_json():
+    request = PlanRequest(model="gpt2", mesh="2x4", seq_len=1024, planner="ilp", inference=None)
+    with pytest.raises(ValidationError):
+        request.mesh = "8"  # type: ignore[misc]
+    assert PlanRequest.model_validate_json(request.model_dump_json()) == request

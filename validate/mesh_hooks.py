@@ -1,0 +1,166 @@
+"""The plan's device mesh and what the reference programs' hooks do on it.
+
+The training step (`validate.lowering`), its pipeline schedules (`validate.gpipe`,
+`validate.one_f_one_b`) and the serving programs (`validate.serving`) all run the reference
+programs of `planner.programs` with these: the mesh, the plan's activation specs as sharding
+constraints, the vocab-parallel embedding, tensor-parallel experts, how residuals are stored,
+and the KV cache's split.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from costmodel.errors import InvalidPlanError
+from costmodel.inputs.layout import Recompute
+from planner.plan_schema import Plan
+from planner.programs.residuals import residuals_as_bits
+from planner.programs.transformer import Experts, KeepResiduals
+
+# The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
+# are closest to Megatron's selective policy (keep the weight matmuls).
+REMAT_POLICY = {
+    Recompute.NONE: "none", Recompute.FULL: "full", Recompute.SELECTIVE: "selective",
+    Recompute.SELECTIVE_OP: "selective", Recompute.SELECTIVE_LAYER: "selective",
+}
+
+
+def device_mesh(plan: Plan, devices: Any = None) -> Mesh:
+    """The plan's mesh on ``devices`` (default: this process's, or the global ones under
+    ``jax.distributed``), axes named as in the plan."""
+    devices = jax.devices() if devices is None else devices
+    if len(devices) < plan.layout.n_devices:
+        raise InvalidPlanError(f"the plan needs {plan.layout.n_devices} devices, this process sees {len(devices)}",
+                               fix="run it through validate.compile_check.compile_in_subprocess, which emulates them")
+    sizes = tuple(a.size for a in plan.mesh)
+    return jax.make_mesh(sizes, tuple(a.name for a in plan.mesh), axis_types=(AxisType.Auto,) * len(sizes),
+                         devices=devices[:plan.layout.n_devices])
+
+
+def token_spec(plan: Plan) -> PartitionSpec:
+    """How a batch's ``[batch, sequence]`` tokens are split: by sequence over the data axes, by
+    position over the context axes (serving plans have none)."""
+    return PartitionSpec(plan.axes_of("dp") or None, plan.axes_of("cp") or None)
+
+
+def kv_cache_spec(plan: Plan) -> PartitionSpec:
+    """How a serving step's K (and V) cache ``[layers, batch, tokens, kv_heads, head_dim]`` is split:
+    by layer over the pipeline axes, by sequence over the data axes, by KV head as the plan's ``wk``."""
+    kv_split = plan.param_specs["layers/attn/wk"][2]
+    return PartitionSpec(plan.axes_of("pp") or None, plan.axes_of("dp") or None, None, kv_split, None)
+
+
+def region_mesh(mesh: Mesh) -> Any:
+    """``mesh``, or inside a region manual over some of its axes (the pipeline's,
+    `validate.gpipe`) that region's abstract mesh, whose axis types say which axes are
+    manual: shardings and nested shard_maps there must name it (XLA aborted otherwise)."""
+    context = jax.sharding.get_abstract_mesh()
+    return context if context.axis_names else mesh
+
+
+def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], jax.Array]:
+    """``constrain(name, x)`` for the reference model: pins the activations the plan names to
+    its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather
+    than by its own propagation. K/V heads follow the query heads' spec when the tensor
+    axes divide the KV heads, and stay whole otherwise, as the plan's ``wk`` does."""
+    specs = {name: PartitionSpec(*spec) for name, spec in plan.activation_specs.items()}
+    heads = plan.activation_specs.get("attention_heads_BxSxNxH")
+    if heads is not None:
+        kv_split = plan.param_specs["layers/attn/wk"][2] is not None
+        specs["kv_heads_BxSxKxH"] = PartitionSpec(*(heads if kv_split else (heads[0], None, None, None)))
+        # A materialized score matrix is split like the heads (over KV heads, or their query groups), whole over
+        # both sequences: left free, XLA split the backward's over the sequence and moved it with all-to-alls.
+        specs["scores_BxKxGxSxS"] = PartitionSpec(heads[0], heads[2] if kv_split else None, None if kv_split else heads[2], None, None)
+
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+
+    def divides(dim: Any, n: int) -> bool:
+        return dim is None or n % math.prod(sizes[a] for a in ((dim,) if isinstance(dim, str) else dim)) == 0
+
+    def constrain(name: str, x: jax.Array) -> jax.Array:
+        spec = specs.get(name)
+        if spec is None:
+            return x
+        # A dimension its axes do not divide (GPT-2's 50257-token vocabulary) stays whole, as its weight does.
+        spec = PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh(mesh), spec))
+
+    return constrain
+
+
+def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """Megatron's vocab-parallel embedding when the plan splits the table's vocabulary: each
+    device looks up the tokens its vocabulary slice holds (zeros elsewhere) and a sum over the
+    vocabulary axes completes the rows; a table ZeRO-3 also splits over the data axes is
+    gathered whole over them first, as FSDP gathers any weight. Left to XLA, the gather of a
+    vocabulary-sharded table became all-gathers of tokens, an all-reduce over every axis and
+    an all-to-all of the gradient, and under ZeRO-3 exchanges of row slices over both axes."""
+    vocab, _ = plan.param_specs["embed/tokens"]
+    if vocab is None:
+        return lambda table_VxD, tokens_BxS: jnp.take(table_VxD, tokens_BxS, axis=0)
+    vocab_axes = (vocab,) if isinstance(vocab, str) else tuple(vocab)
+    tokens = token_spec(plan)
+
+    def local(table_vxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
+        start = jax.lax.axis_index(vocab_axes) * table_vxD.shape[0]
+        local_BxS = tokens_BxS - start
+        inside_BxS = (local_BxS >= 0) & (local_BxS < table_vxD.shape[0])
+        rows_BxSxD = jnp.take(table_vxD, jnp.where(inside_BxS, local_BxS, 0), axis=0)
+        return jax.lax.psum(jnp.where(inside_BxS[..., None], rows_BxSxD, 0), vocab_axes)
+
+    def lookup(table_VxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
+        return jax.shard_map(local, mesh=region_mesh(mesh), in_specs=(PartitionSpec(vocab_axes, None), tokens),
+                             out_specs=PartitionSpec(*tokens, None))(table_VxD, tokens_BxS)
+
+    return lookup
+
+
+def tensor_parallel_experts(plan: Plan, mesh: Mesh) -> Experts:
+    """Megatron's MoE layer under tensor parallelism without expert parallelism: every device
+    of the tensor axes dispatches all tokens and runs every expert on its slice of the
+    experts' hidden dimension (``w_in``/``w_gate`` split by columns, ``w_out`` by rows), and a
+    sum over the tensor axes completes the layer's output — one all-reduce of ``[tokens, D]``
+    in the forward and, as the transpose of taking the whole input, one of its gradient in the
+    backward, as a dense MLP has. Left to XLA, the dispatch buffers (``k · 1.25`` times the
+    tokens) were all-reduced instead. On the CPU backend, which has no 16-bit arithmetic, the
+    region computes in float32: XLA aborts on its 16-bit sums there, over the manual axes and
+    over the others alike (``Invalid binary instruction opcode copy``, jax 0.10.2)."""
+    tensor = set(plan.axes_of("tp"))
+    region_dtype = jnp.float32 if mesh.devices.flat[0].platform == "cpu" else jnp.dtype(plan.train.compute_dtype.value)
+    spec = plan.param_specs.get("layers/moe/w_in")
+    split = spec[3] if spec is not None else None
+    f_axes = tuple(a for a in ((split,) if isinstance(split, str) else split or ()) if a in tensor)
+    if not f_axes:
+        return lambda fn: fn
+    columns, rows = PartitionSpec(None, None, f_axes), PartitionSpec(None, f_axes, None)
+
+    def wrap(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+        def region(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, w_in: jax.Array, w_gate: jax.Array | None,
+                   w_out: jax.Array) -> jax.Array:
+            def local(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, *weights: Any) -> jax.Array:
+                # Varying from the start, so the backward sums the gradient of the layer's input
+                # ([tokens, D]) over the tensor axes, not that of the dispatched copies.
+                x_BxSxD, weight_BxExC = jax.lax.pcast((x_BxSxD, weight_BxExC), f_axes, to="varying")
+                return jax.lax.psum(fn(x_BxSxD, token_BxExC, weight_BxExC, *weights), f_axes)
+
+            whole = PartitionSpec()
+            in_specs = (whole, whole, whole, columns, columns if w_gate is not None else None, rows)
+            y_BxSxD = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=whole, axis_names=set(f_axes))(
+                x_BxSxD.astype(region_dtype), token_BxExC, weight_BxExC.astype(region_dtype), w_in, w_gate, w_out)
+            return y_BxSxD.astype(x_BxSxD.dtype)
+
+        return region
+
+    return wrap
+
+
+def residual_storage(mesh: Mesh) -> KeepResiduals:
+    """How the layers keep their backward's residuals on ``mesh``'s backend: as raw 16-bit
+    integers on the CPU, whose float normalization would widen them to fp32
+    (`planner.programs.residuals`); as computed elsewhere."""
+    return residuals_as_bits if mesh.devices.flat[0].platform == "cpu" else (lambda fn: fn)

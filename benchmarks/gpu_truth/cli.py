@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -80,7 +79,3 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(rows)} cases, {failed} failed, {len(skipped)} skipped, {time.perf_counter() - start:.0f} s; wrote {path}",
                   highlight=False)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

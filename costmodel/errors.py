@@ -10,9 +10,10 @@ prints ``str(err)`` and exits with ``err.exit_code`` (no traceback unless ``--de
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from pydantic import ValidationError
 
@@ -59,6 +60,21 @@ class UnsupportedError(PlannerError):
     """The input is valid but asks for something this tool does not model."""
 
     exit_code = 5
+
+
+def unknown_name_error(what: str, name: str, known: Sequence[str], *, otherwise: str = "") -> InvalidConfigError:
+    """The one error for a name that is none of ``known``: the closest known names first ("did you
+    mean", by `difflib.get_close_matches`), then every choice; ``otherwise`` names another way in.
+
+    >>> print(unknown_name_error("model", "lama3-8b", ["gpt2", "llama3-8b"], otherwise="a config.json path or "))
+    unknown model 'lama3-8b'; fix: did you mean 'llama3-8b'? Otherwise use a config.json path or one of: gpt2, llama3-8b
+    >>> print(unknown_name_error("stack", "xyz", ["jax", "maxtext"]))
+    unknown stack 'xyz'; fix: use one of: jax, maxtext
+    """
+    close = difflib.get_close_matches(name, known, n=3)
+    choices = f"use {otherwise}one of: {', '.join(known)}"
+    return InvalidConfigError(f"unknown {what} {name!r}",
+                              fix=f"did you mean {', '.join(map(repr, close))}? Otherwise {choices}" if close else choices)
 
 
 def first_problem(err: ValidationError) -> tuple[str, str, Any]:

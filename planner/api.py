@@ -25,16 +25,18 @@ from costmodel.step.estimate import StepEstimate
 from costmodel.step.memory import min_state_bytes_per_device
 from costmodel.step.run_overheads import RunSettings, run_overheads
 from costmodel.step.simulator import simulate
-from planner.config import default_seq_len, load_model, train_config
+from planner.batch import BatchChoice, devices_batch, given_batch, planned_batch, starved_warning
+from planner.config import default_seq_len, load_model, model_notes, positions_note, train_config
 from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
 from planner.plan_schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
 from planner.request import PlannerName, PlanRequest, plan_request
 from planner.shardings import logical_rules, param_specs
-from search.layouts import NothingFitsError, SearchSpace, grid_search
+from search.layouts import NothingFitsError, SearchResult, SearchSpace, grid_search
 from search.serving_layouts import ServingChoice, choose_serving_layout
 
 _GIB = 2**30
 MAX_DEVICES = 2**24  # keeps enumerating degree splits well under a second
+SERVING_BATCH = 1  # sequences per replica a serving request without global_batch serves, as `plan --batch` defaults
 Report = Callable[[str, int, int | None], None]  # (phase, done, total or None when unknown)
 
 
@@ -50,6 +52,11 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
       planner: grid (layout search, rule-based Megatron shardings) or ilp (the same layout
         search, then the CP-SAT intra-op ILP shards each stage's training step on its sub-mesh),
         or anneal / beam / random, search planners on the ILP's strategy space.
+      global_batch: sequences per step; None: the planner chooses it (`planner.batch`: DeepSeek LLM's
+        fitted batch for the model and ``tokens``, a multiple of the devices) and ``batch.reason`` says
+        why. A given batch the devices do not divide is planned again at the nearest one they do,
+        and ``batch.warning`` names it when it runs at a clearly higher MFU. Serving: sequences
+        per replica, default 1.
       time_limit_s: the layout search and the intra-op planner each stop after this many
         seconds and keep the best found; ``solver.status`` is then FEASIBLE, not OPTIMAL.
       attention: default the stack's for grid and materialized for the intra-op planners,
@@ -81,7 +88,8 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     """
     request = _as_request(request, fields)
     planner = request.planner
-    cfg, train = _model_and_train(request)
+    mesh_spec, n_devices = _devices(request)
+    cfg, train, batch = _model_and_train(request, n_devices)
     if not train.workload.trains_base_weights and planner.shards_intra_op:
         raise UnsupportedError(f"--planner {planner} shards the pretraining step only; {train.workload.kind} plans use the grid planner",
                                fix="drop --planner or use --planner grid")
@@ -89,17 +97,10 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
         raise UnsupportedError(f"--planner {planner} costs every GEMM at one peak; fp8 plans use the grid planner",
                                fix="drop --planner or use --planner grid")
     check_sequence(cfg, train)
-    cluster = load_hardware(request.hardware, devices_per_node=request.devices_per_node)
+    cluster = load_hardware(request.hardware, devices_per_node=request.devices_per_node).with_memory_reserve(reserve_bytes(request))
     machine = train_machine(cluster, train)
     software = get_stack(request.stack) if isinstance(request.stack, str) else request.stack
-    if (request.mesh is None) == (request.devices is None):
-        raise InvalidConfigError("give exactly one of --mesh and --devices", fix="e.g. --mesh 8x4 or --devices 32")
-    mesh_spec = parse_mesh(request.mesh) if request.mesh is not None else None  # "" is a malformed mesh, not a missing one
     splits = tuple(sorted({degrees(mesh_spec, k) for k in assignments(mesh_spec)})) if mesh_spec else None
-    n_devices = mesh_spec.n_devices if mesh_spec else request.devices
-    if n_devices > MAX_DEVICES:
-        raise InvalidConfigError(f"{n_devices:,} devices exceed the {MAX_DEVICES:,} this planner supports",
-                                 fix="plan one replica group and scale data parallelism by hand")
     if not train.workload.runs_backward:  # serving: its own search
         return _serving_plan(cfg, train, cluster, machine, mesh=request.mesh, n_devices=n_devices, splits=splits)
     _check_any_cluster_holds(cfg, train, machine)
@@ -120,12 +121,17 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
             raise InfeasibleError(err.cause, fix=f"{err.fix}, or let the optimizer state go to the host (--offload optimizer)") from None
         raise
     best = result.best
+    if batch.given:
+        batch = _checked_batch(batch, best, search=lambda sequences: grid_search(
+            cfg, train.model_copy(update={"global_batch": sequences}), machine, n_devices=n_devices, space=space,
+            time_limit_s=request.time_limit_s), n_devices=n_devices)
     chosen = plan_of_layout(
         best.layout, with_training_time(best, request.tokens, model=cfg, train=train, cluster=cluster, run=request.run),
         model=cfg, train=train, cluster=cluster, mesh=request.mesh,
-        alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s, machine.hbm_bytes),
+        alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s),
         solver=SolverInfo(planner=planner.value, status=_status(result.complete, None), evaluated=result.evaluated,
                           pruned=result.pruned, offload_reason=result.offload_reason),
+        batch=batch,
     )
     if not planner.shards_intra_op:
         return chosen
@@ -141,12 +147,51 @@ def _as_request(request: PlanRequest | str | ModelConfig, fields: dict[str, Any]
     return request
 
 
-def _model_and_train(request: PlanRequest) -> tuple[ModelConfig, TrainConfig]:
-    """The request's model config and its training (or serving) step settings."""
+def _devices(request: PlanRequest) -> tuple[MeshSpec | None, int]:
+    """The request's mesh (None when it gives a device count) and its device count."""
+    if (request.mesh is None) == (request.devices is None):
+        raise InvalidConfigError("give exactly one of --mesh and --devices", fix="e.g. --mesh 8x4 or --devices 32")
+    mesh_spec = parse_mesh(request.mesh) if request.mesh is not None else None  # "" is a malformed mesh, not a missing one
+    n_devices = mesh_spec.n_devices if mesh_spec else request.devices
+    if n_devices > MAX_DEVICES:
+        raise InvalidConfigError(f"{n_devices:,} devices exceed the {MAX_DEVICES:,} this planner supports",
+                                 fix="plan one replica group and scale data parallelism by hand")
+    return mesh_spec, n_devices
+
+
+def _model_and_train(request: PlanRequest, n_devices: int) -> tuple[ModelConfig, TrainConfig, BatchChoice | None]:
+    """The request's model config, its training (or serving) step settings, and the training batch
+    with why (`planner.batch`: the rule's when the request gives none; None for serving)."""
     cfg = request.model if isinstance(request.model, ModelConfig) else load_model(request.model)
-    train = train_config(seq_len=request.seq_len or default_seq_len(cfg), global_batch=request.global_batch, workload=request.workload,
+    seq_len = request.seq_len or default_seq_len(cfg)
+    positions_note(cfg, seq_len)  # refuses a sequence beyond the model's positions
+    train = train_config(seq_len=seq_len, global_batch=request.global_batch or SERVING_BATCH, workload=request.workload,
                          lora=request.lora, inference=request.inference).with_precision(request.precision)
-    return cfg, train
+    if not train.workload.runs_backward:
+        return cfg, train, None
+    if request.global_batch is not None:
+        return cfg, train, given_batch(request.global_batch, seq_len=seq_len)
+    batch = planned_batch(cfg, seq_len=seq_len, n_devices=n_devices, tokens=request.tokens)
+    return cfg, train.model_copy(update={"global_batch": batch.sequences}), batch
+
+
+def _checked_batch(batch: BatchChoice, best: StepEstimate, *, search: Callable[[int], SearchResult], n_devices: int) -> BatchChoice:
+    """``batch`` (given), with a warning when it starves the devices: the nearest batch the devices
+    divide (`planner.batch.devices_batch`), planned by ``search``, runs at a clearly higher MFU."""
+    better = devices_batch(batch.sequences, n_devices)
+    if better is None:
+        return batch
+    try:
+        other = search(better).best
+    except InfeasibleError:
+        return batch
+    warning = starved_warning(batch.sequences, best.mfu, better_sequences=better, better_mfu=other.mfu,
+                              layout_text=_degrees_text(best.layout), better_layout_text=_degrees_text(other.layout))
+    return batch.model_copy(update={"warning": warning})
+
+
+def _degrees_text(layout: Layout) -> str:
+    return f"dp{layout.dp} tp{layout.tp} pp{layout.pp}" + (f" cp{layout.cp}" if layout.cp > 1 else "")
 
 
 def _sharded_intra_op(chosen: Plan, request: PlanRequest, machine: Machine, *, layouts_complete: bool,
@@ -174,7 +219,7 @@ def _serving_plan(cfg: ModelConfig, train: TrainConfig, cluster: ClusterSpec, ma
                          for e, why in choice.runners_up)
     return plan_of_layout(choice.best.layout, choice.best, model=cfg, train=train, cluster=cluster, mesh=mesh, alternatives=alternatives,
                           solver=SolverInfo(planner=PlannerName.GRID.value, status="OPTIMAL", evaluated=choice.evaluated,
-                                            pruned=choice.pruned))
+                                            pruned=choice.pruned, objective=choice.objective))
 
 
 def layout_plan(request: PlanRequest | str | ModelConfig, layout: Layout, /, **fields: Any) -> Plan:
@@ -190,18 +235,19 @@ def layout_plan(request: PlanRequest | str | ModelConfig, layout: Layout, /, **f
     ([('data', 2, 'dp'), ('tensor', 4, 'tp')], (None, None, 'tensor'))
     """
     request = _as_request(request, fields)
-    cfg, train = _model_and_train(request)
+    cfg, train, batch = _model_and_train(request, layout.n_devices)
     check_sequence(cfg, train)
-    cluster = load_hardware(request.hardware, devices_per_node=request.devices_per_node)
+    cluster = load_hardware(request.hardware, devices_per_node=request.devices_per_node).with_memory_reserve(reserve_bytes(request))
     machine = train_machine(cluster, train)
     estimate = simulate(cfg, train, layout, machine)
     layout = layout if train.workload.runs_backward else estimate.layout  # serving sets the micro-batch itself
     return plan_of_layout(layout, estimate, model=cfg, train=train, cluster=cluster, mesh=request.mesh,
-                          solver=SolverInfo(planner="fixed", status="GIVEN", evaluated=1, pruned={}))
+                          solver=SolverInfo(planner="fixed", status="GIVEN", evaluated=1, pruned={}), batch=batch)
 
 
 def plan_of_layout(layout: Layout, predicted: StepEstimate, *, model: ModelConfig, train: TrainConfig, cluster: ClusterSpec,
-                   mesh: str | None, solver: SolverInfo, alternatives: tuple[Alternative, ...] = ()) -> Plan:
+                   mesh: str | None, solver: SolverInfo, alternatives: tuple[Alternative, ...] = (),
+                   batch: BatchChoice | None = None) -> Plan:
     """The `Plan` of a chosen layout: the axes of ``mesh`` in the roles that carry its degrees (without a
     mesh, one axis per parallelism, major first), their links on ``cluster``, the Megatron shardings on
     them, and the prediction, alternatives and solver as given. One assembly for the training search,
@@ -235,6 +281,7 @@ def plan_of_layout(layout: Layout, predicted: StepEstimate, *, model: ModelConfi
         model=model, train=train, hardware=cluster.name, mesh=axes, layout=layout,
         param_specs=param_specs(model, logical_rules(layout, by_kind, model), mesh_spec.shape),
         activation_specs=_activation_specs(layout, by_kind), predicted=predicted, alternatives=alternatives, solver=solver,
+        batch=batch, model_notes=model_notes(model, train.seq_len),
     )
 def with_training_time(est: StepEstimate, tokens: float | None, *, model: ModelConfig, train: TrainConfig, cluster: ClusterSpec,
                        run: RunSettings | None = None) -> StepEstimate:
@@ -261,15 +308,20 @@ def with_training_time(est: StepEstimate, tokens: float | None, *, model: ModelC
                                   "checkpoint_overhead_s": run_time.checkpoint_overhead_s, "run_overheads": run_time})
 
 
+def reserve_bytes(request: PlanRequest) -> float | None:
+    """The request's runtime reserve in bytes (``--memory-reserve-gib``); None: the part's default."""
+    return None if request.memory_reserve_gib is None else request.memory_reserve_gib * _GIB
+
+
 def _check_any_cluster_holds(cfg: ModelConfig, train: TrainConfig, machine: Machine) -> None:
     """Refuse, by arithmetic on the parameter count, a model whose training state would not fit even
     spread over the largest cluster this planner takes; nearer misses get the search's closest layouts."""
     need_bytes = min_state_bytes_per_device(cfg, train, MAX_DEVICES)
-    if need_bytes > machine.hbm_bytes:
+    if need_bytes > machine.memory_budget_bytes:
         raise InfeasibleError(
             f"{cfg.name} cannot fit on any cluster: its {cfg.total_params:.3g} parameters' weights, gradients and optimizer "
             f"state alone need {need_bytes / _GIB:,.0f} GiB per device even spread over {MAX_DEVICES:,} devices, "
-            f"more than the {machine.hbm_bytes / _GIB:.0f} GiB of one {machine.name}",
+            f"more than the {machine.memory_budget_bytes / _GIB:.1f} GiB one {machine.name} leaves a plan",
             fix="check num_hidden_layers and the other sizes in the model config",
         )
 
@@ -305,11 +357,10 @@ def _derived_mesh(dp: int, tp: int, pp: int, cp: int) -> tuple[MeshSpec, tuple[s
     return MeshSpec(axis_names=tuple(AXIS_NAMES[k] for k in kinds), axis_sizes=tuple(sizes[k] for k in kinds)), kinds
 
 
-def _alternatives(runners_up: tuple[StepEstimate, ...], misses: tuple[StepEstimate, ...], best_s: float,
-                  hbm_bytes: float) -> tuple[Alternative, ...]:
+def _alternatives(runners_up: tuple[StepEstimate, ...], misses: tuple[StepEstimate, ...], best_s: float) -> tuple[Alternative, ...]:
     out = [Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes,
                        why=f"{100 * (e.step_time_s / best_s - 1):.1f} % slower ({e.step_time_s:.3f} s)") for e in runners_up]
     out += [Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes,
-                        why=f"does not fit: needs {e.memory.total_bytes / _GIB:.1f} GiB per device, has {hbm_bytes / _GIB:.0f} GiB")
+                        why=f"does not fit: needs {e.memory.total_bytes / _GIB:.1f} GiB per device, over {e.memory.limit_text()}")
             for e in misses]
     return tuple(out)

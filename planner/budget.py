@@ -27,12 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.errors import InfeasibleError, InvalidConfigError
 from costmodel.inputs.model_config import ModelConfig
 from planner.api import plan
+from planner.batch import CHINCHILLA_TOKENS_PER_PARAM
 from planner.config import load_model
 from planner.largest import FAMILIES, family_model
 from planner.plan_schema import Plan
 from planner.request import PlanRequest
 
-CHINCHILLA_TOKENS_PER_PARAM = 20.0
 RULE = "Chinchilla: D = 20·N tokens (Hoffmann et al. 2022), C = 6·N·D"
 _SECONDS_PER_DAY = 86_400
 _MAX_SCALE = 4  # as `plan largest`: hidden sizes up to 4× the family's largest published one
@@ -70,12 +70,15 @@ class BudgetResult(BaseModel):
 
 def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: float, family: str = "llama",
                           seq_len: int | None = None, global_batch: int | None = None,
-                          time_limit_s: float = 5.0) -> BudgetResult:
+                          time_limit_s: float = 5.0, memory_reserve_gib: float | None = None) -> BudgetResult:
     """The family's compute-optimal model for ``days`` of ``devices`` × ``hardware``, with its plan.
 
     Args:
-      global_batch: sequences per step; default one per device, at least 256 (`plan`'s default).
+      global_batch: sequences per step; default one per device, at least 256, the same for every
+        size tried (`plan`'s rule, `planner.batch`, would change it with the size and make the
+        delivered tokens step between neighbouring sizes).
       time_limit_s: limit of each size's layout search.
+      memory_reserve_gib: the runtime reserve a plan leaves free (`costmodel.hardware.reserve`); None: the part's.
 
     >>> r = compute_optimal_model(devices=8, hardware="a100-80gb", days=0.01, family="gpt2")
     >>> r.tokens == 20 * r.params, abs(r.compute_flops / r.delivered_flops - 1) < 0.05
@@ -94,7 +97,8 @@ def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: flo
         if key not in plans:
             try:
                 plans[key] = plan(PlanRequest(model=cfg, devices=devices, hardware=hardware, seq_len=seq_len,
-                                              global_batch=global_batch or max(256, devices), time_limit_s=time_limit_s))
+                                              global_batch=global_batch or max(256, devices), time_limit_s=time_limit_s,
+                                              memory_reserve_gib=memory_reserve_gib))
             except InfeasibleError:
                 plans[key] = None
             tps = plans[key].predicted.tokens_per_s if plans[key] else None

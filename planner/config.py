@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.errors import InvalidConfigError, flag_error, read_user_file
-from costmodel.inputs.model_config import ModelConfig
+from costmodel.errors import InvalidConfigError, UnsupportedError, flag_error, read_user_file, unknown_name_error
+from costmodel.inputs.model_config import ModelConfig, Positions
 from costmodel.inputs.train_config import TrainConfig
 from planner.presets import PRESETS
 
@@ -46,9 +46,7 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
         return _validated(dict(PRESETS[text], name=text), source=text, keys={})
     path = Path(text)
     if not path.exists() and path.suffix != ".json" and "/" not in text:
-        raise InvalidConfigError(
-            f"unknown model {text!r}", fix=f"use a config.json path or one of: {', '.join(sorted(PRESETS))}"
-        )
+        raise unknown_name_error("model", text, sorted(PRESETS), otherwise="a config.json path or ")
     try:
         data = json.loads(read_user_file(path, "model file"))
     except json.JSONDecodeError as err:
@@ -148,6 +146,8 @@ def _llama_fields(data: dict[str, Any], model_type: str) -> dict[str, Any]:
         "qkv_bias": attention_bias,
         # Llama's attention_bias also covers o_proj; Qwen2 puts biases on q/k/v only.
         "out_bias": attention_bias if model_type in ("llama", "mistral", "qwen3") else False,
+        "rope_scaling": _rope_scaling(data),
+        "sliding_window": _sliding_window(data, model_type),
     }
     if model_type == "mixtral":
         fields.update(num_experts=_require(data, "num_local_experts"), experts_per_token=_require(data, "num_experts_per_tok"))
@@ -161,12 +161,36 @@ def _llama_fields(data: dict[str, Any], model_type: str) -> dict[str, Any]:
     return fields
 
 
+def _rope_scaling(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The config's ``rope_scaling`` as `RopeScaling`'s fields (None when it has none)."""
+    scaling = data.get("rope_scaling")
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise InvalidConfigError(f"rope_scaling={_short(scaling)} is not an object", fix="give rope_scaling as a JSON object or null")
+    original = scaling.get("original_max_position_embeddings", data.get("original_max_position_embeddings"))
+    return {"kind": scaling.get("rope_type", scaling.get("type", "unknown")), "factor": scaling.get("factor"),
+            "original_max_position_embeddings": original}
+
+
+def _sliding_window(data: dict[str, Any], model_type: str) -> int | None:
+    """Mistral's (and Mixtral's) ``sliding_window``; Qwen's only where ``use_sliding_window`` turns it on."""
+    window = data.get("sliding_window")
+    if model_type in ("mistral", "mixtral") or window is None:
+        return window
+    if not data.get("use_sliding_window", False):
+        return None
+    raise UnsupportedError(f"use_sliding_window with max_window_layers={data.get('max_window_layers')} mixes full and "
+                           "sliding-window layers, which the cost model does not tell apart",
+                           fix="set use_sliding_window to false to plan full attention in every layer")
+
+
 # The Hugging Face key each ModelConfig field is read from, so an error names the key in the user's file.
 _LLAMA_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
                "ffn_size": "intermediate_size", "norm_eps": "rms_norm_eps", "tie_embeddings": "tie_word_embeddings",
                "qkv_bias": "attention_bias", "out_bias": "attention_bias", "num_experts": "num_experts",
                "experts_per_token": "num_experts_per_tok", "moe_ffn_size": "moe_intermediate_size",
-               "shared_expert_ffn_size": "shared_expert_intermediate_size"}
+               "shared_expert_ffn_size": "shared_expert_intermediate_size", "rope_scaling": "rope_scaling"}
 _MIXTRAL_KEYS = {"num_experts": "num_local_experts"}
 _GPT2_KEYS = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head", "ffn_size": "n_inner",
               "max_position_embeddings": "n_positions", "norm_eps": "layer_norm_epsilon", "tie_embeddings": "tie_word_embeddings"}
@@ -214,3 +238,38 @@ def default_seq_len(model: ModelConfig) -> int:
     (1024, 2048)
     """
     return min(2048, model.max_position_embeddings) if model.positions == "learned" else 2048
+
+
+def model_notes(model: ModelConfig, seq_len: int) -> tuple[str, ...]:
+    """What a plan of ``model`` at ``seq_len`` assumes of the model's limits: positions served by its
+    ``rope_scaling``, and sliding-window attention (costed as such; `plan validate` does not lower it).
+
+    >>> model_notes(load_model("llama3-8b"), 4096)
+    ()
+    """
+    notes = [note] if (note := positions_note(model, seq_len)) else []
+    if model.sliding_window is not None and seq_len > model.sliding_window:
+        notes.append(f"sliding-window attention: each query meets the last {model.sliding_window} of {seq_len} keys, costed as "
+                     "s·w − w²/2 score pairs by fused attention (a materialized score matrix is masked, not smaller); "
+                     "plan validate does not lower it (the reference program attends the whole causal sequence)")
+    return tuple(notes)
+
+
+def positions_note(model: ModelConfig, seq_len: int) -> str | None:
+    """Refuse a sequence beyond the positions ``model`` serves (`ModelConfig.max_seq_len`) in one line
+    with the nearest fix; the note to print when its ``rope_scaling`` serves it (None otherwise).
+
+    >>> positions_note(load_model("llama3-8b"), 100000)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    costmodel.errors.InvalidConfigError: seq_len=100000 exceeds llama3-8b's 8192 positions (...); fix: use --seq-len 8192 or less, ...
+    """
+    if seq_len <= model.max_position_embeddings:
+        return None
+    if seq_len > model.max_seq_len:
+        scaled = f", {model.max_seq_len} with its rope_scaling" if model.max_seq_len > model.max_position_embeddings else ""
+        extend = "" if model.positions is Positions.LEARNED else f", or a config whose rope_scaling serves {seq_len} tokens"
+        raise InvalidConfigError(f"seq_len={seq_len} exceeds {model.name}'s {model.max_position_embeddings} positions "
+                                 f"(max_position_embeddings{scaled})", fix=f"use --seq-len {model.max_seq_len} or less{extend}")
+    scaling = model.rope_scaling
+    return (f"seq_len {seq_len} is beyond the {model.max_position_embeddings} trained positions: served by rope_scaling "
+            f"{scaling.kind} ×{scaling.factor:g} (up to {model.max_seq_len}); the step costs the same")

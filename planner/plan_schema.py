@@ -16,6 +16,7 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.estimate import StepEstimate
+from planner.batch import BatchChoice
 
 AxisSpec = tuple[str | tuple[str, ...] | None, ...]
 
@@ -85,6 +86,8 @@ class SolverInfo(BaseModel):
     intra_op: IntraOpInfo | None = Field(None, description="The intra-op ILP's report, when it chose the parameter shardings.")
     offload_reason: str | None = Field(None, description="Why the layout offloads its optimizer state to the host, when the "
                                        "planner chose to (nothing fit without); None otherwise.")
+    objective: str | None = Field(None, description="What a serving search ranked the layouts by, and the rule that chose it "
+                                  "(latency at a batch too small to be compute-bound, tokens/s otherwise); None for training.")
 
 
 class Plan(BaseModel):
@@ -102,6 +105,10 @@ class Plan(BaseModel):
     predicted: StepEstimate = Field(description="Simulated step time, throughput and memory.")
     alternatives: tuple[Alternative, ...] = Field(description="Runner-up layouts, fastest first.")
     solver: SolverInfo = Field(description="How the layout was found.")
+    model_notes: tuple[str, ...] = Field((), description="What the plan assumes of the model's limits: positions served by "
+                                         "rope_scaling, sliding-window attention (which plan validate does not lower).")
+    batch: BatchChoice | None = Field(None, description="The training batch and why: the rule's choice (planner.batch) or the "
+                                      "given one, with a warning when it starves the devices; None for serving plans.")
 
     @model_validator(mode="before")
     @classmethod

@@ -6,7 +6,7 @@ benchmarks each build one; ``plan(request)`` answers it.
 
 >>> r = PlanRequest(model="llama3-8b", mesh="8x4", planner="ilp")
 >>> r.planner, r.planner.shards_intra_op, r.hardware, r.global_batch
-(<PlannerName.ILP: 'ilp'>, True, 'h100-sxm', 256)
+(<PlannerName.ILP: 'ilp'>, True, 'h100-sxm', None)
 >>> PlanRequest(model="gpt2", mesh="8", planner="greedy")
 Traceback (most recent call last):
 costmodel.errors.InvalidConfigError: unknown planner 'greedy'; fix: use one of grid, ilp, anneal, beam, random
@@ -52,12 +52,16 @@ class PlanRequest(Record):
     model: str | Path | ModelConfig = Field(description="Preset name, config.json path, or a ModelConfig.")
     hardware: str = Field("h100-sxm", description="Hardware profile name or JSON path.")
     devices_per_node: int | None = Field(None, description="Override of the profile's devices per node.")
+    memory_reserve_gib: float | None = Field(None, ge=0, description="Device memory the runtime takes beside the plan's arrays "
+                                             "(CUDA context, NCCL buffers, fragmentation), GiB: plans fit within usable "
+                                             "memory less this; None: the part's default (costmodel.hardware.reserve).")
     mesh: str | None = Field(None, description="Device mesh, e.g. '8x4' or 'data=8,tensor=4'; or give `devices`.")
     devices: int | None = Field(None, description="Device count; the planner shapes the mesh (exactly one of this and `mesh`).")
     # The workload (`planner.config.train_config` checks the sizes).
     seq_len: int | None = Field(None, description="Tokens per sequence (serving: the context); default "
                                                   "`planner.config.default_seq_len` of the model.")
-    global_batch: int = Field(256, description="Sequences per step (serving: per replica).")
+    global_batch: int | None = Field(None, description="Sequences per step; None: the planner chooses it (`planner.batch`). "
+                                                       "Serving: sequences per replica, default 1.")
     workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="pretrain, finetune-full, finetune-lora, prefill or decode.")
     lora: LoraConfig | None = Field(None, description="finetune-lora's rank, targets and frozen storage; default LoraConfig().")
     inference: InferenceConfig | None = Field(None, description="prefill's and decode's prompt, KV cache, latency bound and "

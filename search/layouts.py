@@ -228,7 +228,7 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
         except NothingFitsError as offloaded_err:  # not even offloading helps: say what the offloaded layouts need too
             closest = "; ".join(_over_budget(e) for e in offloaded_err.closest)
             raise InfeasibleError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix) from None
-    reason = f"nothing fits in {machine.hbm_bytes / _GIB:.0f} GiB per device without offloading"
+    reason = f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime reserve) without offloading"
     return result.model_copy(update={"offload_reason": reason})
 
 
@@ -282,11 +282,11 @@ def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine:
             fix=f"use a mesh or device count whose factors divide num_heads={model.num_heads}, num_layers={model.num_layers} "
                 f"and global_batch={train.global_batch}" + (", or a mesh without a pipeline axis" if unlowered else ""),
         )
-    have = machine.hbm_bytes / _GIB
-    more = 2 ** math.ceil(math.log2(max(2.0, missing[0].memory.total_bytes / machine.hbm_bytes))) * n_devices
+    more = 2 ** math.ceil(math.log2(max(2.0, missing[0].memory.total_bytes / machine.memory_budget_bytes))) * n_devices
     closest = _closest_distinct(missing)
     return NothingFitsError(
-        f"{model.name} does not fit on {n_devices}× {machine.name}: every layout needs more than the {have:.0f} GiB per device; "
+        f"{model.name} does not fit on {n_devices}× {machine.name}: every layout needs more than the "
+        f"{missing[0].memory.limit_text()} per device; "
         f"closest: {'; '.join(_over_budget(e) for e in closest)}",
         fix=f"use about {more} devices or hardware with more memory", closest=closest,
     )

@@ -1,21 +1,33 @@
 """Choose a serving layout: tensor, pipeline and data (replica) degrees for prefill or decode.
 
 Every split of the mesh (or of the device count) into ``dp · tp · pp`` is simulated
-(`costmodel.step.inference`). Decode takes the most output tokens/s among the layouts that fit
-in HBM and whose time per output token is within ``max_token_latency_ms``; prefill the
-most prompt tokens/s. Ties go to the shorter latency. Nothing fits: one line naming the
-smallest memory reached; nothing within the latency bound: one line naming the best
-latency reachable.
+(`costmodel.step.inference`); of the layouts that fit in HBM, the objective depends on the batch:
+
+- Latency, when a replica's step runs fewer tokens than the device needs to be compute-bound
+  (`compute_bound_tokens`: the linear layers' peak FLOP/s over HBM bytes/s, times the bytes
+  of a stored weight, halved for the multiply-add; about 295 on an H100 in bf16): the step
+  is bound by reading the weights, so more replicas add tokens/s only by holding more
+  requests at once, while splitting the weights cuts every request's latency. The least
+  time per output token (decode) or time to first token (prefill) wins.
+- Throughput otherwise, and always under ``max_token_latency_ms``: the most tokens/s (decode:
+  output tokens; prefill: prompt tokens) among the layouts whose time per output token is
+  within the bound.
+
+Ties go to the other objective. Nothing fits: one line naming the smallest memory reached;
+nothing within the latency bound: one line naming the best latency reachable.
 
 >>> from costmodel.hardware.machine import load_machine
 >>> from costmodel.inputs.train_config import TrainConfig
 >>> from planner.config import load_model
->>> train = TrainConfig(workload="decode", global_batch=64, seq_len=4096)
+>>> train = TrainConfig(workload="decode", global_batch=512, seq_len=512)
 >>> choice = choose_serving_layout(load_model("llama3-8b"), train, load_machine("h100-sxm"), splits=None, n_devices=8)
 >>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.latency_bound
 ((8, 1, 1), False)
->>> bounded = train.model_copy(update={"workload": train.workload.model_copy(
-...     update={"serving": train.workload.serving.model_copy(update={"max_token_latency_ms": 5.0})})})
+>>> small = train.model_copy(update={"global_batch": 1})
+>>> choice = choose_serving_layout(load_model("llama3-8b"), small, load_machine("h100-sxm"), splits=None, n_devices=8)
+>>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.objective.split(":")[0]
+((1, 8, 1), 'latency')
+>>> bounded = TrainConfig(workload="decode", global_batch=64, seq_len=4096, inference={"max_token_latency_ms": 5.0})
 >>> choice = choose_serving_layout(load_model("llama3-8b"), bounded, load_machine("h100-sxm"), splits=None, n_devices=8)
 >>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.latency_bound
 ((1, 8, 1), True)
@@ -46,11 +58,30 @@ class ServingChoice:
     evaluated: int
     pruned: dict[str, int]
     latency_bound: bool  # a layout with more tokens/s was refused for exceeding the latency bound
+    objective: str  # what the layouts were ranked by, and why (module docstring)
 
 
 def _splits_of(n_devices: int) -> list[tuple[int, int, int, int]]:
     return [(n_devices // (tp * pp), tp, pp, 1) for tp in range(1, n_devices + 1) if n_devices % tp == 0
             for pp in range(1, n_devices // tp + 1) if (n_devices // tp) % pp == 0]
+
+
+def compute_bound_tokens(train: TrainConfig, machine: Machine) -> float:
+    """Tokens one step must run for its matmuls to take as long as reading the weights once: below
+    it the step is HBM-bound. ``peak FLOP/s / HBM bytes/s × bytes per weight / 2`` (two FLOPs per
+    weight per token; the KV cache's reads only raise it).
+
+    >>> from costmodel.hardware.machine import load_machine
+    >>> round(compute_bound_tokens(TrainConfig(workload="decode"), load_machine("h100-sxm")))
+    295
+    """
+    return machine.linear_peak / machine.hbm_bytes_per_s * train.workload.frozen_dtype.bytes / 2
+
+
+def step_tokens(train: TrainConfig) -> int:
+    """Tokens one step of a replica runs without pipelining: its batch (decode) or its batch's prompts (prefill)."""
+    sequences = train.workload.step_sequences(micro_batch=train.global_batch, replica_batch=train.global_batch)
+    return sequences * train.workload.new_tokens(prompt_len=train.prompt_len)
 
 
 def _latency_s(est: StepEstimate, train: TrainConfig) -> float:
@@ -60,7 +91,8 @@ def _latency_s(est: StepEstimate, train: TrainConfig) -> float:
 
 def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machine, *,
                           splits: tuple[tuple[int, int, int, int], ...] | None, n_devices: int) -> ServingChoice:
-    """The serving layout with the most tokens/s that fits and meets the latency bound (module docstring);
+    """The serving layout that fits with the least latency (a small batch) or the most tokens/s within the latency
+    bound (module docstring);
     ``splits`` are the (dp, tp, pp, cp) degrees a given mesh can carry, None for any split of ``n_devices``."""
     estimates, pruned = [], {}
     for dp, tp, pp, cp in splits or _splits_of(n_devices):
@@ -79,7 +111,7 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
         raise InfeasibleError(
             f"{model.name} does not fit for {train.workload.kind} on {n_devices}× {machine.name}: the least memory per device, "
             f"{least.memory.total_bytes / _GIB:.1f} GiB (dp{least.layout.dp} tp{least.layout.tp} pp{least.layout.pp}, KV cache "
-            f"{least.memory.kv_cache_bytes / _GIB:.1f} GiB), exceeds {machine.hbm_bytes / _GIB:.0f} GiB",
+            f"{least.memory.kv_cache_bytes / _GIB:.1f} GiB), exceeds {least.memory.limit_text()}",
             fix="use more devices, a smaller --batch or --context-len, or --frozen-dtype int8 / int4")
     bound_ms = train.workload.serving.max_token_latency_ms
     within = [e for e in fitting if bound_ms is None or _latency_s(e, train) * 1e3 <= bound_ms]
@@ -92,22 +124,49 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
             fix=f"raise --max-token-latency-ms to {_latency_s(quickest, train) * 1e3:.2f} or more, "
                 "or use a smaller --batch or more devices")
 
+    for_latency = bound_ms is None and step_tokens(train) < compute_bound_tokens(train, machine)
+
     def rank(e: StepEstimate) -> tuple[float, float]:
-        return -e.tokens_per_s, _latency_s(e, train)
+        return (_latency_s(e, train), -e.tokens_per_s) if for_latency else (-e.tokens_per_s, _latency_s(e, train))
 
     best = min(within, key=rank)
     latency_bound = any(e.tokens_per_s > best.tokens_per_s for e in fitting if e not in within)
-    runners_up = [(e, _why(e, best, train)) for e in sorted((e for e in estimates if e is not best), key=rank)]
+    runners_up = [(e, _why(e, best, train, for_latency=for_latency))
+                  for e in sorted((e for e in estimates if e is not best), key=rank)]
     return ServingChoice(best=best, runners_up=tuple(runners_up[:RUNNERS_UP]), evaluated=len(estimates), pruned=pruned,
-                         latency_bound=latency_bound)
+                         latency_bound=latency_bound, objective=_objective(best, runners_up, train, machine, for_latency=for_latency))
 
 
-def _why(e: StepEstimate, best: StepEstimate, train: TrainConfig) -> str:
-    """Why ``e`` lost to ``best``: memory, the latency bound, or fewer tokens/s."""
+def _objective(best: StepEstimate, runners_up: list[tuple[StepEstimate, str]], train: TrainConfig, machine: Machine, *,
+               for_latency: bool) -> str:
+    """Why the chosen layout won, in one sentence: the objective and the rule that set it."""
+    latency = train.workload.of_step(decode="time per output token", prefill="time to first token")
+    tokens = train.workload.of_step(decode="output", prefill="prompt")
+    step = train.workload.of_step(decode=f"{train.global_batch} sequence(s)",
+                                  prefill=f"{train.global_batch} × {train.prompt_len} prompt tokens")
+    ridge = f"the {compute_bound_tokens(train, machine):.0f} tokens a step needs to be compute-bound on {machine.name}"
+    if for_latency:
+        return (f"latency: the least {latency} of the layouts that fit; {step} per replica is below {ridge}, so more replicas "
+                "would add tokens/s only by serving more requests at once (--max-token-latency-ms: the most tokens/s within a bound)")
+    bound_ms = train.workload.serving.max_token_latency_ms
+    if bound_ms is None:
+        return f"throughput: the most {tokens} tokens/s of the layouts that fit; {step} per replica reach {ridge}"
+    rival = next((e for e, _ in runners_up if e.fits and e.tokens_per_s > best.tokens_per_s), None)
+    if rival is None:
+        return f"throughput: the most {tokens} tokens/s of the layouts that fit, within {bound_ms:g} ms per token"
+    return (f"latency-bound: dp{rival.layout.dp} tp{rival.layout.tp} pp{rival.layout.pp} would serve more tokens/s "
+            f"but takes {_latency_s(rival, train) * 1e3:.2f} ms per token, over the {bound_ms:g} ms bound")
+
+
+def _why(e: StepEstimate, best: StepEstimate, train: TrainConfig, *, for_latency: bool) -> str:
+    """Why ``e`` lost to ``best``: memory, the latency bound, a longer latency or fewer tokens/s."""
     if not e.fits:
-        return f"does not fit: needs {e.memory.total_bytes / _GIB:.1f} GiB per device, has {e.memory.hbm_bytes / _GIB:.0f} GiB"
+        return f"does not fit: needs {e.memory.total_bytes / _GIB:.1f} GiB per device, over {e.memory.limit_text()}"
     latency_ms = _latency_s(e, train) * 1e3
     bound_ms = train.workload.serving.max_token_latency_ms
     if bound_ms is not None and latency_ms > bound_ms:
         return f"{e.tokens_per_s:,.0f} tokens/s but {latency_ms:.2f} ms per output token, over the {bound_ms:g} ms bound"
+    if for_latency:
+        return (f"{100 * (latency_ms / (_latency_s(best, train) * 1e3) - 1):.1f} % slower ({latency_ms:.2f} ms; "
+                f"{e.tokens_per_s:,.0f} tokens/s)")
     return f"{100 * (1 - e.tokens_per_s / best.tokens_per_s):.1f} % fewer tokens/s ({e.tokens_per_s:,.0f}; {latency_ms:.2f} ms)"

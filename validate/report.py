@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Offload
 from costmodel.inputs.workload import FrozenDtype
 from planner.plan_schema import Plan
@@ -134,6 +135,25 @@ def refuse_unlowered_weights(plan: Plan) -> None:
     stored = plan.train.workload.frozen_dtype
     if stored is not None:
         stored.require_lowerable()
+
+
+def refuse_sliding_window(plan: Plan) -> None:
+    """Refuse in one line (`UnsupportedError`) a plan whose sliding window is shorter than its
+    sequences: the reference program attends the whole causal sequence, so checking it would check
+    another program (a window as long as the sequence changes nothing and is checked).
+
+    >>> from planner.api import layout_plan
+    >>> from costmodel.inputs.layout import Layout
+    >>> from planner.config import load_model
+    >>> mistral = load_model("llama3-8b").model_copy(update={"sliding_window": 1024})
+    >>> refuse_sliding_window(layout_plan(mistral, Layout(dp=8, micro_batch=1), global_batch=8, seq_len=4096))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    costmodel.errors.UnsupportedError: sliding-window attention (1024 of 4096 tokens) is not lowered by the reference program...
+    """
+    window = plan.model.sliding_window
+    if window is not None and plan.train.seq_len > window:
+        raise UnsupportedError(f"sliding-window attention ({window} of {plan.train.seq_len} tokens) is not lowered by the reference "
+                               "program, which attends the whole causal sequence", fix=f"validate at --seq-len {window} or less")
 
 
 def features_not_predicted(plan: Plan) -> list[str]:

@@ -25,6 +25,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.intraop.pinned import auto_mesh
 from planner.intraop.shard import ShardResult
 from validate.hlo import collectives, dot_flops
 
@@ -50,9 +51,10 @@ class ShardCheck(BaseModel):
 
 def compiled_memory(fn: Callable[..., Any], abstract_args: Sequence[Any], in_specs: Any, out_specs: Any, *, mesh: Mesh,
                     donate_argnums: Sequence[int] = ()) -> Any:
-    """The compiled executable of ``fn`` with these specs on ``mesh``."""
+    """The compiled executable of ``fn`` with these specs on ``mesh`` (Auto or Explicit axes: compiled on its Auto twin,
+    so XLA propagates the shardings between them as with the specs alone)."""
     def named(tree: Any) -> Any:
-        return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+        return jax.tree.map(lambda s: NamedSharding(auto_mesh(mesh), s), tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
     return jax.jit(fn, in_shardings=named(in_specs), out_shardings=named(out_specs),
                    donate_argnums=tuple(donate_argnums)).lower(*abstract_args).compile()

@@ -21,7 +21,7 @@ from costmodel.hardware.profile import ClusterSpec, DeviceKind, DeviceSpec
 from costmodel.hardware.storage import ASSUMED_LOCAL_DISK, ASSUMED_SHARED_STORAGE, SUPERPOD_H100_STANDARD, StorageSpec
 from costmodel.step.roofline import Efficiency
 
-GB, GIB, TFLOPS = 1e9, 2**30, 1e12
+GB, GIB, MIB, TFLOPS = 1e9, 2**30, 2**20, 1e12
 _GBIT = 1e9 / 8
 
 # --- links -------------------------------------------------------------------------------
@@ -139,10 +139,17 @@ CHIP = {"a100-40gb": "GA100", "a100-80gb": "GA100", "a100-80gb-pcie": "GA100",
 
 
 def _gpu(name: str, *, peaks: dict[str, float], hbm_gib: float, hbm_gbps: float, power_w: float, source: str,
-         efficiency: Efficiency = _GENERIC_EFF) -> DeviceSpec:
+         usable_mib: float | None = None, usable_source: str = "", efficiency: Efficiency = _GENERIC_EFF) -> DeviceSpec:
+    usable = f"; usable {usable_mib:,.0f} MiB: {usable_source}" if usable_mib else f"; usable: {usable_source}"
     return DeviceSpec(name=name, kind=DeviceKind.GPU, peak_flops_per_s={k: v * TFLOPS for k, v in peaks.items()},
-                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB, power_limit_w=power_w,
-                      efficiency=efficiency, source=source)
+                      hbm_bytes=hbm_gib * GIB, usable_hbm_bytes=usable_mib * MIB if usable_mib else None,
+                      hbm_bytes_per_s=hbm_gbps * GB, power_limit_w=power_w, efficiency=efficiency, source=source + usable)
+
+
+# Usable memory is nvidia-smi's memory.total, the driver's figure (CUDA's own total can be lower
+# still: an A100-SXM4-40GB's deviceQuery reports 40,339 MiB against nvidia-smi's 40,960). Figures
+# from outputs posted in public threads; where none was found for a part, an assumption says so.
+_MODAL_SMI = "nvidia-smi memory.total (modal-labs/modal-client#2797, its GPUs' reported totals)"
 
 
 _AMPERE = {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312, "int8": 624}
@@ -151,33 +158,41 @@ _HOPPER = {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, 
 _HOPPER_CAPPED = {k: v * 900 / 989.4 for k, v in _HOPPER.items()}
 
 A100_40GB = _gpu("a100-40gb", peaks=_AMPERE, hbm_gib=40, hbm_gbps=1555, power_w=400, efficiency=_A100_EFF,
-                 source="NVIDIA A100 datasheet (SXM4 40GB)")
+                 source="NVIDIA A100 datasheet (SXM4 40GB)", usable_mib=40960, usable_source=_MODAL_SMI)
 A100_80GB = _gpu("a100-80gb", peaks=_AMPERE, hbm_gib=80, hbm_gbps=2039, power_w=400, efficiency=_A100_EFF,
-                 source="NVIDIA A100 datasheet (SXM4 80GB)")
+                 source="NVIDIA A100 datasheet (SXM4 80GB)", usable_mib=81920, usable_source=_MODAL_SMI)
 # No published runs on the PCIe card to fit: the SXM part's micro-benchmark efficiencies.
 A100_80GB_PCIE = _gpu("a100-80gb-pcie", peaks=_AMPERE, hbm_gib=80, hbm_gbps=1935, power_w=300, efficiency=_A100_MICROBENCH,
-                      source="NVIDIA A100 datasheet (PCIe 80GB: HBM2e 1,935 GB/s, 300 W)")
+                      source="NVIDIA A100 datasheet (PCIe 80GB: HBM2e 1,935 GB/s, 300 W)", usable_mib=81920,
+                      usable_source="nvidia-smi memory.total of an A800 80GB PCIe, the same board for export "
+                                    "(pytorch/pytorch#37250); assumed the same for the A100 PCIe")
 H100_SXM = _gpu("h100-sxm", peaks=_HOPPER, hbm_gib=80, hbm_gbps=3350, power_w=700, efficiency=_H100_EFF,
-                source="NVIDIA H100 datasheet (SXM5 80GB HBM3)")
+                source="NVIDIA H100 datasheet (SXM5 80GB HBM3)", usable_mib=81559,
+                usable_source=f"{_MODAL_SMI}; the same on 8× H100 SXM in NVIDIA/nccl#1264")
 H200 = _gpu("h200", peaks=_HOPPER, hbm_gib=141e9 / GIB, hbm_gbps=4800, power_w=700, efficiency=_H100_EFF,
-            source="NVIDIA H200 datasheet (SXM, 141 GB HBM3e, 4.8 TB/s)")
+            source="NVIDIA H200 datasheet (SXM, 141 GB HBM3e, 4.8 TB/s)", usable_mib=143771,
+            usable_source="nvidia-smi memory.total on 8× H200 SXM (NVIDIA/cuda-samples#311)")
 H100_96GB_500W = _gpu("h100-96gb-hbm2e-500w", peaks=_HOPPER_CAPPED, hbm_gib=96, hbm_gbps=2400, power_w=500,
                       efficiency=_H100_500W_EFF,
                       source="Meta Grand Teton H100, 96 GB HBM2e, 500 W cap (torchtitan benchmarks): peak between NVL and SXM "
-                             "(torchtitan paper, arXiv 2410.06511); HBM2e ~2.4 TB/s assumed (6 stacks at H100-PCIe speed)")
+                             "(torchtitan paper, arXiv 2410.06511); HBM2e ~2.4 TB/s assumed (6 stacks at H100-PCIe speed)",
+                      usable_source="no driver figure found: the stated capacity assumed usable")
 H100_95GB_LOWTDP = H100_96GB_500W.model_copy(update={"name": "h100-95gb-hbm2e-lowtdp", "hbm_bytes": 95 * GIB})
 A40 = _gpu("a40", peaks={"float32": 37.4, "tf32": 74.8, "bfloat16": 149.7, "float16": 149.7, "int8": 299.3},
-           hbm_gib=48, hbm_gbps=696, power_w=300, source="NVIDIA A40 datasheet (GDDR6)")
+           hbm_gib=48, hbm_gbps=696, power_w=300, source="NVIDIA A40 datasheet (GDDR6)", usable_mib=46068,
+           usable_source=f"assumed as the L40S's 48 GB GDDR6 with ECC reports it, {_MODAL_SMI}")
 V100 = _gpu("v100", peaks={"float32": 15.7, "float16": 125}, hbm_gib=32, hbm_gbps=900, power_w=300,
-            source="NVIDIA V100 datasheet (SXM2 32GB); no bf16 tensor cores")
+            source="NVIDIA V100 datasheet (SXM2 32GB); no bf16 tensor cores", usable_mib=32768,
+            usable_source="nvidia-smi memory.total of a V100-SXM2 32GB (Wan-Video/Wan2.1#5)")
 T4 = _gpu("t4", peaks={"float32": 8.1, "float16": 65, "int8": 130}, hbm_gib=16, hbm_gbps=320, power_w=70,
-          source="NVIDIA T4 datasheet (GDDR6)")
+          source="NVIDIA T4 datasheet (GDDR6)", usable_mib=15360, usable_source=_MODAL_SMI)
 
 
 def _tpu(name: str, *, bf16_tflops: float, int8_tops: float, hbm_gib: float, hbm_gbps: float, source: str) -> DeviceSpec:
     return DeviceSpec(name=name, kind=DeviceKind.TPU,
                       peak_flops_per_s={"bfloat16": bf16_tflops * TFLOPS, "int8": int8_tops * TFLOPS},
-                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB, source=source)
+                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB,
+                      source=f"{source}; usable: no runtime figure found, the stated HBM assumed usable")
 
 
 TPU_V4 = _tpu("tpu-v4", bf16_tflops=275, int8_tops=275, hbm_gib=32, hbm_gbps=1228, source="Cloud TPU v4 docs")

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.hardware.catalog import CATALOG
@@ -32,7 +32,9 @@ class Machine(BaseModel):
     linear_peak_flops_per_s: PositiveFloat | None = Field(
         None, description="Dense peak the linear layers' GEMMs run at where it differs (fp8 recipe); None: peak_flops_per_s.")
     hbm_bytes_per_s: PositiveFloat = Field(description="HBM bandwidth.")
-    hbm_bytes: PositiveFloat = Field(description="HBM capacity.")
+    hbm_bytes: PositiveFloat = Field(description="Usable device memory, as the driver reports it (DeviceSpec.usable_bytes).")
+    memory_reserve_bytes: NonNegativeFloat = Field(0.0, description="What the runtime takes beside a plan's arrays (CUDA "
+                                                   "context, NCCL buffers, fragmentation): a plan fits within hbm_bytes less this.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
     step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
     gradient_transpose: GradientTranspose | None = Field(
@@ -44,6 +46,11 @@ class Machine(BaseModel):
     inter_cross_rail: Tier | None = Field(None, description="Inter-node link between different rails (through the spine); "
                                                             "None: as inter.")
     host: HostSpec | None = Field(None, description="The node's host memory, CPU and device-to-host link; None: not described.")
+
+    @property
+    def memory_budget_bytes(self) -> float:
+        """The fit threshold: usable memory less the runtime reserve (`costmodel.hardware.reserve`)."""
+        return self.hbm_bytes - self.memory_reserve_bytes
 
     @property
     def linear_peak(self) -> float:
@@ -78,7 +85,8 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16", linear
         peak_flops_per_s=cluster.device.peak_for(compute_dtype),
         linear_peak_flops_per_s=cluster.device.peak_for(linear_dtype) if linear_dtype and linear_dtype != compute_dtype else None,
         hbm_bytes_per_s=cluster.device.hbm_bytes_per_s,
-        hbm_bytes=cluster.device.hbm_bytes,
+        hbm_bytes=cluster.device.usable_bytes,
+        memory_reserve_bytes=cluster.device.reserve_bytes,
         efficiency=cluster.device.efficiency,
         step_allocator=cluster.device.step_allocator,
         gradient_transpose=cluster.device.gradient_transpose,

@@ -30,6 +30,7 @@ from pydantic import (
 from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.hardware.fabric import MAX_PER_NODE, ByteRate, InterNodeFabric, IntraNodeFabric
 from costmodel.hardware.host import HostSpec
+from costmodel.hardware.reserve import GPU_RESERVE, NO_RESERVE, TPU_RESERVE, RuntimeReserve
 from costmodel.hardware.storage import ASSUMED_SHARED_STORAGE, StorageSpec
 from costmodel.step.collectives import Tier
 from costmodel.step.roofline import Efficiency
@@ -43,6 +44,10 @@ class DeviceKind(StrEnum):
     GPU = "gpu"
     TPU = "tpu"
     CPU = "cpu"
+
+
+_DEFAULT_RESERVES: dict[DeviceKind, RuntimeReserve] = {DeviceKind.GPU: GPU_RESERVE, DeviceKind.TPU: TPU_RESERVE,
+                                                       DeviceKind.CPU: NO_RESERVE}
 
 
 class StepAllocator(BaseModel):
@@ -89,7 +94,14 @@ class DeviceSpec(BaseModel):
     peak_flops_per_s: dict[str, FlopRate] = Field(
         description="Dense peak per dtype ('float32', 'tf32', 'bfloat16', 'float16', 'float8_e4m3fn', 'int8'); only what the part has."
     )
-    hbm_bytes: PositiveFloat = Field(description="Device memory capacity.")
+    hbm_bytes: PositiveFloat = Field(description="Device memory capacity, as the datasheet gives it.")
+    usable_hbm_bytes: PositiveFloat | None = Field(
+        None, description="Device memory as the driver reports it (nvidia-smi's memory.total): what a process can "
+                          "address; None: hbm_bytes.")
+    memory_reserve_bytes: NonNegativeFloat | None = Field(
+        None, description="Memory the runtime takes beside a plan's arrays (CUDA context, NCCL buffers, fragmentation): "
+                          "plans fit within usable memory less this; None: the default of the device's kind "
+                          "(costmodel.hardware.reserve).")
     hbm_bytes_per_s: ByteRate = Field(description="Device memory bandwidth.")
     power_limit_w: PositiveFloat | None = Field(None, description="Board power limit the peaks and efficiencies assume.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
@@ -98,6 +110,23 @@ class DeviceSpec(BaseModel):
         None, description="Extra cost of weight gradients whose cotangent the compiler copies transposed; None where GEMMs "
                           "take it as it lies.")
     source: str = Field(description="Where the numbers come from.")
+
+    @property
+    def usable_bytes(self) -> float:
+        """Device memory a process can address: the driver's figure where known, else the datasheet's."""
+        return self.usable_hbm_bytes or self.hbm_bytes
+
+    @property
+    def reserve_bytes(self) -> float:
+        """The runtime reserve: ``memory_reserve_bytes``, or its kind's default on this part's usable memory.
+
+        >>> from costmodel.hardware.registry import load_hardware
+        >>> round(load_hardware("h100-sxm").device.reserve_bytes / 2**30, 2)
+        3.99
+        """
+        if self.memory_reserve_bytes is not None:
+            return self.memory_reserve_bytes
+        return _DEFAULT_RESERVES[self.kind].bytes_for(self.usable_bytes)
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; raises `UnsupportedError` if the part lacks it."""
@@ -152,6 +181,22 @@ class ClusterSpec(BaseModel):
     def inter_tier(self, *, rail_aligned: bool = True) -> Tier:
         """What the collective model uses across nodes, for one device (``rail_aligned``: same-rank members)."""
         return self.inter_node.tier(self.devices_per_node, rail_aligned=rail_aligned)
+
+    def with_memory_reserve(self, reserve_bytes: float | None) -> ClusterSpec:
+        """This cluster with its device's runtime reserve set (``--memory-reserve-gib``); None keeps the default.
+
+        >>> from costmodel.hardware.registry import load_hardware
+        >>> load_hardware("h100-sxm").with_memory_reserve(2 * 2**30).device.reserve_bytes / 2**30
+        2.0
+        """
+        if reserve_bytes is None:
+            return self
+        usable = self.device.usable_bytes
+        if not 0 <= reserve_bytes < usable:
+            raise InvalidConfigError(f"--memory-reserve-gib={reserve_bytes / 2**30:g} must be at least 0 and below the "
+                                     f"{usable / 2**30:.1f} GiB a {self.device.name} has",
+                                     fix="give the GiB the CUDA context, NCCL buffers and fragmentation take, e.g. 4")
+        return self.model_copy(update={"device": self.device.model_copy(update={"memory_reserve_bytes": reserve_bytes})})
 
     def with_devices_per_node(self, n: int) -> ClusterSpec:
         """This cluster with nodes of ``n`` devices, each device keeping its share of the NICs.

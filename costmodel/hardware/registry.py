@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from costmodel.errors import InvalidConfigError, first_problem, read_user_file
+from costmodel.errors import InvalidConfigError, first_problem, read_user_file, unknown_name_error
 from costmodel.hardware.clusters import HARDWARE
 from costmodel.hardware.profile import ClusterSpec, DeviceSpec
 
@@ -45,9 +45,7 @@ def load_hardware(name_or_path: str, *, devices_per_node: int | None = None) -> 
         if family and not path.is_file():  # e.g. 'alvis': a site with several node types
             raise InvalidConfigError(f"hardware {name_or_path!r} has several node types", fix=f"name one: {', '.join(family)}")
         if not path.is_file():
-            raise InvalidConfigError(
-                f"unknown hardware {name_or_path!r}", fix=f"use a profile JSON path or one of: {', '.join(list_hardware())}"
-            )
+            raise unknown_name_error("hardware", name_or_path, list_hardware(), otherwise="a profile JSON path or ")
         try:
             cluster = ClusterSpec.model_validate_json(read_user_file(path, "hardware profile"),
                                                     context={"devices": known_devices()})

@@ -61,6 +61,19 @@ class Positions(StrEnum):
     ROPE = "rope"
 
 
+class RopeScaling(BaseModel):
+    """A Hugging Face config's ``rope_scaling``: RoPE frequencies stretched to serve longer sequences
+    than the model was trained on (linear, dynamic, yarn, llama3, ...); the cost is unchanged."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field(description="``rope_type`` (or ``type``) as the config names it.")
+    factor: PositiveReal | None = Field(None, description="How many times longer the positions it serves; None when the "
+                                                          "config gives no single factor (longrope's per-frequency lists).")
+    original_max_position_embeddings: Dim | None = Field(None, description="The trained length the factor stretches; "
+                                                                           "None: max_position_embeddings.")
+
+
 class ModelConfig(BaseModel):
     """Dimensions and architecture switches of a decoder-only transformer.
 
@@ -97,6 +110,9 @@ class ModelConfig(BaseModel):
     shared_expert_ffn_size: Count = Field(
         0, description="Width of an always-on shared expert (Qwen-MoE); 0 = none."
     )
+    rope_scaling: RopeScaling | None = Field(None, description="RoPE scaling that serves sequences beyond max_position_embeddings.")
+    sliding_window: Dim | None = Field(None, description="Sliding-window attention (Mistral): each query attends the last "
+                                                         "this many keys; None = full causal attention.")
 
     @model_validator(mode="before")
     @classmethod
@@ -141,6 +157,35 @@ class ModelConfig(BaseModel):
                 fix="set the number of experts or drop experts_per_token",
             )
         return self
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence the positions serve: ``max_position_embeddings``, or its ``rope_scaling``
+        factor times the trained length where that is longer.
+
+        >>> m = ModelConfig(name="m", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=9,
+        ...                 max_position_embeddings=32768, rope_scaling={"kind": "yarn", "factor": 4.0})
+        >>> m.max_seq_len
+        131072
+        """
+        scaling = self.rope_scaling
+        if self.positions is Positions.LEARNED or scaling is None or scaling.factor is None:
+            return self.max_position_embeddings
+        trained = scaling.original_max_position_embeddings or self.max_position_embeddings
+        return max(self.max_position_embeddings, int(scaling.factor * trained))
+
+    def causal_pairs(self, seq_len: float) -> float:
+        """(query, key) pairs causal attention scores in one sequence: ``s²/2``, or, under a sliding
+        window ``w`` shorter than the sequence, ``s·w − w²/2`` (each query meets at most ``w`` keys).
+
+        >>> m = ModelConfig(name="m", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=9, sliding_window=4096)
+        >>> m.causal_pairs(2048) == 2048**2 / 2, m.causal_pairs(32768) == 32768 * 4096 - 4096**2 / 2
+        (True, True)
+        """
+        w = self.sliding_window
+        if w is None or seq_len <= w:
+            return seq_len * seq_len / 2
+        return seq_len * w - w * w / 2
 
     @property
     def is_moe(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from costmodel.errors import InvalidConfigError
+from costmodel.errors import InvalidConfigError, unknown_name_error
 
 
 class Attention(StrEnum):
@@ -341,7 +341,7 @@ def get_stack(name: str) -> SoftwareStack:
     True
     """
     if name not in STACKS:
-        raise InvalidConfigError(f"unknown software stack {name!r}", fix=f"use one of {', '.join(STACKS)}")
+        raise unknown_name_error("software stack", name, list(STACKS))
     return STACKS[name]
 
 
@@ -354,7 +354,7 @@ def apply_options(stack: SoftwareStack, options: str) -> SoftwareStack:
     names = [o.strip() for o in options.split(";") if o.strip()]
     unknown = [n for n in names if n not in STACK_OPTIONS]
     if unknown:
-        raise InvalidConfigError(f"unknown stack options {unknown}", fix=f"use any of {', '.join(STACK_OPTIONS)}")
+        raise unknown_name_error("stack option", unknown[0], list(STACK_OPTIONS))
     update: dict[str, Any] = {}
     for n in names:
         update.update(STACK_OPTIONS[n])

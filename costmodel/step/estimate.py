@@ -79,8 +79,9 @@ class StepEstimate(BaseModel):
     n_devices: int = Field(description="Devices in the layout.")
     step_time_s: float = Field(description="Seconds per optimizer step.")
     tokens_per_s: float = Field(description="Tokens per second over all devices.")
-    mfu: float = Field(description="Model FLOPs (6·N·tokens + attention, no recompute) / (step · devices · peak).")
-    hfu: float = Field(description="Hardware FLOPs (including recompute) / (step · devices · peak).")
+    mfu: float = Field(description="Model FLOPs / (step · devices · dense peak); model FLOPs per training token 6·N + 6·L·H·Q·s "
+                       "(N without the input embedding, causal attention, no recompute: costmodel.workloads.flops).")
+    hfu: float = Field(description="Hardware FLOPs (model FLOPs plus recomputed forward FLOPs) / (step · devices · dense peak).")
     model_flops: float = Field(description="Model FLOPs of one step, over all devices.")
     breakdown: TimeBreakdown = Field(description="Where the step time goes.")
     memory: MemoryBreakdown = Field(description="Per-device memory, itemised.")

@@ -75,6 +75,17 @@ def padded_context(train: TrainConfig) -> int:
     return math.ceil(train.seq_len / block) * block
 
 
+def cached_tokens(model: ModelConfig, train: TrainConfig) -> int:
+    """Tokens of cache allocated per sequence: `padded_context`, or under a sliding window shorter
+    than the context only the window's (the rolling buffer of Mistral's reference code and vLLM's
+    sliding-window block reuse), in whole blocks."""
+    window = model.sliding_window
+    if window is None or window >= train.seq_len:
+        return padded_context(train)
+    block = train.workload.serving.kv_block_size
+    return math.ceil(window / block) * block
+
+
 def replica_batch(train: TrainConfig, layout: Layout) -> int:
     """Sequences one data-parallel replica serves: the workload's batch (``TrainConfig.global_batch``)."""
     return train.global_batch
@@ -90,7 +101,7 @@ def kv_cache_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, *, st
     """KV-cache bytes one device of pipeline stage ``stage`` holds (module docstring)."""
     per_token_layer = 2 * kv_heads_per_device(model, layout.tp) * model.head_dim * kv_element_bytes(train)
     layers = layout.layers_on_stage(model.num_layers, stage)
-    return per_token_layer * layers * replica_batch(train, layout) * padded_context(train)
+    return per_token_layer * layers * replica_batch(train, layout) * cached_tokens(model, train)
 
 
 def layer_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
@@ -126,7 +137,7 @@ def _stage_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     """(total, compute-limited, HBM-limited, tensor-parallel comm) seconds of one stage's pass over ``sequences``."""
     layers = layout.layers_on_stage(model.num_layers, stage)
     per_layer = layer_kernels(model, train, layout, sequences=sequences, new_tokens=new_tokens,
-                              kv_heads=kv_heads_per_device(model, layout.tp), cache_tokens=padded_context(train))
+                              kv_heads=kv_heads_per_device(model, layout.tp), cache_tokens=cached_tokens(model, train))
     kernels = [k.scaled(layers) for k in per_layer]
     if stage == layout.pp - 1:
         kernels.append(head_kernel(model, train, layout, sequences))
@@ -154,7 +165,8 @@ def check_inference_layout(model: ModelConfig, train: TrainConfig, layout: Layou
     return lay
 
 
-def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None) -> MemoryBreakdown:
+def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None,
+                     reserve_bytes: float = 0.0) -> MemoryBreakdown:
     """Per-device memory of the busiest stage: weights, KV cache, the residual stream and
     one layer's widest intermediate (decode: of a micro-batch; prefill: of the prompts), the last
     tokens' fp32 logits."""
@@ -169,7 +181,7 @@ def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
         stage="only" if layout.pp == 1 else ("last" if stage == layout.pp - 1 else "first"),
         params_bytes=stage_weight_bytes(model, train, layout, stage), grads_bytes=0.0, optimizer_bytes=0.0,
         activations_bytes=2 * tokens * model.hidden_size * e, temporary_bytes=tokens * widest * e + logits,
-        kv_cache_bytes=kv_cache_bytes(model, train, layout, stage=stage), hbm_bytes=hbm_bytes,
+        kv_cache_bytes=kv_cache_bytes(model, train, layout, stage=stage), hbm_bytes=hbm_bytes, reserve_bytes=reserve_bytes,
     )
 
 
@@ -181,7 +193,6 @@ class _Phase(NamedTuple):
     step_s: float
     pp_s: float
     new_tokens: int
-    model_flops: float
 
 
 def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> StepEstimate:
@@ -206,22 +217,19 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
         prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
     )
-    attn_per_token = 4 * model.num_layers * model.num_heads * model.head_dim
-    active_params = model.total_params - model.num_layers * (model.params_per_layer - model.active_params_per_layer)
     step = train.workload.of_step(
-        decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1,
-                      model_flops=lay.dp * (train.global_batch * (2 * active_params + attn_per_token * train.seq_len))),
-        prefill=_Phase(stages=prefill, repeats=1, step_s=ttft_s, pp_s=hops_s, new_tokens=prompt,
-                       model_flops=lay.dp * (train.global_batch * prompt * (2 * active_params + attn_per_token * prompt / 2))))
+        decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1),
+        prefill=_Phase(stages=prefill, repeats=1, step_s=ttft_s, pp_s=hops_s, new_tokens=prompt))
     busiest = max(step.stages, key=lambda t: t[0])
     compute_s, memory_s, tp_s = (step.repeats * x for x in busiest[1:])
     step_s = step.step_s
-    utilisation = step.model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
-    memory = inference_memory(model, train, lay, hbm_bytes=hw.hbm_bytes)
+    model_flops = train.workload.model_flops(model, tokens=lay.dp * train.global_batch * step.new_tokens, seq_len=train.seq_len)
+    utilisation = model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
+    memory = inference_memory(model, train, lay, hbm_bytes=hw.hbm_bytes, reserve_bytes=hw.memory_reserve_bytes)
     return StepEstimate(
         layout=lay, hardware=hw.name, n_devices=lay.n_devices, step_time_s=step_s,
         tokens_per_s=lay.dp * train.global_batch * step.new_tokens / step_s, mfu=utilisation, hfu=utilisation,
-        model_flops=step.model_flops, memory=memory, fits=memory.total_bytes <= hw.hbm_bytes,
+        model_flops=model_flops, memory=memory, fits=memory.fits,
         breakdown=TimeBreakdown(compute_s=compute_s, memory_bound_s=memory_s, recompute_s=0.0, exposed_comm_s=tp_s,
                                 bubble_s=max(0.0, step_s - compute_s - memory_s - tp_s), optimizer_s=0.0,
                                 comm_s_by_axis={"tp": tp_s, "pp": step.pp_s}),

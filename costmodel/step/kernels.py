@@ -343,12 +343,16 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
     s_kv = train.seq_len  # context parallel: each query chunk still meets every key
     b, d = layout.micro_batch, model.head_dim
     if layout.stack.attention is Attention.FLASH:
-        # Causal flash kernels skip blocks above the diagonal: half the score work.
+        # Causal flash kernels skip blocks above the diagonal: half the score work; under a sliding
+        # window also the blocks before it (FlashAttention-2's window_size), s·w − w²/2 pairs.
         flops = 0.5 * 4 * b * heads * s_q * s_kv * d
+        if model.sliding_window is not None and train.seq_len > model.sliding_window:
+            flops = 4 * b * heads * d * model.causal_pairs(train.seq_len) / layout.cp
         kv_heads = model.num_kv_heads / layout.tp
         io_bytes = e * b * s_q * d * (2 * heads) + e * b * s_kv * d * 2 * kv_heads
         return [Kernel(name="flash_attention", kind=KernelKind.FLASH_ATTENTION, flops=flops, bytes=io_bytes, in_attention_core=True,
                        backward_scale=FLASH_BACKWARD_FLOPS_RATIO)]
+    # A materialized score matrix is masked to the causal (or sliding-window) pattern, not shrunk: every score is computed.
     scores = b * heads * s_q * s_kv
     passes = _passes("softmax_dropout" if uses_dropout(model, layout) else "softmax", layout)
     return [

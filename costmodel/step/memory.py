@@ -74,7 +74,9 @@ class MemoryBreakdown(Record):
     temporary_bytes: NonNegativeFloat = Field(description="Transient buffers: FSDP gathers, recompute working set, logits, buckets.")
     kv_cache_bytes: NonNegativeFloat = Field(0.0, description="Inference: the KV cache one device holds, in whole blocks of the "
                                              "paged allocator (`costmodel.step.inference`); 0 for training.")
-    hbm_bytes: NonNegativeFloat | None = Field(None, description="Device memory, when known.")
+    hbm_bytes: NonNegativeFloat | None = Field(None, description="Usable device memory (the driver's figure), when known.")
+    reserve_bytes: NonNegativeFloat = Field(0.0, description="The runtime reserve (CUDA context, NCCL buffers, fragmentation: "
+                                            "costmodel.hardware.reserve): a fit threshold below hbm_bytes, not part of total_bytes.")
     host: HostMemory | None = Field(None, description="Offloading: the host memory one device's offloaded state takes, "
                                     "itemised (`costmodel.step.offload`), for the pipeline stage that offloads the most; None when "
                                     "nothing is offloaded.")
@@ -90,22 +92,32 @@ class MemoryBreakdown(Record):
     def per_device_bytes(self) -> float:
         return self.total_bytes
 
-    @computed_field(description="hbm_bytes - total_bytes; negative when it does not fit.")
+    @computed_field(description="hbm_bytes - reserve_bytes - total_bytes; negative when it does not fit.")
     @property
     def margin_bytes(self) -> float | None:
-        return None if self.hbm_bytes is None else self.hbm_bytes - self.total_bytes
+        return None if self.hbm_bytes is None else self.hbm_bytes - self.reserve_bytes - self.total_bytes
+
+    def limit_text(self) -> str:
+        """The fit threshold in words: ``75.7 GiB (79.6 usable − 4.0 reserved)``; the usable memory alone without a reserve."""
+        if self.hbm_bytes is None:
+            return "unknown"
+        if not self.reserve_bytes:
+            return f"{self.hbm_bytes / 2**30:.1f} GiB"
+        return (f"{(self.hbm_bytes - self.reserve_bytes) / 2**30:.1f} GiB ({self.hbm_bytes / 2**30:.1f} usable − "
+                f"{self.reserve_bytes / 2**30:.1f} reserved)")
 
     @computed_field(description="Host memory this device's offloaded state takes (host.total_bytes); 0 without offloading.")
     @property
     def host_bytes(self) -> float:
         return 0.0 if self.host is None else self.host.total_bytes
 
-    @computed_field(description="Whether total_bytes fits in hbm_bytes and, when offloading, the host state in its share of host memory.")
+    @computed_field(description="Whether total_bytes fits in hbm_bytes less reserve_bytes and, when offloading, the host state "
+                                "in its share of host memory.")
     @property
     def fits(self) -> bool | None:
         if self.hbm_bytes is None:
             return None
-        return self.total_bytes <= self.hbm_bytes and (self.host is None or self.host.fits is not False)
+        return self.total_bytes <= self.hbm_bytes - self.reserve_bytes and (self.host is None or self.host.fits is not False)
 
 
 def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices: int) -> float:
@@ -255,9 +267,10 @@ def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, st
 
 
 def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, hbm_bytes: float | None = None,
-                     host_capacity_bytes: float | None = None) -> MemoryBreakdown:
+                     reserve_bytes: float = 0.0, host_capacity_bytes: float | None = None) -> MemoryBreakdown:
     """Memory of the most loaded device: the first, a middle or the last pipeline stage
-    (``host_capacity_bytes``: with offloading, the device's share of its node's host memory).
+    (``host_capacity_bytes``: with offloading, the device's share of its node's host memory;
+    ``reserve_bytes``: the runtime reserve, which ``fits`` leaves free).
 
     With an even split a middle stage never holds more than the first (fewer layers in
     flight, no embedding), so only the ends are costed; uneven stages are all costed.
@@ -267,7 +280,7 @@ def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
     recompute_temporary = (0.0 if layout.recompute is Recompute.NONE else
                            activation_bytes_per_layer(model, train, layout.model_copy(update={"recompute": Recompute.NONE})))
     if layout.pp == 1:
-        return MemoryBreakdown(stage="only", hbm_bytes=hbm_bytes,
+        return MemoryBreakdown(stage="only", hbm_bytes=hbm_bytes, reserve_bytes=reserve_bytes,
                                **_stage_memory(model, train, layout, 0, per_layer, recompute_temporary, host_capacity_bytes))
     names = {0: "first", layout.pp - 1: "last"}
     costed = range(layout.pp) if layout.stage_layers else (0, layout.pp - 1)
@@ -275,4 +288,5 @@ def memory_breakdown(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
     busiest = max(totals, key=lambda s: (sum(v for k, v in totals[s].items() if k not in ("frozen_params_bytes", "host")), -s))
     # Offloaded, the host state is the stage with the most parameters' (the embedding or head may outweigh the busiest's).
     host = max((t["host"] for t in totals.values() if t["host"]), key=lambda h: h.total_bytes, default=None)
-    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, **(totals[busiest] | {"host": host}))
+    return MemoryBreakdown(stage=names.get(busiest, f"stage {busiest}"), hbm_bytes=hbm_bytes, reserve_bytes=reserve_bytes,
+                           **(totals[busiest] | {"host": host}))

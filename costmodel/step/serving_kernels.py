@@ -97,11 +97,13 @@ def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, seq
     d, hd = model.hidden_size, model.head_dim
     q, kv = model.num_heads // tp * hd, kv_heads * hd
     tokens = sequences * new_tokens
-    if new_tokens == 1:  # decode: each new query attends the whole cache, read once as stored
-        attn_flops = 4 * sequences * train.seq_len * q
+    if new_tokens == 1:  # decode: each new query attends the whole cache (or its window), read once as stored
+        attn_flops = 4 * sequences * min(train.seq_len, model.sliding_window or train.seq_len) * q
         attn_bytes = sequences * (2 * kv * cache_tokens * kv_element_bytes(train) + 2 * q * e)
     else:  # prefill: causal, half the score matrix; q, k, v and the output pass HBM once
         attn_flops = 2 * sequences * new_tokens ** 2 * q
+        if model.sliding_window is not None and new_tokens > model.sliding_window:
+            attn_flops = 4 * sequences * model.causal_pairs(new_tokens) * q
         attn_bytes = tokens * (2 * q + 2 * kv) * e
     return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train),
             Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=attn_bytes),

@@ -118,10 +118,10 @@ def balanced_layout(model: ModelConfig, train: TrainConfig, layout: Layout, hw: 
 
 
 def model_flops_per_step(model: ModelConfig, train: TrainConfig) -> float:
-    """Model FLOPs of one step: 3 × forward matmul FLOPs with full (non-causal) attention,
-    no recompute (the convention of Narayanan et al. 2021 and PaLM's MFU). Under LoRA the
-    frozen weights' backward has no weight gradient: 2 × their forward FLOPs (4·N per token),
-    the attention 3 ×, the adapters 3 × their own.
+    """Model FLOPs of one step, as the workload counts them by MFU's convention
+    (`costmodel.workloads.flops`: ``6·N + 6·L·H·Q·s`` a training token, causal attention, no
+    recompute). Under LoRA the frozen weights' backward has no weight gradient: 2 × their forward
+    FLOPs (4·N per token), the attention 3 ×, the adapters 3 × their own.
 
     >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
     >>> lora, full = TrainConfig(seq_len=128, workload="finetune-lora"), TrainConfig(seq_len=128)
@@ -232,7 +232,8 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     if layout.offload is Offload.OPTIMIZER:  # Adam and the accumulation run on the host instead
         offload, host_capacity = _offload(model, train, layout, hw, busiest.backward_s)
         optimizer_s = accumulate_s = 0.0
-    memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes), host_capacity_bytes=host_capacity)
+    memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes), reserve_bytes=hw.memory_reserve_bytes,
+                              host_capacity_bytes=host_capacity)
     first_touch_s = _first_touch_s(memory, hw)
     offload_s = offload.exposed_transfer_s + offload.cpu_adam_s if offload else 0.0
     step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + accumulate_s + optimizer_s + first_touch_s + offload_s

@@ -20,6 +20,7 @@ from typing import ClassVar
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.workload import AdaptedMatrix, FrozenDtype
 from costmodel.record import Record
+from costmodel.workloads.flops import training_flops_per_token
 
 
 class WorkloadBase(Record):
@@ -92,16 +93,6 @@ class WorkloadBase(Record):
         """Raise ``ValueError`` if the settings do not fit a context of ``seq_len`` tokens (nothing to check by default)."""
 
     def model_flops(self, model: ModelConfig, *, tokens: int, seq_len: int) -> float:
-        """Model FLOPs of a training step over ``tokens`` tokens: 3 × the forward matmul FLOPs with full
-        (non-causal) attention, no recompute (Narayanan et al. 2021; PaLM's MFU convention)."""
-        return 3 * tokens * (2 * matmul_params(model) + attention_flops_per_token(model, seq_len))
-
-
-def matmul_params(model: ModelConfig) -> int:
-    """Weights one token multiplies: the active layer weights and the head."""
-    return model.num_layers * model.active_params_per_layer + model.hidden_size * model.vocab_size
-
-
-def attention_flops_per_token(model: ModelConfig, seq_len: int) -> int:
-    """Forward attention FLOPs (scores and values) per token over a ``seq_len`` context, all layers."""
-    return 4 * model.num_layers * seq_len * model.num_heads * model.head_dim
+        """Model FLOPs of a step over ``tokens`` tokens of ``seq_len``-token sequences, by MFU's convention
+        (`costmodel.workloads.flops`): a training step's ``6·N + 6·L·H·Q·s`` a token."""
+        return tokens * training_flops_per_token(model, seq_len)

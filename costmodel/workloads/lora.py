@@ -3,8 +3,8 @@
 Frozen weights have no gradient, no optimizer state and no master copy, and may be stored quantized
 (`costmodel.inputs.workload.FrozenDtype`); the adapters train in the master dtype with AdamW like any
 weight. Each adapter adds a down (``x·A``) and an up (``(x·A)·B``) GEMM, and the frozen weights'
-backward computes only the input gradient: the model FLOPs are 2 × the frozen forward, 3 × the
-attention's and 3 × the adapters'.
+backward computes only the input gradient: the model FLOPs (`costmodel.workloads.flops`) are 2 × the frozen
+forward (4·N a token), 3 × the causal attention's and 3 × the adapters'.
 
 >>> from costmodel.inputs.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=1000)
@@ -24,7 +24,8 @@ from pydantic import Field
 
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.workload import AdaptedMatrix, FrozenDtype, LoraConfig, adapted_matrices, adapter_params_per_layer
-from costmodel.workloads.base import WorkloadBase, attention_flops_per_token, matmul_params
+from costmodel.workloads.base import WorkloadBase
+from costmodel.workloads.flops import attention_forward_flops_per_token, matmul_params
 
 
 class LoraFinetune(WorkloadBase):
@@ -68,5 +69,6 @@ class LoraFinetune(WorkloadBase):
         return model.num_layers * self.adapter_params_per_layer(model)
 
     def model_flops(self, model: ModelConfig, *, tokens: int, seq_len: int) -> float:
-        frozen, attention = 2 * 2 * matmul_params(model), 3 * attention_flops_per_token(model, seq_len)
+        """Per token: ``4·N`` frozen (forward and input gradient), causal attention 3 × its forward, the adapters ``6·n``."""
+        frozen, attention = 2 * 2 * matmul_params(model), 3 * attention_forward_flops_per_token(model, seq_len)
         return tokens * (frozen + attention + 3 * 2 * self.trainable_params(model))

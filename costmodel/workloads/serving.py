@@ -21,6 +21,7 @@ from pydantic import Field
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.workload import FrozenDtype, InferenceConfig
 from costmodel.workloads.base import WorkloadBase
+from costmodel.workloads.flops import attention_forward_flops_per_token, matmul_params
 
 T = TypeVar("T")
 
@@ -58,6 +59,13 @@ class ServingWorkload(WorkloadBase):
         if (self.serving.prompt_len or 0) > seq_len:
             raise ValueError(f"prompt_len={self.serving.prompt_len} exceeds the context length {seq_len}")
 
+    def model_flops(self, model: ModelConfig, *, tokens: int, seq_len: int) -> float:
+        """Forward only (`costmodel.workloads.flops`): ``2·N`` a token, plus attention against its context: the prompt's
+        causal half for a prefill token, the whole ``seq_len``-token cache for a decoded one."""
+        causal = self.of_step(decode=False, prefill=True)
+        context = self.of_step(decode=seq_len, prefill=self.prompt_len(seq_len))
+        return tokens * (2 * matmul_params(model) + attention_forward_flops_per_token(model, context, causal=causal))
+
     def new_tokens(self, *, prompt_len: int) -> int:
         """Tokens one step adds to each sequence it runs: one a decode step, the prompt a prefill."""
         return self.of_step(decode=1, prefill=prompt_len)
@@ -79,6 +87,8 @@ class Prefill(ServingWorkload):
     """Prefill: one forward over every sequence's whole prompt (time to first token)."""
 
     kind: Literal["prefill"] = Field("prefill", description="The workload's name (--workload).")
+
+    step_time_label: ClassVar[str] = "time to first token"
 
     def of_step(self, *, decode: T, prefill: T) -> T:
         return prefill

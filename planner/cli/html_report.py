@@ -20,7 +20,11 @@ from planner.plan_schema import Plan
 _GIB = 2**30
 _MAX_DRAWN_DEVICES = 512  # beyond this the grid is a blur: the axis table says it all
 _MAX_EVENTS = 4000
+_SVG_W = 900  # pixels of a bar chart's drawing
 _LABEL_W = 240  # pixels left of every bar, for its label
+_VALUE_W = 100  # pixels right of the longest bar, for its value and the HBM line's label
+_BAR_W = _SVG_W - _LABEL_W - _VALUE_W  # the longest bar: every bar and label stays inside its SVG
+_CHAR_W = 7  # pixels a character of the 11 px SVG font takes at most, on average over a label
 _TIME_PARTS = (("compute", "compute_s", "#4e79a7"), ("memory-bound", "memory_bound_s", "#59a14f"),
                ("recompute", "recompute_s", "#edc948"), ("pipeline bubble", "bubble_s", "#bab0ac"),
                ("exposed communication", "exposed_comm_s", "#e15759"), ("optimizer", "optimizer_s", "#b07aa1"),
@@ -75,9 +79,10 @@ def _mesh(plan: Plan, devices_per_node: int) -> str:
                      f"stroke='#777'/>" + (f"<text x='{62 + c * cell}' y='{34 + r * cell}'>{d}</text>" if cell >= 22 else ""))
     outer = " × ".join(f"{a.name} ({a.parallelism})" for a in plan.mesh[:-1]) or "-"
     last = plan.mesh[-1]
-    labels = (f"<text x='60' y='13'>→ {escape(last.name)}: {last.parallelism}, {escape(' + '.join(last.links) or 'no link')}</text>"
-              f"<text x='4' y='{30 + rows_n * cell}'>↓ {escape(outer)}</text>")
-    svg = (f"<svg width='{70 + cols * cell}' height='{40 + rows_n * cell}' role='img' aria-label='device mesh'>"
+    across, down = f"→ {last.name}: {last.parallelism}, {' + '.join(last.links) or 'no link'}", f"↓ {outer}"
+    labels = f"<text x='60' y='13'>{escape(across)}</text><text x='4' y='{30 + rows_n * cell}'>{escape(down)}</text>"
+    width = max(70 + cols * cell, 60 + _CHAR_W * len(across), 4 + _CHAR_W * len(down))  # a narrow grid's labels still fit
+    svg = (f"<svg width='{width}' height='{40 + rows_n * cell}' role='img' aria-label='device mesh'>"
            f"{labels}{''.join(cells)}</svg>")
     return (f"<h2>Mesh</h2>{table}<p class='muted'>Devices numbered row-major, coloured by node "
             f"({devices_per_node} per node).</p>{svg}")
@@ -96,7 +101,7 @@ def _hbar(parts: list[tuple[str, float, str]], total: float, width: int, y: int,
 def _step_time(plan: Plan) -> str:
     b = plan.predicted.breakdown
     parts = [(name, getattr(b, field), colour) for name, field, colour in _TIME_PARTS]
-    svg = f"<svg width='900' height='30'>{_hbar(parts, b.total_s, 700, 4, f'{b.total_s:.3f} s per step', 's')}</svg>"
+    svg = f"<svg width='{_SVG_W}' height='30'>{_hbar(parts, b.total_s, _BAR_W, 4, f'{b.total_s:.3f} s per step', 's')}</svg>"
     rows = "".join(f"<tr><td>{name}</td><td>{value:.3f} s</td><td>{value / b.total_s:.0%}</td></tr>"
                    for name, value, _ in parts if b.total_s)
     comm = "".join(f"<tr><td>{escape(axis)} collectives (overlapped or not)</td><td>{value:.3f} s</td><td></td></tr>"
@@ -110,7 +115,7 @@ def _memory(plan: Plan) -> str:
     bars = [("chosen plan", [(n, getattr(mem, f) / _GIB, c) for n, f, c in _MEMORY_PARTS])]
     bars += [(_layout_name(a.layout), [("total", a.memory_bytes / _GIB, "#9ab")]) for a in plan.alternatives]
     scale = max([hbm / _GIB] + [sum(v for _, v, _ in parts) for _, parts in bars])
-    width, svg = 600, []
+    width, svg = _BAR_W, []
     for i, (label, parts) in enumerate(bars):
         svg.append(_hbar(parts, scale, width, 6 + 26 * i, label, "GiB"))
         svg.append(f"<text x='{_LABEL_W + 6 + width * sum(v for _, v, _ in parts) / scale:.1f}' y='{21 + 26 * i}'>"
@@ -119,7 +124,7 @@ def _memory(plan: Plan) -> str:
     svg.append(f"<line x1='{x_hbm:.1f}' x2='{x_hbm:.1f}' y1='0' y2='{10 + 26 * len(bars)}' stroke='#c00' stroke-dasharray='4 3'/>"
                f"<text x='{x_hbm + 3:.1f}' y='{22 + 26 * len(bars)}' fill='#c00'>HBM {hbm / _GIB:.0f} GiB</text>")
     return (f"<h2>Memory per device</h2>{_key(_MEMORY_PARTS)}"
-            f"<svg width='900' height='{30 + 26 * len(bars)}'>{''.join(svg)}</svg>")
+            f"<svg width='{_SVG_W}' height='{30 + 26 * len(bars)}'>{''.join(svg)}</svg>")
 
 
 def _pipeline(plan: Plan, events: tuple[TimelineEvent, ...]) -> str:

@@ -26,9 +26,10 @@ if TYPE_CHECKING:  # the CLI imports this module before (and without) the planne
     from planner.api import Report
 
 
-def wanted(fmt: str, *, stdout: IO[str] = sys.stdout, stderr: IO[str] = sys.stderr) -> bool:
-    """Whether to show progress: the human summary, with both streams on a terminal."""
-    return fmt == "summary" and stdout.isatty() and stderr.isatty()
+def wanted(fmt: str, *, stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> bool:
+    """Whether to show progress: the human summary, with both streams (default: the process's
+    streams at call time, which a test may have replaced) on a terminal."""
+    return fmt == "summary" and (stdout or sys.stdout).isatty() and (stderr or sys.stderr).isatty()
 
 
 @contextmanager

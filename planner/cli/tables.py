@@ -3,6 +3,8 @@ title, the memory breakdown, a serving plan's latencies, offloading's costs."""
 
 from __future__ import annotations
 
+import math
+
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.memory import MemoryBreakdown
@@ -44,19 +46,53 @@ def memory_rows(mem: MemoryBreakdown, *, lora: bool, digits: int, state: str = "
     return [row, ("  activations / temporary", gib(mem.activations_bytes, mem.temporary_bytes))]
 
 
+def memory_total_row(mem: MemoryBreakdown, *, digits: int = 1) -> tuple[str, str]:
+    """The per-device peak against the usable memory and the runtime reserve a plan leaves free.
+
+    >>> memory_total_row(MemoryBreakdown(stage="only", params_bytes=2**30, grads_bytes=0, optimizer_bytes=0, activations_bytes=0,
+    ...                                  temporary_bytes=0, hbm_bytes=80 * 2**30, reserve_bytes=4 * 2**30))
+    ('memory per device', '1.0 GiB of 80.0 GiB usable (4.0 GiB reserved)')
+    """
+    if mem.hbm_bytes is None:
+        return "memory per device", f"{mem.total_bytes / _GIB:.{digits}f} GiB"
+    reserved = f" ({mem.reserve_bytes / _GIB:.1f} GiB reserved)" if mem.reserve_bytes else ""
+    return "memory per device", f"{mem.total_bytes / _GIB:.{digits}f} GiB of {mem.hbm_bytes / _GIB:.1f} GiB usable{reserved}"
+
+
+JAX_DEFAULT_MEM_FRACTION = 0.75
+"""The share of a GPU's memory JAX preallocates unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise
+(JAX's "GPU memory allocation" page)."""
+
+
+def jax_memory_row(mem: MemoryBreakdown) -> tuple[str, str] | None:
+    """What to set XLA_PYTHON_CLIENT_MEM_FRACTION to for the plan's peak (None: the usable memory is unknown).
+
+    >>> jax_memory_row(MemoryBreakdown(stage="only", params_bytes=64 * 2**30, grads_bytes=0, optimizer_bytes=0,
+    ...                                activations_bytes=0, temporary_bytes=0, hbm_bytes=80 * 2**30))[1][:36]
+    'XLA_PYTHON_CLIENT_MEM_FRACTION=0.80:'
+    """
+    if not mem.hbm_bytes:
+        return None
+    need = math.ceil(100 * mem.total_bytes / mem.hbm_bytes) / 100
+    default_gib = JAX_DEFAULT_MEM_FRACTION * mem.hbm_bytes / _GIB
+    if need <= JAX_DEFAULT_MEM_FRACTION:
+        return "JAX preallocation", (f"the default XLA_PYTHON_CLIENT_MEM_FRACTION={JAX_DEFAULT_MEM_FRACTION} ({default_gib:.1f} GiB) "
+                                     "holds the peak")
+    return "JAX preallocation", (f"XLA_PYTHON_CLIENT_MEM_FRACTION={need:.2f}: the peak is {need:.0%} of usable memory, JAX's "
+                                 f"default {JAX_DEFAULT_MEM_FRACTION} preallocates {default_gib:.1f} GiB")
+
+
+def utilisation_row(est: StepEstimate) -> tuple[str, str]:
+    """MFU and HFU, with what they count in a few words (docs/commands.md "MFU" and `costmodel.workloads.flops` in full)."""
+    return "MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}   (model FLOPs 6·N + causal attention)"
+
+
 def serving_rows(p: Plan) -> list[tuple[str, str]]:
-    """The summary rows of a serving plan: latencies, throughput, memory with the KV cache, why this layout."""
+    """The summary rows of a serving plan: latencies, throughput, memory with the KV cache, and why this layout when a
+    search chose it."""
     est, mem, srv, train = p.predicted, p.predicted.memory, p.predicted.serving, p.train
     lay = p.layout
-    bound_ms = train.workload.serving.max_token_latency_ms
     decode = train.workload.of_step(decode=True, prefill=False)
-    rivals = [a for a in p.alternatives if "over the" in a.why]
-    if decode and rivals:
-        why = (f"latency-bound: dp{rivals[0].layout.dp} tp{rivals[0].layout.tp} pp{rivals[0].layout.pp} would serve more tokens/s "
-               f"but takes {rivals[0].step_time_s * 1e3:.2f} ms per token, over the {bound_ms:g} ms bound")
-    else:
-        why = (f"throughput: the most {'output' if decode else 'prompt'} tokens/s of the layouts that fit"
-               + (f", within {bound_ms:g} ms per token" if bound_ms else ""))
     return [
         ("time per output token", f"{est.time_per_output_token_s * 1e3:.2f} ms   ({srv.decode_bound}-bound; HBM floor "
                                   f"{srv.hbm_lower_bound_s * 1e3:.2f} ms; {srv.micro_batches} micro-batch(es) per replica)"),
@@ -65,11 +101,10 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
         ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch} × "
                                 f"{train.prompt_len} tokens per replica)"),
         ("tokens/s", f"{est.tokens_per_s:,.0f} {'output' if decode else 'prompt'} tokens/s over {lay.dp} replica(s)"),
-        ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
+        memory_total_row(mem),
         ("  weights / KV cache / activations + temporary", f"{mem.params_bytes / _GIB:.2f} / {mem.kv_cache_bytes / _GIB:.2f} / "
                                                           f"{(mem.activations_bytes + mem.temporary_bytes) / _GIB:.2f} GiB"),
-        ("why this layout", why),
-    ]
+    ] + ([("why this layout", p.solver.objective)] if p.solver.objective else [])
 
 
 def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, str]]:

@@ -10,6 +10,10 @@ calls are inlined (after differentiation their rules no longer matter), remat re
 scans are rebuilt around their pinned bodies (``jax.checkpoint``, ``lax.scan``), and any other
 call-like equation is bound as it is, unpinned inside.
 
+The pins are sharding constraints, which JAX takes on Auto mesh axes only; a mesh with
+Explicit axes (``jax.make_mesh``'s default) is pinned on its Auto twin (`auto_mesh`): the same
+devices and axes, the program traced under it even inside ``jax.set_mesh`` of the Explicit one.
+
 >>> import jax, jax.numpy as jnp
 >>> from planner.intraop.extract import extract_graph
 >>> f = lambda x: jnp.tanh(x @ x)
@@ -22,12 +26,13 @@ call-like equation is bound as it is, unpinned inside.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import jax
 import networkx as nx
 from jax.extend import core as jex_core
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from costmodel.oplevel.strategies import Sharding, Strategy
 
@@ -47,12 +52,22 @@ def to_partition_spec(sharding: Sharding) -> PartitionSpec:
     return PartitionSpec(*[None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in sharding])
 
 
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """``mesh`` with every axis Auto (the sharding constraints' kind), the same devices and names.
+
+    >>> import jax
+    >>> auto_mesh(jax.make_mesh((1,), ("data",), axis_types=(AxisType.Explicit,))).axis_types
+    (Auto,)
+    """
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
 class PinnedInterpreter:
     """Evaluates jaxprs whose leaf equations (by their `planner.intraop.extract` path) have a strategy,
     pinning each one's operands and results to it."""
 
     def __init__(self, eqn_nodes: dict[Path, int], strategy_of: Callable[[int], Strategy | None], mesh: Mesh | None):
-        self.eqn_nodes, self.strategy_of, self.mesh = eqn_nodes, strategy_of, mesh
+        self.eqn_nodes, self.strategy_of, self.mesh = eqn_nodes, strategy_of, None if mesh is None else auto_mesh(mesh)
 
     def run(self, jaxpr: Any, consts: list[Any], args: list[Any], prefix: Path = (), eqns: range | None = None,
             env: dict[Any, Any] | None = None) -> dict[Any, Any]:
@@ -121,6 +136,9 @@ def pinned_function(graph: nx.DiGraph, strategy_of: Callable[[int], Strategy | N
     run = PinnedInterpreter(graph.graph["eqn_nodes"], strategy_of, mesh)
 
     def pinned(*args: Any) -> Any:
-        return jax.tree_util.tree_unflatten(out_tree, run.call(closed.jaxpr, list(closed.consts), jax.tree_util.tree_leaves(args)))
+        # Under a jax.set_mesh of Explicit axes each constraint would be an assert on the arguments' types.
+        with nullcontext() if run.mesh is None else jax.sharding.use_abstract_mesh(run.mesh.abstract_mesh):
+            outs = run.call(closed.jaxpr, list(closed.consts), jax.tree_util.tree_leaves(args))
+        return jax.tree_util.tree_unflatten(out_tree, outs)
 
     return pinned

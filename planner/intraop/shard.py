@@ -44,7 +44,7 @@ from costmodel.oplevel.strategy_space import StrategySpace, build_space, prune_d
 from planner.intraop.baselines import baseline_specs
 from planner.intraop.extract import extract_graph
 from planner.intraop.ilp import IntraOpSolution, model_variables, solve_intra_op
-from planner.intraop.pinned import pinned_function, to_partition_spec
+from planner.intraop.pinned import auto_mesh, pinned_function, to_partition_spec
 
 _LAZY_ROUNDS = 8
 _MIN_SOLVE_S = 1.0
@@ -95,9 +95,11 @@ class ShardResult:
         return pinned_function(extract_graph(fn, *abstract_args), lambda node: self.space.chosen(node, self.choice), mesh)
 
     def jit(self, fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh, donate_argnums: Sequence[int] = ()) -> Any:
-        """``jax.jit`` of `pinned` with the chosen input and output shardings."""
+        """``jax.jit`` of `pinned` with the chosen input and output shardings. ``mesh`` may have Auto or
+        Explicit axes (``jax.make_mesh``'s default); the program runs on its Auto twin (`planner.intraop.pinned.auto_mesh`),
+        which takes arguments placed on either."""
         def named(tree: Any) -> Any:
-            return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+            return jax.tree.map(lambda s: NamedSharding(auto_mesh(mesh), s), tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
         return jax.jit(self.pinned(fn, *abstract_args, mesh=mesh), in_shardings=named(self.in_specs),
                        out_shardings=named(self.out_specs), donate_argnums=tuple(donate_argnums))
@@ -135,7 +137,7 @@ def shard(fn: Callable[..., Any], *abstract_args: Any, mesh: Mesh | str, hardwar
     full = build_space(graph, machine.mesh_groups(list(axes)), machine)
     memory_model = MemoryModel.of_graph(graph)
     full = _with_memory(full, memory_model.row(full, None, backend=backend))
-    budget = machine.hbm_bytes if memory_budget_bytes is None else memory_budget_bytes
+    budget = machine.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes
     flat, tree = jax.tree_util.tree_flatten_with_path(abstract_args)
     paths = [jax.tree_util.keystr(path) for path, _ in flat]
     inputs = {d[OP_ATTR].label: n for n, d in graph.nodes(data=True) if d[OP_ATTR].is_input}

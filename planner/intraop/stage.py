@@ -120,7 +120,7 @@ def intra_op_specs(cfg: ModelConfig, train: TrainConfig, layout: Layout, axes: l
     reference materializes attention scores, so long sequences may need recompute).
     """
     graph, space, abstract = stage_space(cfg, train, layout, axes, machine)
-    choice, fields = solve_space(space, planner=planner, memory_budget_bytes=machine.hbm_bytes, time_limit_s=time_limit_s,
+    choice, fields = solve_space(space, planner=planner, memory_budget_bytes=machine.memory_budget_bytes, time_limit_s=time_limit_s,
                                  seed=seed)
     info = IntraOpInfo(planner=planner, axes=tuple(name for name, _ in axes), ops=graph.number_of_nodes(),
                        free_nodes=len(space.strategies), choice={str(n): space.strategies[n][i].name for n, i in choice.items()},

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from costmodel.errors import InvalidConfigError
-from planner.config import from_hf_config, load_model, train_config
+from costmodel.errors import InvalidConfigError, UnsupportedError
+from planner.config import from_hf_config, load_model, model_notes, positions_note, train_config
 
 # Published parameter counts (model cards / papers), checked within 0.5 %.
 PUBLISHED_PARAMS = {
@@ -124,6 +124,8 @@ def test_bad_config_files_give_one_line(tmp_path, content, message):
 def test_unknown_preset_lists_known_names():
     with pytest.raises(InvalidConfigError, match="unknown model 'llama9'.*llama3-8b"):
         load_model("llama9")
+    with pytest.raises(InvalidConfigError, match=r"unknown model 'lama3-8b'; fix: did you mean 'llama3-8b', .*\? Otherwise use"):
+        load_model("lama3-8b")
 
 
 def test_missing_file():
@@ -134,3 +136,37 @@ def test_missing_file():
 def test_train_config_reports_the_flag():
     with pytest.raises(InvalidConfigError, match="--seq-len=0"):
         train_config(seq_len=0)
+
+
+MISTRAL_7B_V01_HF = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+                     "rope_theta": 10000.0, "sliding_window": 4096}  # HF mistralai/Mistral-7B-v0.1 config.json
+
+
+def test_mistral_sliding_window_and_rope_scaling_are_read():
+    assert from_hf_config(MISTRAL_7B_V01_HF).sliding_window == 4096
+    assert from_hf_config(MISTRAL_7B_V01_HF | {"sliding_window": None}).sliding_window is None
+    # Qwen2 configs carry a window that use_sliding_window leaves off.
+    qwen = {**MISTRAL_7B_V01_HF, "model_type": "qwen2", "sliding_window": 131072, "use_sliding_window": False}
+    assert from_hf_config(qwen).sliding_window is None
+    with pytest.raises(UnsupportedError, match="mixes full and sliding-window layers"):
+        from_hf_config(qwen | {"use_sliding_window": True, "max_window_layers": 28})
+    # Llama 3.1's: factor 8 over the 8192 trained positions, max_position_embeddings already 131072.
+    llama31 = from_hf_config(MISTRAL_7B_V01_HF | {"model_type": "llama", "sliding_window": None, "max_position_embeddings": 131072,
+                                                  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}})
+    assert llama31.rope_scaling.kind == "llama3" and llama31.max_seq_len == 131072
+    with pytest.raises(InvalidConfigError, match="rope_scaling"):
+        from_hf_config(MISTRAL_7B_V01_HF | {"rope_scaling": "yarn"})
+
+
+def test_a_sequence_beyond_the_positions_is_refused_or_served_by_rope_scaling():
+    with pytest.raises(InvalidConfigError, match=r"seq_len=100000 exceeds llama3-8b's 8192 positions .*--seq-len 8192 or less"):
+        positions_note(load_model("llama3-8b"), 100000)
+    assert positions_note(load_model("llama3-8b"), 8192) is None
+    yarn = from_hf_config(MISTRAL_7B_V01_HF | {"rope_scaling": {"type": "yarn", "factor": 4.0}})
+    assert "rope_scaling yarn ×4" in positions_note(yarn, 131072)
+    with pytest.raises(InvalidConfigError, match=r"131072 with its rope_scaling.*--seq-len 131072 or less"):
+        positions_note(yarn, 131073)
+    assert any("sliding-window" in note for note in model_notes(from_hf_config(MISTRAL_7B_V01_HF), 8192))
+    assert model_notes(from_hf_config(MISTRAL_7B_V01_HF), 4096) == ()

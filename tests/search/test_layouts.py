@@ -54,7 +54,8 @@ def test_fixed_splits_restrict_the_degrees():
 
 def test_infeasible_reports_the_closest_layouts_with_numbers():
     huge = MODEL.model_copy(update={"num_layers": 400, "hidden_size": 8192, "num_heads": 64, "ffn_size": 28672})
-    with pytest.raises(InfeasibleError, match=r"needs more than the 80 GiB per device; closest: .*; fix: use about \d+ devices") as err:
+    with pytest.raises(InfeasibleError, match=r"needs more than the 76.0 GiB \(80.0 usable − 4.0 reserved\) per device; "
+                                                r"closest: .*; fix: use about \d+ devices") as err:
         grid_search(huge, TRAIN, HW, n_devices=2)
     needs = [float(x) for x in re.findall(r"needs ([\d.]+) GiB \(params\+grads\+optimizer [\d.]+, activations", str(err.value))]
     splits = re.findall(r"(dp\d+ tp\d+ pp\d+) mb", str(err.value))
@@ -120,7 +121,7 @@ def test_offload_only_when_nothing_fits_without_and_the_result_says_why():
         grid_search(LLAMA3_8B, train, a100_40, n_devices=1, space=space.model_copy(update={"offload_when_nothing_fits": False}))
     result = grid_search(LLAMA3_8B, train, a100_40, n_devices=1, space=space)
     assert result.best.layout.offload is Offload.OPTIMIZER and result.best.fits
-    assert result.offload_reason == "nothing fits in 40 GiB per device without offloading"
+    assert result.offload_reason == "nothing fits in 37.0 GiB per device (usable less the runtime reserve) without offloading"
     fits_anyway = grid_search(MODEL, TRAIN, HW, n_devices=8, space=space)
     assert fits_anyway.best.layout.offload is Offload.NONE and fits_anyway.offload_reason is None
 

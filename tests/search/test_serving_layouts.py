@@ -4,9 +4,11 @@ import pytest
 
 from costmodel.errors import InfeasibleError
 from costmodel.hardware.machine import load_machine
+from costmodel.inputs.layout import Layout
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.inference import simulate_inference
 from planner.config import load_model
-from search.serving_layouts import choose_serving_layout
+from search.serving_layouts import _splits_of, choose_serving_layout, compute_bound_tokens
 
 H100 = load_machine("h100-sxm")
 
@@ -15,21 +17,40 @@ def _decode(batch, context, **inference):
     return TrainConfig(workload="decode", global_batch=batch, seq_len=context, inference=inference or None)
 
 
-def test_the_choice_has_the_most_tokens_per_s_and_the_runners_up_say_why_they_lost():
-    choice = choose_serving_layout(load_model("llama3-8b"), _decode(64, 4096), H100, splits=None, n_devices=8)
+def test_a_batch_that_fills_the_compute_takes_the_most_tokens_per_s_and_the_runners_up_say_why_they_lost():
+    # 448 sequences per replica reach the 295 tokens an H100 step needs to be compute-bound in bf16, and their
+    # KV cache leaves dp8 within usable memory less the runtime reserve (512 would not: 79.2 GiB a device).
+    choice = choose_serving_layout(load_model("llama3-8b"), _decode(448, 1024), H100, splits=None, n_devices=8)
+    assert choice.best.layout.dp == 8 and choice.objective.startswith("throughput: the most output tokens/s")
     assert all(e.tokens_per_s <= choice.best.tokens_per_s for e, _ in choice.runners_up)
     assert all("fewer tokens/s" in why or "does not fit" in why for _, why in choice.runners_up)
 
 
-def test_a_latency_bound_trades_throughput_for_latency():
-    # 64 sequences per replica at 4k context: eight replicas serve the most tokens/s at 18 ms
-    # per token; under 5 ms only tensor parallelism over all eight is quick enough.
+@pytest.mark.parametrize("workload, batch, context", [("decode", 1, 4096), ("decode", 64, 4096), ("prefill", 1, 128)])
+def test_a_small_batch_takes_the_least_latency_of_every_layout_costed(workload, batch, context):
+    # The case (70B, batch 1 on 8 H100s: tp8 at 10 ms, not dp4 tp2 at 26.6 ms) and below the
+    # compute-bound batch generally: the step reads weights, so splitting them cuts the latency.
+    model, train = load_model("llama3-70b"), TrainConfig(workload=workload, global_batch=batch, seq_len=context)
+    choice = choose_serving_layout(model, train, H100, splits=None, n_devices=8)
+    latency = train.workload.of_step(decode="time_per_output_token_s", prefill="time_to_first_token_s")
+    fitting = [simulate_inference(model, train, Layout(dp=dp, tp=tp, pp=pp), H100) for dp, tp, pp, _ in _splits_of(8)]
+    assert getattr(choice.best, latency) == min(getattr(e, latency) for e in fitting if e.fits)
+    assert choice.best.layout.tp == 8 and choice.objective.startswith("latency: the least")
+    assert all("slower" in why or "does not fit" in why for _, why in choice.runners_up)
+    assert compute_bound_tokens(train, H100) == pytest.approx(989.4e12 / 3.35e12)  # 2-byte weights, 2 FLOPs a weight
+
+
+def test_a_latency_bound_ranks_by_tokens_per_s_within_it():
+    # 64 sequences per replica at 4k context: tp8 has the least latency (3.9 ms); within 10 ms
+    # dp4 tp2 serves more tokens/s, and under 5 ms only tp8 is quick enough.
     model = load_model("llama3-8b")
     free = choose_serving_layout(model, _decode(64, 4096), H100, splits=None, n_devices=8)
-    bounded = choose_serving_layout(model, _decode(64, 4096, max_token_latency_ms=5.0), H100, splits=None, n_devices=8)
-    assert free.best.layout.dp == 8 and free.best.time_per_output_token_s > 5e-3
-    assert bounded.latency_bound and bounded.best.layout.tp == 8 and bounded.best.time_per_output_token_s <= 5e-3
-    assert bounded.best.tokens_per_s < free.best.tokens_per_s
+    within_10 = choose_serving_layout(model, _decode(64, 4096, max_token_latency_ms=10.0), H100, splits=None, n_devices=8)
+    within_5 = choose_serving_layout(model, _decode(64, 4096, max_token_latency_ms=5.0), H100, splits=None, n_devices=8)
+    assert free.best.layout.tp == 8 and not free.latency_bound
+    assert (within_10.best.layout.dp, within_10.best.layout.tp) == (4, 2) and within_10.best.time_per_output_token_s <= 10e-3
+    assert within_10.best.tokens_per_s > free.best.tokens_per_s and within_10.objective.startswith("latency-bound: dp8 tp1 pp1")
+    assert within_5.latency_bound and within_5.best.layout.tp == 8 and within_5.best.time_per_output_token_s <= 5e-3
 
 
 def test_an_unreachable_bound_names_the_best_latency():

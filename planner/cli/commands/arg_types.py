@@ -35,7 +35,26 @@ def positive_float(text: str) -> float:
     return value
 
 
-NUMERIC_TYPES = (positive_int, non_negative_int, positive_float)  # what every numeric flag of `plan` uses
+def non_negative_float(text: str) -> float:
+    """A finite number ≥ 0 (a reserve that may be none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite non-negative number; fix: give a number of at least 0, e.g. 4")
+    return value
+
+
+NUMERIC_TYPES = (positive_int, non_negative_int, positive_float, non_negative_float)  # what every numeric flag of `plan` uses
+
+
+def add_memory_reserve_argument(parser: argparse.ArgumentParser) -> None:
+    """``--memory-reserve-gib``, shared by ``plan``, ``plan simulate``, ``plan largest`` and ``plan budget``."""
+    parser.add_argument("--memory-reserve-gib", type=non_negative_float,
+                        help="GiB per device the runtime takes beside the plan's arrays (CUDA context, NCCL buffers, allocator "
+                             "fragmentation); a plan fits within the part's usable memory less this (default: the part's, "
+                             "about 4 GiB on an 80 GB GPU; docs/clusters.md#usable-memory)")
 
 
 def _whole(text: str, *, minimum: int, what: str, example: str) -> int:

@@ -6,13 +6,14 @@ import argparse
 import json
 
 from planner.budget import compute_optimal_model
-from planner.cli.commands.arg_types import positive_float, positive_int
+from planner.cli.commands.arg_types import add_memory_reserve_argument, positive_float, positive_int
 from planner.largest import FAMILIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=positive_int, required=True, help="device count")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
+    add_memory_reserve_argument(parser)
     parser.add_argument("--days", type=positive_float, required=True, help="days of training steps the budget buys, e.g. 30")
     parser.add_argument("--family", choices=sorted(FAMILIES), default="llama", help="model family to scale (default llama)")
     parser.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default 2048, or the family's learned positions)")
@@ -25,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     r = compute_optimal_model(devices=args.devices, hardware=args.hardware, days=args.days, family=args.family,
-                              seq_len=args.seq_len, global_batch=args.global_batch, time_limit_s=args.search_time_limit_s)
+                              seq_len=args.seq_len, global_batch=args.global_batch, time_limit_s=args.search_time_limit_s,
+                              memory_reserve_gib=args.memory_reserve_gib)
     est, lay = r.plan.predicted, r.plan.layout
     if args.json:
         print(json.dumps({"params": r.params, "tokens": r.tokens, "rule": r.rule, "tokens_per_param": r.tokens_per_param,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,12 +24,21 @@ from costmodel.step.run_overheads import DEFAULT_CHECKPOINT_EVERY_S, RunOverhead
 from costmodel.step.simulator import simulate
 from planner.api import plan
 from planner.cli import exports
-from planner.cli.commands.arg_types import PRECISION_HELP, non_negative_int, positive_float, positive_int
+from planner.cli.commands.arg_types import PRECISION_HELP, add_memory_reserve_argument, non_negative_int, positive_float, positive_int
 from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.cli.html_report import html_report
 from planner.cli.progress import progress_display, wanted
-from planner.cli.tables import memory_rows, offload_rows, serving_rows, titled_workload, workload_label
+from planner.cli.tables import (
+    jax_memory_row,
+    memory_rows,
+    memory_total_row,
+    offload_rows,
+    serving_rows,
+    titled_workload,
+    utilisation_row,
+    workload_label,
+)
 from planner.plan_schema import Plan
 from planner.request import PlanRequest, plan_request
 
@@ -42,9 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--devices", type=positive_int, help="device count; the planner chooses the mesh")
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
     parser.add_argument("--devices-per-node", type=positive_int, help="override the profile's devices per node")
+    add_memory_reserve_argument(parser)
     parser.add_argument("--seq-len", type=positive_int,
                         help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
-    parser.add_argument("--global-batch", type=positive_int, default=256, help="sequences per step (default 256)")
+    parser.add_argument("--global-batch", type=positive_int,
+                        help="sequences per step (default: chosen by DeepSeek LLM's batch rule for the model and --tokens, "
+                             "a multiple of the device count; the summary's batch row says why)")
     parser.add_argument("--tokens", type=positive_float,
                         help="training tokens, e.g. 15e12: also predict days to train and device-hours at the plan's step time, "
                              "with the input pipeline's stalls and the checkpoint writes")
@@ -69,8 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="limit of the layout search and, separately, of the intra-op planner; when it runs out the best "
                              "plan found is kept and solver.status says FEASIBLE (default 20)")
     parser.add_argument("--format", choices=list(FORMATS), default="summary",
-                        help="what to print: rich summary, Plan JSON, parameter specs, MaxText overrides, Flax logical axis "
-                             "rules, Markdown report, or a self-contained HTML report (with --out, written there instead of the JSON)")
+                        help="what to print: rich summary, Plan JSON, parameter specs, MaxText overrides, Megatron-LM arguments, "
+                             "DeepSpeed config JSON with launcher arguments, torchtitan TOML (each planned on its stack: "
+                             "maxtext, megatron-core, deepspeed, torchtitan), Flax logical axis rules, Markdown report, or a "
+                             "self-contained HTML report (with --out, written there instead of the JSON)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (same as --format json)")
     parser.add_argument("--out", help="also write the plan JSON (with --format html: the HTML report) to this file "
                                       "(atomically; the same inputs give the same bytes)")
@@ -82,11 +97,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_out(Path(args.out), force=args.force)  # before planning, which may take a while
     fmt = "json" if args.json else args.format
+    format_stack(args, fmt)
     request = request_from_args(args)
     start = time.perf_counter()
     with progress_display(enabled=wanted(fmt)) as report:
         result = plan(request, progress=report)
     plan_time_s = time.perf_counter() - start
+    if result.batch and result.batch.warning:
+        print(f"warning: {result.batch.warning}", file=sys.stderr)
     page = _html(result, args) if fmt == "html" else None
     if args.out:
         try:
@@ -105,12 +123,13 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     >>> add_arguments(parser)
     >>> request = request_from_args(parser.parse_args(["--model", "gpt2", "--mesh", "8", "--planner", "ilp", "--offload", "auto"]))
     >>> request.planner, request.offload, request.global_batch
-    (<PlannerName.ILP: 'ilp'>, None, 256)
+    (<PlannerName.ILP: 'ilp'>, None, None)
     """
     workload = workload_from_args(args)
     sizes = {"seq_len": args.seq_len, "global_batch": args.global_batch} | serving_sizes(args)
     return plan_request(model=args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware,
-                        devices_per_node=args.devices_per_node, **sizes, **workload, tokens=args.tokens, run=run_settings(args),
+                        devices_per_node=args.devices_per_node, memory_reserve_gib=args.memory_reserve_gib,
+                        **sizes, **workload, tokens=args.tokens, run=run_settings(args),
                         stack=stack_from_args(args), attention=args.attention, precision=args.precision,
                         offload=None if args.offload == "auto" else args.offload, planner=args.planner,
                         time_limit_s=args.time_limit_s, seed=args.seed)
@@ -136,15 +155,41 @@ FORMATS: dict[str, Renderer] = {  # --format's choices, in the help's order
     "json": lambda result, shown: print(result.model_dump_json()),
     "specs": lambda result, shown: print(json.dumps(result.param_specs, indent=1)),
     "maxtext": lambda result, shown: print(json.dumps(exports.to_maxtext(result), indent=1)),
+    "megatron": lambda result, shown: print(exports.megatron_command_line(result), end=""),
+    "deepspeed": lambda result, shown: print(json.dumps(exports.to_deepspeed(result), indent=1)),
+    "torchtitan": lambda result, shown: print(exports.to_torchtitan_toml(result), end=""),
     "flax": lambda result, shown: print(json.dumps(exports.flax_logical_rules(result), indent=1)),
     "markdown": lambda result, shown: print(exports.markdown_report(result), end=""),
     "html": _print_html,
 }
 
 
+# The stacks a launcher export is planned on: the first replaces the default ``--stack jax``;
+# a --stack outside the list is refused, as the plan would be costed for another program.
+FORMAT_STACKS = {"maxtext": ("maxtext",), "megatron": ("megatron-core", "megatron-lm-2022", "megatron-lm-2021"),
+                 "deepspeed": ("deepspeed", "megatron-deepspeed"), "torchtitan": ("torchtitan", "torchtitan-compile")}
+
+
+def format_stack(args: argparse.Namespace, fmt: str) -> None:
+    """Set ``args.stack`` to the stack ``--format fmt`` launches (when --stack is the default jax).
+
+    >>> args = argparse.Namespace(stack="jax")
+    >>> format_stack(args, "maxtext"); args.stack
+    'maxtext'
+    """
+    stacks = FORMAT_STACKS.get(fmt)
+    if stacks is None or args.stack in stacks:
+        return
+    if args.stack != "jax":
+        raise InvalidConfigError(f"--format {fmt} exports a plan for {' or '.join(stacks)}, but --stack is {args.stack}",
+                                 fix=f"drop --stack (the plan is then made on {stacks[0]}) or use --format json")
+    args.stack = stacks[0]
+
+
 def _html(result: Plan, args: argparse.Namespace) -> str:
     """The HTML report, with the pipeline timeline simulated again for the chosen layout."""
-    cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
+    cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node).with_memory_reserve(
+        None if args.memory_reserve_gib is None else args.memory_reserve_gib * _GIB)
     estimate = simulate(result.model, result.train, result.layout, train_machine(cluster, result.train), keep_timeline=True)
     return html_report(result, devices_per_node=cluster.devices_per_node, timeline=estimate.timeline)
 
@@ -207,19 +252,30 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         axes.add_row(a.name, str(a.size), a.parallelism, " + ".join(a.links) or "-")
     chunks = f" · {lay.interleave} chunks per stage" if lay.interleave > 1 else ""
     chunks += f" · layers per stage {'/'.join(map(str, lay.stage_layers))}" if lay.stage_layers else ""
-    pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
-                       f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''}"
-                       f"{' · optimizer offloaded' if lay.offload is Offload.OPTIMIZER else ''}", show_header=False)
+    training_terms = (f" · micro-batch {lay.micro_batch} · {lay.recompute} recompute · ZeRO {lay.zero_stage}"
+                      f"{' · sequence parallel' if lay.sequence_parallel else ''}"
+                      f"{' · optimizer offloaded' if lay.offload is Offload.OPTIMIZER else ''}")
+    serving_terms = f" · {lay.dp} replica(s) of {lay.tp * lay.pp} device(s)"
+    pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks}{training_terms if p.train.workload.runs_backward else serving_terms}",
+                 show_header=False)
     training_rows = (
-        ("step time", f"{est.step_time_s:.3f} s   (MFU {est.mfu:.1%}, {est.tokens_per_s:,.0f} tokens/s)"),
+        ("step time", f"{est.step_time_s:.3f} s   ({est.tokens_per_s:,.0f} tokens/s)"),
+        utilisation_row(est),
         ("  compute / memory-bound / recompute", f"{b.compute_s:.3f} / {b.memory_bound_s:.3f} / {b.recompute_s:.3f} s"),
         ("  bubble / exposed comm / optimizer", f"{b.bubble_s:.3f} / {b.exposed_comm_s:.3f} / {b.optimizer_s:.3f} s"),
-        ("memory per device", f"{mem.total_bytes / _GIB:.1f} GiB of {mem.hbm_bytes / _GIB:.0f} GiB"),
+        memory_total_row(mem),
         *memory_rows(mem, lora=not p.train.workload.trains_base_weights, digits=1),
         *offload_rows(est, reason=p.solver.offload_reason),
+        *filter(None, [jax_memory_row(mem)]),
     ) if p.train.workload.runs_backward else ()
     for name, value in training_rows or serving_rows(p):
         pred.add_row(name, value)
+    for note in p.model_notes:
+        pred.add_row("model", note)
+    if p.batch:
+        pred.add_row("batch", f"{p.batch.sequences:,} × {p.train.seq_len} = {p.batch.tokens / 1e6:,.3g} M tokens   ({p.batch.reason})")
+        if p.batch.warning:
+            pred.add_row("  warning", p.batch.warning)
     if p.train.workload.adapters(p.model):
         trained = p.train.workload.trainable_params(p.model)
         pred.add_row("workload", f"{workload_label(p.train)}: {trained / 1e6:,.1f} M adapter parameters train "
@@ -234,11 +290,14 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         effort = (f"{ilp.variables:,} variables, gap {ilp.gap:.1%}" if ilp.gap is not None
                   else f"{ilp.evaluations:,} evaluations, no bound")
         pred.add_row(f"intra-op {ilp.planner}", f"{ilp.status} over {', '.join(ilp.axes)} ({ilp.free_nodes} decisions, {effort})")
+    if not p.alternatives:
+        return [axes, pred]
     alts = Table(title="alternatives")
     for col in ("layout", p.train.workload.step_time_label, "why not"):
         alts.add_column(col)
     for alt in p.alternatives:
         a = alt.layout
-        alts.add_row(f"dp{a.dp} tp{a.tp} pp{a.pp} v{a.interleave} mb{a.micro_batch} {a.recompute} z{a.zero_stage}",
+        alts.add_row(f"dp{a.dp} tp{a.tp} pp{a.pp} v{a.interleave} mb{a.micro_batch} {a.recompute} z{a.zero_stage}"
+                     if p.train.workload.runs_backward else f"dp{a.dp} tp{a.tp} pp{a.pp}",
                      f"{alt.step_time_s:.3f} s" if p.train.workload.runs_backward else f"{alt.step_time_s * 1e3:.2f} ms", alt.why)
     return [axes, pred, alts]

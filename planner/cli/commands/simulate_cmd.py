@@ -17,10 +17,10 @@ from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.simulator import simulate
-from planner.cli.commands.arg_types import PRECISION_HELP, non_negative_int, positive_int
+from planner.cli.commands.arg_types import PRECISION_HELP, add_memory_reserve_argument, non_negative_int, positive_int
 from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
-from planner.cli.tables import memory_rows, offload_rows, serving_rows, titled_workload
+from planner.cli.tables import jax_memory_row, memory_rows, memory_total_row, offload_rows, serving_rows, titled_workload, utilisation_row
 from planner.cli.timeline import write_timeline
 from planner.config import default_seq_len, load_model, train_config
 from planner.request import PlanRequest
@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", default="h100-sxm", help="hardware profile name or JSON path (default h100-sxm)")
     parser.add_argument("--devices", type=positive_int, required=True, help="total devices")
     parser.add_argument("--devices-per-node", type=positive_int, help="override the profile's devices per node")
+    add_memory_reserve_argument(parser)
     for flag, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
                             ("--ep", "expert parallel")):
         parser.add_argument(flag, type=positive_int, default=1, help=f"{help_text} degree (default 1)")
@@ -90,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
             f"tp·pp·dp·cp = {layout.tp}·{layout.pp}·{layout.dp}·{layout.cp} = {layout.n_devices} but --devices={args.devices}",
             fix="make the degrees multiply to the device count",
         )
-    machine = train_machine(load_hardware(args.hardware, devices_per_node=args.devices_per_node), train)
+    cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
+    machine = train_machine(cluster.with_memory_reserve(None if args.memory_reserve_gib is None else args.memory_reserve_gib * _GIB),
+                            train)
     estimate = simulate(model, train, layout, machine, keep_timeline=bool(args.timeline))
     if args.timeline:
         write_timeline(estimate, args.timeline)
@@ -117,7 +120,7 @@ def _serving_table(est: StepEstimate, model: ModelConfig, train: TrainConfig) ->
     p = layout_plan(request, lay).model_copy(update={"predicted": est})
     table = Table(title=f"{model.name}{titled_workload(train)} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp}",
                   show_header=False)
-    for name, value in serving_rows(p)[:-1] + [("fits", "yes" if est.fits else "NO")]:
+    for name, value in serving_rows(p) + [("fits", "yes" if est.fits else "NO")]:
         table.add_row(name, value)
     return table
 
@@ -127,19 +130,19 @@ def _table(est: StepEstimate, model: str, *, lora: bool) -> Table:
     table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} "
                         f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}, stack {lay.stack.name}",
                   show_header=False)
-    hbm = f" of {m.hbm_bytes / _GIB:.0f} GiB" if m.hbm_bytes else ""
     rows = [
         ("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),
-        ("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}"),
+        utilisation_row(est),
         ("  compute (matmul, attention)", f"{b.compute_s:.3f} s"), ("  memory-bound kernels", f"{b.memory_bound_s:.3f} s"),
         ("  recompute", f"{b.recompute_s:.3f} s"), ("  pipeline bubble", f"{b.bubble_s:.3f} s"),
         ("  exposed communication", f"{b.exposed_comm_s:.3f} s"), ("  optimizer", f"{b.optimizer_s:.3f} s"),
         *((("  offload: PCIe exposed / CPU Adam", f"{b.offload_transfer_s:.3f} / {b.cpu_optimizer_s:.3f} s"),) if b.offload else ()),
         *((f"  {axis} collectives (total)", f"{t:.3f} s") for axis, t in b.comm_s_by_axis.items() if t > 0),
-        ("memory per device", f"{m.total_bytes / _GIB:.2f} GiB{hbm}"),
+        memory_total_row(m, digits=2),
         *memory_rows(m, lora=lora, digits=2, state="parameters / gradients / optimizer"),
         *offload_rows(est, reason=None),
-        ("fits", "yes" if est.fits else "NO" if est.fits is False else "unknown"),
+        ("fits", "yes" if est.fits else f"NO: over {m.limit_text()}" if est.fits is False else "unknown"),
+        *filter(None, [jax_memory_row(m)]),
     ]
     for name, value in rows:
         table.add_row(name, value)

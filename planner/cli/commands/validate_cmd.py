@@ -25,7 +25,14 @@ from planner.plan_schema import Plan
 from planner.programs.decode import check_serving_lowered
 from validate.compile_check import CompileReport, compile_in_subprocess
 from validate.multihost import run_processes, validate_processes
-from validate.report import checks, features_not_predicted, fp8_frozen_not_checked, offload_not_checked, refuse_unlowered_weights
+from validate.report import (
+    checks,
+    features_not_predicted,
+    fp8_frozen_not_checked,
+    offload_not_checked,
+    refuse_sliding_window,
+    refuse_unlowered_weights,
+)
 from validate.timed import step_time_check
 
 _GIB = 2**30
@@ -70,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
     refuse_unlowered_weights(plan)
+    refuse_sliding_window(plan)
     if not plan.train.workload.runs_backward:
         check_serving_lowered(plan.model)  # before any process starts
         if not args.compile_only:

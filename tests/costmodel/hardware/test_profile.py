@@ -46,7 +46,7 @@ def test_missing_dtype_is_unsupported():
 
 
 def test_unknown_name_lists_known_ones():
-    with pytest.raises(InvalidConfigError, match="unknown hardware 'h900'.*a100-80gb"):
+    with pytest.raises(InvalidConfigError, match="unknown hardware 'h900'; fix: did you mean 'h200'\\? Otherwise .*a100-80gb"):
         load_hardware("h900")
     assert list_hardware() == sorted(HARDWARE) == sorted([*CATALOG, *CLUSTERS])
 

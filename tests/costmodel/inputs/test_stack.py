@@ -52,8 +52,12 @@ def test_bad_names_and_values_say_what_to_use():
         get_stack("megatron")
     with pytest.raises(InvalidConfigError, match="stack 'jax'"):
         stack_with("jax", tp_overlap="sometimes")
-    with pytest.raises(InvalidConfigError, match="unknown stack options"):
+    with pytest.raises(InvalidConfigError, match="unknown stack option 'turbo'; fix: use one of: fused_rmsnorm"):
         apply_options(STACKS["torchtitan"], "fused_rmsnorm;turbo")
+    with pytest.raises(InvalidConfigError, match="unknown stack option 'fused_rms_norm'; fix: did you mean 'fused_rmsnorm'?"):
+        apply_options(STACKS["torchtitan"], "fused_rms_norm")
+    with pytest.raises(InvalidConfigError, match="unknown software stack 'deepsped'; fix: did you mean 'deepspeed'"):
+        get_stack("deepsped")
 
 
 def test_options_apply_over_the_preset():

@@ -136,7 +136,19 @@ def test_mixtral_decode_reads_the_experts_its_tokens_touch(batch, experts_read):
 
 def test_mixtral_decode_counts_the_top_k_experts_flops():
     est = simulate_inference(MIXTRAL, _decode(1, 4096), Layout(tp=8), H100)
-    active = MIXTRAL.total_params - 32 * 6 * 3 * 4096 * 14336  # six of eight experts idle per token
-    assert est.model_flops == pytest.approx(2 * active + 4 * 32 * 32 * 128 * 4096)
+    # N: the layers less six of eight experts idle per token, and the head (the input embedding is a lookup)
+    active = MIXTRAL.num_layers * MIXTRAL.params_per_layer - 32 * 6 * 3 * 4096 * 14336 + 4096 * 32000
+    assert est.model_flops == pytest.approx(2 * active + 4 * 32 * 32 * 128 * 4096)  # a decoded token attends its whole cache
     dense_equivalent = simulate_inference(MIXTRAL.model_copy(update={"experts_per_token": 8}), _decode(1, 4096), Layout(tp=8), H100)
     assert est.time_per_output_token_s < 0.5 * dense_equivalent.time_per_output_token_s  # 2 of 8 experts streamed
+
+
+def test_a_sliding_window_caps_the_decode_kv_cache_and_its_reads_at_the_window():
+    full = ModelConfig(name="m", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=32000)
+    windowed = full.model_copy(update={"sliding_window": 4096})
+    decode = TrainConfig(workload="decode", global_batch=8, seq_len=32768)
+    assert kv_cache_bytes(windowed, decode, Layout()) == kv_cache_bytes(full, decode, Layout()) / 8
+    short = TrainConfig(workload="decode", global_batch=8, seq_len=2048)
+    assert kv_cache_bytes(windowed, short, Layout()) == kv_cache_bytes(full, short, Layout())
+    hw = load_machine("h100-sxm")
+    assert simulate_inference(windowed, decode, Layout(), hw).step_time_s < simulate_inference(full, decode, Layout(), hw).step_time_s

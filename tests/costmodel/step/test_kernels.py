@@ -176,3 +176,18 @@ def test_fp32_weights_are_cast_once_per_layer_forward_and_their_shard_under_zero
     fsdp = _named(layer_forward_kernels(LLAMA, TRAIN, Layout(dp=4, zero_stage=3)), "weight_cast")
     assert fsdp.count * fsdp.bytes == pytest.approx(matrices / 4 * 6)
     assert "weight_cast" not in {k.name for k in layer_forward_kernels(LLAMA, TRAIN, Layout(stack=stack_with("megatron-core")))}
+
+
+def test_a_sliding_window_costs_fused_attention_s_times_w_and_leaves_materialized_scores_whole():
+    full = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    windowed = full.model_copy(update={"sliding_window": 4096})
+    train, flash = TrainConfig(seq_len=32768), Layout(micro_batch=1, stack=stack_with("jax", attention=Attention.FLASH))
+
+    def core_flops(model, layout, train=train):
+        return sum(k.flops for k in layer_forward_kernels(model, train, layout) if k.in_attention_core)
+
+    s, w = 32768, 4096
+    assert core_flops(windowed, flash) / core_flops(full, flash) == pytest.approx((s * w - w * w / 2) / (s * s / 2))
+    assert core_flops(windowed, flash, TrainConfig(seq_len=w)) == core_flops(full, flash, TrainConfig(seq_len=w))
+    materialized = flash.model_copy(update={"stack": stack_with("jax", attention=Attention.MATERIALIZED)})
+    assert core_flops(windowed, materialized) == core_flops(full, materialized)

@@ -113,16 +113,17 @@ CATALOG = [
      "use sys.set_int_max_str_digits() to increase the limit); fix: fix the number in the config"),
     ("size no cluster could hold", ["--model", "{tmp}/billion_layers.json", "--mesh", "8x4"], 4,
      "billion_layers cannot fit on any cluster: its 2.18e+17 parameters' weights, gradients and optimizer state alone need 194 GiB "
-     "per device even spread over 16,777,216 devices, more than the 80 GiB of one h100-sxm; fix: check num_hidden_layers and the "
-     "other sizes in the model config"),
+     "per device even spread over 16,777,216 devices, more than the 75.7 GiB one h100-sxm leaves a plan; fix: check num_hidden_layers "
+     "and the other sizes in the model config"),
     ("dimension beyond any accelerator", ["--model", "{tmp}/wide.json", "--mesh", "2"], 2,
      "wide: hidden_size: Input should be less than or equal to 2147483648 (got 4611686018427387904); "
      "fix: correct 'hidden_size' in the model config"),
     # names
     ("unknown preset", ["--model", "llama9", "--mesh", "2"], 2,
-     f"unknown model 'llama9'; fix: use a config.json path or one of: {PRESETS}"),
+     f"unknown model 'llama9'; fix: did you mean 'llama3-8b', 'llama2-7b', 'llama3-70b'? Otherwise use a config.json path "
+     f"or one of: {PRESETS}"),
     ("unknown hardware", ["--model", "gpt2", "--mesh", "2", "--hardware", "h900"], 2,
-     f"unknown hardware 'h900'; fix: use a profile JSON path or one of: {HARDWARE}"),
+     f"unknown hardware 'h900'; fix: did you mean 'h200'? Otherwise use a profile JSON path or one of: {HARDWARE}"),
     ("site with several node types", ["--model", "gpt2", "--mesh", "2", "--hardware", "alvis"], 2,
      "hardware 'alvis' has several node types; fix: name one: alvis-a100, alvis-a100fat, alvis-a40, alvis-t4, alvis-v100"),
     ("unknown planner", ["--model", "gpt2", "--mesh", "2", "--planner", "milp"], 2,
@@ -238,7 +239,8 @@ def test_memory_infeasible_lists_the_closest_layouts_with_bytes(capsys):
     assert code == 4 and out == "" and err.count("\n") == 1
     # The numbers move with the memory model (costmodel), the sentence does not: digits are masked past the head.
     head, closest, fix = err.split("; closest: ")[0], *err.split("; closest: ")[1].split("; fix: ")
-    assert head == "plan: error: llama3-405b does not fit on 8× a100-80gb: every layout needs more than the 80 GiB per device"
+    assert head == ("plan: error: llama3-405b does not fit on 8× a100-80gb: every layout needs more than the 76.0 GiB "
+                    "(80.0 usable − 4.0 reserved) per device")
     one = "dpN tpN ppN mbN full recompute ZeRO N needs N GiB (params+grads+optimizer N, activations+temporaries N)"
     # The planner also tried the optimizer state on the host (an A100 node has 2 TB): that does not fit either.
     closest, offloaded = closest.split("; offloading the optimizer state, closest: ")

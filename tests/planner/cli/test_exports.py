@@ -70,3 +70,73 @@ def test_markdown_itemises_an_offloaded_step_and_its_host_memory():
     assert f"| host (offloaded optimizer state) | {plan.predicted.memory.host_bytes / 2**30:.2f} |" in text
     assert "offload" not in markdown_report(layout_plan("gpt2", Layout(micro_batch=8), hardware="a100-40gb", global_batch=8,
                                                         seq_len=256))
+
+
+# Launcher exports: every name and value each emits is one its launcher's source defines
+# (planner/cli/export_schemas/, read by benchmarks/export_schemas.py at a pinned commit).
+from benchmarks.export_check import EXPORTERS, schema, schema_problems  # noqa: E402
+from costmodel.inputs.stack import STACKS  # noqa: E402
+from planner.cli.commands.plan_cmd import FORMAT_STACKS  # noqa: E402
+from planner.cli.exports import to_deepspeed, to_megatron, to_torchtitan_toml  # noqa: E402
+from planner.cli.main import main  # noqa: E402
+
+_LAYOUTS = (
+    dict(dp=4, tp=8, micro_batch=2, sequence_parallel=True, recompute="selective", zero_stage=1),
+    dict(dp=2, tp=4, pp=4, micro_batch=1, interleave=2, schedule="interleaved", recompute="full"),
+    dict(dp=32, micro_batch=4, recompute="selective-layer", zero_stage=3),
+    dict(dp=8, tp=4, micro_batch=1, recompute="selective-op", offload="optimizer", zero_stage=2),
+)
+
+
+@pytest.mark.parametrize("stack", list(EXPORTERS))
+@pytest.mark.parametrize("model", ["llama3-70b", "mixtral-8x7b", "gpt2-xl"])
+def test_each_launcher_export_uses_only_names_and_values_its_source_defines(stack, model):
+    for fields in _LAYOUTS:
+        layout = Layout(**fields, stack=STACKS[FORMAT_STACKS[stack][0]], **({"ep": 2} if model == "mixtral-8x7b" else {}))
+        if model == "gpt2-xl" and fields.get("tp", 1) > 1 and 25 % fields["tp"]:
+            continue  # 25 heads split over no tensor degree but 1
+        p = layout_plan(model, layout, hardware="h100-sxm", global_batch=256, seq_len=1024)
+        assert schema_problems(stack, EXPORTERS[stack](p)) == [], (stack, model, fields)
+
+
+def test_the_check_catches_a_name_or_value_the_source_does_not_define():
+    assert schema_problems("megatron", ["--tensor-model-parallel-size", "two"]) == [
+        "--tensor-model-parallel-size: int expected, given 'two'"]
+    assert schema_problems("megatron", ["--recompute-granularity", "some"])[0].startswith("--recompute-granularity: 'some' not one of")
+    assert schema_problems("torchtitan", {"parallelism": {"tensor_degree": 2}}) == ["parallelism.tensor_degree: not in the source"]
+
+
+@pytest.mark.parametrize("stack", list(EXPORTERS))
+def test_schema_files_name_their_source(stack):
+    data = schema(stack)
+    assert data["repository"].startswith("https://github.com/") and len(data["commit"]) == 40 and data["files"]
+    assert len(data["keys"]) > 100 and data["extracted_by"] == "python -m benchmarks.export_schemas"
+
+
+def test_megatron_export_sets_virtual_stages_recompute_and_the_distributed_optimizer():
+    layout = Layout(dp=2, tp=4, pp=4, micro_batch=1, interleave=2, schedule="interleaved", recompute="full", zero_stage=1,
+                    sequence_parallel=True, stack=STACKS["megatron-core"])
+    args = to_megatron(layout_plan("llama3-70b", layout, hardware="h100-sxm", global_batch=256))
+    value = lambda flag: args[args.index(flag) + 1]  # noqa: E731
+    assert (value("--tensor-model-parallel-size"), value("--pipeline-model-parallel-size")) == ("4", "4")
+    assert value("--num-layers-per-virtual-pipeline-stage") == "10"  # 80 layers over 4 stages × 2 chunks
+    assert value("--recompute-granularity") == "full" and "--use-distributed-optimizer" in args and "--sequence-parallel" in args
+    assert (value("--num-query-groups"), value("--global-batch-size")) == ("8", "256")
+
+
+def test_deepspeed_batch_sizes_multiply_and_torchtitan_degrees_cover_the_devices():
+    layout = Layout(dp=8, tp=4, micro_batch=2, zero_stage=3, recompute="selective-op", stack=STACKS["torchtitan"])
+    p = layout_plan("llama3-8b", layout, hardware="h100-sxm", global_batch=256)
+    ds = to_deepspeed(p)["config"]
+    assert ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 8 == ds["train_batch_size"] == 256
+    toml = to_torchtitan_toml(p)
+    assert "data_parallel_shard_degree = 8" in toml and "tensor_parallel_degree = 4" in toml and 'mode = "selective"' in toml
+
+
+def test_format_maxtext_plans_on_the_maxtext_stack_and_refuses_another(capsys):
+    assert main(["--model", "gpt2", "--mesh", "4", "--global-batch", "16", "--format", "json"]) == 0
+    assert '"name":"jax"' in capsys.readouterr().out.replace(" ", "")
+    assert main(["--model", "gpt2", "--mesh", "4", "--global-batch", "16", "--format", "maxtext"]) == 0
+    assert "ici_data_parallelism" in capsys.readouterr().out
+    assert main(["--model", "gpt2", "--mesh", "4", "--global-batch", "16", "--format", "maxtext", "--stack", "megatron-core"]) == 2
+    assert "--format maxtext exports a plan for maxtext, but --stack is megatron-core" in capsys.readouterr().err

@@ -1,12 +1,17 @@
 """Tests `planner/cli/html_report.py`: a self-contained page, and that a real browser renders it.
 
-The browser test needs Chromium (Debian: ``apt-get install -y chromium``); without it, it is skipped.
+Geometry is checked twice: from the SVG attributes (every bar, line and label, at the report's
+widest character, inside its SVG) and, with Chromium (Debian: ``apt-get install -y chromium``;
+without it those tests are skipped), from the bounding boxes the browser lays out, read back by
+a measuring script added to a copy of the page.
 """
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import matplotlib.image
 import numpy as np
@@ -16,7 +21,7 @@ from costmodel.hardware.machine import machine_for
 from costmodel.hardware.registry import load_hardware
 from costmodel.step.simulator import simulate
 from planner.api import plan
-from planner.cli.html_report import html_report
+from planner.cli.html_report import _CHAR_W, _TIME_PARTS, html_report
 
 _SECTIONS = ("Mesh", "Step time", "Memory per device", "Pipeline timeline", "Alternatives and why they lost")
 
@@ -27,6 +32,39 @@ def pipelined():
     assert p.layout.pp > 1  # the timeline has stages to draw
     events = simulate(p.model, p.train, p.layout, machine_for(load_hardware("h100-sxm")), keep_timeline=True).timeline
     return p, html_report(p, devices_per_node=8, timeline=events)
+
+
+@pytest.fixture(scope="module")
+def narrow():
+    """A two-device mesh (its grid narrower than its labels) and no timeline."""
+    return html_report(plan("gpt2", mesh="data=2", hardware="a100-80gb", global_batch=16), devices_per_node=8)
+
+
+def _svgs(page):
+    return [ET.fromstring(svg) for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S)]
+
+
+def test_every_bar_line_and_label_lies_inside_its_svg_by_its_attributes(pipelined, narrow):
+    for page in (pipelined[1], narrow):
+        for svg in _svgs(page):
+            width, height = float(svg.get("width")), float(svg.get("height"))
+            for el in svg:
+                if el.tag == "rect":
+                    right, bottom = float(el.get("x")) + float(el.get("width")), float(el.get("y")) + float(el.get("height"))
+                elif el.tag == "line":
+                    right, bottom = max(float(el.get("x1")), float(el.get("x2"))), max(float(el.get("y1")), float(el.get("y2")))
+                else:
+                    right, bottom = float(el.get("x")) + _CHAR_W * len(el.text), float(el.get("y"))
+                assert right <= width and bottom <= height, (svg.get("aria-label"), ET.tostring(el)[:120], width, height)
+
+
+def test_the_step_time_bar_spans_its_parts_in_proportion(pipelined):
+    p, page = pipelined
+    step_svg = _svgs(page.split("<h2>Step time")[1])[0]
+    rects = [(float(r.get("x")), float(r.get("width"))) for r in step_svg.iter("rect")]
+    assert sum(w for _, w in rects) == pytest.approx(max(x + w for x, w in rects) - rects[0][0], abs=0.5)
+    parts = [getattr(p.predicted.breakdown, field) for _, field, _ in _TIME_PARTS]
+    assert [w / sum(w for _, w in rects) for _, w in rects] == pytest.approx([v / sum(parts) for v in parts], abs=0.002)
 
 
 def test_page_is_self_contained(pipelined):
@@ -68,3 +106,36 @@ def test_chromium_renders_the_page(pipelined, tmp_path):
     non_white = (rgb < 0.95).any(axis=-1).mean()
     compute_blue = (np.abs(rgb - np.array([0x4E, 0x79, 0xA7]) / 255).max(axis=-1) < 0.02).sum()
     assert non_white > 0.05 and compute_blue > 1000  # drawn bars, not an empty or error page
+
+
+_MEASURE = """<script>
+const rows = [];
+document.querySelectorAll('svg').forEach((svg, i) => {
+  const box = svg.getBoundingClientRect();
+  svg.querySelectorAll('rect, text, line').forEach(el => {
+    const b = el.getBoundingClientRect();
+    rows.push({svg: i, tag: el.tagName, text: el.textContent.slice(0, 40), left: b.left - box.left, right: b.right - box.left,
+               top: b.top - box.top, bottom: b.bottom - box.top, width: box.width, height: box.height});
+  });
+});
+const out = document.createElement('pre');
+out.id = 'geometry';
+out.textContent = JSON.stringify(rows);
+document.body.appendChild(out);
+</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium: apt-get install -y chromium")
+@pytest.mark.parametrize("which", ["pipelined", "narrow"])
+def test_chromium_lays_out_every_bar_line_and_label_inside_its_svg(pipelined, narrow, which, tmp_path):
+    page = pipelined[1] if which == "pipelined" else narrow
+    html = tmp_path / "measured.html"
+    html.write_text(page.replace("</body>", _MEASURE + "</body>"))  # a copy: the report itself has no scripts
+    flags = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1800"]
+    dom = subprocess.run([*flags, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+    rows = json.loads(re.search(r"<pre id=\"geometry\">(.*?)</pre>", dom, flags=re.S).group(1).replace("&amp;", "&"))
+    assert len(rows) > 10 and {r["tag"] for r in rows} >= {"rect", "text"}
+    outside = [r for r in rows if r["left"] < -0.5 or r["top"] < -0.5 or r["right"] > r["width"] + 0.5
+               or r["bottom"] > r["height"] + 0.5]
+    assert not outside, outside[:5]

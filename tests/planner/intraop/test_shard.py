@@ -121,6 +121,46 @@ def test_exported_shardings_compile_and_run_a_training_step_on_8_devices():
     assert float(words[words.index("pinned") + 1]) == pytest.approx(float(words[words.index("loss") + 1]), rel=1e-4)
 
 
+_MESH_KINDS_SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+    from jax.sharding import AxisType, Mesh, NamedSharding
+    from planner.intraop.shard import shard
+    from validate.shard_check import check_shard
+
+    fn = lambda x, w: jnp.tanh(x @ w)
+    x, w = jax.ShapeDtypeStruct((64, 256), jnp.float32), jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+    values = (jnp.linspace(-1, 1, 64 * 256).reshape(64, 256), jnp.linspace(-1, 1, 256 * 1024).reshape(256, 1024))
+    expected = fn(*values)
+    meshes = {"make_mesh": jax.make_mesh((4, 2), ("data", "tensor")),  # Explicit axes, jax's default
+              "make_mesh_auto": jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2),
+              "mixed": jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(AxisType.Explicit, AxisType.Auto)),
+              "Mesh": Mesh(jax.devices()[:8], ("data",))}
+    for name, mesh in meshes.items():
+        result = shard(fn, x, w, mesh=mesh, hardware="a100-80gb", memory_budget_bytes=1e6)  # tight: split the weight
+        placed = jax.device_put(values, jax.tree.map(lambda s: NamedSharding(mesh, s), result.in_specs))
+        runs = [result.jit(fn, x, w, mesh=mesh)(*values), result.jit(fn, x, w, mesh=mesh)(*placed)]
+        with jax.set_mesh(mesh):
+            runs.append(result.jit(fn, x, w, mesh=mesh)(*placed))
+        check = check_shard(result, fn, x, w, mesh=mesh)
+        # Partial sums added in another order than the unsharded program's.
+        agree = all(out.sharding.spec == result.out_specs and jnp.allclose(out, expected, atol=1e-3) for out in runs)
+        print(name, mesh.axis_types[0].name, any(a is not None for a in jax.tree.leaves(result.in_specs)), agree,
+              check.compiled_matmul_flops * mesh.size == 2 * 64 * 256 * 1024)
+""")
+
+
+def test_the_result_runs_on_meshes_of_explicit_auto_and_mixed_axes_under_set_mesh_or_not():
+    # jax.make_mesh gives Explicit axes by default (jax 0.10), on which with_sharding_constraint refuses to pin.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    root = str(Path(__file__).resolve().parents[3])
+    done = subprocess.run([sys.executable, "-c", _MESH_KINDS_SCRIPT], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.strip().splitlines()}
+    assert rows["make_mesh"][0] == "Explicit" and rows["make_mesh_auto"][0] == "Auto"
+    assert set(rows) == {"make_mesh", "make_mesh_auto", "mixed", "Mesh"}
+    assert all(sharded == agree == flops == "True" for _, sharded, agree, flops in rows.values()), rows
+
+
 _T4_FP32_SCRIPT = textwrap.dedent("""
     import json, math
     import jax, jax.numpy as jnp

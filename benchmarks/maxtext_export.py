@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as tmp:
         for model, mesh in CASES:
-            p = plan(PlanRequest(model=model, mesh=mesh, hardware="h100-sxm", global_batch=256))
+            p = plan(PlanRequest(model=model, mesh=mesh, hardware="h100-sxm", global_batch=256, stack="maxtext"))
             export = to_maxtext(p)
             controls = {"unknown key refused": {**export, "axis0_parallelism": 2}}
             if "num_slices" in export:

@@ -72,14 +72,26 @@ def planned_batch(model: ModelConfig, *, seq_len: int, n_devices: int, tokens: f
     """
     assumed = tokens is None
     train_tokens = CHINCHILLA_TOKENS_PER_PARAM * model.total_params if assumed else tokens
-    compute = flops_per_token(model, seq_len) * train_tokens
+    length = f"{_sci(train_tokens)} tokens" + (": Chinchilla's 20 per parameter, --tokens sets it" if assumed else "")
+    return batch_at_compute(flops_per_token(model, seq_len) * train_tokens, seq_len=seq_len, n_devices=n_devices,
+                            source=length)
+
+
+def batch_at_compute(compute: float, *, seq_len: int, n_devices: int, source: str) -> BatchChoice:
+    """The rule's batch at a training compute of ``compute`` FLOPs, in sequences of ``seq_len``, a
+    multiple of ``n_devices`` (at least one per device); ``source`` says in the reason where
+    ``compute`` comes from.
+
+    >>> c = batch_at_compute(1e24, seq_len=2048, n_devices=1024, source="a budget")
+    >>> c.sequences, c.reason
+    (10240, "DeepSeek LLM's B = 0.292·C^0.3271 at C = 1e24 FLOPs (a budget): 10,103 sequences, rounded to 10 per device")
+    """
     rule_tokens = DEEPSEEK_BATCH_COEFFICIENT * compute ** DEEPSEEK_BATCH_EXPONENT
     per_device = round(rule_tokens / seq_len / n_devices)
     sequences = max(1, per_device) * n_devices
-    length = f"{_sci(train_tokens)} tokens" + (": Chinchilla's 20 per parameter, --tokens sets it" if assumed else "")
     rounding = ("raised to one per device" if per_device < 1
                 else f"rounded to {per_device:,} per device" if sequences != round(rule_tokens / seq_len) else "")
-    reason = (f"DeepSeek LLM's B = 0.292·C^0.3271 at C = {_sci(compute)} FLOPs ({length}): "
+    reason = (f"DeepSeek LLM's B = 0.292·C^0.3271 at C = {_sci(compute)} FLOPs ({source}): "
               f"{rule_tokens / seq_len:,.0f} sequences{', ' if rounding else ''}{rounding}")
     return BatchChoice(sequences=sequences, tokens=sequences * seq_len, given=False, rule_tokens=rule_tokens,
                        compute_flops=compute, reason=reason)

@@ -16,6 +16,14 @@ first over the family's hidden sizes (`planner.largest.family_model`), then over
 counts at the largest hidden size below the crossing, which moves ``N`` in steps of about
 one layer's parameters (about 1 % for Llama 3 70B's 80 layers). A model no layout fits
 counts as too big.
+
+Every size is planned with one global batch, so neighbouring sizes compare like with like (a
+batch that changed with the size would make the delivered tokens step between them and the
+bisection miss its crossing). Unless given, it is `plan`'s rule (`planner.batch`, DeepSeek LLM's
+``B = 0.292·C^0.3271``) evaluated once at the budget's own compute,
+``C = devices × peak × MFU_GUESS × seconds``. The guess only sets the batch: ``B`` grows as
+``C^0.33``, so a guess off by 2× moves it by 25 %; and C counts all the model's FLOPs where the
+rule's fit leaves out the embedding's (2 % of a 90 B Llama's; more for small models such as GPT-2).
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InfeasibleError, InvalidConfigError
+from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.train_config import Dtype
 from planner.api import plan
-from planner.batch import CHINCHILLA_TOKENS_PER_PARAM
-from planner.config import load_model
+from planner.batch import CHINCHILLA_TOKENS_PER_PARAM, BatchChoice, batch_at_compute, given_batch
+from planner.config import default_seq_len, load_model
 from planner.largest import FAMILIES, family_model
 from planner.plan_schema import Plan
 from planner.request import PlanRequest
@@ -36,6 +46,7 @@ from planner.request import PlanRequest
 RULE = "Chinchilla: D = 20·N tokens (Hoffmann et al. 2022), C = 6·N·D"
 _SECONDS_PER_DAY = 86_400
 _MAX_SCALE = 4  # as `plan largest`: hidden sizes up to 4× the family's largest published one
+MFU_GUESS = 0.40  # the budget's compute for the batch rule assumes it; the usual planning figure for a large dense run
 
 
 class BudgetProbe(BaseModel):
@@ -65,6 +76,7 @@ class BudgetResult(BaseModel):
     delivered_flops: float = Field(description="6·N × delivered_tokens: the compute the plan delivers in the budget.")
     model: ModelConfig = Field(description="The model's configuration.")
     plan: Plan = Field(description="Its plan on the devices (layout, predicted MFU, step time).")
+    batch: BatchChoice = Field(description="The global batch every size was planned with, and why.")
     probes: tuple[BudgetProbe, ...] = Field(description="Every size tried, in order.")
 
 
@@ -74,9 +86,7 @@ def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: flo
     """The family's compute-optimal model for ``days`` of ``devices`` × ``hardware``, with its plan.
 
     Args:
-      global_batch: sequences per step; default one per device, at least 256, the same for every
-        size tried (`plan`'s rule, `planner.batch`, would change it with the size and make the
-        delivered tokens step between neighbouring sizes).
+      global_batch: sequences per step, the same for every size tried; default `budget_batch`.
       time_limit_s: limit of each size's layout search.
       memory_reserve_gib: the runtime reserve a plan leaves free (`costmodel.hardware.reserve`); None: the part's.
 
@@ -89,6 +99,10 @@ def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: flo
     if not days > 0 or days == float("inf"):
         raise InvalidConfigError(f"--days={days} is not a positive number of days", fix="e.g. --days 30")
     seconds = days * _SECONDS_PER_DAY
+    anchors = [load_model(name) for name in FAMILIES[family]]
+    seq_len = seq_len or default_seq_len(anchors[0])
+    batch = (given_batch(global_batch, seq_len=seq_len) if global_batch
+             else budget_batch(devices=devices, hardware=hardware, days=days, seq_len=seq_len))
     probes: list[BudgetProbe] = []
     plans: dict[tuple[int, int], Plan | None] = {}
 
@@ -97,7 +111,7 @@ def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: flo
         if key not in plans:
             try:
                 plans[key] = plan(PlanRequest(model=cfg, devices=devices, hardware=hardware, seq_len=seq_len,
-                                              global_batch=global_batch or max(256, devices), time_limit_s=time_limit_s,
+                                              global_batch=batch.sequences, time_limit_s=time_limit_s,
                                               memory_reserve_gib=memory_reserve_gib))
             except InfeasibleError:
                 plans[key] = None
@@ -111,7 +125,6 @@ def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: flo
         p = planned(cfg)
         return p is not None and CHINCHILLA_TOKENS_PER_PARAM * cfg.total_params <= p.predicted.tokens_per_s * seconds
 
-    anchors = [load_model(name) for name in FAMILIES[family]]
     step = 8 * anchors[0].head_dim
     hidden_sizes = list(range(step, _MAX_SCALE * anchors[-1].hidden_size + 1, step))
     by_hidden = [lambda d=d: family_model(family, d) for d in hidden_sizes]
@@ -133,7 +146,21 @@ def compute_optimal_model(*, devices: int, hardware: str = "h100-sxm", days: flo
     return BudgetResult(rule=RULE, tokens_per_param=CHINCHILLA_TOKENS_PER_PARAM, days=days, params=n,
                         tokens=CHINCHILLA_TOKENS_PER_PARAM * n, compute_flops=6 * n * CHINCHILLA_TOKENS_PER_PARAM * n,
                         delivered_tokens=delivered, delivered_flops=6 * n * delivered, model=cfg, plan=chosen,
-                        probes=tuple(probes))
+                        batch=batch, probes=tuple(probes))
+
+
+def budget_batch(*, devices: int, hardware: str, days: float, seq_len: int) -> BatchChoice:
+    """`plan`'s batch rule (`planner.batch`) at the budget's compute, ``devices`` × the part's
+    bf16 peak × `MFU_GUESS` × the days' seconds: the batch every size of the search is planned with.
+
+    >>> b = budget_batch(devices=1024, hardware="h100-sxm", days=30, seq_len=2048)
+    >>> b.sequences, b.reason.split(": ")[0]
+    (10240, "DeepSeek LLM's B = 0.292·C^0.3271 at C = 1.1e24 FLOPs (1024 × 989 TFLOP/s × MFU 40 % guessed × 30 days)")
+    """
+    peak = load_hardware(hardware).device.peak_for(Dtype.BF16.value)
+    compute = devices * peak * MFU_GUESS * days * _SECONDS_PER_DAY
+    source = f"{devices} × {peak / 1e12:,.0f} TFLOP/s × MFU {100 * MFU_GUESS:.0f} % guessed × {days:g} days"
+    return batch_at_compute(compute, seq_len=seq_len, n_devices=devices, source=source)
 
 
 def _with_layers(cfg: ModelConfig, family: str, num_layers: int) -> ModelConfig:

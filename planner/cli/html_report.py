@@ -1,8 +1,10 @@
 """`plan --format html`: one self-contained HTML page (inline CSS and SVG, no scripts, no links).
 
 The mesh (devices coloured by node, what each axis carries, which links it crosses), the
-step-time breakdown, memory per device as stacked bars against HBM, the pipeline timeline
-and the alternatives with why they lost.
+step-time breakdown, memory per device as stacked bars against the limit a plan must fit in
+(usable memory less the runtime reserve), the pipeline timeline and the alternatives with why
+they lost. The header names a training plan's terms (micro-batch, recompute, ZeRO) and a serving
+plan's (latencies, replicas, the workload), as the text summary does.
 
 >>> from planner.api import plan
 >>> page = html_report(plan("gpt2", mesh="2x2", hardware="a100-80gb", global_batch=16), devices_per_node=8)
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 from html import escape
 
+from costmodel.inputs.layout import Layout
 from costmodel.step.schedules import TimelineEvent
+from planner.cli.tables import workload_label
 from planner.plan_schema import Plan
 
 _GIB = 2**30
@@ -22,7 +26,7 @@ _MAX_DRAWN_DEVICES = 512  # beyond this the grid is a blur: the axis table says 
 _MAX_EVENTS = 4000
 _SVG_W = 900  # pixels of a bar chart's drawing
 _LABEL_W = 240  # pixels left of every bar, for its label
-_VALUE_W = 100  # pixels right of the longest bar, for its value and the HBM line's label
+_VALUE_W = 100  # pixels right of the longest bar, for its value
 _BAR_W = _SVG_W - _LABEL_W - _VALUE_W  # the longest bar: every bar and label stays inside its SVG
 _CHAR_W = 7  # pixels a character of the 11 px SVG font takes at most, on average over a label
 _TIME_PARTS = (("compute", "compute_s", "#4e79a7"), ("memory-bound", "memory_bound_s", "#59a14f"),
@@ -32,7 +36,7 @@ _TIME_PARTS = (("compute", "compute_s", "#4e79a7"), ("memory-bound", "memory_bou
                ("offload: CPU Adam", "cpu_optimizer_s", "#ff9da7"))
 _MEMORY_PARTS = (("parameters", "params_bytes", "#4e79a7"), ("gradients", "grads_bytes", "#f28e2b"),
                  ("optimizer state", "optimizer_bytes", "#b07aa1"), ("activations", "activations_bytes", "#59a14f"),
-                 ("temporary", "temporary_bytes", "#bab0ac"))
+                 ("temporary", "temporary_bytes", "#bab0ac"), ("KV cache", "kv_cache_bytes", "#76b7b2"))
 _NODE_COLOURS = ("#dbe9f6", "#fde2c8", "#d9f0d3", "#f6d5e5", "#e6e0f3", "#fff3bf", "#d0f0ef", "#eeeeee")
 _CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -43,17 +47,32 @@ svg text{font:11px system-ui,sans-serif}"""
 
 def html_report(plan: Plan, *, devices_per_node: int, timeline: tuple[TimelineEvent, ...] = ()) -> str:
     """The page for ``plan``; ``timeline`` from ``simulate(..., keep_timeline=True)`` draws the pipeline."""
+    head = _training_head(plan) if plan.train.workload.runs_backward else _serving_head(plan)
+    body = "".join((f"<h1>{escape(plan.model.name)} on {plan.layout.n_devices}× {escape(plan.hardware)}</h1>", head,
+                    _mesh(plan, devices_per_node), _step_time(plan), _memory(plan), _pipeline(plan, timeline),
+                    _alternatives(plan)))
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Plan: {escape(plan.model.name)}</title>"
+            f"<style>{_CSS}</style></head><body>{body}</body></html>\n")
+
+
+def _training_head(plan: Plan) -> str:
+    """The step's figures and the layout's training terms."""
     est, lay = plan.predicted, plan.layout
-    head = (f"<h1>{escape(plan.model.name)} on {lay.n_devices}× {escape(plan.hardware)}</h1>"
-            f"<p class='big'>step time <b>{est.step_time_s:.3f} s</b> · MFU <b>{est.mfu:.1%}</b> · "
+    return (f"<p class='big'>step time <b>{est.step_time_s:.3f} s</b> · MFU <b>{est.mfu:.1%}</b> · "
             f"{est.tokens_per_s:,.0f} tokens/s</p><p class='muted'>dp {lay.dp} · tp {lay.tp} · pp {lay.pp} "
             f"(interleave {lay.interleave}) · cp {lay.cp} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
             f"ZeRO {lay.zero_stage}{' · sequence parallel' if lay.sequence_parallel else ''} · "
             f"global batch {plan.train.global_batch} × {plan.train.seq_len} tokens · planner {escape(plan.solver.planner)}</p>")
-    body = "".join((head, _mesh(plan, devices_per_node), _step_time(plan), _memory(plan), _pipeline(plan, timeline),
-                    _alternatives(plan)))
-    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Plan: {escape(plan.model.name)}</title>"
-            f"<style>{_CSS}</style></head><body>{body}</body></html>\n")
+
+
+def _serving_head(plan: Plan) -> str:
+    """The latencies, the replicas and the workload: a serving plan has no micro-batch, recompute or ZeRO to show."""
+    est, lay = plan.predicted, plan.layout
+    why = f"<p class='muted'>why this layout: {escape(plan.solver.objective)}</p>" if plan.solver.objective else ""
+    return (f"<p class='big'>time per output token <b>{est.time_per_output_token_s * 1e3:.2f} ms</b> · time to first token "
+            f"<b>{est.time_to_first_token_s * 1e3:.1f} ms</b> · {est.tokens_per_s:,.0f} tokens/s</p><p class='muted'>dp {lay.dp} · "
+            f"tp {lay.tp} · pp {lay.pp} · {lay.dp} replica(s) of {lay.tp * lay.pp} device(s) · "
+            f"{escape(workload_label(plan.train))} · planner {escape(plan.solver.planner)}</p>{why}")
 
 
 def _key(parts: tuple[tuple[str, str, str], ...]) -> str:
@@ -110,19 +129,24 @@ def _step_time(plan: Plan) -> str:
 
 
 def _memory(plan: Plan) -> str:
+    """Stacked bars per device against the planner's fit limit, usable memory less the runtime reserve (none drawn when the
+    part's memory is unknown)."""
     mem = plan.predicted.memory
-    hbm = mem.hbm_bytes or mem.total_bytes
+    limit = None if mem.hbm_bytes is None else (mem.hbm_bytes - mem.reserve_bytes) / _GIB
     bars = [("chosen plan", [(n, getattr(mem, f) / _GIB, c) for n, f, c in _MEMORY_PARTS])]
-    bars += [(_layout_name(a.layout), [("total", a.memory_bytes / _GIB, "#9ab")]) for a in plan.alternatives]
-    scale = max([hbm / _GIB] + [sum(v for _, v, _ in parts) for _, parts in bars])
+    bars += [(_layout_name(plan, a.layout), [("total", a.memory_bytes / _GIB, "#9ab")]) for a in plan.alternatives]
+    scale = max([limit or 0.0] + [sum(v for _, v, _ in parts) for _, parts in bars]) or 1.0
     width, svg = _BAR_W, []
     for i, (label, parts) in enumerate(bars):
         svg.append(_hbar(parts, scale, width, 6 + 26 * i, label, "GiB"))
         svg.append(f"<text x='{_LABEL_W + 6 + width * sum(v for _, v, _ in parts) / scale:.1f}' y='{21 + 26 * i}'>"
                    f"{sum(v for _, v, _ in parts):.1f} GiB</text>")
-    x_hbm = _LABEL_W + width * (hbm / _GIB) / scale
-    svg.append(f"<line x1='{x_hbm:.1f}' x2='{x_hbm:.1f}' y1='0' y2='{10 + 26 * len(bars)}' stroke='#c00' stroke-dasharray='4 3'/>"
-               f"<text x='{x_hbm + 3:.1f}' y='{22 + 26 * len(bars)}' fill='#c00'>HBM {hbm / _GIB:.0f} GiB</text>")
+    if limit is not None:
+        x_limit = _LABEL_W + width * limit / scale
+        text = f"fit limit {mem.limit_text()}"
+        x_text = min(x_limit + 3, _SVG_W - _CHAR_W * len(text))  # a long label moves left of the line rather than out of the SVG
+        svg.append(f"<line x1='{x_limit:.1f}' x2='{x_limit:.1f}' y1='0' y2='{10 + 26 * len(bars)}' stroke='#c00' "
+                   f"stroke-dasharray='4 3'/><text x='{x_text:.1f}' y='{22 + 26 * len(bars)}' fill='#c00'>{escape(text)}</text>")
     return (f"<h2>Memory per device</h2>{_key(_MEMORY_PARTS)}"
             f"<svg width='{_SVG_W}' height='{30 + 26 * len(bars)}'>{''.join(svg)}</svg>")
 
@@ -149,12 +173,22 @@ def _pipeline(plan: Plan, events: tuple[TimelineEvent, ...]) -> str:
             f"<svg width='860' height='{24 + lay.pp * row}'>{''.join(rects)}</svg>")
 
 
-def _layout_name(lay) -> str:
-    return f"dp{lay.dp} tp{lay.tp} pp{lay.pp} v{lay.interleave} mb{lay.micro_batch} {lay.recompute} z{lay.zero_stage}"
+def _layout_name(plan: Plan, lay: Layout) -> str:
+    """A layout in one line: its training terms for a training plan, its degrees alone for a serving one."""
+    degrees = f"dp{lay.dp} tp{lay.tp} pp{lay.pp}"
+    if not plan.train.workload.runs_backward:
+        return degrees
+    return f"{degrees} v{lay.interleave} mb{lay.micro_batch} {lay.recompute} z{lay.zero_stage}"
 
 
 def _alternatives(plan: Plan) -> str:
-    rows = "".join(f"<tr><td>{_layout_name(a.layout)}</td><td>{a.step_time_s:.3f} s</td><td>{a.memory_bytes / _GIB:.1f} GiB"
-                   f"</td><td>{escape(a.why)}</td></tr>" for a in plan.alternatives)
-    return ("<h2>Alternatives and why they lost</h2><table><tr><th>layout</th><th>step time</th><th>memory</th>"
-            f"<th>why not</th></tr>{rows or '<tr><td colspan=4>none costed</td></tr>'}</table>")
+    """The runners-up, timed as the text summary times them: seconds per training step, milliseconds when serving."""
+    workload = plan.train.workload
+    rows = "".join(f"<tr><td>{_layout_name(plan, a.layout)}</td><td>{_duration(a.step_time_s, training=workload.runs_backward)}"
+                   f"</td><td>{a.memory_bytes / _GIB:.1f} GiB</td><td>{escape(a.why)}</td></tr>" for a in plan.alternatives)
+    return (f"<h2>Alternatives and why they lost</h2><table><tr><th>layout</th><th>{workload.step_time_label}</th>"
+            f"<th>memory</th><th>why not</th></tr>{rows or '<tr><td colspan=4>none costed</td></tr>'}</table>")
+
+
+def _duration(seconds: float, *, training: bool) -> str:
+    return f"{seconds:.3f} s" if training else f"{seconds * 1e3:.2f} ms"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from planner.budget import compute_optimal_model
+from planner.budget import MFU_GUESS, compute_optimal_model
 from planner.cli.commands.arg_types import add_memory_reserve_argument, positive_float, positive_int
 from planner.largest import FAMILIES
 
@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--days", type=positive_float, required=True, help="days of training steps the budget buys, e.g. 30")
     parser.add_argument("--family", choices=sorted(FAMILIES), default="llama", help="model family to scale (default llama)")
     parser.add_argument("--seq-len", type=positive_int, help="tokens per sequence (default 2048, or the family's learned positions)")
-    parser.add_argument("--global-batch", type=positive_int, help="sequences per step (default one per device, at least 256)")
+    parser.add_argument("--global-batch", type=positive_int,
+                        help="sequences per step, the same for every size tried (default: DeepSeek LLM's batch rule at the "
+                             f"budget's compute, devices × peak × {100 * MFU_GUESS:.0f} %% MFU × days; the batch line says why)")
     parser.add_argument("--search-time-limit-s", type=positive_float, default=5.0,
                         help="limit of each size's layout search (default 5); --time-limit-s bounds the whole command")
     parser.add_argument("--json", action="store_true", help="print params, tokens, model, layout, predicted, rule as JSON")
@@ -32,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"params": r.params, "tokens": r.tokens, "rule": r.rule, "tokens_per_param": r.tokens_per_param,
                           "days": r.days, "compute_flops": r.compute_flops, "delivered_tokens": r.delivered_tokens,
-                          "delivered_flops": r.delivered_flops, "model": r.model.model_dump(mode="json"),
+                          "delivered_flops": r.delivered_flops, "batch": r.batch.model_dump(mode="json"),
+                          "model": r.model.model_dump(mode="json"),
                           "layout": lay.model_dump(mode="json"), "mesh": [a.model_dump(mode="json") for a in r.plan.mesh],
                           "predicted": est.model_dump(mode="json"), "probes": [p.model_dump(mode="json") for p in r.probes]}))
         return 0
@@ -44,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"delivered: {est.tokens_per_s:,.0f} tokens/s × {args.days:g} days = {r.delivered_tokens / 1e12:.3g} T tokens, "
           f"6·N × that = {r.delivered_flops:.3e} FLOPs ({100 * (r.compute_flops / r.delivered_flops - 1):+.1f} % from the rule's)")
     print(f"plan: dp{lay.dp} tp{lay.tp} pp{lay.pp} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · ZeRO "
-          f"{lay.zero_stage} · global batch {r.plan.train.global_batch} × {r.plan.train.seq_len} · step {est.step_time_s:.3f} s · "
-          f"MFU {est.mfu:.1%}   ({len(r.probes)} sizes planned)")
+          f"{lay.zero_stage} · step {est.step_time_s:.3f} s · MFU {est.mfu:.1%}   ({len(r.probes)} sizes planned)")
+    print(f"batch: {r.batch.sequences:,} × {r.plan.train.seq_len} = {r.batch.tokens / 1e6:,.3g} M tokens for every size   "
+          f"({r.batch.reason})")
     return 0

@@ -43,7 +43,7 @@ FILES = {
 }
 NATIVE_FIELDS = ("name, hidden_size, num_layers, num_heads, num_kv_heads, head_dim, ffn_size, vocab_size, max_position_embeddings, "
                  "norm, norm_eps, mlp, positions, rope_theta, tie_embeddings, qkv_bias, out_bias, mlp_bias, num_experts, "
-                 "experts_per_token, moe_ffn_size, shared_expert_ffn_size")
+                 "experts_per_token, moe_ffn_size, shared_expert_ffn_size, rope_scaling, sliding_window")
 PRESETS = ("gpt2, gpt2-large, gpt2-medium, gpt2-xl, llama2-13b, llama2-70b, llama2-7b, llama3-405b, llama3-70b, llama3-8b, "
            "megatron-gpt-1.7b, megatron-gpt-1008b, megatron-gpt-145.6b, megatron-gpt-175b, megatron-gpt-18.4b, megatron-gpt-1t, "
            "megatron-gpt-22b, megatron-gpt-3.6b, megatron-gpt-310.1b, megatron-gpt-39.1b, megatron-gpt-529.6b, megatron-gpt-530b, "
@@ -130,12 +130,12 @@ CATALOG = [
      "unknown planner 'milp'; fix: use one of grid, ilp, anneal, beam, random"),
     # flags
     ("usage error", ["--model", "gpt2", "--mesh", "2", "--format", "yaml"], 2,
-     "argument --format: invalid choice: 'yaml' (choose from 'summary', 'json', 'specs', 'maxtext', 'flax', 'markdown', 'html'); "
-     "fix: see `plan layout --help`"),
+     "argument --format: invalid choice: 'yaml' (choose from 'summary', 'json', 'specs', 'maxtext', 'megatron', 'deepspeed', "
+     "'torchtitan', 'flax', 'markdown', 'html'); fix: see `plan layout --help`"),
     ("bad flag value", ["--model", "gpt2", "--mesh", "2", "--global-batch", "0"], 2,
      "argument --global-batch: '0' is not a positive whole number; fix: give a whole number of at least 1, e.g. 8"),
     ("sequence too long", ["--model", "gpt2", "--mesh", "2", "--seq-len", "4096"], 2,
-     "seq_len=4096 exceeds gpt2's 1024 learned positions; fix: use --seq-len 1024 or less"),
+     "seq_len=4096 exceeds gpt2's 1024 positions (max_position_embeddings); fix: use --seq-len 1024 or less"),
     ("time limit not positive", ["--model", "gpt2", "--mesh", "2", "--time-limit-s", "0"], 2,
      "argument --time-limit-s: '0' is not a finite positive number; fix: give a number above 0, e.g. 0.5 or 15e12"),
     ("output exists", ["--model", "gpt2", "--mesh", "2", "--out", "{tmp}/mine.json"], 2,
@@ -160,7 +160,7 @@ CATALOG = [
      "argument --devices: '0' is not a positive whole number; fix: give a whole number of at least 1, e.g. 8"),
     ("too many devices", ["--model", "gpt2", "--mesh", "65536x65536"], 2,
      "4,294,967,296 devices exceed the 16,777,216 this planner supports; fix: plan one replica group and scale data parallelism by hand"),
-    ("mesh carries no consistent layout", ["--model", "llama3-70b", "--mesh", "256x256"], 4,
+    ("mesh carries no consistent layout", ["--model", "llama3-70b", "--mesh", "256x256", "--global-batch", "256"], 4,
      "no layout of llama3-70b on 65536 devices is consistent: ZeRO without data parallelism (288), global_batch=N is not divisible by "
      "dp·micro_batch = N·N (36), interleaving needs pp > 1 and micro-batches "
      "divisible by pp (342), tensor parallel across nodes (48), uneven stages are not lowered as planned yet (150); fix: use a mesh or "

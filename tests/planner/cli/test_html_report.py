@@ -35,6 +35,13 @@ def pipelined():
 
 
 @pytest.fixture(scope="module")
+def serving():
+    """A decode plan: serving terms in the header, a KV cache in the memory bar."""
+    p = plan("llama3-70b", devices=8, hardware="h100-sxm", workload="decode", global_batch=1, seq_len=4096)
+    return p, html_report(p, devices_per_node=8)
+
+
+@pytest.fixture(scope="module")
 def narrow():
     """A two-device mesh (its grid narrower than its labels) and no timeline."""
     return html_report(plan("gpt2", mesh="data=2", hardware="a100-80gb", global_batch=16), devices_per_node=8)
@@ -44,8 +51,8 @@ def _svgs(page):
     return [ET.fromstring(svg) for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S)]
 
 
-def test_every_bar_line_and_label_lies_inside_its_svg_by_its_attributes(pipelined, narrow):
-    for page in (pipelined[1], narrow):
+def test_every_bar_line_and_label_lies_inside_its_svg_by_its_attributes(pipelined, narrow, serving):
+    for page in (pipelined[1], narrow, serving[1]):
         for svg in _svgs(page):
             width, height = float(svg.get("width")), float(svg.get("height"))
             for el in svg:
@@ -67,6 +74,34 @@ def test_the_step_time_bar_spans_its_parts_in_proportion(pipelined):
     assert [w / sum(w for _, w in rects) for _, w in rects] == pytest.approx([v / sum(parts) for v in parts], abs=0.002)
 
 
+def test_the_memory_line_is_drawn_at_the_planners_fit_limit_usable_less_reserve(pipelined, serving):
+    for p, page in (pipelined, serving):
+        mem = p.predicted.memory
+        memory_svg = _svgs(page.split("<h2>Memory per device")[1])[0]
+        bars = [r for r in memory_svg.iter("rect")]
+        line = next(memory_svg.iter("line"))
+        # The bars' scale: the chosen plan's stacked parts span its total.
+        chosen = [r for r in bars if float(r.get("y")) == float(bars[0].get("y"))]
+        px_per_gib = sum(float(r.get("width")) for r in chosen) / (mem.total_bytes / 2**30)
+        limit_gib = (mem.hbm_bytes - mem.reserve_bytes) / 2**30
+        assert mem.reserve_bytes > 0
+        assert float(line.get("x1")) == pytest.approx(240 + px_per_gib * limit_gib, abs=1)  # each width drawn to 0.1 px
+        assert any(t.text == f"fit limit {mem.limit_text()}" for t in memory_svg.iter("text"))
+
+
+def test_a_serving_page_shows_serving_terms_only(serving):
+    p, page = serving
+    head = page.split("<h2>")[0]
+    assert f"time per output token <b>{p.predicted.time_per_output_token_s * 1e3:.2f} ms</b>" in head
+    assert "time to first token" in head and "replica(s) of" in head and "decode: batch 1, context 4096" in head
+    assert "why this layout" in head
+    for training_term in ("micro-batch", "recompute", "ZeRO", "MFU", "global batch", "interleave"):
+        assert training_term not in head
+    alternatives = page.split("<h2>Alternatives")[1]
+    assert p.alternatives and not re.search(r"\bmb\d| z\d", alternatives)
+    assert "KV cache" in page.split("<h2>Memory per device")[1]
+
+
 def test_page_is_self_contained(pipelined):
     _, page = pipelined
     assert not re.search(r"(?i)<script|<link|<img|<iframe|\bsrc=|url\(|@import|https?://", page)
@@ -76,7 +111,7 @@ def test_page_has_every_section_and_the_numbers(pipelined):
     p, page = pipelined
     for title in _SECTIONS:
         assert f"<h2>{title}" in page
-    assert f"{p.predicted.step_time_s:.3f} s" in page and "HBM 80 GiB" in page
+    assert f"{p.predicted.step_time_s:.3f} s" in page and "fit limit 75.7 GiB (79.6 usable − 4.0 reserved)" in page
     assert page.count("<rect") >= p.layout.n_devices + len(p.alternatives)
     assert all(f"{a.step_time_s:.3f} s" in page for a in p.alternatives)
 
@@ -126,9 +161,9 @@ document.body.appendChild(out);
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium: apt-get install -y chromium")
-@pytest.mark.parametrize("which", ["pipelined", "narrow"])
-def test_chromium_lays_out_every_bar_line_and_label_inside_its_svg(pipelined, narrow, which, tmp_path):
-    page = pipelined[1] if which == "pipelined" else narrow
+@pytest.mark.parametrize("which", ["pipelined", "narrow", "serving"])
+def test_chromium_lays_out_every_bar_line_and_label_inside_its_svg(pipelined, narrow, serving, which, tmp_path):
+    page = {"pipelined": pipelined[1], "narrow": narrow, "serving": serving[1]}[which]
     html = tmp_path / "measured.html"
     html.write_text(page.replace("</body>", _MEASURE + "</body>"))  # a copy: the report itself has no scripts
     flags = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

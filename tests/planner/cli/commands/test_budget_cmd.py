@@ -10,7 +10,8 @@ from planner.cli.main import main
 def test_1024_h100_for_30_days_meets_the_rule_within_5_percent_of_the_delivered_flops(capsys):
     code = main(["budget", "--devices", "1024", "--hardware", "h100-sxm", "--days", "30", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code == 0 and {"params", "tokens", "model", "layout", "predicted"} <= out.keys()
+    assert code == 0 and {"params", "tokens", "model", "layout", "predicted", "batch"} <= out.keys()
+    assert out["batch"]["sequences"] % 1024 == 0 and out["batch"]["sequences"] > 1024  # the rule's, not one per device
     n, d = out["params"], out["tokens"]
     assert d / n == 20 and "Chinchilla" in out["rule"]
     # Delivered: the plan's tokens/s over 30 days of seconds, 6 FLOPs per parameter per token.
@@ -25,6 +26,7 @@ def test_summary_names_the_rule_and_the_plan(capsys):
     code = main(["budget", "--devices", "8", "--hardware", "a100-80gb", "--days", "0.05", "--family", "gpt2"])
     out = capsys.readouterr().out
     assert code == 0 and "D/N = 20" in out and "MFU" in out and "delivered" in out
+    assert "batch: " in out and "DeepSeek LLM's B = 0.292·C^0.3271" in out and "guessed" in out
 
 
 def test_negative_days_exit_2_with_one_line(capsys):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import multiprocessing
 import statistics
 import sys
 from collections import defaultdict
@@ -101,7 +102,8 @@ def grid_points(start: dict[str, float], free: list[str]) -> list[dict[str, floa
 
 def error_table(rows: list[dict[str, str]], points: list[dict[str, float]], *, workers: int | None = None) -> np.ndarray:
     """Signed error (%) of every row (columns) at every grid point (rows), simulated in parallel."""
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # Spawned, not forked: the measured path has imported JAX, whose threads a fork would copy mid-lock.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         return np.array(list(pool.map(errors_pct, itertools.repeat(rows), points, chunksize=64)))
 
 

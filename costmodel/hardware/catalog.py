@@ -34,6 +34,19 @@ NVLINK4 = LinkSpec(name="nvlink4", bytes_per_s=450 * GB, latency_s=1e-6, efficie
 PCIE3 = LinkSpec(name="pcie3-x16", bytes_per_s=16 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 3.0 x16: 15.75 GB/s per direction")
 PCIE4 = LinkSpec(name="pcie4-x16", bytes_per_s=32 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 4.0 x16: 31.5 GB/s per direction")
 PCIE5 = LinkSpec(name="pcie5-x16", bytes_per_s=64 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 5.0 x16: 63 GB/s per direction")
+# Blackwell's NVLink and AMD's Infinity Fabric have no nccl-tests/rccl-tests figures here: their
+# efficiency is NVLink4's, an assumption.
+NVLINK5 = LinkSpec(name="nvlink5", bytes_per_s=900 * GB, latency_s=1e-6, efficiency=0.8,
+                   source="B200/GB200: 1.8 TB/s bidirectional NVLink5 per GPU through NVLink switches (NVIDIA DGX B200 "
+                          "User Guide, 'Hardware Overview': 2× NVLink5 switches, 14.4 TB/s aggregate for 8 GPUs; GB200 NVL72 "
+                          "datasheet: 130 TB/s for 72 GPUs); efficiency assumed as NVLink4's")
+XGMI_MI300 = LinkSpec(name="xgmi-mi300", bytes_per_s=448 * GB, latency_s=2e-6, efficiency=0.8,
+                      source="MI300X/MI325X: 7 AMD Infinity Fabric (xGMI) links per GPU, 128 GB/s bidirectional each, one to "
+                             "each peer of the 8-GPU platform, 896 GB/s aggregate bidirectional (AMD Instinct MI300X and MI325X "
+                             "datasheets, amd.com): 448 GB/s per direction over all 7, what a group of 8 reaches; a group of 2 "
+                             "has one link (64 GB/s per direction), not modelled; efficiency and latency assumed")
+NVLINK3_BRIDGE_A6000 = LinkSpec(name="nvlink3-bridge-a6000", bytes_per_s=56.25 * GB, latency_s=1e-6, efficiency=0.77,
+                                source="RTX A6000 datasheet: NVLink 2-way bridge, 112.5 GB/s bidirectional; efficiency as NVLink3")
 LOOPBACK = LinkSpec(name="shared-memory", bytes_per_s=5 * GB, latency_s=20e-6, efficiency=0.5,
                     source="emulated devices on one host: copies through shared DRAM (placeholder, to calibrate)")
 
@@ -60,6 +73,20 @@ IB_EDR = _one_nic_per_gpu("ib-edr100", 100, "InfiniBand EDR 100 Gb/s NIC per GPU
 IB_HDR = _one_nic_per_gpu("ib-hdr200", 200, "DGX A100: 8× Mellanox ConnectX-6 HDR 200 Gb/s, one per GPU (DGX A100 user guide)")
 IB_NDR = _one_nic_per_gpu("ib-ndr400", 400, "DGX H100: 8× ConnectX-7 NDR 400 Gb/s, one per GPU (DGX H100 user guide); "
                                             "torchtitan runs: 400 Gb/s RDMA per GPU")
+DGX_B200_NETWORK = _one_nic_per_gpu("ib-ndr400", 400, "NVIDIA DGX B200 User Guide: 4 OSFP ports for 8× ConnectX-7 single-port "
+                                                        "cards, InfiniBand up to 400 Gb/s, one per GPU")
+GB200_NVL72_NETWORK = InterNodeFabric(
+    name="ib-ndr400", nics_per_node=72, nic_gbit_per_s=400, rail_optimized=True, latency_s=5e-6, efficiency=0.9,
+    source="GB200 NVL72: one ConnectX-7 400 Gb/s InfiniBand NIC per GPU, 4 per compute tray of 4 GPUs (NVIDIA DGX GB200 "
+           "datasheet: 72 OSFP single-port ConnectX-7; MLPerf Inference v6.1 GB200-NVL72 system descriptions: 4 NICs per "
+           "4-GPU tray); rail-optimised and non-blocking as NVIDIA's DGX SuperPOD reference architectures are (assumed)")
+# AMD's 8-GPU platforms as clouds run them: one 400 Gb/s NIC per GPU (Azure ND MI300X v5: 8× 400 Gb/s
+# InfiniBand per VM, 3.2 Tb/s); rail-optimised assumed.
+MI300_NETWORK = _one_nic_per_gpu("ib-ndr400", 400, "one 400 Gb/s InfiniBand NIC per GPU, as Azure's ND MI300X v5 VMs have "
+                                                   "(8× 400 Gb/s per 8 GPUs); rail-optimised and non-blocking assumed")
+ETH_400 = InterNodeFabric(name="eth-400g", nics_per_node=1, nic_gbit_per_s=400, rail_optimized=False, latency_s=20e-6,
+                          efficiency=0.8, source="400 Gb/s per node, shared by its GPUs (AWS EC2 g6e.48xlarge: 400 Gbps EFA "
+                                                 "networking for 8× L40S)")
 ETH_100 = InterNodeFabric(name="eth-100g", nics_per_node=1, nic_gbit_per_s=100, rail_optimized=False, latency_s=20e-6,
                           efficiency=0.8, source="100 GbE per node, shared by its GPUs")
 
@@ -87,6 +114,19 @@ DGX_H100_HOST = HostSpec(memory_bytes_per_node=2e12, cpu_cores_per_node=112, dra
 DGX2_HOST = HostSpec(memory_bytes_per_node=1.5e12, cpu_cores_per_node=48, dram_bytes_per_s_per_node=256 * GB, link=PCIE3,
                      source="DGX-2 datasheet: 1.5 TB system memory, 2× Intel Xeon Platinum 8168 (48 cores), 6 channels "
                             "DDR4-2666 per socket (256 GB/s); the ZeRO-Offload paper's machine")
+DGX_B200_HOST = HostSpec(memory_bytes_per_node=2e12, cpu_cores_per_node=112, dram_bytes_per_s_per_node=716.8 * GB, link=PCIE5,
+                         source="NVIDIA DGX B200 User Guide, 'Hardware Overview': 2 TB system memory (32 DIMMs), 2× Intel Xeon "
+                                "Platinum 8570, 56 cores each; 8 channels DDR5-5600 per socket (716.8 GB/s; Intel's figure for "
+                                "the 8570, two DIMMs per channel may run slower: assumed at full speed); PCIe Gen5 to each GPU")
+# A GB200 superchip is one Grace CPU (72 cores, up to 480 GB LPDDR5X at up to 512 GB/s) and two B200
+# GPUs on NVLink-C2C (900 GB/s bidirectional per superchip); the NVL72 has 36.
+_C2C_SHARED = LinkSpec(name="nvlink-c2c", bytes_per_s=225 * GB, latency_s=1e-6, efficiency=0.8,
+                       source="GB200 NVL72 datasheet: NVLink-C2C 900 GB/s bidirectional per superchip, assumed shared by its "
+                              "two GPUs (225 GB/s each per direction); efficiency assumed as NVLink's")
+GB200_NVL72_HOST = HostSpec(memory_bytes_per_node=36 * 480 * GB, cpu_cores_per_node=36 * 72,
+                            dram_bytes_per_s_per_node=36 * 512 * GB, link=_C2C_SHARED,
+                            source="GB200 NVL72 datasheet (nvidia.com/en-us/data-center/gb200-nvl72): 36 Grace CPUs, 2,592 Arm "
+                                   "Neoverse V2 cores, up to 17 TB LPDDR5X at up to 18.4 TB/s (36 × 480 GB, 36 × 512 GB/s)")
 
 
 # --- devices -----------------------------------------------------------------------------
@@ -188,6 +228,84 @@ T4 = _gpu("t4", peaks={"float32": 8.1, "float16": 65, "int8": 130}, hbm_gib=16, 
           source="NVIDIA T4 datasheet (GDDR6)", usable_mib=15360, usable_source=_MODAL_SMI)
 
 
+
+# --- the 2026 parts (issue 40). Peaks are dense: NVIDIA's and AMD's tables give the 2:4-sparse figure
+# first or only ("with sparsity" footnotes); these are half of it. fp4 ("float4_e2m1fn", NVFP4/MXFP4
+# GEMMs) is listed where published, but no --precision runs it: no stack here trains or serves in fp4.
+# None of these parts has published runs to fit: each takes the efficiencies of the nearest calibrated
+# part (Blackwell and CDNA3 the H100's, Ada and GA102 the A100's: Ada's kernels are Ampere's mma.sync
+# kind, not Hopper's wgmma), an assumption each profile's source repeats; nothing fitted to them.
+_ASSUMED_H100_EFF = "efficiencies the H100's calibrated ones (assumed: no runs on this part)"
+_ASSUMED_A100_EFF = "efficiencies the A100's calibrated ones (assumed: no runs on this part)"
+# HGX B200 datasheet (8 GPUs, sparse): FP4 144 PF, FP8 72 PF, INT8 72 POPS, FP16/BF16 36 PF, TF32 18 PF;
+# FP32 600 TF. Per GPU, dense.
+_BLACKWELL_HGX = {"float32": 75, "tf32": 1125, "bfloat16": 2250, "float16": 2250, "float8_e4m3fn": 4500, "int8": 4500,
+                  "float4_e2m1fn": 9000}
+# GB200 NVL72 datasheet (72 GPUs, sparse): FP4 1,440 PF, FP8/FP6 720 PF, INT8 720 POPS, FP16/BF16 360 PF,
+# TF32 180 PF; FP32 5,760 TF. Per GPU, dense: the GB200's B200 runs at 1,200 W against the HGX part's 1,000 W.
+_BLACKWELL_GB200 = {"float32": 80, "tf32": 1250, "bfloat16": 2500, "float16": 2500, "float8_e4m3fn": 5000, "int8": 5000,
+                    "float4_e2m1fn": 10000}
+# AMD Instinct MI300X and MI325X datasheets (the same CDNA3 die, peaks at the same clock): matrix FP32
+# 163.4, TF32 653.7, FP16/BF16 1,307.4, FP8 2,614.9 TFLOPS, INT8 2,614.9 TOPS (dense; sparse doubles the
+# last four). CDNA3's fp8 is the FNUZ encoding (float8_e4m3fnuz); the catalog keys every fp8 peak float8_e4m3fn.
+_CDNA3 = {"float32": 163.4, "tf32": 653.7, "bfloat16": 1307.4, "float16": 1307.4, "float8_e4m3fn": 2614.9, "int8": 2614.9}
+
+B200 = _gpu("b200", peaks=_BLACKWELL_HGX, hbm_gib=180e9 / GIB, hbm_gbps=8000, power_w=1000, efficiency=_H100_EFF,
+            source="NVIDIA HGX B200 datasheet and DGX B200 User Guide (8× B200, 1,440 GB HBM3e, 64 TB/s: 180 GB and "
+                   "8 TB/s per GPU; 1,000 W TGP as MLPerf system descriptions list it); the driver's bus width gives "
+                   f"7.67 TB/s (pytorch/ao#4002), the datasheet's 8 TB/s kept; {_ASSUMED_H100_EFF}", usable_mib=183359,
+            usable_source="nvidia-smi memory.total on 8× B200 (NVIDIA/TensorRT-LLM#10278)")
+GB200 = _gpu("gb200", peaks=_BLACKWELL_GB200, hbm_gib=186e9 / GIB, hbm_gbps=8000, power_w=1200, efficiency=_H100_EFF,
+             source="NVIDIA GB200 NVL72 datasheet (72 Blackwell GPUs, up to 13.4 TB HBM3e at 576 TB/s: 186 GB and 8 TB/s "
+                    "per GPU; 1,200 W per GPU, NVIDIA Blackwell architecture technical brief); "
+                    f"{_ASSUMED_H100_EFF}",
+             usable_source="no driver figure found: the datasheet's 186 GB assumed usable (a B200's driver reports more "
+                           "than its datasheet's 180 GB)")
+MI300X = _gpu("mi300x", peaks=_CDNA3, hbm_gib=192e9 / GIB, hbm_gbps=5300, power_w=750, efficiency=_H100_EFF,
+              source="AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s, 750 W); JAX runs it through XLA's ROCm backend "
+                     f"(the jax-rocm plugin), NCCL's place taken by RCCL; {_ASSUMED_H100_EFF}", usable_mib=196592,
+              usable_source="the KFD driver's VRAM of a CPX partition, 25,767,706,624 B, times its 8 partitions (rocminfo "
+                            "and mem_banks in ROCm/legacy-rocm-build#4750; 191.98 GiB)")
+MI325X = _gpu("mi325x", peaks=_CDNA3, hbm_gib=256e9 / GIB, hbm_gbps=6000, power_w=1000, efficiency=_H100_EFF,
+              source="AMD Instinct MI325X datasheet (256 GB HBM3E, 6 TB/s, 1,000 W; peaks the MI300X's); JAX through XLA's "
+                     f"ROCm backend; {_ASSUMED_H100_EFF}", usable_mib=256 * 1024,
+              usable_source="no driver figure found: the 256 GiB of AMD's ROCm GPU-specs table (VRAM in GiB) assumed usable "
+                            "(the same table's 192 GiB for the MI300X is within 0.01 % of its driver's figure)")
+L4 = _gpu("l4", peaks={"float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "float8_e4m3fn": 242.5, "int8": 242.5},
+          hbm_gib=24, hbm_gbps=300, power_w=72, efficiency=_A100_EFF,
+          source=f"NVIDIA L4 datasheet (Ada, 24 GB GDDR6, 300 GB/s, 72 W, PCIe Gen4 x16); {_ASSUMED_A100_EFF}",
+          usable_mib=23034, usable_source=_MODAL_SMI)
+L40S = _gpu("l40s", peaks={"float32": 91.6, "tf32": 183, "bfloat16": 362.05, "float16": 362.05, "float8_e4m3fn": 733,
+                           "int8": 733},
+            hbm_gib=48, hbm_gbps=864, power_w=350, efficiency=_A100_EFF,
+            source=f"NVIDIA L40S datasheet (Ada, 48 GB GDDR6 with ECC, 864 GB/s, 350 W, PCIe Gen4 x16); {_ASSUMED_A100_EFF}",
+            usable_mib=46068, usable_source=_MODAL_SMI)
+A10G = _gpu("a10g", peaks={"float32": 31.2, "tf32": 62.5, "bfloat16": 125, "float16": 125, "int8": 250},
+            hbm_gib=24, hbm_gbps=600, power_w=300, efficiency=_A100_EFF,
+            source="AWS's A10G (EC2 G5): NVIDIA publishes no datasheet for it; peaks, 24 GB GDDR6 and 600 GB/s assumed the "
+                   "NVIDIA A10 datasheet's (GA102, PCIe Gen4 x16); its 300 W limit as nvidia-smi shows it (NVIDIA/DCGM#232); "
+                   f"{_ASSUMED_A100_EFF}",
+            usable_mib=23028, usable_source="nvidia-smi memory.total of an A10G (NVIDIA/DCGM#232; the A10's the same, "
+                                            "modal-labs/modal-client#2797)")
+# GeForce tensor cores run FP16/BF16 with FP32 accumulation (as training's GEMMs do) and FP8 with FP32
+# accumulation at half their FP16-accumulate rate: those halved rates are its peaks.
+RTX_4090 = _gpu("rtx-4090", peaks={"float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "float8_e4m3fn": 330.3,
+                                   "int8": 660.6},
+                hbm_gib=24, hbm_gbps=1008, power_w=450, efficiency=_A100_EFF,
+                source="NVIDIA Ada GPU architecture whitepaper, appendix table (GeForce RTX 4090: FP16/BF16 tensor with FP32 "
+                       "accumulate 165.2, FP8 with FP32 accumulate 330.3, TF32 82.6, INT8 660.6, FP32 82.6 TFLOPS dense; 24 GB "
+                       f"GDDR6X, 1,008 GB/s, 450 W, PCIe Gen4 x16, no NVLink); {_ASSUMED_A100_EFF}",
+                usable_mib=24564, usable_source="nvidia-smi memory.total on 2× RTX 4090 (RLinf/RLinf#255)")
+RTX_A6000 = _gpu("rtx-a6000", peaks={"float32": 38.7, "tf32": 77.4, "bfloat16": 154.8, "float16": 154.8, "int8": 309.7},
+                 hbm_gib=48, hbm_gbps=768, power_w=300, efficiency=_A100_EFF,
+                 source="NVIDIA RTX A6000 datasheet (48 GB GDDR6 with ECC, 768 GB/s, 300 W, PCIe Gen4 x16, 2-way NVLink "
+                        "bridge 112.5 GB/s; tensor 309.7 TFLOPS sparse) and the NVIDIA Ampere GA102 whitepaper's appendix "
+                        "(FP16/BF16 with FP32 accumulate 154.8, TF32 77.4, INT8 309.7 dense); "
+                        f"{_ASSUMED_A100_EFF}", usable_mib=49152,
+                 usable_source="no driver figure found: the full 48 GiB assumed, as a GA102 RTX 3090 with ECC off (the RTX "
+                               "A6000's default) reports all its 24,576 MiB (noonghunna/club-3090#1128)")
+
+
 def _tpu(name: str, *, bf16_tflops: float, int8_tops: float, hbm_gib: float, hbm_gbps: float, source: str) -> DeviceSpec:
     return DeviceSpec(name=name, kind=DeviceKind.TPU,
                       peak_flops_per_s={"bfloat16": bf16_tflops * TFLOPS, "int8": int8_tops * TFLOPS},
@@ -209,8 +327,9 @@ CPU = DeviceSpec(name="cpu", kind=DeviceKind.CPU,
 
 def _cluster(device: DeviceSpec, intra: LinkSpec, inter: InterNodeFabric, *, per_node: int = 8,
              kind: IntraNodeKind = IntraNodeKind.NVSWITCH, storage: StorageSpec = ASSUMED_SHARED_STORAGE,
-             host: HostSpec | None = None) -> ClusterSpec:
-    return ClusterSpec(name=device.name, device=device, devices_per_node=per_node, intra_node=IntraNodeFabric(kind=kind, link=intra),
+             host: HostSpec | None = None, node: str = "", pair_link: LinkSpec | None = None) -> ClusterSpec:
+    return ClusterSpec(name=device.name, description=node, device=device, devices_per_node=per_node,
+                       intra_node=IntraNodeFabric(kind=kind, link=intra, pair_link=pair_link),
                        inter_node=inter, storage=storage, host=host)
 
 
@@ -233,6 +352,26 @@ CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
     # Switched, as on a DGX-2's NVSwitch; a DGX-1's hybrid cube-mesh reaches some pairs more slowly.
     _cluster(V100, NVLINK2, IB_EDR, host=DGX2_HOST),
     _cluster(T4, PCIE3, ETH_100, per_node=4, kind=IntraNodeKind.PCIE),
+    # b200 stands for DGX B200 nodes, gb200 for one GB200 NVL72 rack: 72 GPUs on one NVLink domain
+    _cluster(B200, NVLINK5, DGX_B200_NETWORK, host=DGX_B200_HOST, node="A DGX B200 node (clusters.py: dgx-b200)."),
+    _cluster(GB200, NVLINK5, GB200_NVL72_NETWORK, per_node=72, host=GB200_NVL72_HOST,
+             node="One GB200 NVL72 rack as a node of 72 GPUs on one NVLink domain (clusters.py: gb200-nvl72)."),
+    _cluster(MI300X, XGMI_MI300, MI300_NETWORK, kind=IntraNodeKind.XGMI_MESH,
+             node="An 8-GPU AMD Instinct MI300X platform (OAM on one baseboard, a full xGMI mesh); one 400 Gb/s NIC per GPU."),
+    _cluster(MI325X, XGMI_MI300, MI300_NETWORK, kind=IntraNodeKind.XGMI_MESH,
+             node="An 8-GPU AMD Instinct MI325X platform (the MI300X platform's xGMI mesh); one 400 Gb/s NIC per GPU."),
+    _cluster(L4, PCIE4, ETH_100, kind=IntraNodeKind.PCIE,
+             node="8× L4 over PCIe Gen4 x16, 100 Gb/s per node (AWS EC2 g6.48xlarge and Google Cloud g2-standard-96)."),
+    _cluster(L40S, PCIE4, ETH_400, kind=IntraNodeKind.PCIE,
+             node="8× L40S over PCIe Gen4 x16, 400 Gb/s per node (AWS EC2 g6e.48xlarge)."),
+    _cluster(A10G, PCIE4, ETH_100, kind=IntraNodeKind.PCIE,
+             node="8× A10G over PCIe Gen4 x16, 100 Gb/s per node (AWS EC2 g5.48xlarge)."),
+    _cluster(RTX_4090, PCIE4, ETH_100, kind=IntraNodeKind.PCIE,
+             node="8× RTX 4090 over PCIe Gen4 x16 (assumed: a rented 8-GPU server; GeForce drivers disable peer-to-peer, so "
+                  "NCCL stages through host memory, taken at PCIe speed, an assumption) and 100 Gb/s per node (assumed)."),
+    _cluster(RTX_A6000, PCIE4, ETH_100, kind=IntraNodeKind.NVLINK_PAIRS, pair_link=NVLINK3_BRIDGE_A6000,
+             node="8× RTX A6000 (assumed), GPUs 2k and 2k+1 joined by 2-way NVLink bridges, other pairs over PCIe Gen4 x16, "
+                  "100 Gb/s per node (assumed)."),
     _tpu_slice(TPU_V4, ICI_V4, (4, 4, 4)),
     _tpu_slice(TPU_V5E, _ici("ici-v5e", 1600, 4), (16, 16)),
     _tpu_slice(TPU_V5P, ICI_V5P, (4, 4, 4)),

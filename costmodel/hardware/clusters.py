@@ -1,13 +1,16 @@
 """Cluster presets named after vendor reference architectures, each fact cited in its description.
 
 `HARDWARE` holds every built-in profile: the part-named ones of `costmodel.hardware.catalog`
-(``h100-sxm``) and these (``dgx-h100``). ``dgx-a100`` and ``dgx-h100`` give the same
-numbers as ``a100-80gb`` and ``h100-sxm``, which stand for those nodes. A site cluster with
+(``h100-sxm``) and these (``dgx-h100``). ``dgx-a100``, ``dgx-h100``, ``dgx-b200`` and
+``gb200-nvl72`` give the same numbers as ``a100-80gb``, ``h100-sxm``, ``b200`` and ``gb200``,
+which stand for those nodes (a GB200 NVL72 rack is one node of 72 GPUs: its NVLink domain). A site cluster with
 several node types, such as C3SE's Alvis, is one preset per node type (``alvis-a100``,
 ``alvis-t4``, ...): a `ClusterSpec` holds one device, and a job runs on one node type.
 
 >>> HARDWARE["dgx-h100"].inter_tier() == HARDWARE["h100-sxm"].inter_tier()
 True
+>>> HARDWARE["gb200-nvl72"].devices_per_node
+72
 """
 
 from __future__ import annotations
@@ -17,15 +20,22 @@ from costmodel.hardware.catalog import (
     A100_40GB,
     A100_80GB,
     A100_80GB_PCIE,
+    B200,
     CATALOG,
     DGX_A100_640GB_HOST,
+    DGX_B200_HOST,
+    DGX_B200_NETWORK,
     DGX_H100_HOST,
+    GB200,
+    GB200_NVL72_HOST,
+    GB200_NVL72_NETWORK,
     H100_SXM,
     ICI_V4,
     ICI_V5P,
     NVLINK2,
     NVLINK3,
     NVLINK4,
+    NVLINK5,
     PCIE3,
     PCIE4,
     T4,
@@ -67,6 +77,33 @@ DGX_H100 = ClusterSpec(
                                efficiency=0.9, source=f"DGX H100: 8× ConnectX-7 NDR 400 Gb/s; {_SUPERPOD_H100}"),
     storage=SUPERPOD_H100_STANDARD,
     host=DGX_H100_HOST,
+)
+
+DGX_B200 = ClusterSpec(
+    name="dgx-b200",
+    description="NVIDIA DGX B200: 8× B200 (1,440 GB HBM3e in all) on two 5th-generation NVLink switches, 14.4 TB/s aggregate "
+                "(1.8 TB/s bidirectional per GPU); 4 OSFP ports serving 8× single-port ConnectX-7 at up to 400 Gb/s "
+                "InfiniBand, one per GPU; 2× Xeon Platinum 8570, 2 TB memory (NVIDIA DGX B200 User Guide, 'Introduction to "
+                "NVIDIA DGX B200 Systems', docs.nvidia.com/dgx/dgxb200-user-guide). The compute fabric taken as the DGX "
+                "SuperPOD's: rail-optimised, non-blocking (assumed from the H100 reference architecture).",
+    device=B200, devices_per_node=8,
+    intra_node=IntraNodeFabric(kind=IntraNodeKind.NVSWITCH, link=NVLINK5),
+    inter_node=DGX_B200_NETWORK,
+    host=DGX_B200_HOST,
+)
+
+GB200_NVL72 = ClusterSpec(
+    name="gb200-nvl72",
+    description="NVIDIA GB200 NVL72: one rack of 36 GB200 superchips (36 Grace CPUs, 72 Blackwell GPUs) on one NVLink "
+                "domain, NVLink switch trays giving every GPU 1.8 TB/s bidirectional to any other, 130 TB/s in all (GB200 "
+                "NVL72 datasheet, nvidia.com/en-us/data-center/gb200-nvl72): modelled as one node of 72 devices on NVSwitch, "
+                "so tensor and expert axes of up to 72 stay on NVLink. Racks joined by one ConnectX-7 400 Gb/s InfiniBand "
+                "NIC per GPU (DGX GB200: 72 single-port ConnectX-7 per rack), rail-optimised and non-blocking (assumed, as "
+                "the DGX SuperPOD reference architectures).",
+    device=GB200, devices_per_node=72,
+    intra_node=IntraNodeFabric(kind=IntraNodeKind.NVSWITCH, link=NVLINK5),
+    inter_node=GB200_NVL72_NETWORK,
+    host=GB200_NVL72_HOST,
 )
 
 NVLINK3_BRIDGE = LinkSpec(name="nvlink3-bridge", bytes_per_s=300e9, latency_s=1e-6, efficiency=0.77,
@@ -158,5 +195,6 @@ ALVIS_T4 = _alvis(
          "host interface); 25 Gb/s Ethernet (issue 21).")
 ALVIS = (ALVIS_A100, ALVIS_A100FAT, ALVIS_A40, ALVIS_V100, ALVIS_T4)
 
-CLUSTERS: dict[str, ClusterSpec] = {c.name: c for c in (DGX_A100, DGX_H100, A100_PCIE_SERVER, TPU_V4_POD, TPU_V5P_POD, *ALVIS)}
+CLUSTERS: dict[str, ClusterSpec] = {c.name: c for c in (DGX_A100, DGX_H100, DGX_B200, GB200_NVL72, A100_PCIE_SERVER, TPU_V4_POD,
+                                                         TPU_V5P_POD, *ALVIS)}
 HARDWARE: dict[str, ClusterSpec] = {**CATALOG, **CLUSTERS}

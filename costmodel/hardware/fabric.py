@@ -2,7 +2,8 @@
 link tiers the collective model derives from them.
 
 Inside a node devices meet over NVSwitch (every pair at full NVLink bandwidth), NVLink
-bridges between pairs (other pairs over PCIe), PCIe alone, a TPU slice's ICI torus, or
+bridges between pairs (other pairs over PCIe), PCIe alone, a TPU slice's ICI torus, AMD's
+xGMI mesh (Infinity Fabric links joining every pair of an 8-GPU platform directly), or
 host memory for emulated devices. Between nodes each node has NICs; a device gets its
 share of them, ``nics_per_node × nic_gbit_per_s / devices_per_node``, since every device
 of a node runs its collectives at once.
@@ -60,11 +61,16 @@ class IntraNodeKind(StrEnum):
     PCIE = "pcie"
     ICI_TORUS = "ici-torus"
     SHARED_MEMORY = "shared-memory"
+    # One Infinity Fabric link between every pair of GPUs (AMD Instinct platforms). Its `link` is the
+    # device's links together, what a group of all the node's devices reaches over RCCL's rings; a
+    # smaller group crosses fewer links, which this kind does not model (the link's source says so).
+    XGMI_MESH = "xgmi-mesh"
 
 
 # How each kind's `IntraNodeFabric.link` reads (for nvlink-pairs that link is PCIe; the bridge is pair_link).
 _KIND_WORDS = {IntraNodeKind.NVSWITCH: "NVSwitch", IntraNodeKind.NVLINK_PAIRS: "PCIe", IntraNodeKind.PCIE: "PCIe",
-               IntraNodeKind.ICI_TORUS: "ICI torus", IntraNodeKind.SHARED_MEMORY: "host memory"}
+               IntraNodeKind.ICI_TORUS: "ICI torus", IntraNodeKind.SHARED_MEMORY: "host memory",
+               IntraNodeKind.XGMI_MESH: "xGMI mesh"}
 
 
 class IntraNodeFabric(BaseModel):
@@ -72,7 +78,7 @@ class IntraNodeFabric(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    kind: IntraNodeKind = Field(description="nvswitch, nvlink-pairs, pcie, ici-torus or shared-memory.")
+    kind: IntraNodeKind = Field(description="nvswitch, nvlink-pairs, pcie, ici-torus, shared-memory or xgmi-mesh.")
     link: LinkSpec = Field(description="What a device uses to reach any other in the node: an NVSwitch port, PCIe, one "
                                        "ICI torus link, host memory (for nvlink-pairs: the PCIe path between unbridged GPUs).")
     pair_link: LinkSpec | None = Field(None, description="nvlink-pairs only: the NVLink bridge between devices 2k and 2k+1.")

@@ -48,9 +48,10 @@ PRESETS = ("gpt2, gpt2-large, gpt2-medium, gpt2-xl, llama2-13b, llama2-70b, llam
            "megatron-gpt-1.7b, megatron-gpt-1008b, megatron-gpt-145.6b, megatron-gpt-175b, megatron-gpt-18.4b, megatron-gpt-1t, "
            "megatron-gpt-22b, megatron-gpt-3.6b, megatron-gpt-310.1b, megatron-gpt-39.1b, megatron-gpt-529.6b, megatron-gpt-530b, "
            "megatron-gpt-7.5b, megatron-gpt-76.1b, mixtral-8x7b")
-HARDWARE = ("a100-40gb, a100-80gb, a100-pcie-server, a40, alvis-a100, alvis-a100fat, alvis-a40, alvis-t4, alvis-v100, cpu, "
-            "dgx-a100, dgx-h100, h100-95gb-hbm2e-lowtdp, h100-96gb-hbm2e-500w, "
-            "h100-sxm, h200, t4, tpu-v4, tpu-v4-pod, tpu-v5e, tpu-v5p, tpu-v5p-pod, tpu-v6e, v100")
+HARDWARE = ("a100-40gb, a100-80gb, a100-pcie-server, a10g, a40, alvis-a100, alvis-a100fat, alvis-a40, alvis-t4, alvis-v100, b200, "
+            "cpu, dgx-a100, dgx-b200, dgx-h100, gb200, gb200-nvl72, h100-95gb-hbm2e-lowtdp, h100-96gb-hbm2e-500w, "
+            "h100-sxm, h200, l4, l40s, mi300x, mi325x, rtx-4090, rtx-a6000, t4, tpu-v4, tpu-v4-pod, tpu-v5e, tpu-v5p, tpu-v5p-pod, "
+            "tpu-v6e, v100")
 MESH_FIX = "e.g. --mesh 8x4 or --mesh data=8,tensor=4"
 
 # (catalog entry, argv, exit code, golden stderr line)

@@ -44,3 +44,13 @@ def test_the_table_shows_usable_reserve_and_what_fits(capsys):
     row = next(line for line in out.splitlines() if "h100-sxm" in line)
     assert [cell.strip() for cell in row.split("│")[-4:-1]] == ["79.6", "4.0", "75.7"]
     assert "usable" in out and "reserve" in out and "fits" in out
+
+
+def test_every_2026_part_is_listed_with_its_cited_figures(capsys):
+    assert main(["hardware", "--json"]) == 0
+    rows = {r["part"]: r for r in json.loads(capsys.readouterr().out)}
+    for part in ("b200", "gb200", "mi300x", "mi325x", "l4", "l40s", "a10g", "rtx-4090", "rtx-a6000"):
+        assert rows[part]["source"] == load_hardware(part).device.source and "bf16" in rows[part]["precisions"]
+    assert rows["gb200"]["peak_tflops_by_dtype"]["float4_e2m1fn"] == 10_000  # listed; no --precision runs fp4
+    assert rows["rtx-4090"]["precisions"][-1] == "fp8" and "fp8" not in rows["rtx-a6000"]["precisions"]
+    assert rows["b200"]["usable_memory_gib"] == pytest.approx(183_359 / 1024)

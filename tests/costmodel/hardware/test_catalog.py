@@ -1,0 +1,89 @@
+"""Tests `costmodel/hardware/catalog.py`: the 2026 parts (issue 40) load, with dense peaks in a sensible order,
+cited figures, usable memory and the efficiencies they borrow; GB200 NVL72 is one 72-GPU NVLink domain."""
+
+import pytest
+
+from costmodel.hardware.catalog import CATALOG, NVLINK5, XGMI_MI300
+from costmodel.hardware.fabric import IntraNodeKind
+from costmodel.hardware.machine import supported_precisions
+from costmodel.hardware.mesh import axis_links, parse_mesh
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.train_config import Precision, TrainConfig
+from planner.api import plan
+
+NEW_PARTS = ("b200", "gb200", "mi300x", "mi325x", "l4", "l40s", "a10g", "rtx-4090", "rtx-a6000")
+FP4 = "float4_e2m1fn"
+# Dense TFLOP/s, from each datasheet's sparse figure halved (or its dense table), as the catalog cites them.
+DENSE_BF16 = {"b200": 2250, "gb200": 2500, "mi300x": 1307.4, "mi325x": 1307.4, "l4": 121, "l40s": 362.05, "a10g": 125,
+              "rtx-4090": 165.2, "rtx-a6000": 154.8}
+
+
+@pytest.mark.parametrize("part", NEW_PARTS)
+def test_each_new_part_loads_with_a_cited_source_and_usable_memory(part):
+    device = load_hardware(part).device
+    assert device.name == part and any(doc in device.source for doc in ("datasheet", "whitepaper"))
+    assert "usable" in device.source
+    # the driver's figure or an assumption said so; never above what the chips hold (B200: 192 GB on 8 stacks)
+    assert 0.9 * device.hbm_bytes <= device.usable_bytes <= 1.1 * device.hbm_bytes
+    assert device.reserve_bytes > 0
+
+
+@pytest.mark.parametrize("part", NEW_PARTS)
+def test_peaks_are_dense_and_ordered_fp4_fp8_bf16_tf32_fp32(part):
+    peaks = load_hardware(part).device.peak_flops_per_s
+    assert peaks["bfloat16"] == pytest.approx(DENSE_BF16[part] * 1e12)
+    ladder = [peaks[d] for d in (FP4, "float8_e4m3fn", "bfloat16", "tf32", "float32") if d in peaks]
+    assert ladder == sorted(ladder, reverse=True)
+
+
+def test_fp4_peaks_are_listed_where_published_but_no_precision_runs_them():
+    with_fp4 = sorted(c.device.name for c in CATALOG.values() if FP4 in c.device.peak_flops_per_s)
+    assert with_fp4 == ["b200", "gb200"]
+    assert load_hardware("b200").device.peak_flops_per_s[FP4] == 2 * load_hardware("b200").device.peak_flops_per_s["float8_e4m3fn"]
+    base = TrainConfig()
+    assert all(FP4 not in {base.with_precision(p).matmul_peak_dtype, base.with_precision(p).linear_peak_dtype} for p in Precision)
+    assert [p.value for p in supported_precisions(load_hardware("b200"))][-1] == "fp8"
+
+
+def test_new_parts_borrow_the_nearest_calibrated_parts_efficiencies():
+    h100, a100 = CATALOG["h100-sxm"].device.efficiency, CATALOG["a100-80gb"].device.efficiency
+    for part in ("b200", "gb200", "mi300x", "mi325x"):
+        assert CATALOG[part].device.efficiency == h100 and "H100's calibrated" in CATALOG[part].device.source
+    for part in ("l4", "l40s", "a10g", "rtx-4090", "rtx-a6000"):
+        assert CATALOG[part].device.efficiency == a100 and "A100's calibrated" in CATALOG[part].device.source
+
+
+def test_node_fabrics_of_the_new_parts():
+    kinds = {part: load_hardware(part).intra_node.kind for part in NEW_PARTS}
+    assert kinds["b200"] is kinds["gb200"] is IntraNodeKind.NVSWITCH
+    assert kinds["mi300x"] is kinds["mi325x"] is IntraNodeKind.XGMI_MESH
+    assert {kinds[p] for p in ("l4", "l40s", "a10g", "rtx-4090")} == {IntraNodeKind.PCIE}
+    assert kinds["rtx-a6000"] is IntraNodeKind.NVLINK_PAIRS and load_hardware("rtx-a6000").intra_node.pair_link.bytes_per_s == 56.25e9
+    assert load_hardware("b200").intra_node.link == NVLINK5 and NVLINK5.bytes_per_s == 900e9  # 1.8 TB/s bidirectional
+    assert XGMI_MI300.bytes_per_s == 7 * 64e9  # 7 links of 128 GB/s bidirectional
+    assert "xGMI mesh (xgmi-mi300)" in load_hardware("mi300x").summary()
+
+
+def test_gb200_nvl72_is_one_72_gpu_nvlink_domain_per_rack():
+    rack = load_hardware("gb200-nvl72")
+    assert rack.devices_per_node == 72 and rack.device == load_hardware("gb200").device
+    assert rack.intra_tier() == load_hardware("gb200").intra_tier() and rack.inter_tier() == load_hardware("gb200").inter_tier()
+    links = axis_links(parse_mesh("data=2,expert=9,tensor=8"), rack)
+    assert links["tensor"].tiers == links["expert"].tiers == ("nvlink5",)
+    assert links["data"].tiers == ("ib-ndr400",) and links["data"].nodes_per_group == 2
+
+
+def test_dgx_b200_preset_gives_the_b200_profiles_numbers():
+    preset, part = load_hardware("dgx-b200"), load_hardware("b200")
+    assert preset.device == part.device and preset.intra_tier() == part.intra_tier() and preset.inter_tier() == part.inter_tier()
+    assert "DGX B200 User Guide" in preset.description
+
+
+def test_a_moe_plan_on_two_gb200_nvl72_racks_keeps_tensor_parallelism_on_nvlink():
+    # The grid planner searches dp, tp, pp and cp but not ep (ep stays the stack's, 1): expert axes
+    # are placed only where a layout or mesh names them (test_gb200_nvl72_is_one_72_gpu_nvlink_domain_per_rack).
+    p = plan("mixtral-8x7b", devices=144, hardware="gb200-nvl72")
+    axes = {a.parallelism: a for a in p.mesh}
+    assert p.layout.n_devices == 144 and p.layout.tp > 1
+    assert axes["tp"].links == ("nvlink5",) and axes["tp"].nodes_spanned == 1
+    assert axes["dp"].links == ("nvlink5", "ib-ndr400") and axes["dp"].nodes_spanned == 2

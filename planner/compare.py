@@ -221,7 +221,10 @@ def grid_over_rules(graph: nx.DiGraph, full: StrategySpace, stage: ModelConfig, 
         for path, spec in param_specs(stage, logical_rules(layout, by_kind, stage), sizes).items():
             keys = "".join(f"['{k}']" for k in path.split("/"))
             specs |= {prefix + keys: PartitionSpec(*spec) for prefix in ("[0]", "[1]['m']", "[1]['v']") if prefix + keys in inputs}
-        rules = rule_based_space(graph, full, specs, batch=batch, data_axes=by_kind["dp"], tensor_axes=by_kind["tp"])
+        try:
+            rules = rule_based_space(graph, full, specs, batch=batch, data_axes=by_kind["dp"], tensor_axes=by_kind["tp"])
+        except ValueError:
+            continue  # the space has no strategy for that input split (e.g. a batch the data axes do not divide)
         share_s = max(0.0, (time_limit_s - (time.perf_counter() - start)) / (len(points) - index))
         descent = descend(rules, start={}, memory_budget_bytes=memory_budget_bytes, time_limit_s=share_s)
         try:

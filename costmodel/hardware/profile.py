@@ -92,7 +92,8 @@ class DeviceSpec(BaseModel):
     name: str = Field(description="Part name.")
     kind: DeviceKind = Field(description="GPU, TPU or CPU.")
     peak_flops_per_s: dict[str, FlopRate] = Field(
-        description="Dense peak per dtype ('float32', 'tf32', 'bfloat16', 'float16', 'float8_e4m3fn', 'int8'); only what the part has."
+        description="Dense peak per dtype ('float32', 'tf32', 'bfloat16', 'float16', 'float8_e4m3fn', 'int8', "
+                    "'float4_e2m1fn'); only what the part has."
     )
     hbm_bytes: PositiveFloat = Field(description="Device memory capacity, as the datasheet gives it.")
     usable_hbm_bytes: PositiveFloat | None = Field(

@@ -40,12 +40,12 @@ class Case(BaseModel):
     mesh: str = Field(description="Mesh, as --mesh takes it.")
     hardware: str = Field(description="Hardware profile.")
     seq_len: int | None = Field(None, description="Sequence length (the model's default when None).")
-    global_batch: int = Field(256, description="Sequences per step.")
+    global_batch: int | None = Field(256, description="Sequences per step (None: planned, as `plan` does with no --global-batch).")
     planner: PlannerName = Field(PlannerName.GRID, description="grid or ilp.")
 
 
 CASES = (
-    Case(name="readme", model="llama3-8b", mesh="8x4", hardware="h100-sxm"),
+    Case(name="readme", model="llama3-8b", mesh="8x4", hardware="h100-sxm", global_batch=None),
     Case(name="gpt2-1dev", model="gpt2", mesh="1", hardware="a100-80gb", global_batch=16, seq_len=1024),
     Case(name="gpt2-xl", model="gpt2-xl", mesh="2x4", hardware="a100-80gb", global_batch=64, seq_len=1024),
     Case(name="gpt2-medium-ilp", model="gpt2-medium", mesh="data=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=1024,

@@ -46,9 +46,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     Once gradients are sharded (ZeRO ≥ 1), a table not split over the vocabulary gets its
     lookup gradient from the rows of the embedding output's gradient, gathered with the
     micro-batch's tokens, instead of a whole-table reduction: an all-gather of the (compute
-    dtype) rows for a separate table, where they are fewer bytes than the fp32 table (XLA
-    reduced llama3-8b's 128256-row table whole on 32 data devices; gpt2-xl's 50257 rows on 8
-    it gathered); fp32 rows exchanged by an all-to-all, the table's
+    dtype) rows for a separate table, where they are fewer than the table's rows (XLA
+    reduced llama3-8b's 128256-row table whole for 131072 rows from 32 data devices; gpt2-xl's
+    50257 rows on 8 it gathered); fp32 rows exchanged by an all-to-all, the table's
     reduction shared with the head's, for a tied one or one split over the data axes
     (ZeRO-3, whose lookup also exchanges the looked-up fp32 row slices). Learned positions are
     likewise reduced and gathered only for the rows a sequence uses, in the compute dtype.
@@ -63,8 +63,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
     exchanged = model.tie_embeddings or "embed/tokens" in split
-    # A separate table's rows are gathered only where that moves fewer bytes than its fp32 reduction.
-    fewer_rows = outer_tokens * lay.dp * model.hidden_size * e < whole["embed/tokens"] * F32_BYTES
+    # A separate table's rows are gathered only where they are fewer than the table's: XLA weighs the
+    # scatter's fp32 updates against the fp32 table (llama3-8b's 131072 rows on 32 devices > 128256: reduced whole).
+    fewer_rows = outer_tokens * lay.dp * model.hidden_size < whole["embed/tokens"]
     rows = lay.zero_stage >= 1 and vocab is None and (exchanged or fewer_rows)  # not the vocab-parallel lookup (`embedding_lookup`)
     # The experts' tensor-parallel region takes its weights and forms their gradients in its own dtype.
     element_bytes = {n: experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e for n in whole}

@@ -69,7 +69,8 @@ UNMODELLED_NOTES = {
     "FP8_ACTIVATION=True": "fp8 activation storage (FP8_ACTIVATION) is not modelled: kept activations in bf16",
 }
 # MLPerf's GPT-3 rows do not state their SentencePiece vocabulary: GPT-3's own 50257 stands in
-# (a few percent either way moves a 175B step by well under 0.1 %).
+# (a few percent either way moves a 175B step by well under 0.1 %). It is padded to 50304 as
+# Megatron-LM pads it (`ModelConfig.padded_vocab_size`), so the head splits over the tensor axes.
 ASSUMED_VOCAB = 50257
 # Narayanan et al.'s largest run: a 1T-parameter GPT on 3072 A100s, tp8 pp64 dp6, as its stack ran it.
 PLAN_SIMULATE_1T = ("simulate", "--model", "megatron-gpt-1008b", "--hardware", "a100-80gb", "--devices", "3072", "--tp", "8",

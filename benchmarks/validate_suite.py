@@ -24,8 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import PlannerError
+from costmodel.inputs.workload import WorkloadKind
 from planner.api import plan
 from planner.request import PlannerName, PlanRequest
+from search.pins import LayoutPins
 from validate.compile_check import compile_in_subprocess
 from validate.report import Check, checks
 
@@ -41,7 +43,9 @@ class Case(BaseModel):
     hardware: str = Field(description="Hardware profile.")
     seq_len: int | None = Field(None, description="Sequence length (the model's default when None).")
     global_batch: int | None = Field(256, description="Sequences per step (None: planned, as `plan` does with no --global-batch).")
-    planner: PlannerName = Field(PlannerName.GRID, description="grid or ilp.")
+    planner: PlannerName = Field(PlannerName.GRID, description="grid, ilp or a search planner.")
+    workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="--workload.")
+    pins: LayoutPins = Field(LayoutPins(), description="--zero, --micro-batch, ... as a user pins them.")
 
 
 CASES = (
@@ -69,6 +73,22 @@ CASES = (
     # Interleaving wins here (the planner picks v > 1): chunks wrap around the pipeline ring.
     Case(name="gpt2-pp-interleaved", model="gpt2", mesh="pipeline=4,data=2", hardware="a100-40gb", global_batch=64, seq_len=1024),
     Case(name="mixtral-tp", model="mixtral-8x7b", mesh="data=4,tensor=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
+    # Issue 35's must-show: each ZeRO stage pinned, the rest planned.
+    *(Case(name=f"llama3-8b-zero{z}", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=64, seq_len=2048,
+           pins=LayoutPins(zero_stage=z, micro_batch=2)) for z in (0, 1, 2, 3)),
+    # The search planners, and the workloads other than pretraining.
+    Case(name="gpt2-medium-anneal", model="gpt2-medium", mesh="data=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=1024,
+         planner="anneal"),
+    Case(name="gpt2-medium-beam", model="gpt2-medium", mesh="data=4,tensor=2", hardware="a100-40gb", global_batch=32, seq_len=1024,
+         planner="beam"),
+    Case(name="llama3-8b-finetune", model="llama3-8b", mesh="data=8", hardware="a100-80gb", global_batch=64, seq_len=2048,
+         workload="finetune-full"),
+    Case(name="llama3-8b-lora", model="llama3-8b", mesh="4x2", hardware="a100-40gb", global_batch=32, seq_len=2048,
+         workload="finetune-lora"),
+    Case(name="llama3-8b-prefill", model="llama3-8b", mesh="4x2", hardware="h100-sxm", global_batch=8, seq_len=4096,
+         workload="prefill"),
+    Case(name="llama3-70b-decode", model="llama3-70b", mesh="8", hardware="h100-sxm", global_batch=32, seq_len=4096,
+         workload="decode"),
 )
 
 
@@ -90,7 +110,7 @@ def run_case(case: Case) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         chosen = plan(PlanRequest(model=case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len,
-                                  global_batch=case.global_batch, planner=case.planner))
+                                  global_batch=case.global_batch, planner=case.planner, workload=case.workload, pins=case.pins))
     except PlannerError as err:
         return {**row, "layout": "-", "validates": False, "why": f"planning failed: {err}"}
     plan_s = time.perf_counter() - start

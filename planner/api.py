@@ -32,6 +32,7 @@ from planner.plan_schema import Alternative, IntraOpInfo, MeshAxis, Plan, Solver
 from planner.request import PlannerName, PlanRequest, plan_request
 from planner.shardings import logical_rules, param_specs
 from search.layouts import NothingFitsError, SearchResult, SearchSpace, grid_search
+from search.pins import LayoutPins, pinned_failure, pinned_space, serving_splits
 from search.serving_layouts import ServingChoice, choose_serving_layout
 
 _GIB = 2**30
@@ -72,6 +73,11 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
       offload: "none" (never), "optimizer" (always: ZeRO-Offload's optimizer state and Adam on the
         host, `costmodel.step.offload`) or None, the planner's choice: offload only when no layout fits
         in device memory without, and say so in ``solver.offload_reason``.
+      pins: layout parts fixed by hand (`search.pins.LayoutPins`: degrees, interleave, micro-batch,
+        recompute, sequence parallelism, ZeRO stage); the search chooses the rest and ``solver.pins``
+        records them. A pin the mesh, devices or model cannot carry is refused (`InvalidPlanError`);
+        when nothing fits under the pins the error names the pin to drop. The intra-op planners honour
+        micro-batch and recompute only (`UnsupportedError` otherwise), serving dp, tp and pp.
       workload: "finetune-full" plans the pretraining step; "finetune-lora" freezes the base weights
         and trains adapters (``lora``), planned by grid without pipeline stages (the validator lowers
         LoRA without them). "prefill" or "decode" serve the model (`search.serving_layouts`):
@@ -100,26 +106,31 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     cluster = load_hardware(request.hardware, devices_per_node=request.devices_per_node).with_memory_reserve(reserve_bytes(request))
     machine = train_machine(cluster, train)
     software = get_stack(request.stack) if isinstance(request.stack, str) else request.stack
-    splits = tuple(sorted({degrees(mesh_spec, k) for k in assignments(mesh_spec)})) if mesh_spec else None
+    pins, where = request.pins, f"mesh {request.mesh}" if mesh_spec else f"{n_devices} devices"
+    splits = tuple(sorted({degrees(mesh_spec, k) for k in assignments(mesh_spec, max_cp=pins.cp or 1)})) if mesh_spec else None
     if not train.workload.runs_backward:  # serving: its own search
-        return _serving_plan(cfg, train, cluster, machine, mesh=request.mesh, n_devices=n_devices, splits=splits)
+        splits = serving_splits(splits, pins, n_devices=n_devices, where=where, workload=train.workload.kind)
+        return _serving_plan(cfg, train, cluster, machine, mesh=request.mesh, n_devices=n_devices, splits=splits, pins=pins)
     _check_any_cluster_holds(cfg, train, machine)
     # An intra-op planner shards the reference program, which materializes attention
     # scores: choose the layout (micro-batch, recompute) for that program's memory.
     attention = request.attention or (Attention.MATERIALIZED if planner.shards_intra_op else software.attention)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
     offload = request.offload
-    space = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
-                        lowered_only=True, intra_op=planner.shards_intra_op,
-                        offload_when_nothing_fits=offload is None and not planner.shards_intra_op)
+    unpinned = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
+                           lowered_only=True, intra_op=planner.shards_intra_op,
+                           offload_when_nothing_fits=offload is None and not planner.shards_intra_op)
+    space = pinned_space(cfg, train, unpinned, pins, n_devices=n_devices, where=where, devices_per_node=machine.devices_per_node)
     try:
         result = grid_search(cfg, train, machine, n_devices=n_devices, space=space, time_limit_s=request.time_limit_s,
                              on_progress=on_progress)
     except InfeasibleError as err:
+        err = pinned_failure(err, cfg, train, machine, n_devices=n_devices, unpinned=unpinned, pins=pins, where=where,
+                             time_limit_s=request.time_limit_s)
         if (offload is Offload.NONE and machine.host is not None and isinstance(err, NothingFitsError)
                 and train.workload.trains_base_weights):
             raise InfeasibleError(err.cause, fix=f"{err.fix}, or let the optimizer state go to the host (--offload optimizer)") from None
-        raise
+        raise err from None
     best = result.best
     if batch.given:
         batch = _checked_batch(batch, best, search=lambda sequences: grid_search(
@@ -130,7 +141,7 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
         model=cfg, train=train, cluster=cluster, mesh=request.mesh,
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s),
         solver=SolverInfo(planner=planner.value, status=_status(result.complete, None), evaluated=result.evaluated,
-                          pruned=result.pruned, offload_reason=result.offload_reason),
+                          pruned=result.pruned, offload_reason=result.offload_reason, pins=pins if pins.given else None),
         batch=batch,
     )
     if not planner.shards_intra_op:
@@ -212,14 +223,14 @@ def _sharded_intra_op(chosen: Plan, request: PlanRequest, machine: Machine, *, l
 
 
 def _serving_plan(cfg: ModelConfig, train: TrainConfig, cluster: ClusterSpec, machine: Machine, *, mesh: str | None,
-                  n_devices: int, splits: tuple[tuple[int, int, int, int], ...] | None) -> Plan:
+                  n_devices: int, splits: tuple[tuple[int, int, int, int], ...] | None, pins: LayoutPins) -> Plan:
     """The plan of a prefill or decode workload: the serving layout `choose_serving_layout` takes, Megatron shardings."""
     choice: ServingChoice = choose_serving_layout(cfg, train, machine, splits=splits, n_devices=n_devices)
     alternatives = tuple(Alternative(layout=e.layout, step_time_s=e.step_time_s, memory_bytes=e.memory.total_bytes, why=why)
                          for e, why in choice.runners_up)
     return plan_of_layout(choice.best.layout, choice.best, model=cfg, train=train, cluster=cluster, mesh=mesh, alternatives=alternatives,
                           solver=SolverInfo(planner=PlannerName.GRID.value, status="OPTIMAL", evaluated=choice.evaluated,
-                                            pruned=choice.pruned, objective=choice.objective))
+                                            pruned=choice.pruned, objective=choice.objective, pins=pins if pins.given else None))
 
 
 def layout_plan(request: PlanRequest | str | ModelConfig, layout: Layout, /, **fields: Any) -> Plan:
@@ -271,7 +282,7 @@ def plan_of_layout(layout: Layout, predicted: StepEstimate, *, model: ModelConfi
         mesh_spec, kinds = _derived_mesh(*wanted)
     else:
         mesh_spec = parse_mesh(mesh)
-        kinds = next((k for k in assignments(mesh_spec) if degrees(mesh_spec, k) == wanted), None)
+        kinds = next((k for k in assignments(mesh_spec, max_cp=layout.cp) if degrees(mesh_spec, k) == wanted), None)
         if kinds is None:
             raise InvalidConfigError(f"mesh {mesh} cannot carry dp={layout.dp}, tp={layout.tp}, pp={layout.pp}, cp={layout.cp}",
                                      fix="give a mesh whose axis sizes are those degrees, or leave the mesh out")

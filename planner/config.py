@@ -8,8 +8,11 @@ Values are typed strictly: a quoted number or a boolean where a size belongs is 
 names the key as the file spells it. The coercions kept are the ones hub configs rely on: an
 integer where a float belongs ("rope_theta": 10000) and null for "the default" ("head_dim": null).
 
->>> load_model("gpt2").total_params
-124439808
+A model's vocabulary is padded to a multiple of 128 (`ModelConfig.vocab_multiple`; our own
+format may set it, 1 for none), so GPT-2's parameters count its 50304-row table:
+
+>>> load_model("gpt2").total_params, load_model("gpt2").padded_vocab_size
+(124475904, 50304)
 >>> from_hf_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
 ...                 "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100}).num_kv_heads
 4

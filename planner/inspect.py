@@ -2,8 +2,8 @@
 
 >>> from planner.config import load_model
 >>> report = inspect_model(load_model("gpt2"), TrainConfig(seq_len=128, global_batch=2))
->>> report.params, report.ops > 0
-(124439808, True)
+>>> report.params, report.vocab_size, report.padded_vocab_size, report.ops > 0
+(124475904, 50257, 50304, True)
 >>> inspect_model(load_model("gpt2"), TrainConfig(seq_len=128, global_batch=2, workload="finetune-lora")).trainable_params
 1179648
 """
@@ -30,7 +30,10 @@ class InspectReport(BaseModel):
     workload: str = Field("pretrain", description="pretrain, finetune-full or finetune-lora (the step traced).")
     params: int = Field(description="Total parameters.")
     trainable_params: int = Field(description="Parameters the step trains: all, or under LoRA the adapters.")
-    embedding_params: int = Field(description="Token/position embeddings and an untied head.")
+    embedding_params: int = Field(description="Token/position embeddings and an untied head, over the padded vocabulary.")
+    vocab_size: int = Field(description="Tokens of the vocabulary (the tokenizer's).")
+    padded_vocab_size: int = Field(description="Rows of the embedding table and columns of the head: the vocabulary padded "
+                                               "to a multiple of the model's vocab_multiple (`ModelConfig.padded_vocab_size`).")
     params_per_layer: int = Field(description="Parameters of one transformer layer.")
     layers: int = Field(description="Transformer layers.")
     seq_len: int = Field(description="Tokens per sequence.")
@@ -57,6 +60,8 @@ def inspect_model(cfg: ModelConfig, train: TrainConfig) -> InspectReport:
         params=cfg.total_params,
         trainable_params=round(train.workload.trainable_params(cfg)),
         embedding_params=cfg.embedding_params,
+        vocab_size=cfg.vocab_size,
+        padded_vocab_size=cfg.padded_vocab_size,
         params_per_layer=cfg.params_per_layer,
         layers=cfg.num_layers,
         seq_len=train.seq_len,

@@ -17,6 +17,7 @@ from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.estimate import StepEstimate
 from planner.batch import BatchChoice
+from search.pins import LayoutPins
 
 AxisSpec = tuple[str | tuple[str, ...] | None, ...]
 
@@ -88,6 +89,8 @@ class SolverInfo(BaseModel):
                                        "planner chose to (nothing fit without); None otherwise.")
     objective: str | None = Field(None, description="What a serving search ranked the layouts by, and the rule that chose it "
                                   "(latency at a batch too small to be compute-bound, tokens/s otherwise); None for training.")
+    pins: LayoutPins | None = Field(None, description="The layout parts fixed by hand (plan --zero, --micro-batch, --tp, ...; "
+                                    "the search chose the rest); None when nothing was pinned.")
 
 
 class Plan(BaseModel):

@@ -2,6 +2,9 @@
 
 >>> PRESETS["llama3-8b"]["num_kv_heads"]
 8
+>>> from costmodel.inputs.model_config import ModelConfig
+>>> [ModelConfig(name=n, **PRESETS[n]).padded_vocab_size for n in ("gpt2", "megatron-gpt-175b", "llama3-8b")]
+[50304, 51200, 128256]
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ _LLAMA = dict(norm="rmsnorm", mlp="swiglu", positions="rope")
 _LLAMA2 = dict(_LLAMA, vocab_size=32000, max_position_embeddings=4096, norm_eps=1e-5)
 _LLAMA3 = dict(_LLAMA, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0, num_kv_heads=8)
 # Megatron-LM's GPT (Narayanan et al. SC'21 Table 1; Korthikanti et al. 2022 Table 3):
-# GPT-2 architecture, vocabulary padded to 51200, sequence 2048, FFN = 4h.
-_MEGATRON = dict(_GPT2, vocab_size=51200, max_position_embeddings=2048)
+# GPT-2 architecture, sequence 2048, FFN = 4h, and GPT-2's 50257 tokens padded to the papers'
+# V = 51200, as --make-vocab-size-divisible-by 128 at tensor-parallel size 8 pads them (128 · 8).
+# Every other preset pads to a multiple of 128 (`ModelConfig.vocab_multiple`): GPT-2's to 50304.
+_MEGATRON = dict(_GPT2, vocab_size=50257, vocab_multiple=1024, max_position_embeddings=2048)
 
 
 def _megatron(hidden: int, layers: int, heads: int) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from costmodel.inputs.train_config import Precision
 from costmodel.inputs.workload import InferenceConfig, LoraConfig, WorkloadKind
 from costmodel.record import Record
 from costmodel.step.run_overheads import RunSettings
+from search.pins import INTRA_OP_PINS, LayoutPins, flag_of, pin_flag
 
 
 class PlannerName(StrEnum):
@@ -76,6 +77,8 @@ class PlanRequest(Record):
                                                           "grid, materialized for the intra-op planners (the reference program's).")
     precision: Precision = Field(Precision.BF16, description="fp32, tf32, bf16, fp16 or fp8.")
     offload: Offload | None = Field(None, description="none, optimizer (ZeRO-Offload), or None: only when nothing fits without.")
+    pins: LayoutPins = Field(LayoutPins(), description="Parts of the layout fixed by hand (--zero, --micro-batch, --tp, ...); "
+                                                       "the planner chooses the rest (`search.pins`).")
     # The planner and its limits.
     planner: PlannerName = Field(PlannerName.GRID, description="grid, ilp, anneal, beam or random.")
     time_limit_s: float = Field(20.0, description="Limit of the layout search and, separately, of the intra-op planner; "
@@ -117,6 +120,17 @@ class PlanRequest(Record):
         if self.offload is Offload.OPTIMIZER and self.planner.shards_intra_op:
             raise UnsupportedError(f"--planner {self.planner} does not plan offloaded layouts",
                                    fix="use --planner grid or --offload none")
+        return self
+
+    @model_validator(mode="after")
+    def _pins_planned(self) -> PlanRequest:
+        unhonoured = self.pins.unhonoured_by_intra_op()
+        if unhonoured and self.planner.shards_intra_op:
+            flags = " ".join(pin_flag(name, value) for name, value in unhonoured.items())
+            honoured = " and ".join(flag_of(name) for name in INTRA_OP_PINS)
+            raise UnsupportedError(f"--planner {self.planner} cannot honour {flags}: it shards each op over the mesh axes itself, "
+                                   f"with no degree, ZeRO stage, sequence parallelism or pipeline stage to pin (it honours {honoured})",
+                                   fix=f"use --planner grid, which honours {flags}, or drop {flags}")
         return self
 
 

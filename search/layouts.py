@@ -44,9 +44,15 @@ PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not l
 PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
+ZERO2_IN_LOOP_RULE = ("ZeRO-2 beside tensor, context or pipeline axes, or under LoRA, lowers as ZeRO-1 "
+                      "(costmodel.step.kernels.forms_gradients_locally)")
 LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
 # `validate.intraop_program` pins an intra-op choice in a program without stages; a pipeline would lower by the Megatron rules.
 INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stages are not lowered as chosen yet"
+# Inside pipeline stages XLA partitions a sequence-split activation with extra resharding
+# (all-to-alls, permutes across both axes) the plan does not have.
+SP_PIPELINE_RULE = "sequence parallelism inside pipeline stages is not lowered as planned yet"
+SP_TP_RULE = "sequence parallelism needs tp > 1"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
@@ -59,12 +65,15 @@ class SearchSpace(BaseModel):
 
     micro_batches: tuple[int, ...] = Field(MICRO_BATCHES, description="Micro-batch sizes tried.")
     recompute: tuple[Recompute, ...] = Field(RECOMPUTE, description="Recompute policies tried.")
-    zero_stages: tuple[int, ...] = Field((0, 1, 3), description="ZeRO stages tried.")
+    zero_stages: tuple[int, ...] = Field((0, 1, 2, 3), description="ZeRO stages tried.")
     interleaves: tuple[int, ...] = Field((1, 2, 3, 4), description="Model chunks per pipeline device tried (pp > 1).")
     max_cp: int = Field(1, description="Largest context-parallel degree tried.")
     splits: tuple[tuple[int, int, int, int], ...] | None = Field(
         None, description="Allowed (dp, tp, pp, cp) degrees, e.g. those a fixed mesh can carry; None = every split."
     )
+    sequence_parallel: bool | None = Field(None, description="Megatron sequence parallelism on every candidate (True: layouts "
+                                           "without tp > 1 are dropped), on none (False), or None: wherever tp > 1 (with "
+                                           "lowered_only, outside pipeline stages).")
     stack: Layout = Field(default_factory=Layout, description="The software stack every candidate runs: each Layout field "
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     offload_when_nothing_fits: bool = Field(
@@ -163,6 +172,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if pp > 1 and model.num_layers % (pp * v) and space.lowered_only:
             pruned[UNEVEN_RULE] += 1
             continue
+        if zero == 2 and space.lowered_only and (pp > 1 or tp > 1 or cp > 1 or not train.workload.trains_base_weights):
+            pruned[ZERO2_IN_LOOP_RULE] += 1
+            continue
         if pp > 1 and tp > 1 and zero >= 3 and space.lowered_only:
             pruned[PIPELINE_ZERO3_TP_RULE] += 1
             continue
@@ -178,11 +190,13 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if tp > 1 and model.vocab_shards(tp) == 1 and zero >= 1 and space.lowered_only:
             pruned[UNSPLIT_VOCAB_ZERO_TP_RULE] += 1
             continue
+        sequence_parallel = tp > 1 and not (pp > 1 and space.lowered_only)
+        if space.sequence_parallel and not sequence_parallel:
+            pruned[SP_TP_RULE if tp == 1 else SP_PIPELINE_RULE] += 1
+            continue
         layout = Layout(**{
             **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,
-            # Inside pipeline stages XLA partitions a sequence-split activation with extra resharding
-            # (all-to-alls, permutes across both axes) the plan does not have: not lowered as planned yet.
-            "sequence_parallel": tp > 1 and not (pp > 1 and space.lowered_only), "zero_stage": zero, "interleave": v,
+            "sequence_parallel": sequence_parallel and space.sequence_parallel is not False, "zero_stage": zero, "interleave": v,
             "schedule": Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
         })
         if not tensor_parallel_in_node(layout, devices_per_node):
@@ -226,8 +240,9 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
             result = _search(model, train, machine, n_devices=n_devices, space=offloaded, keep=keep, time_limit_s=left_s,
                              on_progress=on_progress)
         except NothingFitsError as offloaded_err:  # not even offloading helps: say what the offloaded layouts need too
-            closest = "; ".join(_over_budget(e) for e in offloaded_err.closest)
-            raise InfeasibleError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix) from None
+            closest = "; ".join(over_budget(e) for e in offloaded_err.closest)
+            raise NothingFitsError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix,
+                                   closest=offloaded_err.closest) from None
     reason = f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime reserve) without offloading"
     return result.model_copy(update={"offload_reason": reason})
 
@@ -287,7 +302,7 @@ def _infeasible(model: ModelConfig, train: TrainConfig, n_devices: int, machine:
     return NothingFitsError(
         f"{model.name} does not fit on {n_devices}× {machine.name}: every layout needs more than the "
         f"{missing[0].memory.limit_text()} per device; "
-        f"closest: {'; '.join(_over_budget(e) for e in closest)}",
+        f"closest: {'; '.join(over_budget(e) for e in closest)}",
         fix=f"use about {more} devices or hardware with more memory", closest=closest,
     )
 
@@ -305,7 +320,7 @@ def _closest_distinct(missing: list[StepEstimate], n: int = 3) -> list[StepEstim
     return out
 
 
-def _over_budget(e: StepEstimate) -> str:
+def over_budget(e: StepEstimate) -> str:
     lay, mem = e.layout, e.memory
     state = (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / _GIB
     host = (f" and {mem.host.total_bytes / _GIB:.1f} GiB of host against its {mem.host.capacity_bytes / _GIB:.0f}"

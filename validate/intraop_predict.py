@@ -69,6 +69,10 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
             total[key][1] += calls
 
     graph = program.graph
+    paths = {node: path for path, node in graph.graph["eqn_nodes"].items()}
+    # XLA reshards a value once per sharding its readers in one computation want (the head's input
+    # gathered for the forward and the weight gradient: one all-gather on GPT-2's padded vocabulary).
+    resharded: set[tuple[Any, ...]] = set()
     for node, runs in _runs(program).items():
         op: OpNode = graph.nodes[node][OP_ATTR]
         strategy = program.strategy(node)
@@ -80,6 +84,10 @@ def predicted_collectives(program: IntraOpProgram, mesh_order: tuple[str, ...], 
             for out_index, operand in data[USES_ATTR]:
                 if not source.is_input:
                     have, want = program.strategy(src).results[out_index], strategy.operands[operand]
+                    key = (src, out_index, _aligned(want, len(op.inputs[operand].shape)), paths[node][:-1])
+                    if key in resharded:
+                        continue
+                    resharded.add(key)
                     for kind, axes, nbytes in _reshard(_moved_as(source, op.inputs[operand]), have, want, sizes):
                         add(kind, axes, nbytes, calls)
     for src, out_index, want in _hoisted(program):

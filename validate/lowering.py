@@ -42,6 +42,7 @@ from planner.programs.params import abstract_params, init_params
 from planner.programs.prefill import abstract_prefill_inputs
 from planner.programs.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_loss_and_grads
 from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
+from validate.data_parallel_region import data_parallel_loss_and_grads, reduces_over_data
 from validate.gpipe import gpipe_loss_and_grads
 from validate.intraop_program import constrained, intra_op_program
 from validate.mesh_hooks import (
@@ -227,10 +228,13 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
         return one_f_one_b_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1:
         return gpipe_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
+    hooks = {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
+             "experts": tensor_parallel_experts(plan, mesh), "keep_residuals": residual_storage(mesh)}
+    if reduces_over_data(plan):
+        param_specs, opt_specs, _ = input_specs(plan)
+        return data_parallel_loss_and_grads(plan, mesh, param_specs, opt_specs["m"], remat=REMAT_POLICY[lay.recompute], hooks=hooks)
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
-                               attention=lay.stack.attention.value,
-                               hooks={"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
-                                      "experts": tensor_parallel_experts(plan, mesh), "keep_residuals": residual_storage(mesh)})
+                               attention=lay.stack.attention.value, hooks=hooks)
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

@@ -63,6 +63,20 @@ def region_mesh(mesh: Mesh) -> Any:
     return context if context.axis_names else mesh
 
 
+def without_manual(spec: PartitionSpec) -> PartitionSpec:
+    """``spec`` without the axes the enclosing region is manual over (the data axes of
+    `validate.data_parallel_region`): there each device holds its own slice along them."""
+    manual = set(jax.sharding.get_abstract_mesh().manual_axes)
+    if not manual:
+        return spec
+
+    def kept(dim: Any) -> Any:
+        axes = tuple(a for a in ((dim,) if isinstance(dim, str) else dim or ()) if a not in manual)
+        return axes[0] if len(axes) == 1 else axes or None
+
+    return PartitionSpec(*(kept(d) for d in spec))
+
+
 def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], jax.Array]:
     """``constrain(name, x)`` for the reference model: pins the activations the plan names to
     its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather
@@ -87,7 +101,7 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
         if spec is None:
             return x
         # A dimension its axes do not divide (GPT-2's 50257-token vocabulary) stays whole, as its weight does.
-        spec = PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape)))
+        spec = without_manual(PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape))))
         return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh(mesh), spec))
 
     return constrain

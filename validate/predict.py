@@ -11,10 +11,12 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   which only feeds the layer's output and is dead code in the recomputation.
 - Vocabulary-parallel embedding (fp32 rows summed over the vocabulary axes) and head
   (fp32 input gradient, four ``[tokens]`` softmax/loss reductions).
-- Data parallel: gradients are reduced once per micro-batch (the reduction happens inside
-  the accumulation loop, where the partial sums appear), layer weights in the compute
-  dtype, fp32 for what is used in fp32 (norms, the embedding table, the fp32-output head).
-  With ZeRO ≥ 1 the updated fp32 parameters are all-gathered over the data axes.
+- Data parallel alone: what each ZeRO stage needs of the data-parallel region
+  (`validate.predict_data_parallel.region_collectives`). Beside other axes: gradients are
+  reduced once per micro-batch (the reduction happens inside the accumulation loop, where
+  the partial sums appear), layer weights in the compute dtype, fp32 for what is used in
+  fp32 (norms, the embedding table, the fp32-output head). With ZeRO ≥ 1 the updated fp32
+  parameters are all-gathered over the data axes.
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
 - 1F1B pipelines (`validate.one_f_one_b`): every device runs its stage's forward and
   backward and the head on every one of the ``M + 2(S − 1)`` ticks, bubbles included
@@ -71,9 +73,11 @@ from costmodel.step.simulator import simulate
 from planner.plan_schema import Plan
 from planner.programs.attention import block_pairs, block_size
 from planner.programs.transformer import moe_capacity
+from planner.shardings import zero_sharded_specs
+from validate.data_parallel_region import reduces_over_data
 from validate.gpipe import runs_outer_whole
 from validate.one_f_one_b import runs_one_f_one_b
-from validate.predict_data_parallel import data_parallel_collectives
+from validate.predict_data_parallel import data_parallel_collectives, region_collectives
 from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns, param_shards, pipeline_ticks, program_runs
 
 # Matmul weights of a dense layer and the dim (of the stacked [L, ...] array) tensor parallelism splits.
@@ -133,7 +137,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     total = memory.total_bytes + bubble_activations
     if lay.pp > 1:
         total += ends_elsewhere_bytes(plan, memory)
-    logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_size / plan.model.vocab_shards(lay.tp) * F32_BYTES
+    logits_bytes = lay.micro_batch * plan.train.seq_len / lay.cp * plan.model.vocab_per_shard(lay.tp) * F32_BYTES
     if lay.pp > 1:
         # Every pipeline group runs the head, one micro-batch at a time (`validate.gpipe`):
         # each device holds one micro-batch's fp32 logits and their gradient, where GPipe's
@@ -143,7 +147,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     if lay.pp > 1 and lay.micro_batches(plan.train) == 1 and not runs_one_f_one_b(plan):
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
-        total += micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.train, lay)
+        total += micro_batch_gradient_bytes(plan.model, stage_params_per_device(plan.model, lay), plan.train, lay)
     if platform == "cpu":
         total += logits_bytes
         if _tensor_parallel_experts_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
@@ -163,7 +167,7 @@ def ends_elsewhere_bytes(plan: Plan, memory: MemoryBreakdown) -> float:
     busiest = names[memory.stage] if memory.stage in names else int(memory.stage.removeprefix("stage "))
     ends = [stage_params(model, lay, s) - lay.layers_on_stage(model.num_layers, s) * layer_params_per_device(model, lay)
             for s in range(lay.pp)]
-    program = ends[0] + ends[-1] - (model.hidden_size * model.vocab_size / model.vocab_shards(lay.tp) if model.tie_embeddings else 0)
+    program = ends[0] + ends[-1] - (model.hidden_size * model.vocab_per_shard(lay.tp) if model.tie_embeddings else 0)
     state_per_param = (memory.params_bytes + memory.grads_bytes + memory.optimizer_bytes) / stage_params(model, lay, busiest)
     return (program - ends[busiest]) * state_per_param
 
@@ -180,7 +184,7 @@ def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, acc
     cotangents = micro * embedded * (1 + F32_BYTES / train.compute_dtype.bytes)
     change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + cotangents
     if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
-        change -= micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), train, lay)
+        change -= micro_batch_gradient_bytes(plan.model, stage_params_per_device(plan.model, lay), train, lay)
     return change
 
 
@@ -237,7 +241,10 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
                                            calls=1, why="vocab-parallel head input gradient (fp32)"))
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * F32_BYTES, calls=1,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
-    if data:
+    if data and reduces_over_data(plan):
+        grad_specs = zero_sharded_specs(model, plan.param_specs, data, {a.name: a.size for a in plan.mesh})
+        out += region_collectives(plan, runs, params, grad_specs, platform=platform)
+    elif data:
         out += data_parallel_collectives(plan, runs, params, experts_bytes)
     if pipeline and runs_one_f_one_b(plan):
         out += [
@@ -280,7 +287,7 @@ def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, exper
     head_act_bytes = act_bytes * runs.head_micro_batches / runs.head_calls
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     unsplit_head = [] if plan.param_specs[head][0 if model.tie_embeddings else 1] is not None else [
-        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.vocab_size * F32_BYTES,
+        PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=model.hidden_size * model.padded_vocab_size * F32_BYTES,
                             calls=runs.head_gradients, why="sequence parallel: a head not split over the vocabulary runs split over "
                             "the sequence; its weight gradient is summed over the tensor axes (fp32)")]
     return unsplit_head + [
@@ -350,7 +357,7 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     # A vocabulary the tensor axes do not divide is not split: every tensor device computes the whole head.
     # With sequence parallelism its weight gradient is computed on the sequence split (and then summed).
     head_w = plan.param_specs["embed/tokens"][0] if model.tie_embeddings else plan.param_specs["lm_head/w"][1]
-    head = 2 * model.hidden_size * model.vocab_size / lay.tp
+    head = 2 * model.hidden_size * model.padded_vocab_size / lay.tp
     if head_w is None:
         head *= lay.tp if not lay.sequence_parallel else (2 * lay.tp + 1) / 3
     recompute = 0.0

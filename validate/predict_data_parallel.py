@@ -1,7 +1,7 @@
 """Collectives over the data axes of the plan's program: gradient reductions, ZeRO's gathers, the embedding's gradient.
 
-See `data_parallel_collectives`; `validate.predict.predicted_collectives` adds them to the
-tensor- and pipeline-parallel ones.
+See `region_collectives` (data parallelism alone) and `data_parallel_collectives`;
+`validate.predict.predicted_collectives` adds them to the tensor- and pipeline-parallel ones.
 """
 
 from __future__ import annotations
@@ -33,9 +33,70 @@ def _data_split(spec: tuple[Any, ...], axes: tuple[str, ...], sizes: dict[str, i
     return math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d) if a in axes)
 
 
-def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]],
+ParamShards = dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]
+
+
+def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_specs: dict[str, tuple[Any, ...]], *,
+                       platform: str) -> list[PredictedCollective]:
+    """Collectives over the data axes of a plan whose gradients are formed in the data-parallel
+    region (`validate.data_parallel_region`): the reductions each ZeRO stage needs and ZeRO-3's
+    gathers. ``grad_specs`` is how the optimizer splits each gradient (its moments' specs)."""
+    lay, train = plan.layout, plan.train
+    data = plan.axes_of("dp")
+    sizes = {a.name: a.size for a in plan.mesh}
+    e = train.compute_dtype.bytes
+    whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}
+    gathered = {n for n, (_, spec, _) in params.items() if lay.zero_stage == 3 and _data_split(spec, data, sizes) > 1}
+    split = {n for n in whole if lay.zero_stage >= 1 and _data_split(grad_specs[n], data, sizes) > 1}
+
+    def gathered_bytes(name: str) -> int:
+        # Weight matrices are cast before their gather; the embedding tables are read as stored.
+        matrix = len(params[name][2]) >= (3 if name.startswith("layers/") else 2)
+        return e if matrix and not name.startswith("embed/") else F32_BYTES
+
+    # On the CPU backend the head's weight gradient is reduced straight from the fp32 conversion of
+    # its bf16 product (where no accumulator lies between): `validate.hlo` reads that as XLA:CPU's
+    # promotion of a bf16 reduction and counts it at bf16 bytes.
+    read_as_bf16 = {"lm_head/w"} if platform == "cpu" and (lay.zero_stage >= 2 or runs.outer_calls == 1) else set()
+
+    def fp32(name: str) -> float:
+        return F32_BYTES / 2 if name in read_as_bf16 else F32_BYTES
+
+    def reduced_bytes(name: str) -> float:
+        # The gathers' transposes reduce in the gathered dtype, but on the CPU backend in fp32 (`_gathered`).
+        return fp32(name) if platform == "cpu" else gathered_bytes(name)
+
+    out: list[PredictedCollective] = []
+
+    def add(kind: str, names: set[str], per_element: Any, calls: int, why: str, *, per_layer: bool = False) -> None:
+        total = sum(whole[n] * per_element(n) for n in names) / (runs.layers_held if per_layer else 1)
+        if total:
+            out.append(PredictedCollective(kind=kind, axes=data, bytes_per_call=total, calls=calls, why=why))
+
+    layer_gathered = {n for n in gathered if n.startswith("layers/")}
+    add("all-gather", layer_gathered, gathered_bytes, 2 * runs.layer_runs, per_layer=True,
+        why="ZeRO-3: a layer's weights gathered for its forward and again for its backward (recomputed, not kept)")
+    add("reduce-scatter", layer_gathered, reduced_bytes, runs.layer_runs, per_layer=True,
+        why="ZeRO-3: a layer's weight gradients reduce-scattered in its backward, every micro-batch")
+    add("all-gather", gathered - layer_gathered, gathered_bytes, 1,
+        why="ZeRO-3: the embedding, head and final norm gathered once (XLA hoists the gather out of the micro-batch loop)")
+    add("reduce-scatter", gathered - layer_gathered, reduced_bytes, runs.outer_calls,
+        why="ZeRO-3: the embedding's and head's gradients reduce-scattered, every micro-batch")
+    if lay.zero_stage == 2:
+        add("reduce-scatter", split, fp32, runs.outer_calls, why="ZeRO-2: the micro-batch's fp32 gradients reduce-scattered")
+    else:
+        add("reduce-scatter", split - gathered, fp32, 1, why="ZeRO-1: the accumulated fp32 gradients reduce-scattered, once")
+    add("all-reduce", set(whole) - split - gathered, fp32, 1,
+        why="accumulated fp32 gradients the optimizer does not split, all-reduced once per step")
+    add("all-gather", split - gathered, lambda name: F32_BYTES, 1,
+        why="ZeRO 1-2: the updated fp32 parameters gathered from their data shards")
+    return out
+
+
+def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards,
                               experts_bytes: int) -> list[PredictedCollective]:
-    """Collectives over the data axes: gradient reductions, ZeRO's gathers, the embedding's gradient.
+    """Collectives over the data axes of a plan whose gradients XLA reduces where they appear
+    (beside tensor, context or pipeline axes, or LoRA): gradient reductions, ZeRO's gathers, the embedding's gradient.
 
     Gradients are all-reduced whole over the data axes once per micro-batch, also where ZeRO
     shards them (XLA reduces, then slices; it did not emit reduce-scatters). With ZeRO-3 each
@@ -48,8 +109,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     micro-batch's tokens, instead of a whole-table reduction: an all-gather of the (compute
     dtype) rows for a separate table, where they are fewer than the table's rows (XLA
     reduced llama3-8b's 128256-row table whole for 131072 rows from 32 data devices; gpt2-xl's
-    50257 rows on 8 it gathered); fp32 rows exchanged by an all-to-all, the table's
-    reduction shared with the head's, for a tied one or one split over the data axes
+    50257 rows on 8 it gathered, and a tied table's where ZeRO splits its rows); fp32 rows
+    exchanged by an all-to-all, the table's reduction shared with the head's, for a tied one
+    whose width ZeRO splits (rows the data axes do not divide) or one split over the data axes
     (ZeRO-3, whose lookup also exchanges the looked-up fp32 row slices). Learned positions are
     likewise reduced and gathered only for the rows a sequence uses, in the compute dtype.
     """
@@ -62,7 +124,11 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
     vocab, _ = params["embed/tokens"][1]
     # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
-    exchanged = model.tie_embeddings or "embed/tokens" in split
+    # ZeRO's gradient shard takes a tied table's rows where the data axes divide them (GPT-2's padded
+    # 50304 on 4; `planner.shardings.zero_sharded_specs`): then XLA gathers the gradient rows in the
+    # compute dtype, as for a separate table; where it takes the width (50257 rows), it exchanges fp32 rows.
+    rows_split = params["embed/tokens"][2][0] % math.prod(sizes[a] for a in data) == 0 and vocab is None
+    exchanged = (model.tie_embeddings and not rows_split) or "embed/tokens" in split
     # A separate table's rows are gathered only where they are fewer than the table's: XLA weighs the
     # scatter's fp32 updates against the fp32 table (llama3-8b's 131072 rows on 32 devices > 128256: reduced whole).
     fewer_rows = outer_tokens * lay.dp * model.hidden_size < whole["embed/tokens"]
@@ -129,6 +195,11 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: dict[str, t
         head_weight_bytes = whole[head] * (F32_BYTES if model.tie_embeddings else e)
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=head_weight_bytes, calls=2,
                                        why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
+        if model.tie_embeddings and vocab is not None:
+            # The vocab-parallel lookup's region takes the table whole over the data axes: a gather of its own
+            # (GPT-2 padded to 50304 rows, tp 4: three fp32 gathers of the table's 12576-row slice).
+            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * F32_BYTES, calls=1,
+                                           why="ZeRO-3: the tied table gathered again for the vocab-parallel lookup (fp32)"))
     if lay.zero_stage >= 1:
         gathered = sum(whole[n] for n in whole if n not in split) * F32_BYTES
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=1,

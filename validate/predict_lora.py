@@ -112,7 +112,7 @@ def lora_matmul_flops(plan: Plan) -> float:
     layer_runs = model.num_layers * lay.micro_batches(train)
     weight_grads = 2 * model.active_params_per_layer / lay.tp  # per token per layer, the GEMMs LoRA skips
     head_w = plan.param_specs["embed/tokens"][0] if model.tie_embeddings else plan.param_specs["lm_head/w"][1]
-    head_grad = 2 * model.hidden_size * model.vocab_size / (lay.tp if head_w is not None else 1)
+    head_grad = 2 * model.hidden_size * model.padded_vocab_size / (lay.tp if head_w is not None else 1)
     adapters = _adapter_matmul_flops_per_token(plan) * (3 + (lay.recompute is Recompute.FULL))
     return (predicted_matmul_flops(_pretraining_twin(plan))
             + micro_tokens * (layer_runs * (adapters - weight_grads) - lay.micro_batches(train) * head_grad))

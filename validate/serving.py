@@ -66,8 +66,8 @@ def serving_program(plan: Plan, mesh: Mesh) -> Step:
     >>> p = layout_plan("gpt2", Layout(), global_batch=2, seq_len=64, workload="prefill", inference={"prompt_len": 32})
     >>> mesh = device_mesh(p)
     >>> logits, cache = jax.eval_shape(serving_program(p, mesh), *abstract_inputs(p, mesh))
-    >>> logits.shape, cache["k"].shape
-    ((2, 50257), (12, 2, 64, 12, 64))
+    >>> logits.shape, cache["k"].shape  # logits over GPT-2's vocabulary padded to 50304, the padding masked
+    ((2, 50304), (12, 2, 64, 12, 64))
     """
     lay = plan.layout
     if lay.pp > 1 and (plan.model.num_layers % lay.pp or (lay.stage_layers and len(set(lay.stage_layers)) > 1)):

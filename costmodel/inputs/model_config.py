@@ -91,7 +91,11 @@ class ModelConfig(BaseModel):
     num_kv_heads: Dim = Field(description="Key/value heads K (GQA); defaults to N.")
     head_dim: Dim = Field(description="Head width H; defaults to D / N.")
     ffn_size: Dim = Field(description="Dense MLP width F.")
-    vocab_size: Dim = Field(description="Vocabulary size V.")
+    vocab_size: Dim = Field(description="Vocabulary size V: the tokens the tokenizer emits.")
+    vocab_multiple: Dim = Field(
+        128, description="The embedding table and the head hold the vocabulary rounded up to a multiple of this "
+        "(`padded_vocab_size`), as Megatron-LM's --make-vocab-size-divisible-by 128 and nanoGPT's 50304 do; 1 = unpadded."
+    )
     max_position_embeddings: Dim = Field(
         2048, description="Longest sequence the positions support (learned tables have this size)."
     )
@@ -192,9 +196,26 @@ class ModelConfig(BaseModel):
         return self.num_experts > 0
 
     @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding table and columns of the head: V rounded up to ``vocab_multiple``.
+
+        Megatron-LM pads GPT-2's 50257 tokens to a multiple of 128 (times the tensor-parallel
+        size, `planner.cli.exports.megatron`) and nanoGPT to 50304, so that the table splits over
+        tensor axes and the head's GEMM has aligned tiles. The padded rows are never a token or a
+        target: the reference program masks their logits out of the softmax
+        (`planner.programs.transformer.head`), so the loss is the unpadded one. Every array, FLOP
+        and byte that depends on the vocabulary uses this size; only token IDs use ``vocab_size``.
+
+        >>> ModelConfig(name="gpt2", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=50257).padded_vocab_size
+        50304
+        """
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
     def embedding_params(self) -> int:
-        """Parameters of the token (and learned position) embeddings and an untied head."""
-        d, v = self.hidden_size, self.vocab_size
+        """Parameters of the token (and learned position) embeddings and an untied head, over the
+        padded vocabulary (`padded_vocab_size`) that the table and the head hold."""
+        d, v = self.hidden_size, self.padded_vocab_size
         n = v * d
         if self.positions is Positions.LEARNED:
             n += self.max_position_embeddings * d
@@ -204,13 +225,19 @@ class ModelConfig(BaseModel):
 
     def vocab_shards(self, tp: int) -> int:
         """How many ways tensor parallelism splits the vocabulary (table rows, head columns,
-        logits): ``tp`` where it divides the vocabulary, else 1 — the reference program keeps
-        a vocabulary such as GPT-2's 50257 whole rather than pad it as Megatron-LM does.
+        logits): ``tp`` where it divides the padded vocabulary (`padded_vocab_size`), else 1 — the
+        reference program keeps a vocabulary its tensor axes do not divide whole. Padded to 128,
+        GPT-2's 50304 rows split over any power-of-two ``tp`` up to 128.
 
-        >>> ModelConfig(name="m", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=50257).vocab_shards(4)
-        1
+        >>> m = ModelConfig(name="m", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=50257)
+        >>> m.vocab_shards(4), m.model_copy(update={"vocab_multiple": 1}).vocab_shards(4)
+        (4, 1)
         """
-        return tp if self.vocab_size % tp == 0 else 1
+        return tp if self.padded_vocab_size % tp == 0 else 1
+
+    def vocab_per_shard(self, tp: int) -> float:
+        """Padded vocabulary entries one tensor-parallel device holds: ``padded_vocab_size / vocab_shards(tp)``."""
+        return self.padded_vocab_size / self.vocab_shards(tp)
 
     @property
     def params_per_layer(self) -> int:

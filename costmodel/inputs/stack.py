@@ -187,12 +187,19 @@ class SoftwareStack(BaseModel):
     fp32_weights: bool = Field(
         False, description="The trained weights are held in fp32 as the optimizer's master copy (no compute-dtype copy) "
         "and cast to the compute dtype by a kernel where each is used, every forward and every recomputed forward (with "
-        "ZeRO-3 XLA casts the shard before gathering it); their gradients are all-reduced where their partial sums appear, "
-        "inside the accumulation loop (every micro-batch; a layer's in the compute dtype), and accumulated in fp32, with "
-        "ZeRO >= 1 in the optimizer state's data split (this project's JAX program: `p.astype(dtype)`, planner/programs/train_step.py, "
-        "validate/lowering.py). False: compute-dtype weights beside the fp32 master in the optimizer state, written once "
-        "per step by the update, gradients split only from ZeRO 2 (Megatron-LM's mixed-precision optimizer, DeepSpeed, "
-        "FSDP's MixedPrecision).")
+        "ZeRO-3 XLA casts the shard before gathering it); unless `manual_data_parallel`, their gradients are all-reduced "
+        "where their partial sums appear, inside the accumulation loop (every micro-batch; a layer's in the compute "
+        "dtype), and accumulated in fp32, with ZeRO >= 1 in the optimizer state's data split (this project's JAX "
+        "program: `p.astype(dtype)`, planner/programs/train_step.py, validate/lowering.py). False: compute-dtype weights "
+        "beside the fp32 master in the optimizer state, written once per step by the update, gradients split only from "
+        "ZeRO 2 (Megatron-LM's mixed-precision optimizer, DeepSpeed, FSDP's MixedPrecision).")
+    manual_data_parallel: bool = Field(
+        False, description="The step forms its gradients in a region manual over the data axes (``jax.shard_map``), "
+        "accumulating them locally in fp32 and reducing them as the ZeRO stage needs: once per step after the "
+        "micro-batch loop for ZeRO 0 (all-reduce) and 1 (reduce-scatter, the whole fp32 gradient held until then), "
+        "after each micro-batch's backward for ZeRO 2 (reduce-scatter), per layer for ZeRO 3 (the transpose of the "
+        "layer's compute-dtype gather); where data parallelism is the only parallelism (this project's JAX program: "
+        "validate/data_parallel_region.py). False: as `fp32_weights` and the other facts say.")
     moe_capacity_factor: float | None = Field(
         None, gt=0, description="MoE layers give each expert a buffer of this many times its even share of a sequence's "
         "routed tokens, computed and kept for backward whether filled or not (GShard / Switch Transformer capacity; this "
@@ -210,7 +217,7 @@ FACTS: tuple[str, ...] = tuple(name for name, field in SoftwareStack.model_field
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
         name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fused_projections=False,
-        fp32_weights=True, dropout=False, overlap_param_gather=False, moe_capacity_factor=1.25,
+        fp32_weights=True, manual_data_parallel=True, dropout=False, overlap_param_gather=False, moe_capacity_factor=1.25,
         citation="This project's reference program (planner/programs): jax.jit with XLA fusion, jax.checkpoint "
         "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, one matmul per weight "
         "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/one_f_one_b.py); what "

@@ -7,8 +7,11 @@
 - ZeRO 3 (FSDP): every micro-batch gathers each layer's parameters in forward and again in
   backward, and reduce-scatters its gradients.
 
-Where the weights are the fp32 master copy, cast per use (``SoftwareStack.fp32_weights``,
-the JAX program), each gradient is all-reduced where its partial sums appear, every
+Where the step forms its gradients locally (``SoftwareStack.manual_data_parallel``, the JAX
+program unpipelined), the fp32 sums are reduced as ZeRO needs, after the micro-batch loop or
+after each micro-batch's backward, on the critical path (`_local_gradient_costs`). Where
+otherwise the weights are the fp32 master copy, cast per use (``SoftwareStack.fp32_weights``,
+the JAX program pipelined), each gradient is all-reduced where its partial sums appear, every
 micro-batch (a layer's in the compute dtype), also under ZeRO 1-2, and the updated fp32
 parameters are gathered; that gather ends the step unless ``SoftwareStack.overlap_param_gather``.
 
@@ -49,7 +52,7 @@ from costmodel.inputs.train_config import Dtype, TrainConfig
 from costmodel.inputs.workload import norm_params_per_layer
 from costmodel.step.collectives import all_gather_s, all_reduce_s, exposed_s, reduce_scatter_s
 from costmodel.step.fp8_memory import gathered_layer_param_bytes
-from costmodel.step.kernels import holds_master_weights
+from costmodel.step.kernels import forms_gradients_locally, holds_master_weights
 from costmodel.step.layer_costs import LayerCosts
 from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks, runs_lockstep
 
@@ -76,7 +79,7 @@ def stage_params(model: ModelConfig, layout: Layout, stage: int) -> float:
     stage has the embedding, the last the head)."""
     first, last = stage == 0, stage == layout.pp - 1
     params = layout.layers_on_stage(model.num_layers, stage) * layer_params_per_device(model, layout)
-    h, v = model.hidden_size, model.vocab_size / model.vocab_shards(layout.tp)
+    h, v = model.hidden_size, model.vocab_per_shard(layout.tp)
     if first:
         params += v * h + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
     if last:
@@ -140,6 +143,8 @@ def data_parallel_costs(
     layer_params = layers * layer_params_per_device(model, layout)
     # DeepSpeed's ZeRO-2 reduce-scatters after every micro-batch, not only the last.
     n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
+    if forms_gradients_locally(model, train, layout):
+        return _local_gradient_costs(model, train, layout, hw, params)
     if holds_master_weights(train, layout):
         # The JAX program all-reduces each gradient where its partial sums appear, inside the
         # accumulation loop (every micro-batch) and before its cast back to fp32 (the layers' in
@@ -172,6 +177,22 @@ def data_parallel_costs(
     return DataParallelCost(total_s=total_s, exposed_s=exposed)
 
 
+def _local_gradient_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, params: float) -> DataParallelCost:
+    """ZeRO 0-2 where the step forms its gradients locally (`SoftwareStack.manual_data_parallel`):
+    the fp32 sums all-reduced (ZeRO 0) or reduce-scattered (1) once after the micro-batch loop,
+    or each micro-batch's reduce-scattered after its backward (2); then the updated parameters
+    gathered from their data shards. None of it overlaps: the loop's compute is over before
+    the reduction starts, and a micro-batch's reduction waits for its whole backward."""
+    group = hw.groups(layout)["dp"]
+    fp32_bytes = params * Dtype.FP32.bytes
+    if layout.zero_stage == 0:
+        total_s = all_reduce_s(fp32_bytes, group)
+    else:
+        reductions = layout.micro_batches(train) if layout.zero_stage == 2 else 1
+        total_s = reductions * reduce_scatter_s(fp32_bytes, group) + all_gather_s(params * train.param_dtype.bytes, group)
+    return DataParallelCost(total_s=total_s, exposed_s=total_s)
+
+
 def _reductions_in_loop(train: TrainConfig, layout: Layout) -> float:
     """Whole-stage gradient reductions of a program that reduces inside its loop: one per micro-batch;
     pipelined, one chunk's per tick of the tick loop, bubble ticks included (`validate.predict`
@@ -191,12 +212,14 @@ def _reductions_in_loop(train: TrainConfig, layout: Layout) -> float:
 
 def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> DataParallelCost:
     """ZeRO 3: each micro-batch gathers every layer's parameters in forward and again in
-    backward, and reduce-scatters its gradients."""
+    backward, and reduce-scatters its gradients; the embedding and head are gathered twice per
+    micro-batch, or where the gradients are formed locally once per step."""
     group = hw.groups(layout)["dp"]
     grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     n_micro = layout.micro_batches(train)
     per_layer = layer_params_per_device(model, layout)
+    local = forms_gradients_locally(model, train, layout)
     if not train.workload.trains_base_weights:
         gather, other_gather = _lora_fsdp_bytes(model, train, layout)
         gather_s = all_gather_s(gather, group)
@@ -205,12 +228,19 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         gathered_bytes = n_micro * 2 * (layers * gather + other_gather)
     else:
         gather_s = all_gather_s(per_layer * gathered_layer_param_bytes(train, layout), group)
-        scatter_s = reduce_scatter_s(per_layer * grad_bytes, group)
+        # Formed locally, a layer's gradient is reduce-scattered by its gather's transpose, in the gathered dtype.
+        scatter_s = reduce_scatter_s(per_layer * (param_bytes if local else grad_bytes), group)
         other = stage_params_per_device(model, layout) - layers * per_layer
-        ends_s = 2 * all_gather_s(other * param_bytes, group) + reduce_scatter_s(other * grad_bytes, group)
+        # There the embedding and head are gathered once per step (hoisted out of the loop), not twice per micro-batch.
+        ends_gather_s = 0.0 if local else 2 * all_gather_s(other * param_bytes, group)
+        ends_s = ends_gather_s + reduce_scatter_s(other * grad_bytes, group)
         # Two gathers of the stage per micro-batch; a copy-out reads and writes each gathered byte once.
         gathered_bytes = n_micro * 2 * stage_params_per_device(model, layout) * param_bytes
     total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
+    if local:
+        once_s = all_gather_s(other * param_bytes, group)
+        total_s += once_s
+        ends_s += once_s / n_micro
     copy_s = hw.stream_s(2 * gathered_bytes) if layout.stack.fsdp_copy_out else 0.0
     if not layout.stack.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s, copy_s=copy_s)

@@ -176,7 +176,7 @@ def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
     stage = max(range(layout.pp), key=lambda s: stage_weight_bytes(model, train, layout, s) + kv_cache_bytes(model, train, layout, stage=s))
     mlp_per_token = model.experts_per_token * model.moe_ffn_size + model.shared_expert_ffn_size if model.is_moe else model.ffn_size
     widest = max((2 if model.mlp.gated else 1) * mlp_per_token, (model.num_heads + 2 * model.num_kv_heads) * model.head_dim) / layout.tp
-    logits = b * model.vocab_size / model.vocab_shards(layout.tp) * _F32 if stage == layout.pp - 1 else 0.0
+    logits = b * model.vocab_per_shard(layout.tp) * _F32 if stage == layout.pp - 1 else 0.0
     return MemoryBreakdown(
         stage="only" if layout.pp == 1 else ("last" if stage == layout.pp - 1 else "first"),
         params_bytes=stage_weight_bytes(model, train, layout, stage), grads_bytes=0.0, optimizer_bytes=0.0,

@@ -197,6 +197,17 @@ def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
             and layout.offload is not Offload.OPTIMIZER)
 
 
+def forms_gradients_locally(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
+    """Whether the step accumulates its gradients locally and reduces them as ZeRO needs
+    (`SoftwareStack.manual_data_parallel`): the base weights trained over data parallelism alone.
+    Not with tensor, context or expert axes beside the data axes: in a region manual over only some
+    axes, XLA replicates a gather's or reduce-scatter's operand over the others first (jax 0.10.2),
+    so those plans keep XLA's reductions inside the loop; nor in pipelines."""
+    lay = layout
+    return (lay.stack.manual_data_parallel and train.workload.trains_base_weights and lay.dp > 1
+            and lay.pp == lay.tp == lay.cp == lay.ep == 1)
+
+
 def mlp_rows_per_token(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
     """Rows the MLP computes per token: 1 for a dense one; an MoE layer's expert-buffer rows
     (`ModelConfig.expert_slots` under the stack's `SoftwareStack.moe_capacity_factor`)."""
@@ -396,11 +407,11 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfi
 
 
 def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
-    """Final norm, vocabulary projection and cross-entropy (fp32 logits), vocab split over tp
-    where tp divides it (`ModelConfig.vocab_shards`)."""
+    """Final norm, vocabulary projection and cross-entropy (fp32 logits) over the padded
+    vocabulary, split over tp where tp divides it (`ModelConfig.vocab_shards`)."""
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
-    v = model.vocab_size / model.vocab_shards(layout.tp)
+    v = model.vocab_per_shard(layout.tp)
     head = _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e, cotangent_fused=True)
     loss = "cross_entropy" if layout.stack.fused_cross_entropy else "vocab_parallel_cross_entropy"
     kernels = [

@@ -6,8 +6,8 @@ reduced (fp32, 4 B); ``optimizer`` the fp32 master copy and Adam's two moments (
 ZeRO 1 shards the optimizer state over dp, ZeRO 2 also the gradients, ZeRO 3 (FSDP) also
 the parameters. With ``param_dtype == compute_dtype`` there is no separate master copy.
 Where the weights are held in fp32 and cast where used (`SoftwareStack.fp32_weights`, the
-JAX program) they are the master copy (4 B, 16 bytes per parameter without ZeRO), and ZeRO 1
-already splits their fp32 gradients with the optimizer state.
+JAX program) they are the master copy (4 B, 16 bytes per parameter without ZeRO); their fp32
+gradients are split from ZeRO 2 where the step forms them locally (`gradient_split`).
 
 Activations are `costmodel.step.activations` per layer times the layers a stage holds times
 the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);
@@ -47,13 +47,13 @@ from __future__ import annotations
 from pydantic import Field, NonNegativeFloat, computed_field
 
 from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule
-from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.model_config import ModelConfig, Positions
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.record import Record
 from costmodel.step.activations import activation_bytes_per_layer
 from costmodel.step.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
 from costmodel.step.fp8_memory import fp8_weight_copy_bytes
-from costmodel.step.kernels import holds_master_weights
+from costmodel.step.kernels import forms_gradients_locally, holds_master_weights
 from costmodel.step.lockstep import in_flight_slots, runs_lockstep
 from costmodel.step.offload import HostMemory, device_grad_bytes, host_memory
 
@@ -159,7 +159,7 @@ def in_flight_microbatches(layout: Layout, n_microbatches: int, stage: int = 0) 
 def _largest_param(model: ModelConfig, layout: Layout, *, ends: bool) -> float:
     """The largest single weight a device of a stage holds: an MLP matrix, or the embedding or head on an end stage."""
     mlp = model.hidden_size * model.ffn_size / layout.tp
-    return max(mlp, model.hidden_size * model.vocab_size / model.vocab_shards(layout.tp)) if ends else mlp
+    return max(mlp, model.hidden_size * model.vocab_per_shard(layout.tp)) if ends else mlp
 
 
 def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int, per_layer: float,
@@ -180,7 +180,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) + fp8_copies
     n_micro = max(1, layout.micro_batches(train))
     # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
-    grad_split = gradient_split(train, layout)
+    grad_split = gradient_split(model, train, layout)
     grad_shards = 1 if n_micro > 1 and layout.stack.unsharded_grad_accumulation else grad_split
     grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
     grads = n * grad_bytes / grad_shards + frozen_grad_bytes(model, train, layout, stage) / grad_shards
@@ -199,7 +199,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
 
     temporary = 0.0
     if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
-        temporary += micro_batch_gradient_bytes(n, train, layout)
+        temporary += micro_batch_gradient_bytes(model, n, train, layout)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)
@@ -214,38 +214,56 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
             gathered = layer_params * train.compute_dtype.bytes if train.workload.trains_base_weights else \
                 frozen_layer_bytes(model, train, layout) + trained_layer * train.compute_dtype.bytes
             temporary += min(2, layers) * gathered
+            if forms_gradients_locally(model, train, layout):
+                temporary += _held_outer_weights_bytes(model, train, layout)
     temporary += recompute_temporary
     if last:
-        logits = sb * model.vocab_size / model.vocab_shards(layout.tp) * 4  # fp32
+        logits = sb * model.vocab_per_shard(layout.tp) * 4  # fp32
         # In lockstep the head runs one micro-batch per tick: its logits and their gradient.
         temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
 
 
-def gradient_split(train: TrainConfig, layout: Layout) -> int:
-    """How many ways the accumulated gradients are split over dp: from ZeRO 2, or where the weights
-    are their own master copy from ZeRO 1, with the optimizer state; a pipeline's tick loop sums
-    such a stage's gradients whole (`validate.one_f_one_b`), so there only ZeRO 3 splits them."""
-    if holds_master_weights(train, layout):
+def _held_outer_weights_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
+    """ZeRO-3 where the step forms its gradients locally: the embedding tables (as stored) and the
+    head (in the compute dtype) gathered once and held through the step, as XLA hoists their
+    gathers out of the micro-batch loop (`validate.data_parallel_region`)."""
+    h, v = model.hidden_size, model.vocab_per_shard(layout.tp)
+    tables = v * h + (model.max_position_embeddings * h if model.positions is Positions.LEARNED else 0)
+    head = 0 if model.tie_embeddings else h * v * train.compute_dtype.bytes
+    return tables * train.param_dtype.bytes + head
+
+
+def gradient_split(model: ModelConfig, train: TrainConfig, layout: Layout) -> int:
+    """How many ways the accumulated gradients are split over dp: from ZeRO 2 (also where the
+    gradients are formed locally, `forms_gradients_locally`: ZeRO 1 holds them whole until its one
+    reduce-scatter); where XLA reduces fp32 master weights' gradients inside the loop, from ZeRO 1
+    with the optimizer state, but a pipeline's tick loop sums a stage's gradients whole
+    (`validate.one_f_one_b`), so there only ZeRO 3 splits them."""
+    if holds_master_weights(train, layout) and not forms_gradients_locally(model, train, layout):
         split_from = 1 if layout.pp == 1 else 3
     else:
         split_from = 2
     return layout.dp if layout.zero_stage >= split_from else 1
 
 
-def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout) -> float:
+def micro_batch_gradient_bytes(model: ModelConfig, params: float, train: TrainConfig, layout: Layout) -> float:
     """One micro-batch's gradient of ``params`` parameters, held beside the accumulator while it is
-    added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer):
-    fp32 where the weights are the master copy, else in the compute dtype.
+    added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer,
+    but where the gradients are formed locally (`forms_gradients_locally`) only after the whole
+    backward): fp32 where the weights are the master copy, else in the compute dtype.
 
+    >>> from costmodel.inputs.model_config import ModelConfig
     >>> from costmodel.inputs.stack import stack_with
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=1000)
     >>> train = TrainConfig(seq_len=1024, global_batch=8)
-    >>> [micro_batch_gradient_bytes(1e9, train, Layout(dp=4, zero_stage=1, stack=stack_with(s))) for s in ("jax", "megatron-core")]
-    [1000000000.0, 2000000000.0]
+    >>> [micro_batch_gradient_bytes(m, 1e9, train, Layout(dp=4, zero_stage=1, stack=stack_with(s))) for s in ("jax", "megatron-core")]
+    [4000000000.0, 2000000000.0]
     """
     dtype = train.param_dtype if holds_master_weights(train, layout) else train.compute_dtype
-    return params * dtype.bytes / gradient_split(train, layout)
+    whole = forms_gradients_locally(model, train, layout) and layout.zero_stage == 2
+    return params * dtype.bytes / (1 if whole else gradient_split(model, train, layout))
 
 
 def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int = 0) -> float:

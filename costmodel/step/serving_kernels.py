@@ -113,7 +113,7 @@ def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, seq
 
 def head_kernel(model: ModelConfig, train: TrainConfig, layout: Layout, sequences: int) -> Kernel:
     """The vocabulary projection of each sequence's last token (vocab-parallel over tp, compute dtype)."""
-    v = model.vocab_size / model.vocab_shards(layout.tp)
+    v = model.vocab_per_shard(layout.tp)
     d, e = model.hidden_size, train.compute_dtype.bytes
     return Kernel(name="head", kind=KernelKind.MATMUL, flops=2 * sequences * d * v, bytes=d * v * e + sequences * v * _F32)
 

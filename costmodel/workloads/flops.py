@@ -10,6 +10,11 @@ A training step's model FLOPs per token are ``6·N + 6·L·H·Q·s``, where
   counted, the embedding lookup not), of torchtitan's ``get_num_flop_per_token`` (parameters
   less ``tok_embeddings``) and of nanoGPT's ``estimate_mfu`` (the position embedding left out,
   the tied token embedding kept because it is the head's weight).
+- ``V`` is the padded vocabulary (`ModelConfig.padded_vocab_size`, GPT-2's 50257 counted as
+  50304): the head's GEMM computes every padded column. Megatron-LM's
+  ``num_floating_point_operations`` (``training.py``) counts ``args.padded_vocab_size`` too, and
+  nanoGPT's ``estimate_mfu`` counts its 50304-row table; a model whose vocabulary is already a
+  multiple of 128 (Llama 2's 32000, Llama 3's 128256) is unaffected.
 - ``6·L·H·Q·s`` is causal self-attention: forward ``Q·Kᵀ`` and ``P·V`` cost ``4·s·H·Q`` per token
   per layer over a full ``s × s`` score matrix, three times that with the backward; a causal
   kernel computes only the unmasked half. PaLM's appendix B (Chowdhery et al. 2022, arXiv
@@ -39,8 +44,9 @@ from costmodel.inputs.model_config import ModelConfig
 
 
 def matmul_params(model: ModelConfig) -> int:
-    """``N`` of the convention: the weights one token multiplies, the layers' (active experts only) and the head's ``d·V``."""
-    return model.num_layers * model.active_params_per_layer + model.hidden_size * model.vocab_size
+    """``N`` of the convention: the weights one token multiplies, the layers' (active experts only) and the head's
+    ``d·V`` over the padded vocabulary (module docstring)."""
+    return model.num_layers * model.active_params_per_layer + model.hidden_size * model.padded_vocab_size
 
 
 def attention_forward_flops_per_token(model: ModelConfig, context: int, *, causal: bool = True) -> float:

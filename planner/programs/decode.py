@@ -20,8 +20,8 @@ Mixture-of-experts models are not lowered (refused in one line).
 >>> cache["k"].shape  # 20 tokens in 2 blocks of 16
 (2, 3, 32, 2, 8)
 >>> logits, new_cache = jax.eval_shape(lambda p, c, b: decode_step(p, c, b, cfg), params, cache, batch)
->>> logits.shape, logits.dtype, new_cache["v"].shape
-((3, 50), dtype('float32'), (2, 3, 32, 2, 8))
+>>> logits.shape, logits.dtype, new_cache["v"].shape  # logits over the vocabulary padded to 128, padding masked
+((3, 128), dtype('float32'), (2, 3, 32, 2, 8))
 """
 
 from __future__ import annotations

@@ -2,13 +2,16 @@
 
 Layer parameters are stacked with a leading ``layers`` axis so the layers run under
 ``jax.lax.scan``. Every parameter also has logical axis names (one per dimension), which
-the planner maps to mesh axes to produce ``PartitionSpec``s.
+the planner maps to mesh axes to produce ``PartitionSpec``s. The token table and the head
+hold the padded vocabulary (`ModelConfig.padded_vocab_size`: 50 tokens take 128 rows).
 
 >>> from costmodel.inputs.model_config import ModelConfig
 >>> cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=64, vocab_size=50)
 >>> params = abstract_params(cfg)
 >>> params["layers"]["attn"]["wk"].shape, tuple(map(str, param_logical_axes(cfg)["layers"]["attn"]["wk"]))
 ((2, 32, 2, 8), ('layers', 'embed', 'kv_heads', 'head_dim'))
+>>> params["embed"]["tokens"].shape, params["lm_head"]["w"].shape
+((128, 32), (32, 128))
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
 
 def _dim_sizes(cfg: ModelConfig) -> dict[str, int]:
     return {
-        A.LAYERS: cfg.num_layers, A.VOCAB: cfg.vocab_size, A.EMBED: cfg.hidden_size, A.HEADS: cfg.num_heads,
+        A.LAYERS: cfg.num_layers, A.VOCAB: cfg.padded_vocab_size, A.EMBED: cfg.hidden_size, A.HEADS: cfg.num_heads,
         A.KV_HEADS: cfg.num_kv_heads, A.HEAD_DIM: cfg.head_dim, A.EXPERTS: cfg.num_experts,
         A.POSITIONS: cfg.max_position_embeddings, A.NORM: cfg.hidden_size,
     }

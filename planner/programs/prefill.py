@@ -18,8 +18,8 @@ to the compute dtype on use.
 >>> batch["tokens"].shape, cache["k"].shape  # a 40-token context in 3 blocks of 16
 ((3, 20), (2, 3, 48, 2, 8))
 >>> logits, new_cache = jax.eval_shape(lambda p, c, b: prefill_step(p, c, b, cfg), params, cache, batch)
->>> logits.shape, logits.dtype
-((3, 50), dtype('float32'))
+>>> logits.shape, logits.dtype  # over the vocabulary padded to 128, the padding masked
+((3, 128), dtype('float32'))
 """
 
 from __future__ import annotations

@@ -123,6 +123,31 @@ def _decays(path: tuple[Any, ...]) -> bool:
     return name != "scale" and not name.startswith("b")
 
 
+def micro_batched(batch: Batch, micro_batches: int) -> Batch:
+    """``batch`` cut into ``micro_batches`` along a new leading axis, the micro-batch index minor
+    within each sequence block, so a batch split over data devices stays split the same way:
+    no data moves between them."""
+    return {k: jnp.moveaxis(v.reshape(v.shape[0] // micro_batches, micro_batches, *v.shape[1:]), 1, 0) for k, v in batch.items()}
+
+
+def make_value_and_grad(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", attention: str = "materialized",
+                        hooks: dict[str, Any] | None = None) -> Callable[..., tuple[jax.Array, Params]]:
+    """``(params, batch, frozen) -> (mean loss, gradients)`` of one (micro-)batch; under LoRA
+    ``params`` are the adapters and ``frozen`` the weights they adapt (None otherwise)."""
+    compute_dtype = jnp.dtype(train.compute_dtype.value)
+    lora_scale = train.workload.adapter_scale
+    if train.is_fp8:  # the dense layers' projections in fp8 (`planner.programs.fp8_linear`)
+        hooks = {**(hooks or {}), "linear": fp8_linear}
+    loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale)
+
+    def trained_loss(params: Params, batch: Batch, frozen: Params | None) -> jax.Array:
+        # Under LoRA ``params`` are the adapters, merged beside the frozen weights they adapt.
+        merged = params if frozen is None else merge_adapters(frozen, params)
+        return loss(merged, batch, cfg, compute_dtype=compute_dtype, remat=remat)
+
+    return jax.value_and_grad(trained_loss)
+
+
 def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
                         attention: str = "materialized", hooks: dict[str, Any] | None = None) -> Callable[..., Any]:
     """A function ``(params, batch) -> (mean loss, fp32 gradients)``; under LoRA
@@ -133,32 +158,18 @@ def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "n
     micro-batch's activations are live at a time. ``attention`` is `forward`'s kernel;
     ``hooks`` go to `forward` (sharding constraints, the embedding lookup).
     """
-    compute_dtype = jnp.dtype(train.compute_dtype.value)
-    lora_scale = train.workload.adapter_scale
-    if train.is_fp8:  # the dense layers' projections in fp8 (`planner.programs.fp8_linear`)
-        hooks = {**(hooks or {}), "linear": fp8_linear}
-    loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale)
-
-    def trained_loss(params: Params, batch: Batch, cfg: ModelConfig, frozen: Params | None, **kwargs: Any) -> jax.Array:
-        # Under LoRA ``params`` are the adapters, merged beside the frozen weights they adapt.
-        return loss(params if frozen is None else merge_adapters(frozen, params), batch, cfg, **kwargs)
-
-    value_and_grad = jax.value_and_grad(trained_loss)
+    value_and_grad = make_value_and_grad(cfg, train, remat=remat, attention=attention, hooks=hooks)
 
     def loss_and_grads(params: Params, batch: Batch, frozen: Params | None = None) -> tuple[jax.Array, Params]:
-        grad_fn = partial(value_and_grad, frozen=frozen)
         if micro_batches == 1:
-            return grad_fn(params, batch, cfg, compute_dtype=compute_dtype, remat=remat)
-        # Micro-batch index minor within each sequence block, so a batch split over data
-        # devices stays split the same way: no data moves between them.
-        micro = {k: jnp.moveaxis(v.reshape(v.shape[0] // micro_batches, micro_batches, *v.shape[1:]), 1, 0) for k, v in batch.items()}
+            return value_and_grad(params, batch, frozen)
 
         def accumulate(carry: tuple[jax.Array, Params], mb: Batch) -> tuple[tuple[jax.Array, Params], None]:
-            loss, grads = grad_fn(params, mb, cfg, compute_dtype=compute_dtype, remat=remat)
+            loss, grads = value_and_grad(params, mb, frozen)
             return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], grads)), None
 
         zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
-        (loss, grads), _ = jax.lax.scan(accumulate, zeros, micro)
+        (loss, grads), _ = jax.lax.scan(accumulate, zeros, micro_batched(batch, micro_batches))
         return loss / micro_batches, jax.tree.map(lambda g: g / micro_batches, grads)
 
     return loss_and_grads

@@ -12,8 +12,8 @@ dtype on use; softmaxes and logits are fp32.
 >>> from planner.programs.params import init_params
 >>> cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=50)
 >>> logits_BxSxV, aux = forward(init_params(cfg, jax.random.key(0)), jnp.zeros((2, 8), jnp.int32), cfg)
->>> logits_BxSxV.shape, logits_BxSxV.dtype
-((2, 8, 50), dtype('float32'))
+>>> logits_BxSxV.shape, logits_BxSxV.dtype  # the 50-token vocabulary padded to 128 columns
+((2, 8, 128), dtype('float32'))
 """
 
 from __future__ import annotations
@@ -40,7 +40,13 @@ Experts = Callable[[Callable[..., jax.Array]], Callable[..., jax.Array]]
 # Wraps the checkpointed layer, choosing how its backward keeps residuals (`planner.programs.residuals`).
 KeepResiduals = Callable[[Callable[..., Any]], Callable[..., Any]]
 Linear = Callable[[str, jax.Array, jax.Array, Any], jax.Array]  # (einsum equation, x, w, result dtype) -> x·w
+# Makes the weights a computation reads from those it holds: ``("layers", one layer's)`` inside
+# the checkpointed layer, ``("outer", the rest)`` once per forward (the validator gathers ZeRO-3's shards).
+Weights = Callable[[str, Params], Params]
 ATTENTION_KERNELS = ("materialized", "flash")
+# The logit of a padded vocabulary entry (`mask_padded_logits`): finite, so that no ``-inf``
+# meets a zero (``0 · -inf`` is NaN), and far enough below any real logit that ``exp`` gives 0.
+PADDED_LOGIT = -1e30
 # Tokens an expert accepts beyond its even share (GShard / Switch Transformer practice): the
 # jax stack's fact, which the cost model reads too.
 MOE_CAPACITY_FACTOR = STACKS["jax"].moe_capacity_factor
@@ -81,6 +87,10 @@ def _rope(x_BxSxNxH: jax.Array, theta: float) -> jax.Array:
 
 def _keep(name: str, x: jax.Array) -> jax.Array:
     return x
+
+
+def _held(kind: str, params: Params) -> Params:
+    return params
 
 
 def _run(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -302,7 +312,7 @@ def _layer(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: 
 def forward(
     params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
     constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized", experts: Experts = _run,
-    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _run, linear: Linear = _einsum_linear,
+    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _run, linear: Linear = _einsum_linear, weights: Weights = _held,
 ) -> tuple[jax.Array, jax.Array]:
     """Logits ``[B, S, V]`` (fp32) and the mean MoE load-balancing loss (0 for dense models).
 
@@ -321,11 +331,14 @@ def forward(
     layers' projections (`planner.programs.fp8_linear.fp8_linear` for the fp8 recipe; MoE experts and the
     head stay in the compute dtype). ``keep_residuals`` wraps each checkpointed layer (the
     validator passes `planner.programs.residuals.residuals_as_bits` on the CPU backend).
+    ``weights(kind, held)`` gives the weights used from those held (`Weights`): under the
+    layers' checkpoint, so a layer's are made again for its backward rather than kept.
     """
-    x_BxSxD = embed(params, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
+    outer = weights("outer", {k: v for k, v in params.items() if k != "layers"})
+    x_BxSxD = embed(outer, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
     x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention, experts=experts,
-                                lora_scale=lora_scale, keep_residuals=keep_residuals, linear=linear)
-    return head(x_BxSxD, params, cfg, constrain=constrain), aux_L.mean()
+                                lora_scale=lora_scale, keep_residuals=keep_residuals, linear=linear, weights=weights)
+    return head(x_BxSxD, outer, cfg, constrain=constrain), aux_L.mean()
 
 
 def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16,
@@ -341,7 +354,7 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
 def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: str = "none",
                constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run,
                lora_scale: float = 1.0, keep_residuals: KeepResiduals = _run,
-               linear: Linear = _einsum_linear) -> tuple[jax.Array, jax.Array]:
+               linear: Linear = _einsum_linear, weights: Weights = _held) -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
     output and each layer's MoE balancing loss. ``keep_residuals`` wraps the checkpointed layer."""
     if remat not in _REMAT_POLICIES:
@@ -351,16 +364,35 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, layer_params, cfg, x.dtype, constrain, attention, experts, lora_scale, linear)
+            return _layer(x, weights("layers", layer_params), cfg, x.dtype, constrain, attention, experts, lora_scale, linear)
 
     body = keep_residuals(jax.checkpoint(body, policy=_REMAT_POLICIES[remat]))
     return jax.lax.scan(body, x_BxSxD, layers)
 
 
 def head(x_BxSxD: jax.Array, params: Params, cfg: ModelConfig, *, constrain: Constrain = _keep) -> jax.Array:
-    """Final norm and the vocabulary projection: fp32 logits."""
+    """Final norm and the vocabulary projection: fp32 logits over the padded vocabulary
+    (`ModelConfig.padded_vocab_size`), the padded columns masked (`mask_padded_logits`)."""
     with jax.named_scope("head"):
         h_BxSxD = _norm(x_BxSxD, params["final_norm"], cfg)
         w_DxV = params["embed"]["tokens"].T if cfg.tie_embeddings else params["lm_head"]["w"]
-        return constrain("logits_BxSxV", jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(x_BxSxD.dtype),
-                                                    preferred_element_type=jnp.float32))
+        logits_BxSxV = constrain("logits_BxSxV", jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(x_BxSxD.dtype),
+                                                            preferred_element_type=jnp.float32))
+        return mask_padded_logits(logits_BxSxV, cfg.vocab_size)
+
+
+def mask_padded_logits(logits_BxSxV: jax.Array, vocab_size: int) -> jax.Array:
+    """Logits with the padding columns (index ``vocab_size`` and above) set to `PADDED_LOGIT`,
+    so that the softmax gives them probability 0 and the loss, its gradient and a sampled token
+    are those of the unpadded vocabulary; unchanged where nothing is padded. The mask is one
+    ``[V]`` row broadcast over the tokens, so it keeps the logits' vocabulary split (an iota of
+    the logits' whole shape made XLA's CPU compiler abort on GPT-2 with ZeRO-3 and a
+    vocabulary-split tied table: "Invalid binary instruction opcode copy").
+
+    >>> (mask_padded_logits(jnp.zeros((1, 1, 4)), 3) == PADDED_LOGIT).tolist()
+    [[[False, False, False, True]]]
+    """
+    if logits_BxSxV.shape[-1] == vocab_size:
+        return logits_BxSxV
+    real_V = jnp.arange(logits_BxSxV.shape[-1]) < vocab_size
+    return jnp.where(real_V, logits_BxSxV, PADDED_LOGIT)

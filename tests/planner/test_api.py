@@ -114,7 +114,7 @@ def test_cli_refuses_to_overwrite_and_writes_atomically(tmp_path, capsys):
 def test_public_api_is_importable_from_the_package():
     import planner
 
-    assert planner.plan is plan and planner.load_model("gpt2").total_params == 124439808
+    assert planner.plan is plan and planner.load_model("gpt2").total_params == 124475904  # padded to 50304 rows
     assert planner.PlanRequest is PlanRequest and planner.layout_plan is layout_plan
     with pytest.raises(AttributeError):
         planner.no_such_name  # noqa: B018
@@ -216,3 +216,34 @@ def test_a_mesh_that_cannot_carry_the_given_layout_is_refused():
 
     with pytest.raises(InvalidConfigError, match=r"mesh 4x2 cannot carry dp=2, tp=4, pp=1, cp=1"):
         layout_plan("gpt2", Layout(dp=2, tp=4, micro_batch=8), mesh="4x2", hardware="a100-80gb", global_batch=64)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_pinned_zero_and_micro_batch_are_kept_and_the_rest_chosen(zero):
+    p = plan("llama3-8b", mesh="data=8", global_batch=64, pins={"zero_stage": zero, "micro_batch": 2})
+    assert (p.layout.dp, p.layout.zero_stage, p.layout.micro_batch) == (8, zero, 2)
+    assert p.solver.pins.flags == f"--micro-batch 2 --zero {zero}"
+    # ZeRO 0 holds 120 GiB of state per device: only with the optimizer state on the host (offload is the planner's, not pinned).
+    assert (p.layout.offload.value, p.solver.offload_reason is not None) == (("optimizer", True) if zero == 0 else ("none", False))
+    assert all(a.layout.zero_stage == zero and a.layout.micro_batch == 2 for a in p.alternatives if a.why.endswith("slower"))
+
+
+def test_degree_pins_on_an_unnamed_mesh_choose_its_axes_roles_and_serve():
+    p = plan("llama3-8b", mesh="2x4", global_batch=64, pins={"tp": 4, "sequence_parallel": False})
+    assert [(a.size, a.parallelism) for a in p.mesh] == [(2, "dp"), (4, "tp")] and not p.layout.sequence_parallel
+    cp = plan("llama3-8b", mesh="4x2", global_batch=64, pins={"cp": 2})
+    assert cp.layout.cp == 2 and [a.parallelism for a in cp.mesh] == ["dp", "cp"]
+    served = plan("llama3-8b", mesh="2x4", workload="decode", global_batch=8, seq_len=1024, pins={"tp": 4})
+    assert (served.layout.tp, served.layout.dp, served.solver.pins.given) == (4, 2, {"tp": 4})
+
+
+def test_pins_nothing_fits_under_name_the_pin_to_drop():
+    with pytest.raises(InfeasibleError, match=r"^llama3-8b under --micro-batch 2 --zero 0 does not fit on 8× h100-sxm: .*; "
+                                                r"fix: drop --zero 0 \(dp8 tp1 pp1 mb2 .* fits\); without pins the best layout is "
+                                                r"dp8 tp1 pp1 mb\d .*, or let the optimizer state go to the host \(--offload optimizer\)$"):
+        plan("llama3-8b", mesh="data=8", global_batch=64, offload="none", pins={"zero_stage": 0, "micro_batch": 2})
+
+
+def test_the_intra_op_planners_refuse_a_zero_pin_naming_the_grid_planner():
+    with pytest.raises(UnsupportedError, match=r"--planner ilp cannot honour --zero 3: .*; fix: use --planner grid, which honours"):
+        plan("gpt2", mesh="8", planner="ilp", pins={"zero_stage": 3})

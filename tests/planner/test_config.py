@@ -61,7 +61,7 @@ def test_hf_gpt2_aliases(tmp_path):
           "vocab_size": 50257, "n_inner": None, "activation_function": "gelu_new"}
     cfg = load_model(_write(tmp_path, hf))
     assert (cfg.ffn_size, cfg.norm, cfg.positions, cfg.tie_embeddings) == (3072, "layernorm", "learned", True)
-    assert cfg.total_params == 124439808
+    assert cfg.total_params == 124439808 + 47 * 768  # GPT-2's 124,439,808 with its table padded 50257 -> 50304 rows
 
 
 def test_qwen3_explicit_head_dim_and_qwen2_qkv_bias():

@@ -25,6 +25,11 @@ def test_names_become_typed_values():
     ({"time_limit_s": float("nan")}, InvalidConfigError, "--time-limit-s=nan is not a positive number of seconds"),
     ({"offload": "disk"}, InvalidConfigError, "unknown offload 'disk'; fix: use one of: none, optimizer"),
     ({"offload": "optimizer", "planner": "ilp"}, UnsupportedError, "--planner ilp does not plan offloaded layouts"),
+    ({"pins": {"zero_stage": 3}, "planner": "ilp"}, UnsupportedError,
+     r"^--planner ilp cannot honour --zero 3: .* \(it honours --micro-batch and --recompute\); "
+     r"fix: use --planner grid, which honours --zero 3, or drop --zero 3$"),
+    ({"pins": {"tp": 2, "pp": 2, "micro_batch": 2}, "planner": "beam"}, UnsupportedError,
+     r"^--planner beam cannot honour --tp 2 --pp 2: "),
 ])
 def test_a_bad_setting_gets_the_error_catalogs_line(fields, error, match):
     with pytest.raises(error, match=match):
@@ -41,3 +46,10 @@ def test_a_request_is_frozen_and_round_trips_through_json():
     with pytest.raises(ValidationError):
         request.mesh = "8"  # type: ignore[misc]
     assert PlanRequest.model_validate_json(request.model_dump_json()) == request
+
+
+def test_pins_an_intra_op_planner_honours_pass_and_a_request_with_pins_round_trips():
+    request = PlanRequest(model="gpt2", mesh="8", planner="ilp", pins={"micro_batch": 2, "recompute": "full", "pp": 1})
+    assert request.pins.flags == "--pp 1 --micro-batch 2 --recompute full"
+    assert PlanRequest.model_validate_json(request.model_dump_json()) == request
+    assert PlanRequest(model="gpt2", mesh="8").pins.given == {}

@@ -16,8 +16,11 @@ from search.layouts import (
     INTRA_OP_PIPELINE_RULE,
     PIPELINE_MOE_TP_RULE,
     PIPELINE_ZERO3_TP_RULE,
+    SP_PIPELINE_RULE,
+    SP_TP_RULE,
     TIME_LIMIT_RULE,
     UNEVEN_RULE,
+    NothingFitsError,
     SearchSpace,
     candidate_layouts,
     degree_splits,
@@ -110,6 +113,17 @@ def test_intra_op_planners_get_no_pipelined_layouts():
     assert any(lay.pp > 1 for lay in grid)
 
 
+def test_sequence_parallelism_is_where_tp_allows_unless_the_space_pins_it():
+    space = SearchSpace(splits=((2, 2, 2, 1), (4, 2, 1, 1), (8, 1, 1, 1)), lowered_only=True)
+    default = list(candidate_layouts(MODEL, TRAIN, 8, space, Counter(), devices_per_node=8))
+    assert all(lay.sequence_parallel == (lay.tp > 1 and lay.pp == 1) for lay in default)
+    off = list(candidate_layouts(MODEL, TRAIN, 8, space.model_copy(update={"sequence_parallel": False}), Counter(), devices_per_node=8))
+    assert len(off) == len(default) and not any(lay.sequence_parallel for lay in off)
+    pruned: Counter[str] = Counter()
+    on = list(candidate_layouts(MODEL, TRAIN, 8, space.model_copy(update={"sequence_parallel": True}), pruned, devices_per_node=8))
+    assert on and all(lay.sequence_parallel for lay in on) and pruned[SP_TP_RULE] > 0 and pruned[SP_PIPELINE_RULE] > 0
+
+
 LLAMA3_8B = ModelConfig(name="llama3-8b", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336,
                         vocab_size=128256)
 
@@ -139,6 +153,7 @@ def test_when_offloading_does_not_fit_either_the_answer_says_what_the_host_lacks
     space = SearchSpace(micro_batches=(1,), recompute=(Recompute.FULL,), offload_when_nothing_fits=True)
     with pytest.raises(InfeasibleError) as err:
         grid_search(LLAMA3_8B, TrainConfig(seq_len=2048, global_batch=8), small_host, n_devices=1, space=space)
+    assert isinstance(err.value, NothingFitsError) and err.value.closest[0].layout.offload is Offload.OPTIMIZER
     offloaded = err.value.cause.split("; offloading the optimizer state, closest: ")[1]
     assert re.fullmatch(r"dp1 tp1 pp1 mb1 full recompute ZeRO 0 needs [\d.]+ GiB \(.*\) and 1\d\d\.\d GiB of host against its 64",
                         offloaded)

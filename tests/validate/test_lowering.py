@@ -8,10 +8,13 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import Dtype
 from planner.api import layout_plan
+from planner.presets import PRESETS
 from validate.emulated import run_emulated
 
 LLAMA = ModelConfig(name="tiny-llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=128, vocab_size=256)
 DEEP = ModelConfig(**{**LLAMA.model_dump(), "name": "tiny-llama-4", "num_layers": 4})
+GPT = ModelConfig(**{**PRESETS["gpt2"], "name": "tiny-gpt", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "ffn_size": 256,
+                     "vocab_size": 250, "max_position_embeddings": 64, "qkv_bias": False})  # bk's gradient is 0: no relative error
 MOE = ModelConfig(**{**DEEP.model_dump(), "name": "tiny-moe", "num_experts": 4, "experts_per_token": 2, "moe_ffn_size": 64})
 
 _RUN = """
@@ -54,6 +57,16 @@ def test_sharded_step_matches_the_single_device_loss(layout, model=LLAMA):
     assert out["loss"] == pytest.approx(out["reference"], rel=1e-5)
     assert out["lookup_error"] == 0.0
     assert out["grad_error"] < 1e-4  # relative to each gradient's largest entry
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_data_parallel_region_matches_the_single_device_loss_and_gradients(zero):
+    # `validate.data_parallel_region`: each ZeRO stage's own reductions, over two micro-batches.
+    test_sharded_step_matches_the_single_device_loss(Layout(dp=8, micro_batch=1, zero_stage=zero), LLAMA)
+
+
+def test_data_parallel_region_with_tied_embeddings_and_zero_3():
+    test_sharded_step_matches_the_single_device_loss(Layout(dp=8, micro_batch=1, zero_stage=3, recompute="full"), GPT)
 
 
 @pytest.mark.parametrize("layout, model", [

@@ -19,14 +19,17 @@ MOE = ModelConfig(name="small-moe", hidden_size=512, num_layers=2, num_heads=8, 
 @pytest.mark.parametrize("model, layout", [
     (LLAMA, Layout(dp=2, tp=4, micro_batch=2, zero_stage=1, recompute="full")),
     (LLAMA, Layout(dp=4, tp=2, micro_batch=1, recompute="selective")),
-    (GPT, Layout(dp=2, tp=4, micro_batch=4)),  # vocabulary 500 is not split 4 ways: the head runs whole
+    # Unpadded, vocabulary 500 is not split 4 ways: the head runs whole (padded to 512 it would split).
+    (GPT.model_copy(update={"vocab_multiple": 1}), Layout(dp=2, tp=4, micro_batch=4)),
     (LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=2)),
     (LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=1, recompute="full")),
-    # Every pipeline group runs the tied table's lookup and head whole. With a GPT-2 vocabulary: for a table of a few
-    # thousand rows XLA gathers the lookup's gradient rows in bf16 there instead of exchanging them in fp32.
+    # Every pipeline group runs the tied table's lookup and head whole. With GPT-2's 50257 rows, which ZeRO's 4 data
+    # shards split by width, XLA exchanges the lookup's gradient rows in fp32; padded to 50304 rows, which it splits
+    # by row, XLA gathers them in bf16, as for a table of a few thousand rows.
+    (GPT.model_copy(update={"vocab_size": 50257, "vocab_multiple": 1}), Layout(pp=2, dp=4, micro_batch=1, zero_stage=1)),
     (GPT.model_copy(update={"vocab_size": 50257}), Layout(pp=2, dp=4, micro_batch=1, zero_stage=1)),
 ], ids=["llama-zero1-full", "llama-selective", "gpt-tied-unsplit-vocab", "llama-pipeline", "llama-pipeline-full",
-        "gpt-tied-pipeline-zero1"])
+        "gpt-tied-pipeline-zero1-unpadded", "gpt-tied-pipeline-zero1-padded"])
 def test_collectives_flops_and_arguments_match_the_compiled_module(model, layout):
     plan = layout_plan(model, layout, hardware="a100-80gb", seq_len=64, global_batch=16)
     results = {(c.item, c.axis): c for c in checks(plan, compile_in_subprocess(plan))}
@@ -80,7 +83,7 @@ def test_a_pipeline_holds_its_bubble_ticks_activations_and_with_one_micro_batch_
     plan = layout_plan(LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=8, schedule=Schedule.GPIPE), hardware="a100-80gb",
                        seq_len=64, global_batch=16)
     simulated = simulate(plan.model, plan.train, plan.layout, load_machine("a100-80gb")).memory
-    tick_gradient = micro_batch_gradient_bytes(stage_params_per_device(LLAMA, plan.layout), plan.train, plan.layout)
+    tick_gradient = micro_batch_gradient_bytes(LLAMA, stage_params_per_device(LLAMA, plan.layout), plan.train, plan.layout)
     assert tick_gradient == stage_params_per_device(LLAMA, plan.layout) * 4  # fp32, whole: the tick loop sums it unsplit
     bubble_ticks = (plan.layout.pp - 1) * (LLAMA.num_layers // 2) * activation_bytes_per_layer(LLAMA, plan.train, plan.layout)
     # Every stage also holds the embedding (the busiest, last stage's own end is the head).

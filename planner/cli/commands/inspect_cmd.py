@@ -97,6 +97,7 @@ def _table(r: InspectReport) -> Table:
           if r.trainable_params != r.params else []),
         ("  embedding + head", f"{r.embedding_params:,}"),
         ("  per layer × layers", f"{r.params_per_layer:,} × {r.layers}"),
+        ("vocabulary (padded)", f"{r.vocab_size:,} ({r.padded_vocab_size:,})"),
         ("FLOPs per step", f"{r.flops_per_step:.4g}"),
         ("  of which matmul", f"{r.matmul_flops_per_step:.4g}"),
         ("FLOPs per token", f"{r.flops_per_token:.4g}"),

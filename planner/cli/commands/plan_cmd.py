@@ -25,6 +25,7 @@ from costmodel.step.simulator import simulate
 from planner.api import plan
 from planner.cli import exports
 from planner.cli.commands.arg_types import PRECISION_HELP, add_memory_reserve_argument, non_negative_int, positive_float, positive_int
+from planner.cli.commands.pin_args import add_pin_arguments, pins_from_args
 from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.cli.html_report import html_report
@@ -77,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without; default), none or optimizer")
     add_workload_arguments(parser)
     add_stack_arguments(parser)
+    add_pin_arguments(parser)
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
     parser.add_argument("--time-limit-s", type=positive_float, default=20.0,
                         help="limit of the layout search and, separately, of the intra-op planner; when it runs out the best "
@@ -131,8 +133,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
                         devices_per_node=args.devices_per_node, memory_reserve_gib=args.memory_reserve_gib,
                         **sizes, **workload, tokens=args.tokens, run=run_settings(args),
                         stack=stack_from_args(args), attention=args.attention, precision=args.precision,
-                        offload=None if args.offload == "auto" else args.offload, planner=args.planner,
-                        time_limit_s=args.time_limit_s, seed=args.seed)
+                        offload=None if args.offload == "auto" else args.offload, pins=pins_from_args(args),
+                        planner=args.planner, time_limit_s=args.time_limit_s, seed=args.seed)
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,8 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         *offload_rows(est, reason=p.solver.offload_reason),
         *filter(None, [jax_memory_row(mem)]),
     ) if p.train.workload.runs_backward else ()
+    if p.solver.pins:
+        pred.add_row("pinned", f"{p.solver.pins.flags}   (the planner chose the rest)")
     for name, value in training_rows or serving_rows(p):
         pred.add_row(name, value)
     for note in p.model_notes:

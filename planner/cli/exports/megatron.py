@@ -49,11 +49,34 @@ def _data_parallel(plan: Plan) -> list[str]:
     return flags + (["--optimizer-cpu-offload"] if lay.offload != "none" else [])
 
 
+def vocab_divisor(plan: Plan) -> int:
+    """``--make-vocab-size-divisible-by``: Megatron pads the vocabulary to a multiple of this times
+    the tensor-parallel size (``_vocab_size_with_padding``), so this is the model's
+    ``vocab_multiple`` over tp where tp divides it (GPT-2 at tp 4: 32, padding 50257 to 50304 as
+    the plan's `ModelConfig.padded_vocab_size`), else the largest value up to ``vocab_multiple``
+    that pads to the same size. Where tp does not divide that size (the plan keeps the
+    vocabulary whole), none does: ``vocab_multiple``, and Megatron pads further than the plan.
+
+    >>> from planner.api import plan
+    >>> p = plan("gpt2-medium", mesh="data=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=1024)
+    >>> vocab_divisor(p), -(-p.model.vocab_size // (vocab_divisor(p) * p.layout.tp)) * vocab_divisor(p) * p.layout.tp
+    (32, 50304)
+    """
+    m, tp = plan.model, plan.layout.tp
+    v, padded = m.vocab_size, m.padded_vocab_size
+    if m.vocab_multiple % tp == 0:
+        return m.vocab_multiple // tp
+    if padded % tp:
+        return m.vocab_multiple
+    return next(k for k in range(min(m.vocab_multiple, padded // tp), 0, -1) if (padded // tp) % k == 0 and padded - k * tp < v)
+
+
 def _model(plan: Plan) -> list[str]:
     m = plan.model
     flags = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size), "--ffn-hidden-size", str(m.ffn_size),
              "--num-attention-heads", str(m.num_heads), "--kv-channels", str(m.head_dim),
              "--max-position-embeddings", str(m.max_position_embeddings), "--vocab-size", str(m.vocab_size),
+             "--make-vocab-size-divisible-by", str(vocab_divisor(plan)),
              "--normalization", _NORMS[m.norm], "--norm-epsilon", repr(m.norm_eps)]
     if m.num_kv_heads != m.num_heads:
         flags += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]

@@ -9,6 +9,7 @@ from costmodel.hardware.catalog import CATALOG
 from costmodel.hardware.machine import train_machine
 from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.layout import Layout
+from costmodel.inputs.stack import stack_with
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.simulator import simulate
 from planner.largest import family_model
@@ -17,7 +18,9 @@ _GIB, _MIB = 2**30, 2**20
 # A 33.6 B Llama (hidden 6144, 66 layers) on 8 H100: dp2 tp4, full recompute, ZeRO 3 peaks at 80.0 GiB,
 # 2.4 MiB under the datasheet's 80 GiB, which the planner used to call fitting.
 LLAMA_33B = family_model("llama", 6144, 66)
-AT_THE_BRIM = Layout(dp=2, tp=4, micro_batch=1, recompute="full", zero_stage=3, sequence_parallel=True)
+# Sized to the brim under XLA's in-loop reductions (the jax stack's pipelined accounting).
+AT_THE_BRIM = Layout(dp=2, tp=4, micro_batch=1, recompute="full", zero_stage=3, sequence_parallel=True,
+                     stack=stack_with("jax", manual_data_parallel=False))
 TRAIN = TrainConfig(seq_len=2048, global_batch=8)
 
 

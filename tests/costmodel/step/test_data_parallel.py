@@ -7,7 +7,7 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import stack_with
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.step.collectives import Group, Tier, all_gather_s, all_reduce_s
+from costmodel.step.collectives import Group, Tier, all_gather_s, all_reduce_s, reduce_scatter_s
 from costmodel.step.data_parallel import data_parallel_costs, layer_params_per_device, stage_params_per_device
 from costmodel.step.layer_costs import layer_costs
 
@@ -28,26 +28,41 @@ def test_plain_data_parallel_all_reduces_fp32_gradients_once():
     assert c.total_s == pytest.approx(expected) and c.exposed_s == c.total_s
 
 
-def test_the_jax_program_reduces_every_micro_batch_in_bf16_and_gathers_fp32_parameters_at_the_end():
+def test_fp32_weights_reduced_by_xla_every_micro_batch_in_bf16_then_fp32_parameters_gathered():
     group = Group(n=32, n_nodes=4, intra=NV, inter=IB)
     layers = MODEL.num_layers * layer_params_per_device(MODEL, Layout())
     other = stage_params_per_device(MODEL, Layout()) - layers
     reduce_s = all_reduce_s(layers * 2 + other * 4, group)
-    one_micro_batch = Layout(dp=32, micro_batch=2, stack=stack_with("jax", dp_overlap=False))
+    in_loop = stack_with("jax", dp_overlap=False, manual_data_parallel=False)
+    one_micro_batch = Layout(dp=32, micro_batch=2, stack=in_loop)
     assert _costs(one_micro_batch).total_s == pytest.approx(reduce_s)
     assert _costs(one_micro_batch.model_copy(update={"micro_batch": 1})).total_s == pytest.approx(2 * reduce_s)  # inside the loop
-    zero1 = _costs(Layout(dp=32, micro_batch=2, zero_stage=1))
+    zero1 = _costs(Layout(dp=32, micro_batch=2, zero_stage=1, stack=stack_with(in_loop, dp_overlap=True)))
     gather_s = all_gather_s((layers + other) * 4, group)
     assert zero1.total_s == pytest.approx(reduce_s + gather_s)
     # The gather ends the step: nothing hides it, unlike Megatron's --overlap-param-gather.
     assert zero1.exposed_s > gather_s
-    overlapped = _costs(Layout(dp=32, micro_batch=2, zero_stage=1, stack=stack_with("jax", overlap_param_gather=True)))
+    overlapped = _costs(Layout(dp=32, micro_batch=2, zero_stage=1, stack=stack_with(in_loop, dp_overlap=True, overlap_param_gather=True)))
     assert overlapped.exposed_s < zero1.exposed_s
 
 
+@pytest.mark.parametrize("zero, reductions", [(0, 1), (1, 1), (2, 2)])
+def test_the_jax_program_reduces_its_local_fp32_sums_as_zero_needs(zero, reductions):
+    group = Group(n=32, n_nodes=4, intra=NV, inter=IB)
+    params = stage_params_per_device(MODEL, Layout())
+    cost = _costs(Layout(dp=32, micro_batch=1, zero_stage=zero))  # two micro-batches
+    if zero == 0:
+        expected = all_reduce_s(params * 4, group)
+    else:
+        expected = reductions * reduce_scatter_s(params * 4, group) + all_gather_s(params * 4, group)
+    assert cost.total_s == pytest.approx(expected)
+    assert cost.exposed_s == cost.total_s  # after the loop, or after a whole backward: nothing left to hide behind
+
+
 def test_overlap_hides_part_of_the_reduction():
-    overlapped = _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=True)))
-    assert overlapped.exposed_s < _costs(Layout(dp=32, stack=stack_with("jax", dp_overlap=False))).exposed_s
+    in_loop = stack_with("jax", manual_data_parallel=False)
+    overlapped = _costs(Layout(dp=32, stack=stack_with(in_loop, dp_overlap=True)))
+    assert overlapped.exposed_s < _costs(Layout(dp=32, stack=stack_with(in_loop, dp_overlap=False))).exposed_s
 
 
 def test_fsdp_moves_more_bytes_than_plain_data_parallel():
@@ -85,7 +100,7 @@ def _quiet_and_slowed(layout, slowdown=0.2):
 
 
 def test_hidden_reduction_slows_the_backward_it_overlaps():
-    quiet, slowed = _quiet_and_slowed(Layout(dp=32, micro_batch=2))
+    quiet, slowed = _quiet_and_slowed(Layout(dp=32, micro_batch=2, stack=stack_with("jax", manual_data_parallel=False)))
     hidden_s = quiet.total_s - quiet.exposed_s
     assert hidden_s > 0 and slowed.exposed_s == pytest.approx(quiet.exposed_s + 0.2 * hidden_s)
 

@@ -63,14 +63,14 @@ def test_moe_layer_costs_top_k_experts_and_a_capacity_its_idle_slots_too():
 
 def test_head_projects_onto_the_vocabulary_split_by_tp():
     lm_head = _named(head_forward_kernels(GPT, TRAIN, Layout(tp=2)), "lm_head")
-    assert lm_head.flops == pytest.approx(2 * TRAIN.seq_len * GPT.hidden_size * GPT.vocab_size / 2)
+    assert lm_head.flops == pytest.approx(2 * TRAIN.seq_len * GPT.hidden_size * GPT.padded_vocab_size / 2)
 
 
 def test_megatron_cross_entropy_moves_its_op_by_op_fp32_passes():
     # Megatron's vocab-parallel cross-entropy: 9.5 fp32 passes over the logits forward, 3.5 backward.
     fused = _named(head_forward_kernels(GPT, TRAIN, Layout(tp=2)), "cross_entropy")
     megatron = _named(head_forward_kernels(GPT, TRAIN, Layout(tp=2, stack=stack_with("megatron-core"))), "cross_entropy")
-    logits = TRAIN.seq_len * GPT.vocab_size / 2
+    logits = TRAIN.seq_len * GPT.padded_vocab_size / 2
     assert megatron.bytes == pytest.approx(9.5 * 4 * logits) and fused.bytes == pytest.approx(3 * 4 * logits)
     assert megatron.bytes * megatron.backward_scale == pytest.approx(3.5 * 4 * logits)
 

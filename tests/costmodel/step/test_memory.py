@@ -99,9 +99,9 @@ def test_full_recompute_keeps_the_same_activations_for_either_kernel():
 
 
 def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumulator():
-    def extra_temporary_bytes(micro_batch, fused=False, fp32_weights=False, **layout):
+    def extra_temporary_bytes(micro_batch, fused=False, fp32_weights=False, manual=False, **layout):
         """Temporaries beyond one micro-batch's logits and their gradient."""
-        stack = stack_with("jax", fused_grad_accumulation=fused, fp32_weights=fp32_weights)
+        stack = stack_with("jax", fused_grad_accumulation=fused, fp32_weights=fp32_weights, manual_data_parallel=manual)
         mem = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=micro_batch, stack=stack, **layout))
         return mem.temporary_bytes - 2 * micro_batch * TRAIN.seq_len * MODEL.vocab_size * 4
 
@@ -109,11 +109,15 @@ def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumul
     assert extra_temporary_bytes(8) - extra_temporary_bytes(32) == pytest.approx(2 * MODEL.total_params)
     zero2 = {mb: extra_temporary_bytes(mb, dp=4, zero_stage=2) for mb in (2, 8)}
     assert zero2[2] - zero2[8] == pytest.approx(2 * MODEL.total_params / 4)
-    # fp32 weights (the JAX program): an fp32 gradient, split with the optimizer state from ZeRO 1.
+    # fp32 weights reduced where XLA puts it: an fp32 gradient, split with the optimizer state from ZeRO 1.
     fp32 = {mb: extra_temporary_bytes(mb, fp32_weights=True) for mb in (8, 32)}
     assert fp32[8] - fp32[32] == pytest.approx(4 * MODEL.total_params)
     zero1 = {mb: extra_temporary_bytes(mb, fp32_weights=True, dp=4, zero_stage=1) for mb in (2, 8)}
     assert zero1[2] - zero1[8] == pytest.approx(4 * MODEL.total_params / 4)
+    # Formed locally (the JAX program): whole until reduced, after the loop (ZeRO 1) or the micro-batch's backward (ZeRO 2).
+    for zero in (1, 2):
+        local = {mb: extra_temporary_bytes(mb, fp32_weights=True, manual=True, dp=4, zero_stage=zero) for mb in (2, 8)}
+        assert local[2] - local[8] == pytest.approx(4 * MODEL.total_params)
     # GEMMs that add into the accumulator themselves leave no micro-batch gradient behind.
     assert extra_temporary_bytes(8, fused=True) == pytest.approx(extra_temporary_bytes(32))
 

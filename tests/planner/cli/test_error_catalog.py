@@ -41,9 +41,9 @@ FILES = {
     "billion_layers.json": json.dumps(LLAMA3_8B | {"num_hidden_layers": 1_000_000_000}),
     "wide.json": json.dumps(TINY | {"hidden_size": 2**62}),
 }
-NATIVE_FIELDS = ("name, hidden_size, num_layers, num_heads, num_kv_heads, head_dim, ffn_size, vocab_size, max_position_embeddings, "
-                 "norm, norm_eps, mlp, positions, rope_theta, tie_embeddings, qkv_bias, out_bias, mlp_bias, num_experts, "
-                 "experts_per_token, moe_ffn_size, shared_expert_ffn_size, rope_scaling, sliding_window")
+NATIVE_FIELDS = ("name, hidden_size, num_layers, num_heads, num_kv_heads, head_dim, ffn_size, vocab_size, vocab_multiple, "
+                 "max_position_embeddings, norm, norm_eps, mlp, positions, rope_theta, tie_embeddings, qkv_bias, out_bias, mlp_bias, "
+                 "num_experts, experts_per_token, moe_ffn_size, shared_expert_ffn_size, rope_scaling, sliding_window")
 PRESETS = ("gpt2, gpt2-large, gpt2-medium, gpt2-xl, llama2-13b, llama2-70b, llama2-7b, llama3-405b, llama3-70b, llama3-8b, "
            "megatron-gpt-1.7b, megatron-gpt-1008b, megatron-gpt-145.6b, megatron-gpt-175b, megatron-gpt-18.4b, megatron-gpt-1t, "
            "megatron-gpt-22b, megatron-gpt-3.6b, megatron-gpt-310.1b, megatron-gpt-39.1b, megatron-gpt-529.6b, megatron-gpt-530b, "
@@ -173,6 +173,23 @@ CATALOG = [
     ("degrees do not divide the device count", ["simulate", "--model", "llama3-8b", "--devices", "8", "--tp", "3",
                                                 "--global-batch", "8"], 3,
      "devices=8 is not divisible by tp·pp·cp = 3; fix: change --devices or the degrees"),
+    # layout pins
+    ("pinned degree the mesh cannot carry", ["--model", "llama3-8b", "--mesh", "data=8", "--tp", "3"], 3,
+     "--tp 3: mesh data=8 can carry tp 1 only; fix: use --tp 1, or a --mesh whose axes can carry tp=3"),
+    ("pinned micro-batch not dividing the replica's batch", ["--model", "llama3-8b", "--mesh", "data=8", "--global-batch", "64",
+                                                             "--micro-batch", "3"], 3,
+     "--micro-batch 3 does not divide the per-replica batch of 8 sequences (global batch 64 over dp=8); "
+     "fix: use --micro-batch 1, 2, 4 or 8, or a --global-batch that is a multiple of 24"),
+    ("pinned ZeRO without data parallelism", ["--model", "llama3-8b", "--mesh", "tensor=8", "--zero", "1"], 3,
+     "--zero 1 shards state over data-parallel replicas, but mesh tensor=8 leaves dp=1; "
+     "fix: use --zero 0, or leave devices for it (--dp > 1)"),
+    ("pin a planner cannot honour", ["--model", "llama3-8b", "--mesh", "data=8", "--planner", "ilp", "--zero", "3"], 5,
+     "--planner ilp cannot honour --zero 3: it shards each op over the mesh axes itself, with no degree, ZeRO stage, sequence "
+     "parallelism or pipeline stage to pin (it honours --micro-batch and --recompute); "
+     "fix: use --planner grid, which honours --zero 3, or drop --zero 3"),
+    ("pinned training knob on a serving plan", ["--model", "llama3-8b", "--mesh", "8", "--workload", "decode", "--batch", "8",
+                                                "--zero", "1"], 5,
+     "--zero 1: a decode plan's layout search chooses only dp, tp and pp; fix: drop --zero 1 (serving honours --dp, --tp and --pp)"),
     # limits
     ("time limit before any fitting layout", ["--model", "gpt2", "--devices", "8", "--time-limit-s", "1e-9"], 6,
      "the time limit of 1e-09 s ran out before a layout of gpt2 on 8 devices that fits was found; "
@@ -257,3 +274,14 @@ def test_memory_infeasible_lists_the_closest_layouts_with_bytes(capsys):
 def test_debug_shows_the_traceback_instead():
     with pytest.raises(InvalidConfigError, match="unknown model 'llama9'"):
         main(["--debug", "--model", "llama9", "--mesh", "2"])
+
+
+def test_nothing_fitting_under_pins_names_the_pin_to_drop_and_the_best_unpinned_layout(capsys):
+    code, out, err = _run(capsys, ["--model", "llama3-8b", "--mesh", "data=8", "--global-batch", "64", "--zero", "0",
+                                   "--micro-batch", "2", "--offload", "none"])
+    assert code == 4 and out == "" and err.count("\n") == 1
+    assert re.fullmatch(r"plan: error: llama3-8b under --micro-batch 2 --zero 0 does not fit on 8× h100-sxm: every pinned layout "
+                        r"needs more than the 75\.7 GiB \(79\.6 usable − 4\.0 reserved\) per device; closest: dp8 tp1 pp1 mb2 .*; "
+                        r"fix: drop --zero 0 \(dp8 tp1 pp1 mb2 \S+ recompute ZeRO [123] at [\d.]+ GiB, [\d.]+ s fits\); without pins "
+                        r"the best layout is dp8 tp1 pp1 mb\d \S+ recompute ZeRO \d at [\d.]+ GiB, [\d.]+ s, or let the optimizer "
+                        r"state go to the host \(--offload optimizer\)\n", err)

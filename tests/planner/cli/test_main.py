@@ -21,7 +21,8 @@ def _run(capsys, *argv):
 def test_inspect_json(capsys):
     code, out, _ = _run(capsys, "inspect", "--model", "gpt2", "--global-batch", "2", "--json")
     data = json.loads(out)
-    assert code == 0 and data["params"] == 124439808
+    assert code == 0 and data["params"] == 124475904  # GPT-2's 124,439,808 with its table padded to 50304 rows
+    assert (data["vocab_size"], data["padded_vocab_size"]) == (50257, 50304)
     assert {"params", "flops_per_step", "ops", "extract_time_s"} <= set(data)
 
 

@@ -1,4 +1,4 @@
-"""Tests `planner/programs/transformer.py`: causality, GQA, MoE, remat."""
+"""Tests `planner/programs/transformer.py`: causality, GQA, MoE, remat, the padded vocabulary."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ import pytest
 from costmodel.errors import UnsupportedError
 from costmodel.inputs.model_config import ModelConfig
 from planner.programs.params import init_params
-from planner.programs.transformer import forward
+from planner.programs.train_step import loss_fn
+from planner.programs.transformer import PADDED_LOGIT, forward
 
 LLAMA = ModelConfig(name="l", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_size=64, vocab_size=64)
 GPT = ModelConfig(name="g", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=64, norm="layernorm",
@@ -70,3 +71,38 @@ def test_recompute_policies_give_the_same_gradients(remat):
 def test_unknown_remat_policy():
     with pytest.raises(UnsupportedError, match="remat='some'"):
         forward(init_params(LLAMA, jax.random.key(0)), _tokens(), LLAMA, remat="some")
+
+
+def _unpadded(params, vocab_size):
+    """The same weights with the padding rows of the table and columns of the head dropped."""
+    out = jax.tree.map(lambda x: x, params)
+    out["embed"] = dict(params["embed"], tokens=params["embed"]["tokens"][:vocab_size])
+    if "lm_head" in params:
+        out["lm_head"] = {"w": params["lm_head"]["w"][:, :vocab_size]}
+    return out
+
+
+@pytest.mark.parametrize("cfg", [LLAMA, GPT], ids=["llama-untied", "gpt-tied"])
+def test_padded_vocabulary_gives_the_unpadded_logits_loss_and_gradients(cfg):
+    padded = cfg.model_copy(update={"vocab_size": 50})  # 50 tokens in 128 rows
+    exact = padded.model_copy(update={"vocab_multiple": 1})
+    assert (padded.padded_vocab_size, exact.padded_vocab_size) == (128, 50)
+    params = init_params(padded, jax.random.key(0))
+    tokens = _tokens(vocab=50)
+    batch = {"tokens": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+
+    logits, _ = forward(params, tokens, padded, compute_dtype=jnp.float32)
+    exact_logits, _ = forward(_unpadded(params, 50), tokens, exact, compute_dtype=jnp.float32)
+    assert logits.shape == (2, 12, 128) and exact_logits.shape == (2, 12, 50)
+    assert jnp.allclose(logits[..., :50], exact_logits, atol=1e-6)
+    assert bool((logits[..., 50:] == PADDED_LOGIT).all()) and int(logits.argmax(-1).max()) < 50
+
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, padded, compute_dtype=jnp.float32)
+    exact_loss, exact_grads = jax.value_and_grad(loss_fn)(_unpadded(params, 50), batch, exact, compute_dtype=jnp.float32)
+    assert jnp.isfinite(loss) and float(loss) == pytest.approx(float(exact_loss), rel=1e-6)
+    assert jnp.allclose(_unpadded(grads, 50)["embed"]["tokens"], exact_grads["embed"]["tokens"], atol=1e-7)
+    assert float(abs(grads["embed"]["tokens"][50:]).max()) == 0.0  # no token, no target: no gradient
+    if "lm_head" in grads:
+        assert jnp.allclose(grads["lm_head"]["w"][:, :50], exact_grads["lm_head"]["w"], atol=1e-7)
+        assert float(abs(grads["lm_head"]["w"][:, 50:]).max()) == 0.0
+    assert jnp.allclose(grads["final_norm"]["scale"], exact_grads["final_norm"]["scale"], atol=1e-6)

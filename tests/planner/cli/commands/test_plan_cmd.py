@@ -293,3 +293,26 @@ def test_a_sequence_beyond_the_models_positions_is_refused_in_one_line(capsys):
     err = capsys.readouterr().err
     assert "seq_len=100000 exceeds llama3-8b's 8192 positions" in err and "--seq-len 8192 or less" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_and_micro_batch_pins_give_that_layout_say_so_and_are_written(capsys, monkeypatch, tmp_path, zero):
+    # Issue 35's must-show: plan --model llama3-8b --mesh data=8 --zero Z --micro-batch 2 --global-batch 64 --out pZ.json
+    monkeypatch.setenv("COLUMNS", "300")  # one line per row
+    out_path = tmp_path / f"p{zero}.json"
+    code = main(["--model", "llama3-8b", "--mesh", "data=8", "--zero", str(zero), "--micro-batch", "2", "--global-batch", "64",
+                 "--out", str(out_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and "dp8 tp1 pp1 · micro-batch 2 · " in out and f" · ZeRO {zero}" in out
+    pinned_row = next(line for line in out.splitlines() if "pinned" in line)
+    assert f"--micro-batch 2 --zero {zero}   (the planner chose the rest)" in pinned_row
+    written = json.loads(out_path.read_text())
+    assert (written["layout"]["dp"], written["layout"]["zero_stage"], written["layout"]["micro_batch"]) == (8, zero, 2)
+    assert {k: v for k, v in written["solver"]["pins"].items() if v is not None} == {"micro_batch": 2, "zero_stage": zero}
+
+
+def test_unpinned_plans_print_no_pinned_row(capsys):
+    code, plan, _, _ = _plan(capsys, "--model", "gpt2", "--mesh", "2x4", "--global-batch", "64")
+    assert code == 0 and plan["solver"]["pins"] is None
+    assert main(["--model", "gpt2", "--mesh", "2x4", "--global-batch", "64"]) == 0
+    assert "pinned" not in capsys.readouterr().out

@@ -100,7 +100,7 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
         spec = specs.get(name)
         if spec is None:
             return x
-        # A dimension its axes do not divide (GPT-2's 50257-token vocabulary) stays whole, as its weight does.
+        # A dimension its axes do not divide (an unpadded vocabulary, vocab_multiple=1) stays whole, as its weight does.
         spec = without_manual(PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape))))
         return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh(mesh), spec))
 

@@ -44,8 +44,8 @@ PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not l
 PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
-ZERO2_IN_LOOP_RULE = ("ZeRO-2 beside tensor, context or pipeline axes, or under LoRA, lowers as ZeRO-1 "
-                      "(costmodel.step.kernels.forms_gradients_locally)")
+# There the program reduces inside its loop and keeps no split accumulator (`costmodel.step.kernels.forms_gradients_locally`).
+ZERO2_IN_LOOP_RULE = "ZeRO-2 beside tensor, context or pipeline axes, or under LoRA, is not lowered as planned yet"
 LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
 # `validate.intraop_program` pins an intra-op choice in a program without stages; a pipeline would lower by the Megatron rules.
 INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stages are not lowered as chosen yet"

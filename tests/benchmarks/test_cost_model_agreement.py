@@ -6,7 +6,7 @@ from benchmarks.cost_model_agreement import CASES, main
 
 
 def test_one_case_runs_agrees_and_is_written(tmp_path, capsys):
-    assert main(["--only", "gpt2-medium-tp4", "--out-dir", str(tmp_path)]) == 0
+    assert main(["--only", "llama3-8b-tp4", "--out-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "1/1 layouts agree within 10 %"
     (row,) = csv.DictReader((tmp_path / "cost_model_agreement.csv").open())
     assert row["agree"] == "yes" and float(row["op_ilp_s"]) <= float(row["op_rule_based_s"]) * 1.001

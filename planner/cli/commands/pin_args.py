@@ -17,7 +17,7 @@ import argparse
 from typing import Any
 
 from costmodel.inputs.layout import Recompute
-from planner.cli.commands.arg_types import positive_int
+from planner.cli.commands.arg_types import non_negative_int, positive_int
 from search.pins import LayoutPins, flag_of
 
 _YES_NO = {"yes": True, "no": False}
@@ -30,7 +30,7 @@ def _spelling(name: str) -> dict[str, Any]:
     if name == "recompute":
         return {"choices": [r.value for r in Recompute]}
     if name == "zero_stage":
-        return {"type": int, "choices": [0, 1, 2, 3]}
+        return {"type": non_negative_int, "choices": [0, 1, 2, 3]}
     return {"type": positive_int, "metavar": "N"}
 
 

@@ -39,7 +39,7 @@ def test_time_limit_keeps_the_best_layout_found_and_says_feasible(capsys, monkey
     # A clock that advances one second per reading: the layout search stops after a few candidates.
     ticks = iter(range(10**9))
     monkeypatch.setattr("search.layouts.time.perf_counter", lambda: float(next(ticks)))
-    code, plan, _, _ = _plan(capsys, "--model", "gpt2", "--devices", "8", "--global-batch", "64", "--time-limit-s", "150")
+    code, plan, _, _ = _plan(capsys, "--model", "gpt2", "--devices", "8", "--global-batch", "64", "--time-limit-s", "300")
     assert code == 0 and plan["solver"]["status"] == "FEASIBLE"
     assert plan["solver"]["pruned"]["not costed: time limit reached"] > 0
 

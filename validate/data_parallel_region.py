@@ -128,7 +128,7 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
             g = jax.lax.psum_scatter(g, axes, scatter_dimension=dim, tiled=True)
         return g
 
-    def per_micro_batch(g: jax.Array, spec: PartitionSpec, done: bool) -> jax.Array:
+    def per_micro_batch(g: jax.Array, spec: PartitionSpec) -> jax.Array:
         g = g.astype(jnp.float32)
         return scatter(g, spec) if lay.zero_stage == 2 else g
 
@@ -151,7 +151,7 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
 
         def accumulate(carry: tuple[jax.Array, Params], mb: Batch) -> tuple[tuple[jax.Array, Params], None]:
             loss, grads = value_and_grad(params, mb, None)
-            grads = jax.tree.map(per_micro_batch, grads, reduced_specs, gathered)
+            grads = jax.tree.map(per_micro_batch, grads, reduced_specs)
             return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], grads)), None
 
         sums = jax.tree.map(lambda p, s: jnp.zeros(accumulated_shape(p, s), jnp.float32), params, reduced_specs)

@@ -7,7 +7,7 @@ See `region_collectives` (data parallelism alone) and `data_parallel_collectives
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from costmodel.inputs.layout import Recompute
 from planner.plan_schema import Plan
@@ -68,7 +68,7 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
 
     out: list[PredictedCollective] = []
 
-    def add(kind: str, names: set[str], per_element: Any, calls: int, why: str, *, per_layer: bool = False) -> None:
+    def add(kind: str, names: set[str], per_element: Callable[[str], float], calls: int, why: str, *, per_layer: bool = False) -> None:
         total = sum(whole[n] * per_element(n) for n in names) / (runs.layers_held if per_layer else 1)
         if total:
             out.append(PredictedCollective(kind=kind, axes=data, bytes_per_call=total, calls=calls, why=why))

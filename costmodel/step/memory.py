@@ -7,7 +7,8 @@ ZeRO 1 shards the optimizer state over dp, ZeRO 2 also the gradients, ZeRO 3 (FS
 the parameters. With ``param_dtype == compute_dtype`` there is no separate master copy.
 Where the weights are held in fp32 and cast where used (`SoftwareStack.fp32_weights`, the
 JAX program) they are the master copy (4 B, 16 bytes per parameter without ZeRO); their fp32
-gradients are split from ZeRO 2 where the step forms them locally (`gradient_split`).
+gradients are split from ZeRO 2 where the step forms them locally, from ZeRO 1 where XLA reduces
+them inside the loop (`gradient_split`).
 
 Activations are `costmodel.step.activations` per layer times the layers a stage holds times
 the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);

@@ -39,6 +39,20 @@ def test_collectives_flops_and_arguments_match_the_compiled_module(model, layout
     assert layout.pp == 1 or results[("collective-permute bytes", "pipeline")].ok
 
 
+@pytest.mark.parametrize("zero, kinds", [
+    (0, {"all-reduce"}), (1, {"reduce-scatter", "all-gather"}), (2, {"reduce-scatter", "all-gather"}),
+    (3, {"reduce-scatter", "all-gather"}),
+])
+def test_the_data_parallel_region_reduces_as_each_zero_stage_needs(zero, kinds):
+    # `validate.data_parallel_region`, a tied table with learned positions: every collective, the FLOPs and the arguments
+    # predicted (memory per device is not: at this size fixed buffers dominate it).
+    plan = layout_plan(GPT, Layout(dp=8, micro_batch=1, zero_stage=zero), hardware="a100-80gb", seq_len=64, global_batch=16)
+    results = {(c.item, c.axis): c for c in checks(plan, compile_in_subprocess(plan)) if c.item != "memory per device"}
+    assert all(c.ok for c in results.values()), {k: (c.predicted, c.actual) for k, c in results.items() if not c.ok}
+    moved = {item.removesuffix(" bytes") for (item, _), c in results.items() if item.endswith("bytes") and c.actual > 4}
+    assert moved == kinds
+
+
 @pytest.mark.parametrize("layout", [
     # The experts run in a region manual over the tensor axes (`validate.lowering.tensor_parallel_experts`).
     Layout(dp=2, tp=4, micro_batch=2, sequence_parallel=True),

@@ -24,7 +24,7 @@ from costmodel.errors import InvalidConfigError, UnsupportedError, flag_error
 from costmodel.inputs.layout import Offload
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import Attention, SoftwareStack
-from costmodel.inputs.train_config import Precision
+from costmodel.inputs.train_config import OptimizerState, Precision
 from costmodel.inputs.workload import InferenceConfig, LoraConfig, WorkloadKind
 from costmodel.record import Record
 from costmodel.step.run_overheads import RunSettings
@@ -76,6 +76,10 @@ class PlanRequest(Record):
     attention: Attention | None = Field(None, description="Attention kernel the layout is chosen for; default the stack's for "
                                                           "grid, materialized for the intra-op planners (the reference program's).")
     precision: Precision = Field(Precision.BF16, description="fp32, tf32, bf16, fp16 or fp8.")
+    optimizer_state: OptimizerState = Field(OptimizerState.FP32, description="How the optimizer state is stored: fp32 (master "
+                                            "copy and moments), bf16 (pure bf16, torchtune's default) or 8bit (8-bit AdamW).")
+    optimizer_in_backward: bool = Field(False, description="The optimizer step fused into the backward pass (torchtune's "
+                                        "optimizer_in_bwd): no gradient buffer, one micro-batch per step.")
     offload: Offload | None = Field(None, description="none, optimizer (ZeRO-Offload), or None: only when nothing fits without.")
     pins: LayoutPins = Field(LayoutPins(), description="Parts of the layout fixed by hand (--zero, --micro-batch, --tp, ...); "
                                                        "the planner chooses the rest (`search.pins`).")
@@ -120,6 +124,16 @@ class PlanRequest(Record):
         if self.offload is Offload.OPTIMIZER and self.planner.shards_intra_op:
             raise UnsupportedError(f"--planner {self.planner} does not plan offloaded layouts",
                                    fix="use --planner grid or --offload none")
+        return self
+
+    @model_validator(mode="after")
+    def _optimizer_options_planned(self) -> PlanRequest:
+        options = ([f"--optimizer-state {self.optimizer_state.value}"] if self.optimizer_state is not OptimizerState.FP32 else []) + \
+            (["--optimizer-in-backward"] if self.optimizer_in_backward else [])
+        if options and self.planner.shards_intra_op:
+            raise UnsupportedError(f"--planner {self.planner} shards the traced reference program, which keeps fp32 master weights "
+                                   f"and moments and steps after the backward, not {' '.join(options)}",
+                                   fix=f"use --planner grid, which costs {' '.join(options)}")
         return self
 
     @model_validator(mode="after")

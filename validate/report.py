@@ -137,6 +137,31 @@ def refuse_unlowered_weights(plan: Plan) -> None:
         stored.require_lowerable()
 
 
+def refuse_optimizer_options(plan: Plan) -> None:
+    """Refuse in one line (`UnsupportedError`) a plan with a fine-tuning optimizer option the reference
+    program does not lower (a bf16 or 8-bit optimizer state, the step in backward): it keeps fp32 master
+    weights and Adam moments and steps after the backward, so checking it would check another program.
+
+    >>> from planner.api import layout_plan
+    >>> from costmodel.inputs.layout import Layout
+    >>> from costmodel.inputs.train_config import OptimizerState
+    >>> plan = layout_plan("gpt2", Layout(dp=2, micro_batch=1), global_batch=2, seq_len=128)
+    >>> refuse_optimizer_options(plan)  # the fp32 default is lowered
+    >>> pure = plan.model_copy(update={"train": plan.train.with_optimizer_state(OptimizerState.BF16)})
+    >>> refuse_optimizer_options(pure)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    costmodel.errors.UnsupportedError: --optimizer-state bf16 is not lowered by the reference program, which keeps fp32 ...
+    """
+    train = plan.train
+    options = [f"--optimizer-state {train.optimizer_state.value}"] if train.optimizer_state != "fp32" else []
+    options += ["--optimizer-in-backward"] if train.optimizer_in_backward else []
+    if options:
+        raise UnsupportedError(f"{' and '.join(options)} {'is' if len(options) == 1 else 'are'} not lowered by the reference "
+                               "program, which keeps fp32 master weights and Adam moments and steps after the backward",
+                               fix="plan and simulate it; validate the plan planned with --optimizer-state fp32 and no "
+                                   "--optimizer-in-backward")
+
+
 def refuse_sliding_window(plan: Plan) -> None:
     """Refuse in one line (`UnsupportedError`) a plan whose sliding window is shorter than its
     sequences: the reference program attends the whole causal sequence, so checking it would check

@@ -156,6 +156,7 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
             f"ep={layout.ep} needs a MoE model whose experts ({model.num_experts}) and dp·cp ({layout.dp * layout.cp}) it divides",
             fix="use ep=1 or a divisor of both",
         )
+    check_optimizer_state(layout, train)
     if layout.interleave > 1 and layout.pp == 1:
         raise InvalidPlanError(f"interleave={layout.interleave} needs pipeline parallelism (pp > 1)", fix="set interleave=1")
     if layout.stage_layers is not None and (len(layout.stage_layers) != layout.pp or sum(layout.stage_layers) != model.num_layers
@@ -163,6 +164,21 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
         raise InvalidPlanError(
             f"stage_layers={list(layout.stage_layers)} must give each of the pp={layout.pp} stages its layers, "
             f"{model.num_layers} in all, without interleaving", fix="drop stage_layers for an even split")
+
+
+def check_optimizer_state(layout: Layout, train: TrainConfig) -> None:
+    """Refuse what the fine-tuning optimizer options (`TrainConfig.optimizer_state`, ``optimizer_in_backward``)
+    cannot run with: the step in backward where a step accumulates gradients over micro-batches (each gradient
+    is applied as soon as it is formed); the optimizer offloaded to the host (ZeRO-Offload's CPU Adam keeps
+    fp32 state and steps after the backward) with either."""
+    if train.optimizer_in_backward and (n_micro := layout.micro_batches(train)) > 1:
+        raise InvalidPlanError(f"the optimizer step in backward applies each gradient as it is formed, so it cannot accumulate "
+                               f"{n_micro} micro-batches", fix="give --micro-batch global_batch/dp (one micro-batch per step) "
+                               "or drop --optimizer-in-backward")
+    if layout.offload is Offload.OPTIMIZER and (train.optimizer_in_backward or train.optimizer_state != "fp32"):
+        raise InvalidPlanError(f"the offloaded optimizer (ZeRO-Offload's CPU Adam) steps fp32 state after the backward, not "
+                               f"{train.optimizer_state.value} state{' in backward' if train.optimizer_in_backward else ''}",
+                               fix="use --offload none, or --optimizer-state fp32 without --optimizer-in-backward")
 
 
 def stack_recompute(policy: Recompute | str, stack: SoftwareStack) -> Recompute:

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from costmodel.errors import InvalidConfigError
 from costmodel.workloads import Pretrain, Workload, workload_of
 
 
@@ -58,6 +59,39 @@ class Precision(StrEnum):
     FP8 = "fp8"
 
 
+class OptimizerState(StrEnum):
+    """How the optimizer's state and the weights it updates are stored (``--optimizer-state``).
+
+    fp32: an fp32 master copy of the weights, fp32 gradients and Adam's two fp32 moments (the mixed-precision
+    default, Megatron-LM's and the JAX program's). bf16: pure bf16, the weights themselves updated in bf16, bf16
+    gradients and bf16 moments, no master copy, as torchtune's full fine-tuning recipes run by default
+    (``dtype: bf16``; pytorch/torchtune @0331778 recipes/configs/llama3/8B_full_single_device.yaml). 8bit:
+    8-bit AdamW (bitsandbytes ``AdamW8bit``, Dettmers et al. 2022 arXiv:2110.02861; torchao ``AdamW8bit``):
+    both moments in int8 with one fp32 absmax per 2048-element block, over bf16 weights and gradients as that
+    torchtune config pairs them (``bitsandbytes.optim.PagedAdamW8bit`` with ``dtype: bf16``).
+    """
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "8bit"
+
+    @property
+    def moment_bytes(self) -> float:
+        """Bytes of Adam's two moments per parameter (the fp32 default reads `TrainConfig.optimizer_dtype`).
+
+        >>> OptimizerState.INT8.moment_bytes  # two int8 moments and two fp32 absmax per 2048 elements
+        2.00390625
+        """
+        return 2 * (1 + 4 / QUANTIZATION_BLOCK) if self is OptimizerState.INT8 else 2 * Dtype.BF16.bytes
+
+
+# Elements per block of 8-bit AdamW's block-wise quantisation, one fp32 absmax each: Dettmers et al. 2022
+# (arXiv:2110.02861, section 2) and torchao's default (pytorch/ao torchao/prototype/low_bit_optim/README.md:
+# "block size is 2048 for 8-bit"). bitsandbytes keeps tensors under min_8bit_size=4096 elements (norms) in
+# fp32 state; they are a negligible share of a transformer's parameters and are not costed.
+QUANTIZATION_BLOCK = 2048
+
+
 class AdamW(BaseModel):
     """AdamW hyper-parameters; its two moments are kept in ``TrainConfig.optimizer_dtype``."""
 
@@ -90,6 +124,14 @@ class TrainConfig(BaseModel):
     grad_dtype: Dtype = Field(Dtype.FP32, description="Gradients as reduced and accumulated.")
     optimizer_dtype: Dtype = Field(Dtype.FP32, description="Optimizer moments.")
     optimizer: AdamW = Field(default_factory=AdamW, description="Optimizer hyper-parameters.")
+    optimizer_state: OptimizerState = Field(OptimizerState.FP32, description="How the optimizer's state is stored: fp32 (master "
+                                            "copy and moments in param_dtype and optimizer_dtype), bf16 (pure bf16: weights, "
+                                            "gradients and moments in bf16, no master copy) or 8bit (8-bit AdamW moments over "
+                                            "bf16 weights and gradients).")
+    optimizer_in_backward: bool = Field(False, description="The optimizer step fused into the backward pass (torchtune's "
+                                        "optimizer_in_bwd, pytorch/torchtune recipes/full_finetune_single_device.py): each "
+                                        "gradient is applied and freed as it is formed, so no gradient buffer is held; "
+                                        "torchtune refuses it with gradient accumulation and with gradient clipping.")
     workload: Workload = Field(default_factory=Pretrain, description="What the step does (`costmodel.workloads`): pretrain, "
                                "finetune-full (the same step), finetune-lora (with its LoRA settings), or the serving "
                                "workloads prefill and decode (global_batch: sequences per replica, seq_len: context).")
@@ -109,6 +151,23 @@ class TrainConfig(BaseModel):
             raise ValueError("give the LoRA or serving settings inside the workload object, not beside it")
         return rest
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pure_16_bit_dtypes(cls, data: Any) -> Any:
+        """A bf16 or 8-bit optimizer state updates the bf16 weights themselves: weights and gradients in the compute dtype."""
+        if not isinstance(data, dict) or data.get("optimizer_state", OptimizerState.FP32) == OptimizerState.FP32:
+            return data
+        compute = data.get("compute_dtype", Dtype.BF16)
+        return {"param_dtype": compute, "grad_dtype": compute, "optimizer_dtype": compute} | data
+
+    @model_validator(mode="after")
+    def _state_dtypes_agree(self) -> TrainConfig:
+        dtypes = {self.param_dtype, self.grad_dtype, self.compute_dtype}
+        if self.optimizer_state is not OptimizerState.FP32 and dtypes != {Dtype.BF16}:
+            raise ValueError(f"optimizer_state={self.optimizer_state.value} keeps weights and gradients in bf16, but "
+                             f"{self.param_dtype.value=}, {self.grad_dtype.value=}, {self.compute_dtype.value=}")
+        return self
+
     @model_validator(mode="after")
     def _settings_fit_context(self) -> TrainConfig:
         self.workload.check_context(self.seq_len)
@@ -118,6 +177,40 @@ class TrainConfig(BaseModel):
     def prompt_len(self) -> int:
         """Prompt tokens per sequence of a serving workload (the whole context by default)."""
         return self.workload.prompt_len(self.seq_len)
+
+    @property
+    def moment_bytes_per_param(self) -> float:
+        """Bytes of Adam's two moments per trained parameter: 8 in fp32, 4 in bf16, about 2 in 8 bits.
+
+        >>> [TrainConfig(optimizer_state=s).moment_bytes_per_param for s in ("fp32", "bf16", "8bit")]
+        [8, 4, 2.00390625]
+        """
+        if self.optimizer_state is OptimizerState.FP32:
+            return 2 * self.optimizer_dtype.bytes
+        return self.optimizer_state.moment_bytes
+
+    def with_optimizer_state(self, state: OptimizerState, *, in_backward: bool = False) -> TrainConfig:
+        """This config with its optimizer state stored as ``state`` (bf16 and 8bit: weights and gradients in
+        the compute dtype, which must be bf16) and the step in the backward pass or not.
+
+        >>> t = TrainConfig().with_optimizer_state(OptimizerState.BF16)
+        >>> t.param_dtype.value, t.grad_dtype.value, t.optimizer_dtype.value
+        ('bfloat16', 'bfloat16', 'bfloat16')
+        >>> TrainConfig().with_precision(Precision.FP16).with_optimizer_state(OptimizerState.INT8)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        costmodel.errors.InvalidConfigError: --optimizer-state 8bit keeps the weights in bf16, not in the float16 ...
+        """
+        state = OptimizerState(state)
+        update: dict[str, Any] = {"optimizer_state": state, "optimizer_in_backward": in_backward}
+        if state is OptimizerState.FP32:
+            if self.optimizer_state is not OptimizerState.FP32:  # back from pure bf16 to bf16's mixed-precision dtypes
+                update |= {"param_dtype": Dtype.FP32, "grad_dtype": Dtype.FP32, "optimizer_dtype": Dtype.FP32}
+        elif self.compute_dtype is not Dtype.BF16:
+            raise InvalidConfigError(f"--optimizer-state {state.value} keeps the weights in bf16, not in the "
+                                     f"{self.compute_dtype.value} compute dtype", fix="use --precision bf16 or --optimizer-state fp32")
+        else:
+            update |= {"param_dtype": Dtype.BF16, "grad_dtype": Dtype.BF16, "optimizer_dtype": Dtype.BF16}
+        return self.model_copy(update=update)
 
     @property
     def tokens_per_step(self) -> int:
@@ -181,4 +274,7 @@ class TrainConfig(BaseModel):
         compute = {Precision.FP32: Dtype.FP32, Precision.TF32: Dtype.FP32, Precision.FP16: Dtype.FP16}.get(precision, Dtype.BF16)
         grads = Dtype.FP16 if precision is Precision.FP16 else Dtype.FP32
         linear = {Precision.TF32: Dtype.TF32, Precision.FP8: Dtype.FP8}.get(precision)
-        return self.model_copy(update={"compute_dtype": compute, "grad_dtype": grads, "linear_dtype": linear})
+        recipe = self.model_copy(update={"compute_dtype": compute, "grad_dtype": grads, "linear_dtype": linear})
+        if self.optimizer_state is OptimizerState.FP32:
+            return recipe
+        return recipe.with_optimizer_state(self.optimizer_state, in_backward=self.optimizer_in_backward)

@@ -23,6 +23,13 @@ in fp32 where the weights are (`SoftwareStack.fp32_weights`; the JAX program's, 
 CPU backend). Where the weight-gradient GEMMs add into the accumulator themselves
 (`SoftwareStack.fused_grad_accumulation`) there is no such buffer.
 
+Fine-tuning's optimizer options (`costmodel.inputs.train_config.OptimizerState`): pure bf16 (torchtune's
+default) holds the bf16 weights as their own master, bf16 gradients and bf16 moments (2 + 2 + 4 = 8 B per
+parameter); 8-bit AdamW two int8 moments and an fp32 absmax per 2048 elements (2 + 2 + 2.004 B). With the
+step in backward (torchtune's optimizer_in_bwd) each gradient is applied and freed as it is formed, so
+``grads`` is the largest single weight's gradient (an MLP matrix, or the embedding or head on an end stage)
+instead of every gradient.
+
 LoRA fine-tuning (`costmodel.inputs.workload`): the frozen base weights are held as stored (16-bit,
 or int8/int4) with no gradient, no optimizer state and no master copy (``frozen_params_bytes``,
 part of ``params_bytes``); the adapters are accounted as any trained weight (compute-dtype
@@ -38,6 +45,13 @@ keeps of the frozen weights (`costmodel.step.fp8_memory.fp8_weight_copy_bytes`) 
 >>> jax = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8), Layout(stack=stack_with("jax")))
 >>> [(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / m.total_params for mem in (megatron, jax)]
 [18.0, 16.0]
+>>> pure = [TrainConfig(seq_len=1024, global_batch=8, optimizer_state=s, optimizer_in_backward=b)
+...         for s, b in (("bf16", False), ("8bit", True))]
+>>> bf16, int8 = (memory_breakdown(m, t, Layout(micro_batch=8)) for t in pure)
+>>> (bf16.params_bytes + bf16.grads_bytes + bf16.optimizer_bytes) / m.total_params  # 2 + 2 + 4
+8.0
+>>> int8.grads_bytes == 1024 * 32000 * 2, int8.optimizer_bytes / m.total_params  # the head's bf16 gradient; 2 + 2·4/2048
+(True, 2.00390625)
 >>> lora = memory_breakdown(m, TrainConfig(seq_len=1024, global_batch=8, workload="finetune-lora"), Layout())
 >>> lora.frozen_params_bytes / m.total_params, lora.optimizer_bytes / lora.grads_bytes  # 2 B frozen; 12 B state per 4 B gradient
 (2.0, 3.0)
@@ -135,7 +149,7 @@ def min_state_bytes_per_device(model: ModelConfig, train: TrainConfig, n_devices
     """
     # Whatever the stack: the master weights, a gradient and Adam's moments (a compute-dtype copy
     # is not needed where the weights are the master, `SoftwareStack.fp32_weights`).
-    per_param = train.param_dtype.bytes + train.grad_dtype.bytes + 2 * train.optimizer_dtype.bytes
+    per_param = train.param_dtype.bytes + (0 if train.optimizer_in_backward else train.grad_dtype.bytes) + train.moment_bytes_per_param
     if not train.workload.trains_base_weights:  # the frozen weights, at most 2 B each, and the trained ones' state
         return (model.total_params * train.compute_dtype.bytes + train.workload.trainable_params(model) * per_param) / n_devices
     return model.total_params * per_param / n_devices
@@ -171,7 +185,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     mixed = train.param_dtype != train.compute_dtype
     master_weights = holds_master_weights(train, layout)
     separate_master = mixed and not master_weights
-    optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + 2 * train.optimizer_dtype.bytes
+    optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + train.moment_bytes_per_param
     params = n * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
     fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
     if train.workload.trains_base_weights:
@@ -185,6 +199,8 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     grad_shards = 1 if n_micro > 1 and layout.stack.unsharded_grad_accumulation else grad_split
     grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
     grads = n * grad_bytes / grad_shards + frozen_grad_bytes(model, train, layout, stage) / grad_shards
+    if train.optimizer_in_backward:  # each gradient applied and freed as it is formed: the largest weight's at most
+        grads = min(grads, _largest_param(model, layout, ends=first or last) * grad_bytes / grad_split)
     optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
     offloaded = layout.offload is Offload.OPTIMIZER
     host = None

@@ -80,8 +80,10 @@ def checkpoint_bytes(trained_params: float, train: TrainConfig) -> float:
 
     >>> checkpoint_bytes(1e9, TrainConfig()) / 1e9  # fp32 master + two fp32 Adam moments
     12.0
+    >>> checkpoint_bytes(1e9, TrainConfig(optimizer_state="8bit")) / 1e9  # bf16 weights + two int8 moments and their absmax
+    4.00390625
     """
-    return trained_params * (train.param_dtype.bytes + 2 * train.optimizer_dtype.bytes)
+    return trained_params * (train.param_dtype.bytes + train.moment_bytes_per_param)
 
 
 def run_overheads(*, tokens: float, tokens_per_step: int, step_time_s: float, n_devices: int, trained_params: float,

@@ -32,7 +32,7 @@ from costmodel.hardware.machine import Machine
 from costmodel.hardware.topology import link_between_stages
 from costmodel.inputs.layout import Layout, Offload, Schedule, check_layout
 from costmodel.inputs.model_config import ModelConfig
-from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.train_config import OptimizerState, TrainConfig
 from costmodel.step.collectives import all_gather_s, exposed_s, p2p_s
 from costmodel.step.data_parallel import data_parallel_costs, trainable_params_per_device
 from costmodel.step.estimate import StepEstimate, TimeBreakdown
@@ -57,6 +57,32 @@ OPTIMIZER_BYTES_PER_PARAM = 7 * 4 + 4 + 4 + 4 + 2
 # megatron/optimizer/optimizer.py: _copy_model_grads_to_main_grads, then
 # _unscale_main_grads_and_check_for_nan (torch._amp_foreach_non_finite_check_and_unscale_).
 LOSS_SCALING_BYTES_PER_PARAM = 2 + 4 + 4 + 4
+
+
+def optimizer_bytes_per_param(train: TrainConfig) -> float:
+    """HBM bytes the optimizer step moves per trained parameter, by how its state is stored.
+
+    fp32 (`OPTIMIZER_BYTES_PER_PARAM`): 42 B. Pure bf16: Adam reads the bf16 weight, gradient and two moments and
+    writes weight and moments (7 × 2 B), the gradient norm reads the gradients and they are zeroed (2 + 2 B);
+    no cast, the weights are their own master. 8-bit AdamW: the bf16 weight and gradient read and the weight
+    written (3 × 2 B), each int8 moment read and written with its block's fp32 absmax (2 × 2 × (1 + 4/2048) B),
+    then the norm and the zeroing (2 + 2 B). In backward (torchtune's optimizer_in_bwd) a gradient is freed,
+    not zeroed, and cannot be clipped by the global norm (torchtune refuses clip_grad_norm with it), so
+    those two passes go.
+
+    >>> [optimizer_bytes_per_param(TrainConfig(optimizer_state=s)) for s in ("fp32", "bf16", "8bit")]
+    [42, 18, 14.0078125]
+    >>> optimizer_bytes_per_param(TrainConfig(optimizer_state="8bit", optimizer_in_backward=True))
+    10.0078125
+    """
+    state = train.optimizer_state
+    if state is OptimizerState.FP32:
+        norm_and_zero = 2 * 4  # the fp32 main gradients'
+        return OPTIMIZER_BYTES_PER_PARAM - (norm_and_zero if train.optimizer_in_backward else 0)
+    norm_and_zero = 2 * train.grad_dtype.bytes
+    weight_and_grad = 3 * train.param_dtype.bytes
+    moments = 2 * state.moment_bytes  # each read and written
+    return weight_and_grad + moments + (0 if train.optimizer_in_backward else norm_and_zero)
 
 
 @dataclass(frozen=True)
@@ -223,7 +249,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
         pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)
     dp = data_parallel_costs(model, train, layout, hw, layer)
     optimizer_params = trainable_params_per_device(model, train, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
-    optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM + (LOSS_SCALING_BYTES_PER_PARAM if train.loss_scaled else 0)
+    optimizer_bytes = optimizer_bytes_per_param(train) + (LOSS_SCALING_BYTES_PER_PARAM if train.loss_scaled else 0)
     optimizer_s = hw.stream_s(optimizer_params * optimizer_bytes)
     accumulate_s = grad_accumulation_s(model, train, layout, hw)
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)

@@ -29,9 +29,13 @@ def titled_workload(train: TrainConfig) -> str:
 
     >>> titled_workload(TrainConfig().with_precision(Precision.FP8))
     ' (fp8)'
+    >>> titled_workload(TrainConfig(workload="finetune-full", optimizer_state="8bit", optimizer_in_backward=True))
+    ' (finetune-full, 8bit optimizer state, step in backward)'
     """
     parts = [workload_label(train)] if train.workload.named_in_titles else []
     parts += [train.precision.value] if train.precision is not Precision.BF16 else []
+    parts += [f"{train.optimizer_state.value} optimizer state"] if train.optimizer_state != "fp32" else []
+    parts += ["step in backward"] if train.optimizer_in_backward else []
     return f" ({', '.join(parts)})" if parts else ""
 
 

@@ -248,3 +248,12 @@ def test_pins_nothing_fits_under_name_the_pin_to_drop():
 def test_the_intra_op_planners_refuse_a_zero_pin_naming_the_grid_planner():
     with pytest.raises(UnsupportedError, match=r"--planner ilp cannot honour --zero 3: .*; fix: use --planner grid, which honours"):
         plan("gpt2", mesh="8", planner="ilp", pins={"zero_stage": 3})
+
+
+def test_a_request_with_the_optimizer_options_plans_one_micro_batch_per_step_with_their_memory():
+    result = plan(PlanRequest(model="llama3-8b", devices=1, hardware="h100-sxm", workload="finetune-full", global_batch=2,
+                              seq_len=4096, optimizer_state="8bit", optimizer_in_backward=True))
+    n, mem = result.model.total_params, result.predicted.memory
+    assert result.train.optimizer_state == "8bit" and result.train.optimizer_in_backward
+    assert result.layout.micro_batches(result.train) == 1  # the step in backward accumulates nothing
+    assert mem.params_bytes == 2 * n and mem.optimizer_bytes / n == 2 * (1 + 4 / 2048) and mem.grads_bytes < 0.2 * n

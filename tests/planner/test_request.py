@@ -53,3 +53,14 @@ def test_pins_an_intra_op_planner_honours_pass_and_a_request_with_pins_round_tri
     assert request.pins.flags == "--pp 1 --micro-batch 2 --recompute full"
     assert PlanRequest.model_validate_json(request.model_dump_json()) == request
     assert PlanRequest(model="gpt2", mesh="8").pins.given == {}
+
+
+def test_the_optimizer_options_are_typed_and_round_trip():
+    from costmodel.inputs.train_config import OptimizerState
+    request = plan_request(model="llama3-8b", devices=1, workload="finetune-full", optimizer_state="8bit", optimizer_in_backward=True)
+    assert request.optimizer_state is OptimizerState.INT8 and request.optimizer_in_backward
+    assert PlanRequest.model_validate_json(request.model_dump_json()) == request
+    with pytest.raises(InvalidConfigError, match="--optimizer-state"):
+        plan_request(model="gpt2", mesh="8", optimizer_state="4bit")
+    with pytest.raises(UnsupportedError, match="not --optimizer-state bf16; fix: use --planner grid"):
+        PlanRequest(model="gpt2", mesh="8", planner="ilp", optimizer_state="bf16")

@@ -134,3 +134,15 @@ def test_a_plan_with_a_sliding_window_shorter_than_its_sequences_is_refused_with
     with pytest.raises(UnsupportedError, match=r"sliding-window attention \(64 of 128 tokens\) is not lowered.*--seq-len 64"):
         refuse_sliding_window(layout_plan(windowed, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=128, global_batch=2))
     refuse_sliding_window(layout_plan(windowed, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=64, global_batch=2))
+
+
+def test_the_fine_tuning_optimizer_options_are_refused_not_compared():
+    from costmodel.errors import UnsupportedError
+    from costmodel.inputs.train_config import OptimizerState
+    from validate.report import refuse_optimizer_options
+    plan = layout_plan(LLAMA, Layout(micro_batch=2), hardware="a100-80gb", seq_len=64, global_batch=2)
+    refuse_optimizer_options(plan)
+    for state, in_bwd in ((OptimizerState.BF16, False), (OptimizerState.FP32, True)):
+        odd = plan.model_copy(update={"train": plan.train.with_optimizer_state(state, in_backward=in_bwd)})
+        with pytest.raises(UnsupportedError, match="not lowered by the reference program"):
+            refuse_optimizer_options(odd)

@@ -25,6 +25,7 @@ from costmodel.step.simulator import simulate
 from planner.api import plan
 from planner.cli import exports
 from planner.cli.commands.arg_types import PRECISION_HELP, add_memory_reserve_argument, non_negative_int, positive_float, positive_int
+from planner.cli.commands.optimizer_args import add_optimizer_arguments, optimizer_from_args
 from planner.cli.commands.pin_args import add_pin_arguments, pins_from_args
 from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
@@ -77,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="optimizer state on host memory, Adam on the CPU (ZeRO-Offload): auto (only when no layout fits "
                              "without; default), none or optimizer")
     add_workload_arguments(parser)
+    add_optimizer_arguments(parser)
     add_stack_arguments(parser)
     add_pin_arguments(parser)
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed of a search planner (default 0)")
@@ -131,7 +133,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     sizes = {"seq_len": args.seq_len, "global_batch": args.global_batch} | serving_sizes(args)
     return plan_request(model=args.model, mesh=args.mesh, devices=args.devices, hardware=args.hardware,
                         devices_per_node=args.devices_per_node, memory_reserve_gib=args.memory_reserve_gib,
-                        **sizes, **workload, tokens=args.tokens, run=run_settings(args),
+                        **sizes, **workload, **optimizer_from_args(args), tokens=args.tokens, run=run_settings(args),
                         stack=stack_from_args(args), attention=args.attention, precision=args.precision,
                         offload=None if args.offload == "auto" else args.offload, pins=pins_from_args(args),
                         planner=args.planner, time_limit_s=args.time_limit_s, seed=args.seed)

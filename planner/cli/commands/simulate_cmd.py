@@ -18,6 +18,7 @@ from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.simulator import simulate
 from planner.cli.commands.arg_types import PRECISION_HELP, add_memory_reserve_argument, non_negative_int, positive_int
+from planner.cli.commands.optimizer_args import add_optimizer_arguments, optimizer_from_args
 from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
 from planner.cli.tables import jax_memory_row, memory_rows, memory_total_row, offload_rows, serving_rows, titled_workload, utilisation_row
@@ -54,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="none (default) or optimizer: master weights, Adam moments and fp32 gradients on host memory, "
                              "Adam on the CPU (ZeRO-Offload as DeepSpeed runs it)")
     add_workload_arguments(parser)
+    add_optimizer_arguments(parser)
     add_stack_arguments(parser)
     parser.add_argument("--timeline", help="write the pipeline timeline to this PNG file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -84,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidPlanError("plan simulate needs the batch of the step",
                                fix="add --global-batch N (or --batch N for prefill and decode)")
     train = train_config(**sizes, **workload)
-    train = train.with_precision(Precision(args.precision))
+    optimizer = optimizer_from_args(args)
+    train = train.with_precision(Precision(args.precision)).with_optimizer_state(
+        optimizer["optimizer_state"], in_backward=optimizer["optimizer_in_backward"])
     layout = layout_from_args(args)
     if layout.n_devices != args.devices:
         raise InvalidPlanError(

@@ -30,6 +30,7 @@ from validate.report import (
     features_not_predicted,
     fp8_frozen_not_checked,
     offload_not_checked,
+    refuse_optimizer_options,
     refuse_sliding_window,
     refuse_unlowered_weights,
 )
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
     refuse_unlowered_weights(plan)
     refuse_sliding_window(plan)
+    refuse_optimizer_options(plan)
     if not plan.train.workload.runs_backward:
         check_serving_lowered(plan.model)  # before any process starts
         if not args.compile_only:

@@ -49,3 +49,15 @@ def test_uneven_stages_are_valid_and_counted():
     layout = Layout(pp=2, stage_layers=(3, 5))
     check_layout(layout, m, TrainConfig(global_batch=8), n_devices=2)
     assert [layout.layers_on_stage(8, s) for s in range(2)] == [3, 5]
+
+
+def test_the_step_in_backward_is_refused_with_gradient_accumulation_or_offload():
+    in_bwd = TrainConfig(seq_len=128, global_batch=16, optimizer_in_backward=True)
+    check_layout(Layout(dp=2, micro_batch=8), MODEL, in_bwd, n_devices=2)  # one micro-batch per step
+    with pytest.raises(InvalidPlanError, match="cannot accumulate 2 micro-batches; fix: give --micro-batch"):
+        check_layout(Layout(dp=2, micro_batch=4), MODEL, in_bwd, n_devices=2)
+    with pytest.raises(InvalidPlanError, match="ZeRO-Offload's CPU Adam"):
+        check_layout(Layout(dp=2, micro_batch=8, offload="optimizer"), MODEL, in_bwd, n_devices=2)
+    with pytest.raises(InvalidPlanError, match="not 8bit state"):
+        check_layout(Layout(dp=2, micro_batch=8, offload="optimizer"), MODEL,
+                     TrainConfig(seq_len=128, global_batch=16, optimizer_state="8bit"), n_devices=2)

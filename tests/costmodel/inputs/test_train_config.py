@@ -48,3 +48,26 @@ def test_settings_beside_a_workload_they_do_not_fit_are_refused():
         TrainConfig(workload="pretrain", inference={"prompt_len": 10})
     with pytest.raises(ValidationError, match="prompt_len=10 exceeds the context length 8"):
         TrainConfig(workload="prefill", seq_len=8, inference={"prompt_len": 10})
+
+
+def test_pure_bf16_and_8bit_state_keep_weights_and_gradients_in_bf16():
+    from costmodel.inputs.train_config import OptimizerState
+    for state in ("bf16", "8bit"):
+        t = TrainConfig(optimizer_state=state)
+        assert (t.param_dtype, t.grad_dtype, t.compute_dtype) == (Dtype.BF16,) * 3
+        assert TrainConfig.model_validate_json(t.model_dump_json()) == t
+        # The precision recipe applied after the state keeps the pure-bf16 dtypes.
+        assert t.with_precision(Precision.BF16).grad_dtype is Dtype.BF16
+    assert TrainConfig(optimizer_state="8bit").moment_bytes_per_param == pytest.approx(2 * (1 + 4 / 2048), rel=1e-12)
+    assert TrainConfig().moment_bytes_per_param == 8 and TrainConfig(optimizer_state="bf16").moment_bytes_per_param == 4
+    back = TrainConfig().with_optimizer_state(OptimizerState.BF16).with_optimizer_state(OptimizerState.FP32)
+    assert back == TrainConfig()
+    assert TrainConfig().with_optimizer_state(OptimizerState.FP32, in_backward=True).param_dtype is Dtype.FP32
+
+
+def test_a_16_bit_state_over_other_dtypes_is_refused():
+    with pytest.raises(ValidationError, match="optimizer_state=bf16 keeps weights and gradients in bf16"):
+        TrainConfig(optimizer_state="bf16", param_dtype="float32")
+    from costmodel.errors import InvalidConfigError
+    with pytest.raises(InvalidConfigError, match="8bit keeps the weights in bf16, not in the float32 compute dtype"):
+        TrainConfig().with_precision(Precision.FP32).with_optimizer_state("8bit")

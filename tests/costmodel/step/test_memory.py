@@ -225,3 +225,25 @@ def test_fsdp1_lora_gives_frozen_weights_gradients_held_whole_under_no_sync():
     assert grads("pytorch-fsdp1", 32) == pytest.approx(adapter_grads / 4)  # frozen: no gradient, sharded adapters'
     assert grads("lit-gpt", 32) == pytest.approx(adapter_grads + frozen_layers)  # 8 micro-batches: whole, under no_sync
     assert grads("lit-gpt", 4) == pytest.approx((adapter_grads + frozen_layers) / 4)  # one micro-batch: reduce-scattered
+
+
+@pytest.mark.parametrize("stack, fp32_state", [("megatron-core", 2 + 4 + 12), ("jax", 4 + 4 + 8)])
+def test_fine_tuning_optimizer_states_hold_their_bytes_per_parameter(stack, fp32_state):
+    # Hand arithmetic: pure bf16 2 + 2 + 2·2; 8-bit AdamW 2 + 2 + 2·(1 + 4/2048); in backward only the largest
+    # weight's gradient (here the untied head, vocab × hidden, in bf16).
+    lay = Layout(micro_batch=32, stack=stack_with(stack))
+    states = {(s, b): memory_breakdown(MODEL, TrainConfig(seq_len=1024, global_batch=32, optimizer_state=s, optimizer_in_backward=b), lay)
+              for s, b in (("fp32", False), ("bf16", False), ("8bit", False), ("8bit", True))}
+    assert _states_per_param(states["fp32", False]) == fp32_state
+    assert _states_per_param(states["bf16", False]) == 8
+    assert _states_per_param(states["8bit", False]) == pytest.approx(4 + 2 * (1 + 4 / 2048), rel=1e-12)
+    int8_bwd = states["8bit", True]
+    assert int8_bwd.grads_bytes == MODEL.vocab_size * MODEL.hidden_size * 2
+    assert int8_bwd.optimizer_bytes == states["8bit", False].optimizer_bytes
+    assert int8_bwd.activations_bytes == states["fp32", False].activations_bytes
+
+
+def test_the_step_in_backward_holds_one_weights_gradient_sharded_as_zero_splits_it():
+    train = TrainConfig(seq_len=1024, global_batch=32, optimizer_state="bf16", optimizer_in_backward=True)
+    mem = memory_breakdown(MODEL, train, Layout(dp=4, zero_stage=2, micro_batch=8, stack=stack_with("megatron-core")))
+    assert mem.grads_bytes == MODEL.vocab_size * MODEL.hidden_size * 2 / 4

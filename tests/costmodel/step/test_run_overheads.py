@@ -42,3 +42,8 @@ def test_no_checkpoint_before_the_first_interval_ends():
 def test_an_overheads_record_reads_back_from_json():
     run = _run()
     assert RunOverheads.model_validate_json(run.model_dump_json()) == run and math.isfinite(run.total_s)
+
+
+def test_a_checkpoint_holds_the_weights_and_moments_as_the_optimizer_stores_them():
+    from costmodel.step.run_overheads import checkpoint_bytes
+    assert [checkpoint_bytes(1e9, TrainConfig(optimizer_state=s)) / 1e9 for s in ("fp32", "bf16")] == [12.0, 6.0]

@@ -302,3 +302,24 @@ def test_fp8_speeds_up_the_linear_gemms_only():
     assert fp8.breakdown.memory_bound_s > bf16.breakdown.memory_bound_s
     assert fp8.mfu > bf16.mfu and fp8.model_flops == bf16.model_flops  # MFU stays against the bf16 peak
     assert fp8.memory.activations_bytes < bf16.memory.activations_bytes
+
+
+def test_the_optimizer_update_moves_the_bytes_its_state_is_stored_in():
+    from costmodel.step.simulator import OPTIMIZER_BYTES_PER_PARAM, optimizer_bytes_per_param
+    hw = load_machine("h100-sxm")
+    lay = Layout(micro_batch=8, stack=stack_with("megatron-core"))
+    by_state = {}
+    for state, in_bwd, per_param in (("fp32", False, OPTIMIZER_BYTES_PER_PARAM), ("fp32", True, OPTIMIZER_BYTES_PER_PARAM - 8),
+                                     ("bf16", False, 7 * 2 + 2 + 2), ("8bit", False, 3 * 2 + 4 * (1 + 4 / 2048) + 2 + 2),
+                                     ("8bit", True, 3 * 2 + 4 * (1 + 4 / 2048))):
+        train = TrainConfig(seq_len=1024, global_batch=8, optimizer_state=state, optimizer_in_backward=in_bwd)
+        assert optimizer_bytes_per_param(train) == pytest.approx(per_param, rel=1e-12)
+        by_state[state, in_bwd] = simulate(MODEL, train, lay, hw).breakdown.optimizer_s
+    assert by_state["fp32", False] == pytest.approx(hw.stream_s(MODEL.total_params * OPTIMIZER_BYTES_PER_PARAM), rel=1e-9)
+    assert by_state["fp32", False] > by_state["bf16", False] > by_state["8bit", False] > by_state["8bit", True]
+
+
+def test_the_step_in_backward_with_gradient_accumulation_is_refused_in_one_line():
+    train = TrainConfig(seq_len=1024, global_batch=8, optimizer_in_backward=True)
+    with pytest.raises(InvalidPlanError, match="cannot accumulate 4 micro-batches"):
+        simulate(MODEL, train, Layout(micro_batch=2), load_machine("h100-sxm"))

@@ -173,6 +173,14 @@ CATALOG = [
     ("degrees do not divide the device count", ["simulate", "--model", "llama3-8b", "--devices", "8", "--tp", "3",
                                                 "--global-batch", "8"], 3,
      "devices=8 is not divisible by tp·pp·cp = 3; fix: change --devices or the degrees"),
+    ("optimizer step in backward with gradient accumulation", ["simulate", "--model", "gpt2", "--devices", "1", "--global-batch", "4",
+                                                               "--micro-batch", "2", "--optimizer-in-backward"], 3,
+     "the optimizer step in backward applies each gradient as it is formed, so it cannot accumulate 2 micro-batches; "
+     "fix: give --micro-batch global_batch/dp (one micro-batch per step) or drop --optimizer-in-backward"),
+    ("bf16 or 8-bit optimizer state over other weights", ["simulate", "--model", "gpt2", "--devices", "1", "--global-batch", "4",
+                                                          "--precision", "fp16", "--optimizer-state", "8bit"], 2,
+     "--optimizer-state 8bit keeps the weights in bf16, not in the float16 compute dtype; "
+     "fix: use --precision bf16 or --optimizer-state fp32"),
     # layout pins
     ("pinned degree the mesh cannot carry", ["--model", "llama3-8b", "--mesh", "data=8", "--tp", "3"], 3,
      "--tp 3: mesh data=8 can carry tp 1 only; fix: use --tp 1, or a --mesh whose axes can carry tp=3"),

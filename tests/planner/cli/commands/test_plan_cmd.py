@@ -316,3 +316,12 @@ def test_unpinned_plans_print_no_pinned_row(capsys):
     assert code == 0 and plan["solver"]["pins"] is None
     assert main(["--model", "gpt2", "--mesh", "2x4", "--global-batch", "64"]) == 0
     assert "pinned" not in capsys.readouterr().out
+
+
+def test_the_optimizer_flags_reach_the_request():
+    from planner.cli.commands.plan_cmd import request_from_args
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    request = request_from_args(parser.parse_args(["--model", "llama3-8b", "--devices", "1", "--workload", "finetune-full",
+                                                   "--optimizer-state", "bf16", "--optimizer-in-backward"]))
+    assert request.optimizer_state == "bf16" and request.optimizer_in_backward

@@ -108,3 +108,27 @@ def test_fp8_frozen_dtype_is_refused_in_one_line_where_it_cannot_run(capsys, fla
     assert main([*LORA_70B, *flags]) in (2, 5)
     err = capsys.readouterr().err.strip()
     assert cause in err and "fix:" in err and len(err.splitlines()) == 1
+
+
+# Llama-3-8B full fine-tuning on one 80 GB H100 at 2 × 4096 tokens with full recompute (issue 40's example).
+FINETUNE = ("simulate", "--model", "llama3-8b", "--devices", "1", "--hardware", "h100-sxm", "--workload", "finetune-full",
+            "--global-batch", "2", "--micro-batch", "2", "--seq-len", "4096", "--recompute", "full", "--json")
+
+
+def test_the_optimizer_flags_reach_the_memory_breakdown_and_the_optimizer_time(capsys):
+    def run(*flags):
+        assert main([*FINETUNE, *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    fp32, bf16, int8 = run(), run("--optimizer-state", "bf16"), run("--optimizer-state", "8bit", "--optimizer-in-backward")
+    n = fp32["memory"]["params_bytes"] / 4  # the JAX program's fp32 weights are the master copy: 4 + 4 + 8 B
+    assert fp32["memory"]["grads_bytes"] == 4 * n and fp32["memory"]["optimizer_bytes"] == 8 * n and not fp32["fits"]
+    assert [bf16["memory"][k] / n for k in ("params_bytes", "grads_bytes", "optimizer_bytes")] == [2, 2, 4] and bf16["fits"]
+    assert int8["memory"]["optimizer_bytes"] / n == pytest.approx(2 * (1 + 4 / 2048), rel=1e-12)
+    assert int8["memory"]["grads_bytes"] == 128256 * 4096 * 2  # the largest weight's bf16 gradient (the head's)
+    assert fp32["breakdown"]["optimizer_s"] > bf16["breakdown"]["optimizer_s"] > int8["breakdown"]["optimizer_s"]
+
+
+def test_the_step_in_backward_with_micro_batches_to_accumulate_is_refused(capsys):
+    code = main([*FINETUNE, "--micro-batch", "1", "--optimizer-in-backward"])
+    assert code != 0 and "cannot accumulate 2 micro-batches; fix: give --micro-batch" in capsys.readouterr().err

@@ -82,3 +82,15 @@ def test_a_lora_plan_over_nf4_weights_is_refused_in_one_line_before_compiling(ca
     assert code != 0 and captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "nf4-dq frozen weights" in lines[0] and "not lowered" in lines[0] and "fix:" in lines[0]
+
+
+def test_a_plan_with_an_optimizer_option_the_program_does_not_lower_is_refused_in_one_line(capsys, tmp_path):
+    from costmodel.inputs.train_config import OptimizerState
+    plan = layout_plan(TINY, Layout(micro_batch=4), hardware="a100-80gb", seq_len=16, global_batch=4)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_copy(update={"train": plan.train.with_optimizer_state(OptimizerState.INT8, in_backward=True)})
+                    .model_dump_json())
+    code = main(["validate", str(path), "--compile-only"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1
+    assert "--optimizer-state 8bit and --optimizer-in-backward are not lowered by the reference program" in err

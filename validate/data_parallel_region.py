@@ -38,7 +38,7 @@ from planner.programs.train_step import Batch, make_value_and_grad, micro_batche
 def reduces_over_data(plan: Plan) -> bool:
     """Whether ``plan``'s gradients are formed in the data-parallel region: the jax stack's
     `costmodel.step.kernels.forms_gradients_locally` (data parallelism alone, unpipelined)."""
-    return forms_gradients_locally(plan.model, plan.train, plan.layout)
+    return forms_gradients_locally(plan.train, plan.layout)
 
 
 def _data_dims(spec: PartitionSpec, data: set[str]) -> tuple[tuple[int, tuple[str, ...]], ...]:

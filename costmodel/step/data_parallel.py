@@ -143,7 +143,7 @@ def data_parallel_costs(
     layer_params = layers * layer_params_per_device(model, layout)
     # DeepSpeed's ZeRO-2 reduce-scatters after every micro-batch, not only the last.
     n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
-    if forms_gradients_locally(model, train, layout):
+    if forms_gradients_locally(train, layout):
         return _local_gradient_costs(model, train, layout, hw, params)
     if holds_master_weights(train, layout):
         # The JAX program all-reduces each gradient where its partial sums appear, inside the
@@ -219,12 +219,13 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     n_micro = layout.micro_batches(train)
     per_layer = layer_params_per_device(model, layout)
-    local = forms_gradients_locally(model, train, layout)
+    local = forms_gradients_locally(train, layout)
     if not train.workload.trains_base_weights:
         gather, other_gather = _lora_fsdp_bytes(model, train, layout)
         gather_s = all_gather_s(gather, group)
         scatter_s = reduce_scatter_s(train.workload.adapter_params_per_layer(model, tp=layout.tp) * grad_bytes, group)
         ends_s = 2 * all_gather_s(other_gather, group)
+        once_s = 0.0
         gathered_bytes = n_micro * 2 * (layers * gather + other_gather)
     else:
         gather_s = all_gather_s(per_layer * gathered_layer_param_bytes(train, layout), group)
@@ -232,15 +233,12 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
         scatter_s = reduce_scatter_s(per_layer * (param_bytes if local else grad_bytes), group)
         other = stage_params_per_device(model, layout) - layers * per_layer
         # There the embedding and head are gathered once per step (hoisted out of the loop), not twice per micro-batch.
-        ends_gather_s = 0.0 if local else 2 * all_gather_s(other * param_bytes, group)
-        ends_s = ends_gather_s + reduce_scatter_s(other * grad_bytes, group)
+        ends_gather_s = all_gather_s(other * param_bytes, group)
+        once_s = ends_gather_s if local else 0.0
+        ends_s = (0.0 if local else 2 * ends_gather_s) + reduce_scatter_s(other * grad_bytes, group)
         # Two gathers of the stage per micro-batch; a copy-out reads and writes each gathered byte once.
         gathered_bytes = n_micro * 2 * stage_params_per_device(model, layout) * param_bytes
-    total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s)
-    if local:
-        once_s = all_gather_s(other * param_bytes, group)
-        total_s += once_s
-        ends_s += once_s / n_micro
+    total_s = n_micro * (layers * (2 * gather_s + scatter_s) + ends_s) + once_s
     copy_s = hw.stream_s(2 * gathered_bytes) if layout.stack.fsdp_copy_out else 0.0
     if not layout.stack.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s, copy_s=copy_s)
@@ -248,7 +246,7 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     # embedding/head traffic stay exposed.
     slowdown = hw.efficiency.overlap_slowdown
     per_layer_s = exposed_s(gather_s, layer.forward_s, slowdown) + exposed_s(gather_s + scatter_s, layer.backward_s, slowdown)
-    exposed = n_micro * (layers * per_layer_s + gather_s + ends_s)
+    exposed = n_micro * (layers * per_layer_s + gather_s + ends_s) + once_s
     return DataParallelCost(total_s=total_s, exposed_s=min(total_s, exposed), copy_s=copy_s)
 
 

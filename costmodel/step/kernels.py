@@ -197,7 +197,7 @@ def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
             and layout.offload is not Offload.OPTIMIZER)
 
 
-def forms_gradients_locally(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
+def forms_gradients_locally(train: TrainConfig, layout: Layout) -> bool:
     """Whether the step accumulates its gradients locally and reduces them as ZeRO needs
     (`SoftwareStack.manual_data_parallel`): the base weights trained over data parallelism alone.
     Not with tensor, context or expert axes beside the data axes: in a region manual over only some

@@ -16,8 +16,10 @@ from benchmarks.gpu_truth.serving import decode_cases, prefill_cases
 from benchmarks.gpu_truth.sizes import sizes_for
 from benchmarks.gpu_truth.steps import step_cases
 from benchmarks.gpu_truth.target import Target, detect_target
-from benchmarks.gpu_truth.timing import Case, Row, run_cases
+from benchmarks.gpu_truth.timing import KINDS, Case, Row, run_cases
 
+_CASES = {"hbm": hbm_cases, "elementwise": elementwise_cases, "gemm": gemm_cases, "step": step_cases,
+          "attention": attention_cases, "decode": decode_cases, "prefill": prefill_cases}
 DEFAULT_OUT_DIR = Path(__file__).resolve().parents[1] / "data" / "gpu"
 # Of the device's memory, what JAX may take (its default, 75 %, leaves the 8B step without room).
 _GPU_MEMORY_FRACTION = "0.92"
@@ -35,16 +37,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR, help="folder of the run's CSV (default benchmarks/data/gpu)")
     parser.add_argument("--time-budget-s", type=float, default=450.0,
                         help="stop measuring new cases after this many seconds; the rest are listed as skipped (default 450)")
+    parser.add_argument("--only", action="append", choices=KINDS, metavar="KIND",
+                        help=f"measure only cases of this kind (repeatable; one of {', '.join(KINDS)}; default all)")
     parser.add_argument("--hardware", help="hardware profile predicting the device (default: detected from the GPU, or the "
                                            "measured cpu profile)")
     return parser.parse_args(argv)
 
 
-def all_cases(target: Target) -> list[Case]:
-    """Every case, the kinds interleaved (one of each in turn) so a budget that runs out leaves every kind measured."""
+def all_cases(target: Target, only: list[str] | None = None) -> list[Case]:
+    """Every case (of the ``only`` kinds, if named), the kinds interleaved (one of each in turn) so a
+    budget that runs out leaves every kind measured."""
     sizes = sizes_for(quick=target.quick)
-    kinds = [hbm_cases(target, sizes), elementwise_cases(target, sizes), gemm_cases(target, sizes), step_cases(target, sizes),
-             attention_cases(target, sizes), decode_cases(target, sizes), prefill_cases(target, sizes)]
+    kinds = [cases(target, sizes) for kind, cases in _CASES.items() if not only or kind in only]
     return [case for turn in itertools.zip_longest(*kinds) for case in turn if case is not None]
 
 
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     target = detect_target(args.backend, quick=args.quick, hardware=args.hardware)
     console.print(f"{target.device} (driver {target.driver or 'none'}), jax {target.jax_version}, profile {target.cluster.name}, "
                   f"{target.dtype}")
-    cases = all_cases(target)
+    cases = all_cases(target, args.only)
 
     def progress(row: Row) -> None:
         measured = "-" if row.measured_s is None else f"{row.measured_s * 1e3:.4g} ms"

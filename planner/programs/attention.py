@@ -1,4 +1,5 @@
-"""Causal attention without the score matrix: the FlashAttention algorithm in plain JAX.
+"""Causal attention without the score matrix: cuDNN's fused kernel on a GPU, else the
+FlashAttention algorithm in plain JAX.
 
 The sequence is cut into blocks; the loop visits only the (query block, key block) pairs on
 or below the diagonal, so fully masked blocks cost nothing, and keeps a running maximum and
@@ -164,9 +165,68 @@ def _padded_flash_bwd(block: int, residuals: tuple[jax.Array, ...], do: jax.Arra
 _padded_flash.defvjp(_padded_flash_fwd, _padded_flash_bwd)
 
 
+def fused_kernel_usable(q_BxSxKxGxH: jax.Array, backend: str | None = None) -> bool:
+    """Whether cuDNN's fused kernel runs this attention: on a GPU, 16-bit inputs, head size a
+    multiple of 8 up to 128 (cuDNN's flash-attention limits).
+
+    >>> fused_kernel_usable(jnp.zeros((1, 8, 2, 2, 64), jnp.bfloat16), backend="gpu")
+    True
+    >>> fused_kernel_usable(jnp.zeros((1, 8, 2, 2, 64), jnp.float32), backend="gpu")
+    False
+    """
+    head = q_BxSxKxGxH.shape[-1]
+    return ((backend or jax.default_backend()) == "gpu" and q_BxSxKxGxH.dtype in (jnp.bfloat16, jnp.float16)
+            and head % 8 == 0 and head <= 128)
+
+
+def _library_attention(q_BxSxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, implementation: str | None) -> jax.Array:
+    return jax.nn.dot_product_attention(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, is_causal=True, implementation=implementation)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fused(q_BxSxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, implementation: str | None) -> jax.Array:
+    return _library_attention(q_BxSxNxH, k_BxSxKxH, v_BxSxKxH, implementation)
+
+
+def _fused_fwd(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str | None) -> tuple[jax.Array, object]:
+    # The library kernel's own residuals carry no names, so a remat policy that saves by name
+    # would run its forward again in the backward. Name them as the blockwise kernel's: the fp32
+    # softmax statistics (log-sum-exp), the output; the inputs themselves are saved as q, k, v.
+    o, pullback = jax.vjp(partial(_library_attention, implementation=implementation), q, k, v)
+    leaves, tree = jax.tree.flatten(pullback)
+    named = [leaf if any(leaf is x for x in (q, k, v)) else
+             checkpoint_name(leaf, "softmax_logsumexp" if leaf.dtype == jnp.float32 else "attn_out_proj_input") for leaf in leaves]
+    return checkpoint_name(o, "attn_out_proj_input"), jax.tree.unflatten(tree, named)
+
+
+def _fused_bwd(implementation: str | None, pullback: object, do: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return pullback(do)
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def fused_attention(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, implementation: str | None = "cudnn") -> jax.Array:
+    """Causal grouped-query attention ``[B, S, K, G, H]`` by ``jax.nn.dot_product_attention``
+    (cuDNN's fused flash kernel by default), its residuals named as `flash_attention`'s.
+
+    >>> q = jax.random.normal(jax.random.key(0), (1, 10, 2, 3, 8))
+    >>> k, v = jax.random.normal(jax.random.key(1), (2, 1, 10, 2, 8))
+    >>> out = fused_attention(q, k, v, implementation="xla")
+    >>> bool(jnp.allclose(out, reference_attention(q, k, v), atol=1e-5))
+    True
+    """
+    b, s, kh, g, h = q_BxSxKxGxH.shape
+    out_BxSxNxH = _fused(q_BxSxKxGxH.reshape(b, s, kh * g, h), k_BxSxKxH, v_BxSxKxH, implementation)
+    return out_BxSxNxH.reshape(b, s, kh, g, h)
+
+
 def flash_attention(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, block: int | None = None) -> jax.Array:
-    """Causal grouped-query attention ``[B, S, K, G, H]`` (q's dtype) in blocks of ``block``
-    rows (default `block_size`); a sequence the block does not divide is padded."""
+    """Causal grouped-query attention ``[B, S, K, G, H]`` (q's dtype) without the score matrix:
+    cuDNN's fused kernel where `fused_kernel_usable` (a GPU), else the blockwise kernel in blocks
+    of ``block`` rows (default `block_size`); a sequence the block does not divide is padded."""
+    if block is None and fused_kernel_usable(q_BxSxKxGxH):
+        return fused_attention(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH)
     s = q_BxSxKxGxH.shape[1]
     block = block or block_size(s)
     pad = -s % block

@@ -76,9 +76,10 @@ def _rope_at(x_BxNxH: jax.Array, position: jax.Array, theta: float) -> jax.Array
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x_BxNxH.dtype)
 
 
-def _attend(x_BxD: jax.Array, p: Params, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array, position: jax.Array, cfg: ModelConfig,
-            dt: Any, constrain: Constrain) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One token's attention over the cache, after writing its key and value there."""
+def _attend(x_BxD: jax.Array, p: Params, k_LxBxTxKxH: jax.Array, v_LxBxTxKxH: jax.Array, layer: jax.Array, position: jax.Array,
+            cfg: ModelConfig, dt: Any, constrain: Constrain) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One token's attention over the ``layer``'s cache, after writing its key and value there
+    in place (one row of the stacked cache, not the layer's whole slice rewritten)."""
     b, k_heads, group = x_BxD.shape[0], cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
     q_BxNxH = jnp.einsum("bd,dnh->bnh", x_BxD, p["wq"].astype(dt))
     k_BxKxH = jnp.einsum("bd,dkh->bkh", x_BxD, p["wk"].astype(dt))
@@ -88,10 +89,11 @@ def _attend(x_BxD: jax.Array, p: Params, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Ar
     if cfg.positions is Positions.ROPE:
         q_BxNxH, k_BxKxH = _rope_at(q_BxNxH, position, cfg.rope_theta), _rope_at(k_BxKxH, position, cfg.rope_theta)
     zero = jnp.zeros((), jnp.int32)
-    k_BxTxKxH = constrain("kv_cache_BxTxKxH", jax.lax.dynamic_update_slice(k_BxTxKxH, k_BxKxH[:, None].astype(k_BxTxKxH.dtype),
-                                                                           (zero, position, zero, zero)))
-    v_BxTxKxH = constrain("kv_cache_BxTxKxH", jax.lax.dynamic_update_slice(v_BxTxKxH, v_BxKxH[:, None].astype(v_BxTxKxH.dtype),
-                                                                           (zero, position, zero, zero)))
+    at = (layer, zero, position, zero, zero)
+    k_LxBxTxKxH = jax.lax.dynamic_update_slice(k_LxBxTxKxH, k_BxKxH[None, :, None].astype(k_LxBxTxKxH.dtype), at)
+    v_LxBxTxKxH = jax.lax.dynamic_update_slice(v_LxBxTxKxH, v_BxKxH[None, :, None].astype(v_LxBxTxKxH.dtype), at)
+    k_BxTxKxH = constrain("kv_cache_BxTxKxH", jax.lax.dynamic_index_in_dim(k_LxBxTxKxH, layer, keepdims=False))
+    v_BxTxKxH = constrain("kv_cache_BxTxKxH", jax.lax.dynamic_index_in_dim(v_LxBxTxKxH, layer, keepdims=False))
     q_BxKxGxH = q_BxNxH.reshape(b, k_heads, group, cfg.head_dim)
     # An fp8 cache is read back to the compute dtype (a no-op for a compute-dtype cache).
     scores_BxKxGxT = jnp.einsum("bkgh,btkh->bkgt", q_BxKxGxH, k_BxTxKxH.astype(dt)).astype(jnp.float32) / math.sqrt(cfg.head_dim)
@@ -99,7 +101,7 @@ def _attend(x_BxD: jax.Array, p: Params, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Ar
     probs_BxKxGxT = jax.nn.softmax(jnp.where(visible_T, scores_BxKxGxT, -jnp.inf), axis=-1).astype(dt)
     out_BxNxH = jnp.einsum("bkgt,btkh->bkgh", probs_BxKxGxT, v_BxTxKxH.astype(dt)).reshape(b, cfg.num_heads, cfg.head_dim)
     y_BxD = jnp.einsum("bnh,nhd->bd", out_BxNxH, p["wo"].astype(dt))
-    return (y_BxD + p["bo"].astype(dt) if "bo" in p else y_BxD), k_BxTxKxH, v_BxTxKxH
+    return (y_BxD + p["bo"].astype(dt) if "bo" in p else y_BxD), k_LxBxTxKxH, v_LxBxTxKxH
 
 
 def _mlp(x_BxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any) -> jax.Array:
@@ -133,14 +135,18 @@ def decode_layers(x_BxD: jax.Array, layers: Params, kv_cache: dict[str, jax.Arra
     """The stacked ``layers`` (a pipeline stage's, or all) on one token per sequence, against
     their slice of the cache ``[layers, B, T, kv_heads, head_dim]``: the residual stream after
     them and the cache with the token's keys and values written at ``position``."""
-    def body(x_BxD: jax.Array, layer: tuple[Params, jax.Array, jax.Array]) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        p, k_BxTxKxH, v_BxTxKxH = layer
-        attended_BxD, k_BxTxKxH, v_BxTxKxH = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k_BxTxKxH, v_BxTxKxH,
-                                                     position, cfg, compute_dtype, constrain)
+    # The cache rides in the loop's carry, so each layer writes its one new row in place; as the
+    # loop's per-layer inputs and outputs it would be read and written whole on every step.
+    def body(carry: tuple[jax.Array, jax.Array, jax.Array], layer: tuple[Params, jax.Array]) -> tuple[tuple[jax.Array, ...], None]:
+        x_BxD, k_LxBxTxKxH, v_LxBxTxKxH = carry
+        p, index = layer
+        attended_BxD, k_LxBxTxKxH, v_LxBxTxKxH = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k_LxBxTxKxH, v_LxBxTxKxH,
+                                                         index, position, cfg, compute_dtype, constrain)
         x_BxD = x_BxD + attended_BxD
-        return x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, compute_dtype), (k_BxTxKxH, v_BxTxKxH)
+        return (x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, compute_dtype), k_LxBxTxKxH, v_LxBxTxKxH), None
 
-    x_BxD, (k_LxBxTxKxH, v_LxBxTxKxH) = jax.lax.scan(body, x_BxD, (layers, kv_cache["k"], kv_cache["v"]))
+    indices_L = jnp.arange(kv_cache["k"].shape[0], dtype=jnp.int32)
+    (x_BxD, k_LxBxTxKxH, v_LxBxTxKxH), _ = jax.lax.scan(body, (x_BxD, kv_cache["k"], kv_cache["v"]), (layers, indices_L))
     return x_BxD, {"k": k_LxBxTxKxH, "v": v_LxBxTxKxH}
 
 

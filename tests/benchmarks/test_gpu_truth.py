@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu_truth.cli import all_cases, parse_args
 from benchmarks.gpu_truth.report import COLUMNS, step_summary
+from benchmarks.gpu_truth.target import detect_target
 from benchmarks.gpu_truth.timing import KINDS, Case, run_cases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,14 @@ def test_cpu_quick_run_writes_one_csv_with_every_kind(tmp_path: Path) -> None:
         predicted, measured = float(r["predicted_s"]), float(r["measured_s"])
         assert math.isfinite(predicted) and predicted > 0 and math.isfinite(measured) and measured > 0, r
     assert "planner's choice measured" in done.stdout and "measured order:" in done.stdout
+
+
+@pytest.mark.jax
+def test_only_the_named_kinds_are_run() -> None:
+    target = detect_target("cpu", quick=True)
+    cases = all_cases(target, ["step", "decode"])
+    assert cases and {c.kind for c in cases} == {"step", "decode"}
+    assert {c.kind for c in all_cases(target)} == set(KINDS) and parse_args(["--only", "hbm"]).only == ["hbm"]
 
 
 def test_a_failing_case_is_recorded_and_the_run_goes_on() -> None:

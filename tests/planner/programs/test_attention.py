@@ -6,7 +6,7 @@ import pytest
 
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
-from planner.programs.attention import block_pairs, flash_attention, reference_attention
+from planner.programs.attention import block_pairs, flash_attention, fused_attention, fused_kernel_usable, reference_attention
 from planner.programs.params import init_params
 from planner.programs.train_step import make_loss_and_grads
 
@@ -42,6 +42,48 @@ def test_bf16_matches_the_fp32_reference_within_bf16_rounding():
     want = reference_attention(q, kk, v)
     got = flash_attention(q.astype(jnp.bfloat16), kk.astype(jnp.bfloat16), v.astype(jnp.bfloat16), 8).astype(jnp.float32)
     assert float(jnp.abs(got - want).max()) < BF16_TOLERANCE * float(jnp.abs(want).max())
+
+
+def test_the_library_kernel_matches_the_reference_and_keeps_its_residuals_under_a_names_policy():
+    q, kk, v, do = _qkv(2, 16, 2, 3, 8)
+    fused = lambda *a: fused_attention(*a, implementation="xla")  # noqa: E731 (cuDNN's needs a GPU; the wrapper is the same)
+    assert float(jnp.abs(fused(q, kk, v) - reference_attention(q, kk, v)).max()) < FP32_TOLERANCE
+    expected = jax.grad(lambda *a: jnp.sum(reference_attention(*a) * do), argnums=(0, 1, 2))(q, kk, v)
+
+    def backward_dots(policy):
+        loss = lambda *a: jnp.sum(fused(*a) * do)  # noqa: E731
+        loss = jax.checkpoint(loss, policy=policy) if policy else loss
+        grads = jax.grad(loss, argnums=(0, 1, 2))(q, kk, v)
+        for got, want in zip(grads, expected):
+            assert float(jnp.abs(got - want).max()) < FP32_TOLERANCE * max(1.0, float(jnp.abs(want).max()))
+        return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, kk, v)).count("dot_general")
+
+    names = jax.checkpoint_policies.save_only_these_names("attn_out_proj_input", "softmax_logsumexp")
+    # Kept by name, nothing of the forward runs again in the backward, as without remat.
+    assert backward_dots(names) == backward_dots(None) < backward_dots(jax.checkpoint_policies.nothing_saveable)
+
+
+def test_the_fused_kernel_is_chosen_only_where_cudnn_runs_it():
+    bf16 = jnp.zeros((1, 8, 2, 2, 128), jnp.bfloat16)
+    assert fused_kernel_usable(bf16, backend="gpu")
+    assert not fused_kernel_usable(bf16, backend="cpu")
+    assert not fused_kernel_usable(jnp.zeros((1, 8, 2, 2, 256), jnp.bfloat16), backend="gpu")
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's fused attention needs a GPU")
+def test_on_a_gpu_the_cudnn_kernel_matches_the_blockwise_one_forward_and_backward_under_remat():
+    q, kk, v, do = (x.astype(jnp.bfloat16) for x in _qkv(2, 1024, 2, 4, 128))
+    assert fused_kernel_usable(q)
+    policy = jax.checkpoint_policies.save_only_these_names("q", "k", "v", "attn_out_proj_input", "softmax_logsumexp")
+    results = {}
+    for name, kernel in {"cudnn": flash_attention, "blockwise": lambda *a: flash_attention(*a, block=256)}.items():
+        loss = jax.checkpoint(lambda *a, kernel=kernel: jnp.sum((kernel(*a) * do).astype(jnp.float32)), policy=policy)
+        results[name] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, kk, v)
+        assert ("cudnn" in jax.jit(jax.grad(loss)).lower(q, kk, v).compile().as_text()) is (name == "cudnn")
+    (loss_c, grads_c), (loss_b, grads_b) = results["cudnn"], results["blockwise"]
+    assert abs(float(loss_c) - float(loss_b)) < BF16_TOLERANCE * max(1.0, abs(float(loss_b)))
+    for got, want in zip(grads_c, grads_b):
+        assert float(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32)).max()) < BF16_TOLERANCE * float(jnp.abs(want).max())
 
 
 def test_only_the_causal_triangle_of_blocks_is_visited():

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Download the wheels the GPU machine lacks, for its Python 3.12 (x86_64 Linux), into .carry/
-# (ignored by git), and print the one command that installs them and the project there and runs
-# the prepared measurement (python -m benchmarks.gpu_truth --backend gpu). That machine has jax
+# (ignored by git), and print the one command that installs them there and runs the prepared
+# measurement from the checkout (python -m benchmarks.gpu_truth --backend gpu). That machine has jax
 # 0.11.x with its CUDA plugin, flax, optax, networkx, numpy, rich and matplotlib (so also
 # python-dateutil and six), but not pydantic or ortools, and cannot download.
 #
 #   benchmarks/gpu_truth_carry.sh            download into .carry/ (about 45 MB), print the command
 #   benchmarks/gpu_truth_carry.sh --dry-run  list the wheels pip would download, download nothing
 #
-# Versions are the ones this project is tested with. setuptools builds the project's editable
-# install offline (--no-build-isolation); pandas is ortools' (cp_model imports it).
+# Versions are the ones this project is tested with; pandas is ortools' (cp_model imports it).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -17,12 +16,12 @@ CARRY=.carry
 WHEELS=(
   "pydantic==2.13.4" "pydantic-core==2.46.4" "typing-extensions==4.15.0" "annotated-types==0.7.0" "typing-inspection==0.4.2"
   "ortools==9.15.6755" "protobuf==6.33.6" "absl-py==2.5.1" "immutabledict==4.3.1" "pandas==3.1.1"
-  "setuptools==80.9.0"
 )
 TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312
         --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64)
-# The project's own install is not needed to run from the checkout: a failure there does not stop the run.
-RUN="pip install --no-index --no-deps $CARRY/*.whl && { pip install --no-index --no-deps --no-build-isolation -e . || echo 'project not installed, running from the checkout'; } && python -m benchmarks.gpu_truth --backend gpu"
+# Installed into a folder on PYTHONPATH with the machine's own python: on the first H100 run a bare
+# `pip` belonged to another interpreter, and `python` then found no pydantic.
+RUN="python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $CARRY/*.whl && export PYTHONPATH=/tmp/site:\$PWD && python -m benchmarks.gpu_truth --backend gpu"
 
 case "${1:-}" in
   --dry-run)

@@ -32,7 +32,7 @@ from costmodel.oplevel.opgraph import (
     add_op,
     new_op_graph,
 )
-from planner.intraop.loops import loop_nest
+from planner.intraop.loops import loop_nest, scan_consts_and_carry
 from planner.intraop.op_flops import op_flops
 
 # Primitive parameters that hold a sub-program executed once per call.
@@ -101,7 +101,7 @@ def _inline(g: nx.DiGraph, eqn: Any, sub: Any, env: dict[Any, _Producer], *, rep
         if not isinstance(outer, jex_core.Literal) and outer in env:
             inner_env[var] = env[outer]
     _walk(g, inner, inner_env, repeat=repeat, scope=scope, path=path)
-    stacked_from = eqn.params["num_carry"] if eqn.primitive.name == "scan" else len(inner.outvars)
+    stacked_from = scan_consts_and_carry(eqn.params)[1] if eqn.primitive.name == "scan" else len(inner.outvars)
     for position, (outer, var) in enumerate(zip(eqn.outvars, inner.outvars)):
         if not isinstance(var, jex_core.Literal) and var in inner_env:
             env[outer] = inner_env[var]

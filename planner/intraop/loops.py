@@ -33,6 +33,20 @@ SHARDABLE_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 _AXIS_PARAMS = ("axis", "axes", "dimension", "dimensions")
 
 
+def scan_consts_and_carry(params: dict[str, Any]) -> tuple[int, int]:
+    """How many of a ``scan`` equation's operands are constants and how many its carry (xs follow).
+    jax 0.10 names the counts (``num_consts``, ``num_carry``); 0.11 gives the flattened groups
+    (``ft_in``: constants, carry, xs).
+
+    >>> scan_consts_and_carry({"num_consts": 1, "num_carry": 2})
+    (1, 2)
+    """
+    if "num_carry" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 def loop_nest(primitive: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
               params: dict[str, Any]) -> LoopNest | None:
     """The loop nest of one equation, or None when no dimension can be split.

@@ -35,6 +35,7 @@ from jax.extend import core as jex_core
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from costmodel.oplevel.strategies import Sharding, Strategy
+from planner.intraop.loops import scan_consts_and_carry
 
 # Call-like primitives evaluated inline: after differentiation their custom rules no longer matter.
 _INLINE = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
@@ -119,7 +120,7 @@ class PinnedInterpreter:
 
     def _scan(self, eqn: Any, invals: list[Any], path: Path) -> list[Any]:
         params = eqn.params
-        body, n_consts, n_carry = params["jaxpr"], params["num_consts"], params["num_carry"]
+        body, (n_consts, n_carry) = params["jaxpr"], scan_consts_and_carry(params)
         consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
 
         def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:

@@ -7,16 +7,19 @@ import itertools
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from benchmarks.gpu_truth.micro import attention_cases, elementwise_cases, gemm_cases, hbm_cases
+from benchmarks.gpu_truth.profile import profile_rows, traced_steps
 from benchmarks.gpu_truth.report import print_rows, step_summary, write_run_csv
 from benchmarks.gpu_truth.serving import decode_cases, prefill_cases
 from benchmarks.gpu_truth.sizes import sizes_for
-from benchmarks.gpu_truth.steps import step_cases
+from benchmarks.gpu_truth.steps import CHOICE, planner_choices, prepared_step, step_cases
 from benchmarks.gpu_truth.target import Target, detect_target
 from benchmarks.gpu_truth.timing import KINDS, Case, Row, run_cases
+from benchmarks.output import print_table, write_csv
 
 _CASES = {"hbm": hbm_cases, "elementwise": elementwise_cases, "gemm": gemm_cases, "step": step_cases,
           "attention": attention_cases, "decode": decode_cases, "prefill": prefill_cases}
@@ -39,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="stop measuring new cases after this many seconds; the rest are listed as skipped (default 450)")
     parser.add_argument("--only", action="append", choices=KINDS, metavar="KIND",
                         help=f"measure only cases of this kind (repeatable; one of {', '.join(KINDS)}; default all)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then trace 3 steps of each step model's planner's choice and write where the time goes, kernel "
+                             "category by category, beside the simulator's terms (<run>_profile.csv)")
     parser.add_argument("--hardware", help="hardware profile predicting the device (default: detected from the GPU, or the "
                                            "measured cpu profile)")
     return parser.parse_args(argv)
@@ -50,6 +56,16 @@ def all_cases(target: Target, only: list[str] | None = None) -> list[Case]:
     sizes = sizes_for(quick=target.quick)
     kinds = [cases(target, sizes) for kind, cases in _CASES.items() if not only or kind in only]
     return [case for turn in itertools.zip_longest(*kinds) for case in turn if case is not None]
+
+
+def profile_choices(target: Target, rows: list[Row], console: Console) -> list[dict[str, Any]]:
+    """`benchmarks.gpu_truth.profile`'s rows for each step model's planner's choice, its measured step time from ``rows``."""
+    measured = {r.group: r.measured_s for r in rows if r.kind == "step" and r.note == CHOICE}
+    profiles = []
+    for model, plan in planner_choices(target, sizes_for(quick=target.quick)):
+        console.print(f"profiling {model} {CHOICE}", highlight=False)
+        profiles += profile_rows(model, measured.get(model), plan.predicted, lambda plan=plan: traced_steps(*prepared_step(plan)))
+    return profiles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = run_cases(cases, budget_s=args.time_budget_s, on_row=progress)
     path = write_run_csv(rows, target, args.out_dir)
+    if args.profile:
+        profile_path = path.with_name(f"{path.stem}_profile.csv")
+        profiles = profile_choices(target, rows, console)
+        write_csv(profile_path, profiles)
+        print_table(f"Where the planner's choice's step time goes on {target.device} (seconds per step)", profiles, console=console)
+        console.print(f"wrote {profile_path}", highlight=False)
     print_rows(rows, target, console)
     for line in step_summary(rows):
         console.print(line, highlight=False)

@@ -14,7 +14,7 @@ the gradient reduction.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks.gpu_truth.sizes import Sizes
 from benchmarks.gpu_truth.target import Target
@@ -67,7 +67,8 @@ def _plan(model: ModelConfig, train: TrainConfig, layout: Layout, target: Target
                           solver=SolverInfo(planner="grid", status="GIVEN", evaluated=1, pruned={}))
 
 
-def _measure(plan: Plan) -> float:
+def prepared_step(plan: Plan) -> tuple[Callable[[Any], Any], tuple[Any, ...]]:
+    """``(advance, state)``: the plan's jitted step chained on its own outputs, and its first inputs on the device."""
     import jax  # why: JAX is imported only once a case runs
     import jax.numpy as jnp
     import numpy as np
@@ -93,7 +94,20 @@ def _measure(plan: Plan) -> float:
         params, opt_state, _ = step(params, opt_state, batch)
         return params, opt_state, batch
 
-    return median_chained_s(advance, state, warmup=2, repeats=5)
+    return advance, state
+
+
+def _measure(plan: Plan) -> float:
+    return median_chained_s(*prepared_step(plan), warmup=2, repeats=5)
+
+
+def planner_choices(target: Target, sizes: Sizes) -> list[tuple[str, Plan]]:
+    """Each step model's name and the plan of the planner's choice for it (the first of `step_layouts`)."""
+    choices = []
+    for model in sizes.step_models:
+        train = TrainConfig(seq_len=sizes.step_seq_len, global_batch=sizes.step_global_batch).with_precision(target.precision)
+        choices.append((model.name, _plan(model, train, step_layouts(model, train, target)[0][1], target)))
+    return choices
 
 
 def step_cases(target: Target, sizes: Sizes) -> list[Case]:

@@ -20,10 +20,14 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.jax
 def test_cpu_quick_run_writes_one_csv_with_every_kind(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, not an emulated mesh
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_truth", "--backend", "cpu", "--quick", "--out-dir", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-m", "benchmarks.gpu_truth", "--backend", "cpu", "--quick", "--profile", "--out-dir", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    [path] = tmp_path.glob("cpu_*.csv")
+    [path] = [p for p in tmp_path.glob("cpu_*.csv") if not p.stem.endswith("_profile")]
+    [profile] = tmp_path.glob("cpu_*_profile.csv")
+    profiled = list(csv.DictReader(profile.open()))
+    assert {r["model"] for r in profiled} == {"toy", "toy-wide"} and not any(r["error"] for r in profiled)
+    assert sum(float(r["measured_s"]) for r in profiled if r["category"] in ("gemm", "elementwise")) > 0
     rows = list(csv.DictReader(path.open()))
     assert tuple(rows[0]) == COLUMNS
     assert {r["kind"] for r in rows} == set(KINDS)

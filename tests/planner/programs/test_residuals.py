@@ -38,5 +38,10 @@ def test_cpu_compile_stacks_residuals_at_16_bits():
         return jax.jit(jax.grad(lambda w, x: _loss(w, x, wrap))).lower(ws, x).compile().memory_analysis().temp_size_in_bytes
 
     stacked_activation_bytes = 4 * 1024 * 256 * 2  # one bf16 [layers, tokens, hidden] stack
-    # XLA:CPU widens the plain loop's stacks to fp32; kept as bits, at least two of them shrink by half.
-    assert temp_bytes(lambda f: f) - temp_bytes(residuals_as_bits) >= 2 * stacked_activation_bytes
+    plain, bits = temp_bytes(lambda f: f), temp_bytes(residuals_as_bits)
+    # jax 0.10's XLA:CPU widens the plain loop's stacks to fp32; kept as bits, at least two of them
+    # shrink by half. jax 0.11's keeps them at 16 bits, where the bits change nothing.
+    if jax.__version_info__ < (0, 11):
+        assert plain - bits >= 2 * stacked_activation_bytes
+    else:
+        assert bits == plain

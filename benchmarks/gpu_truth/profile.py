@@ -75,7 +75,7 @@ def summarize(events: list[dict[str, Any]], steps: int) -> dict[str, dict[str, A
         where = category(name, hlo_op)
         seconds[where] += e["dur"] * 1e-6
         counts[where] += 1
-        by_kernel[where][hlo_op or name] += e["dur"]
+        by_kernel[where][name] += e["dur"]  # the kernel's own name: under CUDA graphs hlo_op is only "command_buffer_N"
     return {c: {"kernels_per_step": counts[c] / steps, "measured_s": seconds[c] / steps,
                 "top_kernels": "; ".join(k[:60] for k, _ in by_kernel[c].most_common(3))} for c in CATEGORIES}
 

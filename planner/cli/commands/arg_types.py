@@ -13,10 +13,21 @@ from __future__ import annotations
 import argparse
 import math
 
+AUTO = "auto"  # a knob left to the planner
+
 
 def positive_int(text: str) -> int:
     """A whole number ≥ 1 (a count, a size, a degree)."""
     return _whole(text, minimum=1, what="positive whole number", example="8")
+
+
+def positive_int_or_auto(text: str) -> int | str:
+    """A whole number ≥ 1, or ``auto``: left to the planner (``plan simulate --micro-batch auto``).
+
+    >>> positive_int_or_auto("auto"), positive_int_or_auto("4")
+    ('auto', 4)
+    """
+    return AUTO if text == AUTO else _whole(text, minimum=1, what="positive whole number or auto", example="8, or auto")
 
 
 def non_negative_int(text: str) -> int:
@@ -46,7 +57,8 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-NUMERIC_TYPES = (positive_int, non_negative_int, positive_float, non_negative_float)  # what every numeric flag of `plan` uses
+# What every numeric flag of `plan` uses.
+NUMERIC_TYPES = (positive_int, positive_int_or_auto, non_negative_int, positive_float, non_negative_float)
 
 
 def add_memory_reserve_argument(parser: argparse.ArgumentParser) -> None:

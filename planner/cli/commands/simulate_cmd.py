@@ -17,7 +17,14 @@ from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.simulator import simulate
-from planner.cli.commands.arg_types import PRECISION_HELP, add_memory_reserve_argument, non_negative_int, positive_int
+from planner.cli.commands.arg_types import (
+    AUTO,
+    PRECISION_HELP,
+    add_memory_reserve_argument,
+    non_negative_int,
+    positive_int,
+    positive_int_or_auto,
+)
 from planner.cli.commands.optimizer_args import add_optimizer_arguments, optimizer_from_args
 from planner.cli.commands.stack_args import add_stack_arguments, stack_from_args
 from planner.cli.commands.workload_args import add_workload_arguments, serving_sizes, workload_from_args
@@ -25,6 +32,7 @@ from planner.cli.tables import jax_memory_row, memory_rows, memory_total_row, of
 from planner.cli.timeline import write_timeline
 from planner.config import default_seq_len, load_model, train_config
 from planner.request import PlanRequest
+from search.unstated import UNSTATABLE, UnstatedChoice, choose_unstated
 
 _GIB = 2**30
 
@@ -40,14 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=positive_int, default=1, help=f"{help_text} degree (default 1)")
     parser.add_argument("--dp", type=positive_int, help="data parallel degree (default: devices / (tp·pp·cp))")
     parser.add_argument("--global-batch", type=positive_int, help="sequences per step (training workloads; serving takes --batch)")
-    parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--micro-batch", type=positive_int_or_auto, default=1,
+                        help="sequences per micro-batch (default 1; auto: the planner chooses, as for each knob below)")
     parser.add_argument("--seq-len", type=positive_int,
                         help="tokens per sequence (default 2048, or the model's learned positions if fewer)")
-    parser.add_argument("--interleave", type=positive_int, default=1, help="model chunks per pipeline device (default 1)")
+    parser.add_argument("--interleave", type=positive_int_or_auto, default=1, help="model chunks per pipeline device (default 1)")
     parser.add_argument("--schedule", choices=[s.value for s in Schedule],
                         help="pipeline schedule (default 1f1b, interleaved when --interleave > 1)")
-    parser.add_argument("--recompute", choices=[r.value for r in Recompute], default="none", help="activation recompute")
-    parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    parser.add_argument("--recompute", choices=[*(r.value for r in Recompute), AUTO], default="none", help="activation recompute")
+    parser.add_argument("--sequence-parallel", nargs="?", const="yes", default="no", choices=["yes", "no", AUTO],
+                        help="Megatron sequence parallelism (the flag alone: yes)")
     parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], default=0, help="ZeRO stage (3 = FSDP)")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
                         help=PRECISION_HELP)
@@ -66,16 +76,23 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
     rest = args.tp * args.pp * args.cp
     if args.dp is None and args.devices % rest:
         raise InvalidPlanError(f"devices={args.devices} is not divisible by tp·pp·cp = {rest}", fix="change --devices or the degrees")
-    schedule = args.schedule or (Schedule.INTERLEAVED if args.interleave > 1 else Schedule.ONE_F_ONE_B)
+    stated = {knob: value for knob, value in _knobs(args).items() if value != AUTO}  # the auto ones: placeholders here
+    interleave = stated.get("interleave", 1)
+    schedule = args.schedule or (Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B)
     stack = stack_from_args(args)
     try:
         return Layout(
-            dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=args.micro_batch,
-            interleave=args.interleave, schedule=schedule, recompute=stack_recompute(args.recompute, stack),
-            sequence_parallel=args.sequence_parallel, zero_stage=args.zero, stack=stack, offload=args.offload,
+            dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=stated.get("micro_batch", 1),
+            interleave=interleave, schedule=schedule, recompute=stack_recompute(stated.get("recompute", "none"), stack),
+            sequence_parallel=stated.get("sequence_parallel", "no") == "yes", zero_stage=args.zero, stack=stack, offload=args.offload,
         )
     except ValidationError as err:
         raise flag_error(err, InvalidPlanError) from None
+
+
+def _knobs(args: argparse.Namespace) -> dict[str, object]:
+    """The knobs a described run may leave unstated (`search.unstated.UNSTATABLE`), as the flags give them."""
+    return {knob: getattr(args, knob) for knob in UNSTATABLE}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,15 +115,39 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
     machine = train_machine(cluster.with_memory_reserve(None if args.memory_reserve_gib is None else args.memory_reserve_gib * _GIB),
                             train)
+    unstated = tuple(knob for knob, value in _knobs(args).items() if value == AUTO)
+    chosen = None
+    if unstated:
+        choice = choose_unstated(model, train, layout, machine, unstated=unstated)
+        layout, chosen = choice.layout, choice
     estimate = simulate(model, train, layout, machine, keep_timeline=bool(args.timeline))
     if args.timeline:
         write_timeline(estimate, args.timeline)
     if args.json:
-        print(json.dumps(estimate_json(estimate), sort_keys=True))
+        print(json.dumps(estimate_json(estimate) | ({"unstated_chosen": chosen.chosen} if chosen else {}), sort_keys=True))
     else:
         Console().print(_table(estimate, f"{model.name}{titled_workload(train)}", lora=not train.workload.trains_base_weights)
                         if train.workload.runs_backward else _serving_table(estimate, model, train))
+        if chosen:
+            Console().print(chosen_line(chosen), highlight=False)
     return 0
+
+
+def chosen_line(choice: UnstatedChoice) -> str:
+    """What the planner chose for the knobs left ``auto``, and among how many layouts.
+
+    >>> from costmodel.step.estimate import StepEstimate
+    >>> choice = UnstatedChoice.model_construct(chosen={"micro_batch": 2, "sequence_parallel": True}, evaluated=8, fits=True)
+    >>> chosen_line(choice)
+    'chosen by the planner (auto): --micro-batch 2 --sequence-parallel yes, the fastest that fits of 8 layouts simulated'
+    """
+    flags = " ".join(f"--{knob.replace('_', '-')} {_spelled(value)}" for knob, value in choice.chosen.items())
+    verdict = "the fastest that fits" if choice.fits else "none fits: the one needing the least memory"
+    return f"chosen by the planner (auto): {flags}, {verdict} of {choice.evaluated} layouts simulated"
+
+
+def _spelled(value: object) -> str:
+    return ("yes" if value else "no") if isinstance(value, bool) else str(getattr(value, "value", value))
 
 
 def estimate_json(est: StepEstimate) -> dict[str, object]:

@@ -8,11 +8,19 @@ import sys
 
 import pytest
 
-from planner.cli.commands.arg_types import NUMERIC_TYPES, non_negative_float, non_negative_int, positive_float, positive_int
+from planner.cli.commands.arg_types import (
+    NUMERIC_TYPES,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    positive_int_or_auto,
+)
 from planner.cli.main import build_parser, main
 
 BAD_VALUES = {
     positive_int: ("0", "-1", "1.5", "nan", "inf", "1e3", "eight"),
+    positive_int_or_auto: ("0", "-1", "1.5", "nan", "Auto", "eight"),
     non_negative_int: ("-1", "1.5", "nan", "inf", "seed"),
     positive_float: ("0", "-0.5", "nan", "inf", "-inf", "ten"),
     non_negative_float: ("-0.5", "nan", "inf", "-inf", "four"),

@@ -132,3 +132,25 @@ def test_the_optimizer_flags_reach_the_memory_breakdown_and_the_optimizer_time(c
 def test_the_step_in_backward_with_micro_batches_to_accumulate_is_refused(capsys):
     code = main([*FINETUNE, "--micro-batch", "1", "--optimizer-in-backward"])
     assert code != 0 and "cannot accumulate 2 micro-batches; fix: give --micro-batch" in capsys.readouterr().err
+
+
+def test_knobs_left_auto_are_the_fastest_fitting_choice_and_are_named(capsys):
+    base = [f for f in BASE if f not in ("--sequence-parallel",)]
+    auto = _simulate_flags(capsys, base, "--micro-batch", "auto", "--sequence-parallel", "auto")
+    assert set(auto["unstated_chosen"]) == {"micro_batch", "sequence_parallel"}
+    assert auto["layout"]["micro_batch"] == auto["unstated_chosen"]["micro_batch"]
+    stated = [_simulate_flags(capsys, base, "--micro-batch", str(mb), *(["--sequence-parallel"] if sp else []))
+              for mb in (1, 2, 4) for sp in (False, True)]
+    assert auto["step_time_s"] == min(s["step_time_s"] for s in stated if s["fits"] is not False)
+    main([*base[:-1], "--micro-batch", "auto"])
+    assert "chosen by the planner (auto): --micro-batch" in capsys.readouterr().out
+
+
+def _simulate_flags(capsys, base, *flags):
+    base = list(base)
+    i = base.index("--micro-batch")
+    del base[i:i + 2]
+    code = main([*base, *flags])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    return json.loads(out)

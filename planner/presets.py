@@ -41,6 +41,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(_LLAMA3, hidden_size=4096, num_layers=32, num_heads=32, ffn_size=14336),
     "llama3-70b": dict(_LLAMA3, hidden_size=8192, num_layers=80, num_heads=64, ffn_size=28672),
     "llama3-405b": dict(_LLAMA3, hidden_size=16384, num_layers=126, num_heads=128, ffn_size=53248),
+    # HF meta-llama/Llama-3.2-1B config (tied embeddings): a draft model for Llama 3's (plan serve --draft-model).
+    "llama3.2-1b": dict(_LLAMA3, hidden_size=2048, num_layers=16, num_heads=32, ffn_size=8192, tie_embeddings=True),
     # Jiang et al. 2024, HF mistralai/Mixtral-8x7B-v0.1 config.
     "mixtral-8x7b": dict(
         _LLAMA, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336,

@@ -17,8 +17,7 @@ from costmodel.inputs.model_config import ModelConfig
 from planner.config import load_model
 from planner.presets import PRESETS
 
-LLAMA_1B = ModelConfig(**{**PRESETS["llama3-8b"], "name": "llama3-1b", "hidden_size": 2048, "num_layers": 16, "num_heads": 32,
-                          "ffn_size": 8192, "tie_embeddings": True})
+LLAMA_1B = ModelConfig(**{**PRESETS["llama3.2-1b"], "name": "llama3-1b"})
 TOY = ModelConfig(**{**PRESETS["llama3-8b"], "name": "toy", "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                      "ffn_size": 256, "vocab_size": 512})
 TOY_WIDE = ModelConfig(**{**PRESETS["llama3-8b"], "name": "toy-wide", "hidden_size": 256, "num_layers": 1, "num_heads": 8,

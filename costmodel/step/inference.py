@@ -59,7 +59,13 @@ from costmodel.step.estimate import ServingTimes, StepEstimate, TimeBreakdown
 from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.step.memory import MemoryBreakdown
 from costmodel.step.roofline import kernel_time_s
-from costmodel.step.serving_kernels import head_kernel, kv_element_bytes, layer_kernels, untouched_expert_bytes
+from costmodel.step.serving_kernels import (
+    head_kernel,
+    iteration_layer_kernels,
+    kv_element_bytes,
+    layer_kernels,
+    untouched_expert_bytes,
+)
 
 _F32 = 4
 
@@ -153,6 +159,35 @@ def _handoff_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machi
     tier = link_between_stages(layout, devices_per_node=hw.devices_per_node, intra=hw.intra, inter=hw.inter,
                                inter_cross_rail=hw.inter_cross_rail)
     return p2p_s(tokens * model.hidden_size * train.compute_dtype.bytes, tier)
+
+
+def iteration_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, decode_sequences: int,
+                cached_tokens: int = 0, tokens_per_sequence: int = 1, prompt_tokens: int = 0) -> float:
+    """Seconds of one continuous-batching iteration on one replica without pipeline stages: every
+    layer's `serving_kernels.iteration_layer_kernels`, the head over each new token that is a
+    sequence's last (all of a speculative step's, a completed prompt chunk's one), and tensor
+    parallelism's two all-reduces a layer over the iteration's tokens. With one decoding
+    sequence per cached context and nothing else it is `simulate_inference`'s time per output token.
+
+    >>> from costmodel.hardware.machine import load_machine
+    >>> from costmodel.inputs.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+    >>> hw, train = load_machine("h100-sxm"), TrainConfig(workload="decode", global_batch=4, seq_len=1024)
+    >>> t = iteration_s(m, train, Layout(), hw, decode_sequences=4, cached_tokens=4 * 1024)
+    >>> abs(t - simulate_inference(m, train, Layout(), hw).time_per_output_token_s) < 1e-12
+    True
+    """
+    if layout.pp > 1:
+        raise UnsupportedError("continuous batching over pipeline stages is not modelled",
+                               fix="serve with tensor parallelism and replicas (--pp 1)")
+    kernels = [k.scaled(model.num_layers) for k in iteration_layer_kernels(
+        model, train, layout, decode_sequences=decode_sequences, tokens_per_sequence=tokens_per_sequence,
+        cached_tokens=cached_tokens, kv_heads=kv_heads_per_device(model, layout.tp), prompt_tokens=prompt_tokens)]
+    kernels.append(head_kernel(model, train, layout, decode_sequences * tokens_per_sequence + (1 if prompt_tokens else 0)))
+    tokens = decode_sequences * tokens_per_sequence + prompt_tokens
+    comm_s = (2 * model.num_layers * all_reduce_s(tokens * model.hidden_size * train.compute_dtype.bytes, hw.groups(layout)["tp"])
+              if layout.tp > 1 else 0.0)
+    return _split_s(kernels, hw)[0] + comm_s
 
 
 def check_inference_layout(model: ModelConfig, train: TrainConfig, layout: Layout) -> Layout:

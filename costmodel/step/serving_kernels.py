@@ -111,6 +111,28 @@ def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, seq
             *_mlp_kernels(model, train, layout, tokens)]
 
 
+def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, decode_sequences: int, tokens_per_sequence: int,
+                            cached_tokens: int, kv_heads: int, prompt_tokens: int) -> list[Kernel]:
+    """One layer's kernels in one continuous-batching iteration on one device: ``decode_sequences``
+    sequences each adding ``tokens_per_sequence`` (1; a speculative step verifies several) against
+    ``cached_tokens`` cached tokens in all (read once, in the cache's dtype), beside one prompt
+    chunk of ``prompt_tokens`` (causal among themselves). The linear layers run over every token
+    of the iteration at once, reading their weights once (vLLM's and TensorRT-LLM's mixed batches)."""
+    e, d, hd = train.compute_dtype.bytes, model.hidden_size, model.head_dim
+    q, kv = model.num_heads // layout.tp * hd, kv_heads * hd
+    new = decode_sequences * tokens_per_sequence
+    tokens = new + prompt_tokens
+    attention = []
+    if decode_sequences:
+        attention.append(Kernel(name="decode_attention", kind=KernelKind.FLASH_ATTENTION, flops=4 * tokens_per_sequence * cached_tokens * q,
+                                bytes=2 * kv * cached_tokens * kv_element_bytes(train) + new * 2 * q * e))
+    if prompt_tokens:
+        attention.append(Kernel(name="prefill_attention", kind=KernelKind.FLASH_ATTENTION, flops=2 * prompt_tokens**2 * q,
+                                bytes=prompt_tokens * (2 * q + 2 * kv) * e))
+    return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train), *attention,
+            *linear_kernels("attn_out", tokens=tokens, d_in=q, d_out=d, train=train), *_mlp_kernels(model, train, layout, tokens)]
+
+
 def head_kernel(model: ModelConfig, train: TrainConfig, layout: Layout, sequences: int) -> Kernel:
     """The vocabulary projection of each sequence's last token (vocab-parallel over tp, compute dtype)."""
     v = model.vocab_per_shard(layout.tp)

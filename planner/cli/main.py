@@ -24,6 +24,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("parameter count, FLOPs and graph size of a model", "inspect_cmd"),
     "hardware": ("which dtypes each part accelerates and at what peak (the --precision it runs)", "hardware_cmd"),
     "simulate": ("predict step time and memory of one layout", "simulate_cmd"),
+    "serve": ("the layout that serves a request rate within latency targets: continuous batching simulated", "serve_cmd"),
     "validate": ("compile a plan on its (emulated) device mesh and compare", "validate_cmd"),
     "largest": ("the largest model of a family whose training step fits the devices", "largest_cmd"),
     "budget": ("the compute-optimal model size and tokens for a device budget (Chinchilla rule)", "budget_cmd"),

@@ -21,7 +21,8 @@ from typing import Iterator
 from costmodel.errors import InvalidConfigError, TimeLimitError
 from planner.cli.commands.arg_types import positive_float
 
-DEFAULT_S = {"inspect": 120.0, "hardware": 60.0, "simulate": 60.0, "validate": 1800.0, "compare": 1800.0, "largest": 300.0, "budget": 300.0}
+DEFAULT_S = {"inspect": 120.0, "hardware": 60.0, "simulate": 60.0, "serve": 300.0,
+             "validate": 1800.0, "compare": 1800.0, "largest": 300.0, "budget": 300.0}
 TRACE_S = 60.0
 
 

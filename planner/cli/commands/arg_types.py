@@ -30,6 +30,30 @@ def positive_int_or_auto(text: str) -> int | str:
     return AUTO if text == AUTO else _whole(text, minimum=1, what="positive whole number or auto", example="8, or auto")
 
 
+def positive_int_or_none(text: str) -> int | None:
+    """A whole number ≥ 1, or ``none`` (no limit: ``plan serve --prefill-chunk none``).
+
+    >>> positive_int_or_none("none"), positive_int_or_none("512")
+    (None, 512)
+    """
+    return None if text == "none" else _whole(text, minimum=1, what="positive whole number or none", example="2048, or none")
+
+
+def probability(text: str) -> float:
+    """A number from 0 to 1 (an acceptance rate).
+
+    >>> probability("0.7"), probability("0")
+    (0.7, 0.0)
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability; fix: give a number from 0 to 1, e.g. 0.7")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """A whole number ≥ 0 (a seed, a stage index)."""
     return _whole(text, minimum=0, what="non-negative whole number", example="0")
@@ -58,7 +82,8 @@ def non_negative_float(text: str) -> float:
 
 
 # What every numeric flag of `plan` uses.
-NUMERIC_TYPES = (positive_int, positive_int_or_auto, non_negative_int, positive_float, non_negative_float)
+NUMERIC_TYPES = (positive_int, positive_int_or_auto, positive_int_or_none, non_negative_int, positive_float, non_negative_float,
+                 probability)
 
 
 def add_memory_reserve_argument(parser: argparse.ArgumentParser) -> None:

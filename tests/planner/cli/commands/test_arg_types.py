@@ -15,12 +15,16 @@ from planner.cli.commands.arg_types import (
     positive_float,
     positive_int,
     positive_int_or_auto,
+    positive_int_or_none,
+    probability,
 )
 from planner.cli.main import build_parser, main
 
 BAD_VALUES = {
     positive_int: ("0", "-1", "1.5", "nan", "inf", "1e3", "eight"),
     positive_int_or_auto: ("0", "-1", "1.5", "nan", "Auto", "eight"),
+    positive_int_or_none: ("0", "-1", "1.5", "None", "eight"),
+    probability: ("-0.1", "1.5", "nan", "inf", "half"),
     non_negative_int: ("-1", "1.5", "nan", "inf", "seed"),
     positive_float: ("0", "-0.5", "nan", "inf", "-inf", "ten"),
     non_negative_float: ("-0.5", "nan", "inf", "-inf", "four"),

@@ -1,0 +1,52 @@
+"""Tests `planner/cli/commands/serve_cmd.py`: the serving question in one command, on the user's path."""
+
+import json
+
+import pytest
+
+from planner.cli.main import main
+
+MUST_SHOW = ("serve", "--model", "llama3-8b", "--devices", "1", "--hardware", "h100-sxm", "--rate", "2", "--input-len", "512",
+             "--output-len", "256")
+
+
+def _json(capsys, *flags):
+    assert main([*MUST_SHOW, *flags, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_llama3_8b_on_one_h100_prints_latencies_throughput_and_kv_blocks(capsys):
+    assert main([*MUST_SHOW, "--requests", "200"]) == 0
+    out = capsys.readouterr().out
+    for row in ("time to first token p50 / p99", "time per output token p50 / p99", "throughput", "KV blocks a device"):
+        assert row in out
+
+
+def test_the_same_seed_gives_the_same_numbers(capsys):
+    first, again = _json(capsys, "--requests", "200"), _json(capsys, "--requests", "200")
+    assert first == again
+    chosen = first["chosen"]
+    assert (chosen["tp"], chosen["replicas"]) == (1, 1) and chosen["at_rate"]["requests_per_s"] == pytest.approx(2, rel=0.2)
+    assert _json(capsys, "--requests", "200", "--seed", "3")["chosen"]["at_rate"] != chosen["at_rate"]
+
+
+def test_a_draft_model_gives_the_speed_up_and_its_acceptance_assumption(capsys):
+    spec = _json(capsys, "--requests", "200", "--draft-model", "llama3.2-1b", "--acceptance-rate", "0.8")["speculative"]
+    assert spec["acceptance_rate"] == 0.8 and spec["draft_model"] == "llama3.2-1b" and spec["tpot_speedup_p50"] > 1
+    assert main([*MUST_SHOW, "--requests", "100", "--draft-model", "llama3.2-1b"]) == 0
+    assert "acceptance rate 0.7 assumed" in " ".join(capsys.readouterr().out.split())  # the terminal's line breaks aside
+
+
+def test_lengths_from_a_histogram_file(capsys, tmp_path):
+    histogram = tmp_path / "lengths.csv"
+    histogram.write_text("tokens,weight\n128,1\n1024,3\n")
+    result = _json(capsys, "--requests", "100", "--input-len", str(histogram))
+    assert result["chosen"]["at_rate"]["completed"] == 100
+
+
+@pytest.mark.parametrize("flag, value", [("--input-len", "many"), ("--acceptance-rate", "1.5"), ("--prefill-chunk", "0")])
+def test_a_bad_value_is_one_line_and_exit_2(capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_:
+        main([*MUST_SHOW, flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "fix:" in err

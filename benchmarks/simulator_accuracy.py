@@ -22,7 +22,8 @@ GPT-1T on 3072 devices, against a 1 s budget, and exits 1 past it.
 
 Blank cells: cp 1, precision bf16, vocabulary `ASSUMED_VOCAB`, no interleaving (1F1B) where
 the micro-batch is stated; a blank micro-batch (the Megatron-LM README's rows), with any blank
-interleaving, is the planner's choice for the stated layout (`planner_tuned`). A GPT row's
+interleaving, is the planner's choice for the stated layout (`planner_tuned`, as
+``plan simulate --micro-batch auto --interleave auto`` chooses). A GPT row's
 embeddings are tied unless its ``params_b`` is closer to the untied count (the
 Megatron-Core rows: ``--untie-embeddings-and-output-weights``). "selective" recompute is
 the stack's own selective recompute (`costmodel.inputs.layout.stack_recompute`); the attention
@@ -54,7 +55,7 @@ from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.inputs.workload import FrozenDtype, LoraConfig, WorkloadKind
 from costmodel.step.roofline import Efficiency
 from costmodel.step.simulator import simulate
-from search.layouts import SearchSpace, divisors, grid_search
+from search.unstated import choose_unstated
 
 # The shared data sit beside the project's checkout (main or a worktree under it).
 DEFAULT_DATA = next((p / "shared" / "data" / "published_training_runs.csv" for p in Path(__file__).resolve().parents
@@ -125,16 +126,14 @@ def layout_from_row(row: dict[str, str], machine: Machine) -> Layout:
 
 def planner_tuned(model: ModelConfig, train: TrainConfig, layout: Layout, machine: Machine, *, interleave: bool) -> Layout:
     """``layout`` with the micro-batch (and, where ``interleave``, the model chunks per pipeline
-    device) that the planner's grid search picks with every other knob held: the fastest that fits.
+    device) chosen as ``plan simulate --micro-batch auto [--interleave auto]`` chooses them with
+    every other knob held (`search.unstated`): the fastest that fits.
 
     A throughput table reports a tuned run, so a knob it does not state is taken as tuned,
-    by the same cost model that predicts the row. Chunks range over every count Megatron
-    accepts (dividing a stage's layers); micro-batches over the planner's own.
+    by the same cost model that predicts the row, on the user's path.
     """
-    chunks = divisors(model.num_layers // layout.pp) if interleave and layout.pp > 1 else [layout.interleave]
-    space = SearchSpace(splits=((layout.dp, layout.tp, layout.pp, layout.cp),), recompute=(layout.recompute,),
-                        zero_stages=(layout.zero_stage,), interleaves=tuple(chunks), stack=layout, uneven_stages=False)
-    return grid_search(model, train, machine, n_devices=layout.n_devices, space=space).best.layout
+    unstated = ("micro_batch", "interleave") if interleave else ("micro_batch",)
+    return choose_unstated(model, train, layout, machine, unstated=unstated).layout
 
 
 def workload_from_row(row: dict[str, str]) -> dict[str, object]:

@@ -12,9 +12,9 @@ from typing import Any
 from rich.console import Console
 
 from benchmarks.gpu_truth.micro import attention_cases, elementwise_cases, gemm_cases, hbm_cases
-from benchmarks.gpu_truth.profile import profile_rows, traced_steps
+from benchmarks.gpu_truth.profile import decode_groups, profile_rows, step_groups, traced_steps
 from benchmarks.gpu_truth.report import print_rows, step_summary, write_run_csv
-from benchmarks.gpu_truth.serving import decode_cases, prefill_cases
+from benchmarks.gpu_truth.serving import decode_cases, decode_train, predicted_serving, prefill_cases, prepared_serving_step
 from benchmarks.gpu_truth.sizes import sizes_for
 from benchmarks.gpu_truth.steps import CHOICE, planner_choices, prepared_step, step_cases
 from benchmarks.gpu_truth.target import Target, detect_target
@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", action="append", choices=KINDS, metavar="KIND",
                         help=f"measure only cases of this kind (repeatable; one of {', '.join(KINDS)}; default all)")
     parser.add_argument("--profile", action="store_true",
-                        help="then trace 3 steps of each step model's planner's choice and write where the time goes, kernel "
-                             "category by category, beside the simulator's terms (<run>_profile.csv)")
+                        help="then trace 3 steps of each step model's planner's choice and of two decode cases, and write "
+                             "where the time goes, kernel category by category, beside the simulator's terms (<run>_profile.csv)")
     parser.add_argument("--hardware", help="hardware profile predicting the device (default: detected from the GPU, or the "
                                            "measured cpu profile)")
     return parser.parse_args(argv)
@@ -59,12 +59,22 @@ def all_cases(target: Target, only: list[str] | None = None) -> list[Case]:
 
 
 def profile_choices(target: Target, rows: list[Row], console: Console) -> list[dict[str, Any]]:
-    """`benchmarks.gpu_truth.profile`'s rows for each step model's planner's choice, its measured step time from ``rows``."""
+    """`benchmarks.gpu_truth.profile`'s rows for each step model's planner's choice and for the
+    first two decode cases, each beside its measured time from ``rows``."""
+    sizes = sizes_for(quick=target.quick)
     measured = {r.group: r.measured_s for r in rows if r.kind == "step" and r.note == CHOICE}
+    measured |= {r.case: r.measured_s for r in rows if r.kind == "decode"}
     profiles = []
-    for model, plan in planner_choices(target, sizes_for(quick=target.quick)):
+    for model, plan in planner_choices(target, sizes):
         console.print(f"profiling {model} {CHOICE}", highlight=False)
-        profiles += profile_rows(model, measured.get(model), plan.predicted, lambda plan=plan: traced_steps(*prepared_step(plan)))
+        profiles += profile_rows(model, measured.get(model), step_groups(plan.predicted),
+                                 lambda plan=plan: traced_steps(*prepared_step(plan)))
+    for batch, context in sizes.decode_cases[:2]:
+        model, train = sizes.decode_model, decode_train(target, batch, context)
+        name = f"{model.name} decode b{batch} ctx{context}"
+        console.print(f"profiling {name}", highlight=False)
+        profiles += profile_rows(name, measured.get(name), decode_groups(predicted_serving(target, model, train)),
+                                 lambda model=model, train=train: traced_steps(*prepared_serving_step(model, train)))
     return profiles
 
 

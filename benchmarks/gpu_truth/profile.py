@@ -13,8 +13,10 @@
 | `elementwise` | every other fusion (casts, activations, the optimizer update) |
 
 Beside them: the step's measured time (else the traced kernels' span per step) not covered by
-any kernel (``idle``: launch gaps, host waits), and the simulator's terms that map onto them, `compute_s` + `recompute_s` (matmuls and
-attention) against ``gemm`` + ``attention``, `memory_bound_s` + `optimizer_s` against the rest.
+any kernel (``idle``: launch gaps, host waits), and the simulator's terms that map onto them
+(`step_groups`: `compute_s` + `recompute_s` (matmuls and attention) against ``gemm`` +
+``attention``, `memory_bound_s` + `optimizer_s` against the rest; `decode_groups`: a decode
+step's kernels against its time per output token).
 Kernels are read from the device's own timeline (a process named ``/device:...``); on the CPU,
 which has none, from the executor's per-op events (the CPU check of this code path).
 
@@ -34,7 +36,7 @@ import re
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from benchmarks.gpu_truth.timing import error_text
 from costmodel.step.estimate import StepEstimate
@@ -106,25 +108,45 @@ def traced_steps(advance: Callable[[Any], Any], state: Any, *, steps: int = 3) -
         return read_trace(Path(folder))
 
 
-def profile_rows(model: str, measured_step_s: float | None, estimate: StepEstimate,
-                 run: Callable[[], dict[str, Any]], *, steps: int = 3) -> list[dict[str, Any]]:
-    """The `COLUMNS` rows of one model's profile: each category, then ``idle`` and the two sums
-    compared with the simulator; one row holding the error if the trace fails."""
+class Predicted(NamedTuple):
+    """A sum of measured categories beside the simulator's term for it."""
+
+    name: str
+    categories: tuple[str, ...]
+    predicted_s: float
+    source: str
+
+
+def step_groups(estimate: StepEstimate) -> list[Predicted]:
+    """A training step's sums (module docstring): matmuls and attention, and every other kernel."""
+    b = estimate.breakdown
+    return [Predicted("gemm + attention", ("gemm", "attention"), b.compute_s + b.recompute_s, "compute_s + recompute_s"),
+            Predicted("other kernels", tuple(c for c in CATEGORIES if c not in ("gemm", "attention")), b.memory_bound_s + b.optimizer_s,
+                      "memory_bound_s + optimizer_s")]
+
+
+def decode_groups(estimate: StepEstimate) -> list[Predicted]:
+    """A decode step's sum: every kernel against the time per output token (its kernels are
+    split by bound, HBM or compute, not by kind)."""
+    return [Predicted("every kernel", CATEGORIES, estimate.time_per_output_token_s or 0.0, "time_per_output_token_s")]
+
+
+def profile_rows(model: str, measured_step_s: float | None, groups: list[Predicted], run: Callable[[], dict[str, Any]], *,
+                 steps: int = 3) -> list[dict[str, Any]]:
+    """The `COLUMNS` rows of one model's profile: each category, then ``idle`` and the ``groups``'
+    sums beside the simulator's terms; one row holding the error if the trace fails."""
     try:
         events = kernel_events(run())
         summary = summarize(events, steps)
     except Exception as err:  # a profile that fails is this model's row, not the run's end
         return [dict.fromkeys(COLUMNS, "") | {"model": model, "error": error_text(err)}]
     step_s = measured_step_s or span_s(events, steps)
-    b = estimate.breakdown
     rows = [{"model": model, "category": c, **s, "share": s["measured_s"] / step_s, "predicted_s": "", "predicted_from": "",
              "error": ""} for c, s in summary.items()]
     busy_s = sum(s["measured_s"] for s in summary.values())
-    matmul_s = summary["gemm"]["measured_s"] + summary["attention"]["measured_s"]
-    for name, measured, predicted, source in (
-            ("idle", step_s - busy_s, 0.0, ""),
-            ("gemm + attention", matmul_s, b.compute_s + b.recompute_s, "compute_s + recompute_s"),
-            ("other kernels", busy_s - matmul_s, b.memory_bound_s + b.optimizer_s, "memory_bound_s + optimizer_s")):
+    sums = [("idle", step_s - busy_s, 0.0, "")] + [
+        (g.name, sum(summary[c]["measured_s"] for c in g.categories), g.predicted_s, g.source) for g in groups]
+    for name, measured, predicted, source in sums:
         rows.append({"model": model, "category": name, "kernels_per_step": "", "measured_s": measured, "share": measured / step_s,
                      "predicted_s": predicted, "predicted_from": source, "top_kernels": "", "error": ""})
     return [{column: row[column] for column in COLUMNS} for row in rows]

@@ -13,7 +13,7 @@ to step as a server does (`benchmarks.gpu_truth.timing.median_chained_s`).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks.gpu_truth.sizes import Sizes
 from benchmarks.gpu_truth.target import Target
@@ -22,6 +22,7 @@ from costmodel.hardware.machine import train_machine
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.estimate import StepEstimate
 from costmodel.step.inference import simulate_inference
 
 
@@ -36,7 +37,8 @@ def _concrete(abstract: Any) -> Any:
     return jax.tree.map(value, abstract)
 
 
-def _measure(model: ModelConfig, train: TrainConfig) -> float:
+def prepared_serving_step(model: ModelConfig, train: TrainConfig) -> tuple[Callable[[Any], Any], Any]:
+    """``(advance, cache)``: the jitted decode or prefill step chained on the cache it writes, and the first cache."""
     import jax
     import jax.numpy as jnp
 
@@ -54,12 +56,26 @@ def _measure(model: ModelConfig, train: TrainConfig) -> float:
     def advance(cache: Any) -> Any:
         return step(params, cache, batch)[1]
 
-    return median_chained_s(advance, cache)
+    return advance, cache
+
+
+def _measure(model: ModelConfig, train: TrainConfig) -> float:
+    return median_chained_s(*prepared_serving_step(model, train))
+
+
+def predicted_serving(target: Target, model: ModelConfig, train: TrainConfig) -> StepEstimate:
+    """The serving model's estimate of one step on the target's device."""
+    return simulate_inference(model, train, Layout(), train_machine(target.cluster, train))
+
+
+def decode_train(target: Target, batch: int, context: int) -> TrainConfig:
+    """A decode case's sizes and the target's precision."""
+    return TrainConfig(workload="decode", global_batch=batch, seq_len=context).with_precision(target.precision)
 
 
 def _case(target: Target, model: ModelConfig, train: TrainConfig, *, name: str, shape: str) -> Case:
     def predict() -> float:
-        est = simulate_inference(model, train, Layout(), train_machine(target.cluster, train))
+        est = predicted_serving(target, model, train)
         return train.workload.of_step(decode=est.time_per_output_token_s, prefill=est.time_to_first_token_s)
 
     return Case(kind=str(train.workload.kind), name=name, shape=shape, dtype=train.compute_dtype.value, predict=predict,
@@ -69,8 +85,8 @@ def _case(target: Target, model: ModelConfig, train: TrainConfig, *, name: str, 
 def decode_cases(target: Target, sizes: Sizes) -> list[Case]:
     """One decode step per (batch, context)."""
     model = sizes.decode_model
-    return [_case(target, model, TrainConfig(workload="decode", global_batch=b, seq_len=ctx).with_precision(target.precision),
-                  name=f"{model.name} decode b{b} ctx{ctx}", shape=f"b{b} ctx{ctx}") for b, ctx in sizes.decode_cases]
+    return [_case(target, model, decode_train(target, b, ctx), name=f"{model.name} decode b{b} ctx{ctx}", shape=f"b{b} ctx{ctx}")
+            for b, ctx in sizes.decode_cases]
 
 
 def prefill_cases(target: Target, sizes: Sizes) -> list[Case]:

@@ -1,6 +1,6 @@
 """Tests `benchmarks/gpu_truth/profile.py`: kernels sorted into categories, the device's timeline preferred, failures kept as rows."""
 
-from benchmarks.gpu_truth.profile import COLUMNS, category, kernel_events, profile_rows, span_s, summarize
+from benchmarks.gpu_truth.profile import COLUMNS, category, decode_groups, kernel_events, profile_rows, span_s, step_groups, summarize
 from costmodel.step.estimate import StepEstimate
 
 
@@ -35,7 +35,7 @@ def test_the_device_timeline_is_read_not_the_host_s_launches():
 def test_profile_rows_compare_the_sums_with_the_simulator_and_keep_a_failure_as_a_row(monkeypatch):
     breakdown = {"compute_s": 7e-4, "memory_bound_s": 2e-4, "recompute_s": 0.0, "bubble_s": 0.0, "exposed_comm_s": 0.0, "optimizer_s": 1e-4}
     estimate = StepEstimate.model_construct(breakdown=type("B", (), breakdown)())
-    rows = profile_rows("m", 1.2e-3, estimate, _trace, steps=1)
+    rows = profile_rows("m", 1.2e-3, step_groups(estimate), _trace, steps=1)
     by = {r["category"]: r for r in rows}
     assert tuple(rows[0]) == COLUMNS
     assert abs(by["gemm + attention"]["measured_s"] - 8e-4) < 1e-12 and by["gemm + attention"]["predicted_s"] == 7e-4
@@ -45,5 +45,12 @@ def test_profile_rows_compare_the_sums_with_the_simulator_and_keep_a_failure_as_
     def broken() -> dict:
         raise RuntimeError("no trace written")
 
-    [failed] = profile_rows("m", 1.0, estimate, broken)
+    [failed] = profile_rows("m", 1.0, step_groups(estimate), broken)
     assert failed["error"] == "RuntimeError: no trace written" and failed["model"] == "m"
+
+
+def test_a_decode_step_s_kernels_are_summed_against_its_time_per_output_token():
+    estimate = StepEstimate.model_construct(time_per_output_token_s=1e-3)
+    rows = {r["category"]: r for r in profile_rows("d", None, decode_groups(estimate), _trace, steps=1)}
+    assert abs(rows["every kernel"]["measured_s"] - 1000e-6) < 1e-12 and rows["every kernel"]["predicted_s"] == 1e-3
+    assert abs(rows["idle"]["measured_s"] - 50e-6) < 1e-12  # the span's gap between the transpose and the reduction

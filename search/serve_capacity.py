@@ -70,23 +70,32 @@ def tp_degrees(model: ModelConfig, n_devices: int, devices_per_node: int) -> lis
 
 def capacity_per_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, cfg: ServeConfig, slo: Slo, *,
                    start_per_s: float) -> float:
-    """The most requests per second within ``slo`` (0 when even a trickle misses it): doubling from
-    ``start_per_s`` until the targets fail, then `_BISECTION_STEPS` halvings of the interval. Each
+    """The most requests per second within ``slo`` (0 when even a trickle misses it), at most the
+    `saturated_per_s` throughput: doubling from ``start_per_s`` until the targets fail, then
+    `_BISECTION_STEPS` halvings of the interval. Each
     probe simulates ``cfg.requests``: past the capacity the queue (or, with a large batch limit,
     the running batch and so the time per token) grows with every request, so fewer requests
     read a higher capacity."""
     def ok(rate: float) -> bool:
         return slo.met_by(simulate_serving(model, train, layout, hw, cfg.model_copy(update={"rate_per_s": rate})))
 
-    low, high = 0.0, start_per_s
+    most = saturated_per_s(model, train, layout, hw, cfg)
+    low, high = 0.0, min(start_per_s, most)
     while ok(high):
-        low, high = high, 2 * high
-        if high > 1e6:
-            return low
+        if high >= most:
+            return most
+        low, high = high, min(2 * high, most)
     for _ in range(_BISECTION_STEPS):
         mid = (low + high) / 2
         low, high = (mid, high) if ok(mid) else (low, mid)
     return low
+
+
+def saturated_per_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, cfg: ServeConfig) -> float:
+    """Requests per second the layout completes with every request waiting from the start: the
+    most it serves at any rate (no finite run at a higher rate shows more)."""
+    burst = cfg.model_copy(update={"arrivals_s": (0.0,) * cfg.requests})
+    return simulate_serving(model, train, layout, hw, burst).requests_per_s
 
 
 def serve_options(model: ModelConfig, train: TrainConfig, hw: Machine, *, n_devices: int, cfg: ServeConfig, slo: Slo,

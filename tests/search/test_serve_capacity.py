@@ -8,7 +8,7 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.continuous_batching import LengthDistribution, ServeConfig, simulate_serving
-from search.serve_capacity import Slo, capacity_per_s, serve_options, tp_degrees
+from search.serve_capacity import Slo, capacity_per_s, saturated_per_s, serve_options, tp_degrees
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=4, ffn_size=8192, vocab_size=32000)
 HW, TRAIN = load_machine("h100-sxm"), TrainConfig(workload="decode")
@@ -17,9 +17,15 @@ SLO = Slo(ttft_s=0.2, tpot_s=0.012)
 
 
 def test_the_capacity_is_the_rate_where_the_targets_stop_holding():
-    capacity = capacity_per_s(MODEL, TRAIN, Layout(), HW, CFG, SLO, start_per_s=5)
-    assert SLO.met_by(simulate_serving(MODEL, TRAIN, Layout(), HW, CFG.model_copy(update={"rate_per_s": capacity})))
-    assert not SLO.met_by(simulate_serving(MODEL, TRAIN, Layout(), HW, CFG.model_copy(update={"rate_per_s": capacity * 1.1})))
+    tight = Slo(ttft_s=0.2, tpot_s=0.0015)  # between a trickle's 1.1 ms and the saturated 3.0 ms
+    capacity = capacity_per_s(MODEL, TRAIN, Layout(), HW, CFG, tight, start_per_s=5)
+    assert 0 < capacity < saturated_per_s(MODEL, TRAIN, Layout(), HW, CFG)
+    assert tight.met_by(simulate_serving(MODEL, TRAIN, Layout(), HW, CFG.model_copy(update={"rate_per_s": capacity})))
+    assert not tight.met_by(simulate_serving(MODEL, TRAIN, Layout(), HW, CFG.model_copy(update={"rate_per_s": capacity * 1.1})))
+
+
+def test_without_targets_the_capacity_is_the_saturated_throughput():
+    assert capacity_per_s(MODEL, TRAIN, Layout(), HW, CFG, Slo(), start_per_s=5) == saturated_per_s(MODEL, TRAIN, Layout(), HW, CFG)
 
 
 def test_options_cover_each_degree_and_batch_limit_most_capacity_first():

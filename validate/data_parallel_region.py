@@ -118,7 +118,8 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
         return jax.tree_util.tree_map_with_path(gather, held, layer_specs if kind == "layers" else outer_specs)
 
     value_and_grad = make_value_and_grad(plan.model, train, remat=remat, attention=lay.stack.attention.value,
-                                         hooks={**hooks, "weights": weights} if lay.zero_stage == 3 else hooks)
+                                         hooks={**hooks, "weights": weights} if lay.zero_stage == 3 else hooks,
+                                         loss_chunks=lay.stack.cross_entropy_chunks)
 
     sizes = {a.name: a.size for a in plan.mesh}
     gathered = jax.tree.map(lambda s: bool(_data_dims(s, data)) and lay.zero_stage == 3, held_specs)

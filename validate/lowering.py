@@ -224,6 +224,9 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     if lay.pp > 1 and not plan.train.workload.pipeline_lowered:
         raise UnsupportedError(f"a {plan.train.workload.kind} plan with pipeline stages is not lowered yet",
                                fix="plan it again (plan never emits one)")
+    if lay.pp > 1 and lay.stack.cross_entropy_chunks > 1:
+        raise UnsupportedError("the loss in pieces (--cross-entropy-chunks) is not lowered in a pipeline yet",
+                               fix="validate it without pipeline stages, or with --cross-entropy-chunks 1")
     if lay.pp > 1 and runs_one_f_one_b(plan):
         return one_f_one_b_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1:
@@ -234,7 +237,7 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
         param_specs, opt_specs, _ = input_specs(plan)
         return data_parallel_loss_and_grads(plan, mesh, param_specs, opt_specs["m"], remat=REMAT_POLICY[lay.recompute], hooks=hooks)
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
-                               attention=lay.stack.attention.value, hooks=hooks)
+                               attention=lay.stack.attention.value, hooks=hooks, loss_chunks=lay.stack.cross_entropy_chunks)
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

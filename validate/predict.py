@@ -338,7 +338,8 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
     scores and values over the full ``S×S``, or the causal blocks of the flash kernel, the
     head), backward twice that (the flash kernel's two and a half times), and the recompute:
     full repeats the layer's forward but its last matmul, selective the scores' matmul (for
-    the softmax's backward). Pipelined, each device runs its stage's layers on every tick
+    the softmax's backward), and the head once more when the loss runs in pieces. Pipelined, each
+    device runs its stage's layers on every tick
     (`ProgramRuns`) and the head on the whole batch. None where XLA splits the embedding's work
     over the stages (`validate.gpipe.runs_outer_whole`)."""
     if plan.layout.pp > 1 and not runs_outer_whole(plan):
@@ -370,4 +371,5 @@ def predicted_matmul_flops(plan: Plan) -> float | None:
         # output is kept, so the second matmul is not re-run.
         recompute = attention / 2
     layer = 3 * layer_weights + attention + attention_backward + recompute
-    return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.head_micro_batches * 3 * head)
+    head_passes = 3 + (lay.stack.cross_entropy_chunks > 1)  # the loss in pieces forms each piece's logits again
+    return micro_tokens * (runs.layer_runs * layer / lay.tp + runs.head_micro_batches * head_passes * head)

@@ -136,6 +136,13 @@ class SoftwareStack(BaseModel):
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
         "(cast, max, subtract, exp, sum, divide; backward a multiply and the cast back).")
+    cross_entropy_chunks: int = Field(
+        1, ge=1, description="The head's vocabulary projection and the loss run over this many pieces of each sequence, "
+        "one after another, and the backward forms each piece's fp32 logits again: one piece's logits (and their "
+        "gradient) exist at a time, for one more head GEMM and loss pass (this project's JAX program: "
+        "planner/programs/train_step.py chunked_head_loss; the same bound as Liger-Kernel's fused linear cross-entropy, "
+        "src/liger_kernel/ops/fused_linear_cross_entropy.py, and torchtune's CEWithChunkedOutputLoss, "
+        "torchtune/modules/loss/ce_chunked_output_loss.py, 8 chunks). 1: every logit at once.")
     fp8_kept_casts: bool = Field(
         True, description="Under the fp8 recipe (--precision fp8) a linear layer keeps its input for backward as the fp8 "
         "cast it made, and each layer weight's fp8 cast and transpose stay resident between micro-batches (Transformer Engine @0004dbd "
@@ -219,7 +226,8 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fused_projections=False,
         fp32_weights=True, manual_data_parallel=True, dropout=False, overlap_param_gather=False, moe_capacity_factor=1.25,
         citation="This project's reference program (planner/programs): jax.jit with XLA fusion, jax.checkpoint "
-        "remat, a blockwise flash-style attention, gradients summed in a scan over micro-batches, one matmul per weight "
+        "remat, cuDNN's fused attention on a GPU (jax.nn.dot_product_attention) and a blockwise flash-style kernel "
+        "elsewhere, gradients summed in a scan over micro-batches, one matmul per weight "
         "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/one_f_one_b.py); what "
         "`plan validate` lowers.",
     ),

@@ -408,17 +408,18 @@ def _mlp(model: ModelConfig, tokens: float, layout: Layout, *, train: TrainConfi
 
 def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout) -> list[Kernel]:
     """Final norm, vocabulary projection and cross-entropy (fp32 logits) over the padded
-    vocabulary, split over tp where tp divides it (`ModelConfig.vocab_shards`)."""
+    vocabulary, split over tp where tp divides it (`ModelConfig.vocab_shards`); in pieces
+    (``SoftwareStack.cross_entropy_chunks``) the projection and the loss run again in backward."""
     e = train.compute_dtype.bytes
     tokens = layout.micro_batch * train.seq_len / layout.cp
     v = model.vocab_per_shard(layout.tp)
     head = _matmul("lm_head", tokens, v, model.hidden_size, elem_bytes=e, cotangent_fused=True)
     loss = "cross_entropy" if layout.stack.fused_cross_entropy else "vocab_parallel_cross_entropy"
-    kernels = [
-        _memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e),
-        head if train.workload.trains_base_weights else _frozen(head),
-        _memory("cross_entropy", tokens * v, _passes(loss, layout), elem_bytes=4),
-    ]
+    head, cross_entropy = head if train.workload.trains_base_weights else _frozen(head), \
+        _memory("cross_entropy", tokens * v, _passes(loss, layout), elem_bytes=4)
+    if layout.stack.cross_entropy_chunks > 1:  # the backward forms each piece's logits again
+        head, cross_entropy = (k.model_copy(update={"backward_scale": k.backward_scale + 1}) for k in (head, cross_entropy))
+    kernels = [_memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e), head, cross_entropy]
     if holds_master_weights(train, layout):  # the head's weight cast, as `weight_cast_kernel`
         held = v * model.hidden_size / (layout.dp if layout.zero_stage == 3 else 1)
         kernels.append(Kernel(name="head_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=held * (4 + e), backward_scale=0.0))

@@ -236,8 +236,13 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     temporary += recompute_temporary
     if last:
         logits = sb * model.vocab_per_shard(layout.tp) * 4  # fp32
-        # In lockstep the head runs one micro-batch per tick: its logits and their gradient.
-        temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
+        chunks = layout.stack.cross_entropy_chunks
+        if chunks > 1:
+            # One piece's logits and their gradient, none kept from forward to backward; the loop
+            # over the pieces sums the head weight's gradient in an fp32 buffer of its own.
+            temporary += 2 * logits / chunks + model.vocab_per_shard(layout.tp) * model.hidden_size * 4
+        else:  # in lockstep the head runs one micro-batch per tick: its logits and their gradient
+            temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
 

@@ -81,7 +81,7 @@ def _scores(q_BxQxKxGxH: jax.Array, k_BxTxKxH: jax.Array, diagonal: jax.Array) -
     return jnp.where(keep_QxT, s_BxKxGxQxT, _MASKED)
 
 
-def _varying_like(refs: tuple[jax.Array, ...], carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+def varying_like(refs: tuple[jax.Array, ...], carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
     """``carry`` made varying over the manual mesh axes any of ``refs`` varies over (inside
     ``shard_map``, e.g. a pipeline stage), as ``scan`` needs its carry typed like what it accumulates."""
     axes = tuple(sorted(set().union(*(jax.typeof(r).manual_axis_type.varying for r in refs))))
@@ -111,7 +111,7 @@ def _forward(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> tuple[jax.
                 jax.lax.dynamic_update_slice_in_dim(m_BxKxGxS, m_new, qi * block, axis=3),
                 jax.lax.dynamic_update_slice_in_dim(l_BxKxGxS, l_new, qi * block, axis=3)), None
 
-    init = _varying_like((q, k, v), (jnp.zeros(q.shape, jnp.float32), jnp.full((b, kh, g, s), _MASKED, jnp.float32),
+    init = varying_like((q, k, v), (jnp.zeros(q.shape, jnp.float32), jnp.full((b, kh, g, s), _MASKED, jnp.float32),
                              jnp.zeros((b, kh, g, s), jnp.float32)))
     (o, m, row_sum_BxKxGxS), _ = jax.lax.scan(step, init, (jnp.asarray(q_P), jnp.asarray(k_P)))
     row_sum_BxSxKxG = jnp.moveaxis(row_sum_BxKxGxS, 3, 1)
@@ -142,7 +142,7 @@ def _backward(q: jax.Array, k: jax.Array, v: jax.Array, o: jax.Array, lse_BxKxGx
         add = lambda acc, x, i: jax.lax.dynamic_update_slice_in_dim(acc, _block(acc, i, block) + x, i * block, axis=1)  # noqa: E731
         return (add(dq, dq_i, qi), add(dk, dk_j, ki), add(dv, dv_j, ki)), None
 
-    init = _varying_like((q, k, v, do), tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v)))
+    init = varying_like((q, k, v, do), tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v)))
     (dq, dk, dv), _ = jax.lax.scan(step, init, (jnp.asarray(q_P), jnp.asarray(k_P)))
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 

@@ -34,12 +34,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from costmodel.errors import UnsupportedError
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import AdamW, TrainConfig
+from planner.programs.attention import varying_like
 from planner.programs.fp8_linear import fp8_linear
 from planner.programs.lora import abstract_adapters, abstract_frozen, merge_adapters
 from planner.programs.params import Params, abstract_params
-from planner.programs.transformer import forward
+from planner.programs.transformer import Constrain, forward_hidden, head
 
 # Weight of the MoE load-balancing loss (Switch Transformer, Fedus et al. 2021).
 MOE_AUX_LOSS_WEIGHT = 0.01
@@ -47,12 +49,54 @@ Batch = dict[str, jax.Array]
 
 
 def loss_fn(params: Params, batch: Batch, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
-            attention: str = "materialized", hooks: dict[str, Any] | None = None, lora_scale: float = 1.0) -> jax.Array:
+            attention: str = "materialized", hooks: dict[str, Any] | None = None, lora_scale: float = 1.0,
+            loss_chunks: int = 1) -> jax.Array:
     """Mean next-token cross-entropy (plus the MoE balancing loss); ``hooks`` are `forward`'s
-    ``constrain`` and ``lookup``."""
-    logits_BxSxV, aux = forward(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, attention=attention,
-                                lora_scale=lora_scale, **(hooks or {}))
-    return cross_entropy(logits_BxSxV, batch["targets"]) + MOE_AUX_LOSS_WEIGHT * aux
+    ``constrain`` and ``lookup``; ``loss_chunks`` pieces of the sequence go through the head and
+    loss one at a time (`chunked_head_loss`)."""
+    hooks = hooks or {}
+    x_BxSxD, outer, aux = forward_hidden(params, batch["tokens"], cfg, compute_dtype=compute_dtype, remat=remat, attention=attention,
+                                         lora_scale=lora_scale, **hooks)
+    loss = chunked_head_loss(x_BxSxD, outer, batch["targets"], cfg, chunks=loss_chunks, constrain=hooks.get("constrain"))
+    return loss + MOE_AUX_LOSS_WEIGHT * aux
+
+
+def chunked_head_loss(x_BxSxD: jax.Array, outer: Params, targets_BxS: jax.Array, cfg: ModelConfig, *, chunks: int = 1,
+                      constrain: Constrain | None = None) -> jax.Array:
+    """Mean cross-entropy of the head's logits for ``x_BxSxD`` against ``targets_BxS``. With
+    ``chunks`` > 1 the sequence is cut into that many pieces that go through the head and the
+    loss one after another, each under ``jax.checkpoint``: one piece's fp32 logits exist at a
+    time, and the backward forms each piece's again (Liger-Kernel's fused linear cross-entropy
+    and torchtune's chunked output loss keep the same buffer to a piece).
+
+    >>> from planner.programs.params import init_params
+    >>> cfg = ModelConfig(name="t", hidden_size=8, num_layers=1, num_heads=2, ffn_size=16, vocab_size=50)
+    >>> p = init_params(cfg, jax.random.key(0))
+    >>> x, t = jax.random.normal(jax.random.key(1), (2, 8, 8)), jnp.ones((2, 8), jnp.int32)
+    >>> bool(jnp.allclose(chunked_head_loss(x, p, t, cfg, chunks=4), chunked_head_loss(x, p, t, cfg)))
+    True
+    """
+    pins = {"constrain": constrain} if constrain else {}
+    if chunks == 1:
+        return cross_entropy(head(x_BxSxD, outer, cfg, **pins), targets_BxS)
+    b, s, d = x_BxSxD.shape
+    if s % chunks:
+        raise UnsupportedError(f"{s} tokens a sequence do not split into {chunks} loss chunks",
+                               fix="give --cross-entropy-chunks a divisor of the sequence length")
+    piece = s // chunks
+
+    @jax.checkpoint
+    def piece_loss(x_BxCxD: jax.Array, targets_BxC: jax.Array) -> jax.Array:
+        return cross_entropy(head(x_BxCxD, outer, cfg, **pins), targets_BxC) / chunks
+
+    def add(total: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+        return total + piece_loss(*xs), None
+
+    x_NxBxCxD = jnp.moveaxis(x_BxSxD.reshape(b, chunks, piece, d), 1, 0)
+    targets_NxBxC = jnp.moveaxis(targets_BxS.reshape(b, chunks, piece), 1, 0)
+    (total,) = varying_like((x_BxSxD,), (jnp.zeros((), jnp.float32),))
+    total, _ = jax.lax.scan(add, total, (x_NxBxCxD, targets_NxBxC))
+    return total
 
 
 @jax.custom_vjp
@@ -131,14 +175,14 @@ def micro_batched(batch: Batch, micro_batches: int) -> Batch:
 
 
 def make_value_and_grad(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", attention: str = "materialized",
-                        hooks: dict[str, Any] | None = None) -> Callable[..., tuple[jax.Array, Params]]:
+                        hooks: dict[str, Any] | None = None, loss_chunks: int = 1) -> Callable[..., tuple[jax.Array, Params]]:
     """``(params, batch, frozen) -> (mean loss, gradients)`` of one (micro-)batch; under LoRA
     ``params`` are the adapters and ``frozen`` the weights they adapt (None otherwise)."""
     compute_dtype = jnp.dtype(train.compute_dtype.value)
     lora_scale = train.workload.adapter_scale
     if train.is_fp8:  # the dense layers' projections in fp8 (`planner.programs.fp8_linear`)
         hooks = {**(hooks or {}), "linear": fp8_linear}
-    loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale)
+    loss = partial(loss_fn, attention=attention, hooks=hooks, lora_scale=lora_scale, loss_chunks=loss_chunks)
 
     def trained_loss(params: Params, batch: Batch, frozen: Params | None) -> jax.Array:
         # Under LoRA ``params`` are the adapters, merged beside the frozen weights they adapt.
@@ -149,7 +193,7 @@ def make_value_and_grad(cfg: ModelConfig, train: TrainConfig, *, remat: str = "n
 
 
 def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none", micro_batches: int = 1,
-                        attention: str = "materialized", hooks: dict[str, Any] | None = None) -> Callable[..., Any]:
+                        attention: str = "materialized", hooks: dict[str, Any] | None = None, loss_chunks: int = 1) -> Callable[..., Any]:
     """A function ``(params, batch) -> (mean loss, fp32 gradients)``; under LoRA
     ``(adapters, batch, frozen) -> (mean loss, the adapters' fp32 gradients)``.
 
@@ -158,7 +202,7 @@ def make_loss_and_grads(cfg: ModelConfig, train: TrainConfig, *, remat: str = "n
     micro-batch's activations are live at a time. ``attention`` is `forward`'s kernel;
     ``hooks`` go to `forward` (sharding constraints, the embedding lookup).
     """
-    value_and_grad = make_value_and_grad(cfg, train, remat=remat, attention=attention, hooks=hooks)
+    value_and_grad = make_value_and_grad(cfg, train, remat=remat, attention=attention, hooks=hooks, loss_chunks=loss_chunks)
 
     def loss_and_grads(params: Params, batch: Batch, frozen: Params | None = None) -> tuple[jax.Array, Params]:
         if micro_batches == 1:

@@ -334,11 +334,24 @@ def forward(
     ``weights(kind, held)`` gives the weights used from those held (`Weights`): under the
     layers' checkpoint, so a layer's are made again for its backward rather than kept.
     """
+    x_BxSxD, outer, aux = forward_hidden(params, tokens_BxS, cfg, compute_dtype=compute_dtype, remat=remat, constrain=constrain,
+                                         lookup=lookup, attention=attention, experts=experts, lora_scale=lora_scale,
+                                         keep_residuals=keep_residuals, linear=linear, weights=weights)
+    return head(x_BxSxD, outer, cfg, constrain=constrain), aux
+
+
+def forward_hidden(
+    params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16, remat: str = "none",
+    constrain: Constrain = _keep, lookup: Lookup = _take, attention: str = "materialized", experts: Experts = _run,
+    lora_scale: float = 1.0, keep_residuals: KeepResiduals = _run, linear: Linear = _einsum_linear, weights: Weights = _held,
+) -> tuple[jax.Array, Params, jax.Array]:
+    """`forward` up to the head: the last layer's output ``[B, S, D]``, the weights outside the
+    layers as used (the head's among them) and the mean MoE load-balancing loss."""
     outer = weights("outer", {k: v for k, v in params.items() if k != "layers"})
     x_BxSxD = embed(outer, tokens_BxS, cfg, compute_dtype=compute_dtype, constrain=constrain, lookup=lookup)
     x_BxSxD, aux_L = run_layers(x_BxSxD, params["layers"], cfg, remat=remat, constrain=constrain, attention=attention, experts=experts,
                                 lora_scale=lora_scale, keep_residuals=keep_residuals, linear=linear, weights=weights)
-    return head(x_BxSxD, outer, cfg, constrain=constrain), aux_L.mean()
+    return x_BxSxD, outer, aux_L.mean()
 
 
 def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dtype: Any = jnp.bfloat16,

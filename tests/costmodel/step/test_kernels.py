@@ -191,3 +191,12 @@ def test_a_sliding_window_costs_fused_attention_s_times_w_and_leaves_materialize
     assert core_flops(windowed, flash, TrainConfig(seq_len=w)) == core_flops(full, flash, TrainConfig(seq_len=w))
     materialized = flash.model_copy(update={"stack": stack_with("jax", attention=Attention.MATERIALIZED)})
     assert core_flops(windowed, materialized) == core_flops(full, materialized)
+
+
+def test_the_loss_in_pieces_runs_the_head_and_the_loss_once_more_in_backward():
+    model = ModelConfig(name="m", hidden_size=256, num_layers=2, num_heads=4, ffn_size=1024, vocab_size=1000)
+    train = TrainConfig(seq_len=128, global_batch=2)
+    whole = {k.name: k for k in head_forward_kernels(model, train, Layout())}
+    pieces = {k.name: k for k in head_forward_kernels(model, train, Layout(stack=stack_with("jax", cross_entropy_chunks=4)))}
+    assert pieces["lm_head"].backward_scale == whole["lm_head"].backward_scale + 1
+    assert pieces["cross_entropy"].backward_scale == whole["cross_entropy"].backward_scale + 1

@@ -247,3 +247,13 @@ def test_the_step_in_backward_holds_one_weights_gradient_sharded_as_zero_splits_
     train = TrainConfig(seq_len=1024, global_batch=32, optimizer_state="bf16", optimizer_in_backward=True)
     mem = memory_breakdown(MODEL, train, Layout(dp=4, zero_stage=2, micro_batch=8, stack=stack_with("megatron-core")))
     assert mem.grads_bytes == MODEL.vocab_size * MODEL.hidden_size * 2 / 4
+
+
+def test_the_loss_in_pieces_keeps_one_piece_s_logits_and_a_head_gradient_buffer():
+    model = ModelConfig(name="m", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=128000)
+    train = TrainConfig(seq_len=4096, global_batch=2)
+    whole = memory_breakdown(model, train, Layout(micro_batch=2))
+    pieces = memory_breakdown(model, train, Layout(micro_batch=2, stack=stack_with("jax", cross_entropy_chunks=8)))
+    logits = 2 * 4096 * model.padded_vocab_size * 4
+    assert whole.temporary_bytes - pieces.temporary_bytes == pytest.approx(
+        2 * logits - 2 * logits / 8 - model.padded_vocab_size * 1024 * 4)

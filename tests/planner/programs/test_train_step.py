@@ -78,3 +78,18 @@ def test_gradient_accumulation_matches_the_whole_batch(cfg):
     assert float(accum_loss) == pytest.approx(float(whole_loss), rel=1e-5)
     for g_whole, g_accum in zip(jax.tree.leaves(whole), jax.tree.leaves(accum)):
         assert jnp.allclose(g_whole, g_accum, atol=1e-6, rtol=1e-4)
+
+
+def test_the_loss_in_pieces_gives_the_same_loss_and_gradients():
+    cfg = ModelConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, vocab_size=300)
+    train = TrainConfig(seq_len=16, global_batch=4, compute_dtype="float32")
+    params = init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, 300)
+    batch = {"tokens": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+    whole = make_loss_and_grads(cfg, train, micro_batches=2)(params, batch)
+    pieces = make_loss_and_grads(cfg, train, micro_batches=2, loss_chunks=4)(params, batch)
+    assert abs(float(whole[0]) - float(pieces[0])) < 1e-5
+    for got, want in zip(jax.tree.leaves(pieces[1]), jax.tree.leaves(whole[1])):
+        assert float(jnp.abs(got - want).max()) < 1e-5 * max(1.0, float(jnp.abs(want).max()))
+    with pytest.raises(Exception, match="do not split into 3 loss chunks"):
+        make_loss_and_grads(cfg, train, loss_chunks=3)(params, batch)

@@ -4,6 +4,7 @@ import json
 
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.stack import stack_with
 from planner.api import layout_plan
 from planner.cli.main import main
 from validate import cpu_profile
@@ -94,3 +95,11 @@ def test_a_plan_with_an_optimizer_option_the_program_does_not_lower_is_refused_i
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1
     assert "--optimizer-state 8bit and --optimizer-in-backward are not lowered by the reference program" in err
+
+
+def test_a_plan_with_the_loss_in_pieces_validates_its_flops_and_memory(capsys, tmp_path):
+    path = _plan_file(tmp_path, Layout(micro_batch=2, stack=stack_with("jax", cross_entropy_chunks=4)))
+    code = main(["validate", path, "--compile-only", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    checks = {c["item"]: c for c in out["checks"]}
+    assert code == 0 and checks["flops"]["ok"] and checks["memory per device"]["ok"]

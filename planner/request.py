@@ -137,6 +137,13 @@ class PlanRequest(Record):
         return self
 
     @model_validator(mode="after")
+    def _loss_pieces_planned(self) -> PlanRequest:
+        if isinstance(self.stack, SoftwareStack) and self.stack.cross_entropy_chunks > 1 and self.planner.shards_intra_op:
+            raise UnsupportedError(f"--planner {self.planner} shards the traced reference program, whose loss runs whole, not in "
+                                   f"{self.stack.cross_entropy_chunks} pieces", fix="use --planner grid, or --cross-entropy-chunks 1")
+        return self
+
+    @model_validator(mode="after")
     def _pins_planned(self) -> PlanRequest:
         unhonoured = self.pins.unhonoured_by_intra_op()
         if unhonoured and self.planner.shards_intra_op:

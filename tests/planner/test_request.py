@@ -5,6 +5,7 @@ from pydantic import ValidationError
 
 from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.inputs.layout import Offload
+from costmodel.inputs.stack import stack_with
 from costmodel.inputs.train_config import Precision
 from planner.request import PlannerName, PlanRequest, plan_request
 
@@ -64,3 +65,9 @@ def test_the_optimizer_options_are_typed_and_round_trip():
         plan_request(model="gpt2", mesh="8", optimizer_state="4bit")
     with pytest.raises(UnsupportedError, match="not --optimizer-state bf16; fix: use --planner grid"):
         PlanRequest(model="gpt2", mesh="8", planner="ilp", optimizer_state="bf16")
+
+
+def test_an_intra_op_planner_refuses_the_loss_in_pieces_in_one_line():
+    with pytest.raises(UnsupportedError, match="whose loss runs whole, not in 4 pieces"):
+        PlanRequest(model="gpt2", devices=2, planner="ilp", stack=stack_with("jax", cross_entropy_chunks=4))
+    assert PlanRequest(model="gpt2", devices=2, stack=stack_with("jax", cross_entropy_chunks=4)).planner == PlannerName.GRID

@@ -112,7 +112,7 @@ def _forward(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> tuple[jax.
                 jax.lax.dynamic_update_slice_in_dim(l_BxKxGxS, l_new, qi * block, axis=3)), None
 
     init = varying_like((q, k, v), (jnp.zeros(q.shape, jnp.float32), jnp.full((b, kh, g, s), _MASKED, jnp.float32),
-                             jnp.zeros((b, kh, g, s), jnp.float32)))
+                                    jnp.zeros((b, kh, g, s), jnp.float32)))
     (o, m, row_sum_BxKxGxS), _ = jax.lax.scan(step, init, (jnp.asarray(q_P), jnp.asarray(k_P)))
     row_sum_BxSxKxG = jnp.moveaxis(row_sum_BxKxGxS, 3, 1)
     return (o / row_sum_BxSxKxG[..., None]).astype(q.dtype), m + jnp.log(row_sum_BxKxGxS)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import PlannerError
+from costmodel.inputs.stack import stack_with
 from costmodel.inputs.workload import WorkloadKind
 from planner.api import plan
 from planner.request import PlannerName, PlanRequest
@@ -46,6 +47,7 @@ class Case(BaseModel):
     planner: PlannerName = Field(PlannerName.GRID, description="grid, ilp or a search planner.")
     workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="--workload.")
     pins: LayoutPins = Field(LayoutPins(), description="--zero, --micro-batch, ... as a user pins them.")
+    stack_facts: dict[str, Any] = Field({}, description="Software-fact flags over the jax stack (--cross-entropy-chunks 8, ...).")
 
 
 CASES = (
@@ -89,6 +91,9 @@ CASES = (
          workload="prefill"),
     Case(name="llama3-70b-decode", model="llama3-70b", mesh="8", hardware="h100-sxm", global_batch=32, seq_len=4096,
          workload="decode"),
+    # Options a user passes: the loss in pieces.
+    Case(name="llama3-8b-loss-pieces", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=16, seq_len=4096,
+         stack_facts={"cross_entropy_chunks": 8}),
 )
 
 
@@ -110,7 +115,8 @@ def run_case(case: Case) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         chosen = plan(PlanRequest(model=case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len,
-                                  global_batch=case.global_batch, planner=case.planner, workload=case.workload, pins=case.pins))
+                                  global_batch=case.global_batch, planner=case.planner, workload=case.workload, pins=case.pins,
+                                  stack=stack_with("jax", **case.stack_facts)))
     except PlannerError as err:
         return {**row, "layout": "-", "validates": False, "why": f"planning failed: {err}"}
     plan_s = time.perf_counter() - start

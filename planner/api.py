@@ -119,7 +119,8 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     offload = request.offload
     unpinned = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
                            lowered_only=True, intra_op=planner.shards_intra_op,
-                           offload_when_nothing_fits=offload is None and not planner.shards_intra_op)
+                           offload_when_nothing_fits=offload is None and not planner.shards_intra_op,
+                           loss_pieces_when_nothing_fits=not planner.shards_intra_op)
     space = pinned_space(cfg, train, unpinned, pins, n_devices=n_devices, where=where, devices_per_node=machine.devices_per_node)
     try:
         result = grid_search(cfg, train, machine, n_devices=n_devices, space=space, time_limit_s=request.time_limit_s,
@@ -141,7 +142,8 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
         model=cfg, train=train, cluster=cluster, mesh=request.mesh,
         alternatives=_alternatives(result.runners_up, result.closest_misses, best.step_time_s),
         solver=SolverInfo(planner=planner.value, status=_status(result.complete, None), evaluated=result.evaluated,
-                          pruned=result.pruned, offload_reason=result.offload_reason, pins=pins if pins.given else None),
+                          pruned=result.pruned, offload_reason=result.offload_reason,
+                          loss_pieces_reason=result.loss_pieces_reason, pins=pins if pins.given else None),
         batch=batch,
     )
     if not planner.shards_intra_op:

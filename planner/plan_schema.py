@@ -87,6 +87,9 @@ class SolverInfo(BaseModel):
     intra_op: IntraOpInfo | None = Field(None, description="The intra-op ILP's report, when it chose the parameter shardings.")
     offload_reason: str | None = Field(None, description="Why the layout offloads its optimizer state to the host, when the "
                                        "planner chose to (nothing fit without); None otherwise.")
+    loss_pieces_reason: str | None = Field(None, description="Why the layout runs the loss in pieces "
+                                           "(``SoftwareStack.cross_entropy_chunks``), when the planner chose to (nothing fit "
+                                           "with it whole); None otherwise.")
     objective: str | None = Field(None, description="What a serving search ranked the layouts by, and the rule that chose it "
                                   "(latency at a batch too small to be compute-bound, tokens/s otherwise); None for training.")
     pins: LayoutPins | None = Field(None, description="The layout parts fixed by hand (plan --zero, --micro-batch, --tp, ...; "

@@ -52,6 +52,9 @@ INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stage
 # Inside pipeline stages XLA partitions a sequence-split activation with extra resharding
 # (all-to-alls, permutes across both axes) the plan does not have.
 SP_PIPELINE_RULE = "sequence parallelism inside pipeline stages is not lowered as planned yet"
+LOSS_PIECES_PIPELINE_RULE = "the loss in pieces with pipeline stages is not lowered yet"
+# Pieces the planner cuts the loss into when nothing fits whole (torchtune's chunked output loss: 8).
+LOSS_PIECES = 8
 SP_TP_RULE = "sequence parallelism needs tp > 1"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -79,6 +82,9 @@ class SearchSpace(BaseModel):
     offload_when_nothing_fits: bool = Field(
         False, description="When no layout fits in device memory, search again with the optimizer state offloaded to the host "
         "(`costmodel.step.offload`; needs a cluster whose host is described); the stack's own offload setting otherwise.")
+    loss_pieces_when_nothing_fits: bool = Field(
+        False, description=f"When no layout fits in device memory, search again with the loss in {LOSS_PIECES} pieces "
+        "(`SoftwareStack.cross_entropy_chunks`: one piece's logits at a time), before offloading.")
     uneven_stages: bool = Field(True, description="Also try each pipelined layout with layers cut into stages by the inter-op DP.")
     intra_op: bool = Field(False, description="An intra-op planner (ILP or search) shards each op of the chosen layout; "
                            "with lowered_only, pipelined layouts are dropped, as the validator lowers such choices without stages.")
@@ -100,6 +106,8 @@ class SearchResult(BaseModel):
     evaluated: int = Field(description="Candidates costed by the simulator.")
     pruned: dict[str, int] = Field(description="Candidates dropped before simulation, by rule.")
     offload_reason: str | None = Field(None, description="Why the layouts offload, when the search chose to (nothing fit without).")
+    loss_pieces_reason: str | None = Field(None, description="Why the layouts run the loss in pieces, when the search chose to "
+                                           "(nothing fit with it whole).")
 
     @property
     def complete(self) -> bool:
@@ -184,6 +192,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if pp > 1 and not train.workload.pipeline_lowered and space.lowered_only:
             pruned[LORA_PIPELINE_RULE] += 1
             continue
+        if pp > 1 and space.stack.stack.cross_entropy_chunks > 1 and space.lowered_only:
+            pruned[LOSS_PIECES_PIPELINE_RULE] += 1
+            continue
         if pp > 1 and space.intra_op and space.lowered_only:
             pruned[INTRA_OP_PIPELINE_RULE] += 1
             continue
@@ -228,12 +239,24 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
     """
     space = space or SearchSpace()
     start_s = time.perf_counter()
+    pieces_reason = None
     try:
         return _search(model, train, machine, n_devices=n_devices, space=space, keep=keep, time_limit_s=time_limit_s,
                        on_progress=on_progress)
     except InfeasibleError as err:
+        if _may_cut_the_loss(train, space, err):
+            space = space.model_copy(update={"stack": space.stack.model_copy(update={
+                "stack": space.stack.stack.model_copy(update={"cross_entropy_chunks": LOSS_PIECES})})})
+            pieces_reason = (f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime "
+                             "reserve) with the loss over whole sequences")
+            try:
+                result = _search(model, train, machine, n_devices=n_devices, space=space, keep=keep,
+                                 time_limit_s=time_limit_s - (time.perf_counter() - start_s), on_progress=on_progress)
+                return result.model_copy(update={"loss_pieces_reason": pieces_reason})
+            except InfeasibleError as pieces_err:
+                err = pieces_err
         if not _may_offload(train, machine, space, err):
-            raise
+            raise err from None
         offloaded = space.model_copy(update={"stack": space.stack.model_copy(update={"offload": Offload.OPTIMIZER})})
         left_s = time_limit_s - (time.perf_counter() - start_s)
         try:
@@ -244,7 +267,14 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
             raise NothingFitsError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix,
                                    closest=offloaded_err.closest) from None
     reason = f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime reserve) without offloading"
-    return result.model_copy(update={"offload_reason": reason})
+    return result.model_copy(update={"offload_reason": reason, "loss_pieces_reason": pieces_reason})
+
+
+def _may_cut_the_loss(train: TrainConfig, space: SearchSpace, err: InfeasibleError) -> bool:
+    """Whether a search that found nothing fitting should try again with the loss in pieces:
+    memory was the cause, the planner may, the loss runs whole and the sequence divides."""
+    return (space.loss_pieces_when_nothing_fits and space.stack.stack.cross_entropy_chunks == 1
+            and train.seq_len % LOSS_PIECES == 0 and isinstance(err, NothingFitsError))
 
 
 def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: InfeasibleError) -> bool:

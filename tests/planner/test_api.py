@@ -257,3 +257,11 @@ def test_a_request_with_the_optimizer_options_plans_one_micro_batch_per_step_wit
     assert result.train.optimizer_state == "8bit" and result.train.optimizer_in_backward
     assert result.layout.micro_batches(result.train) == 1  # the step in backward accumulates nothing
     assert mem.params_bytes == 2 * n and mem.optimizer_bytes / n == 2 * (1 + 4 / 2048) and mem.grads_bytes < 0.2 * n
+
+
+def test_the_planner_cuts_the_loss_into_pieces_when_nothing_fits_whole_and_says_why():
+    p = plan("llama3-8b", devices=1, hardware="h100-sxm", workload="finetune-full", global_batch=4, seq_len=4096,
+             optimizer_state="bf16")
+    assert p.layout.stack.cross_entropy_chunks == 8 and p.predicted.fits and p.layout.offload.value == "none"
+    assert p.solver.loss_pieces_reason.startswith("nothing fits in 75.7 GiB per device")
+    assert plan("llama3-8b", devices=8, hardware="h100-sxm", global_batch=16, seq_len=2048).solver.loss_pieces_reason is None

@@ -8,12 +8,15 @@ import pytest
 
 from costmodel.errors import InfeasibleError
 from costmodel.hardware.machine import load_machine
-from costmodel.inputs.layout import Offload, Recompute
+from costmodel.inputs.layout import Layout, Offload, Recompute
 from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.stack import stack_with
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.simulator import simulate
 from search.layouts import (
     INTRA_OP_PIPELINE_RULE,
+    LOSS_PIECES,
+    LOSS_PIECES_PIPELINE_RULE,
     PIPELINE_MOE_TP_RULE,
     PIPELINE_ZERO3_TP_RULE,
     SP_PIPELINE_RULE,
@@ -138,6 +141,26 @@ def test_offload_only_when_nothing_fits_without_and_the_result_says_why():
     assert result.offload_reason == "nothing fits in 37.0 GiB per device (usable less the runtime reserve) without offloading"
     fits_anyway = grid_search(MODEL, TRAIN, HW, n_devices=8, space=space)
     assert fits_anyway.best.layout.offload is Offload.NONE and fits_anyway.offload_reason is None
+
+
+def test_the_loss_goes_into_pieces_only_when_nothing_fits_whole_and_before_offloading():
+    h100 = load_machine("h100-sxm")
+    train = TrainConfig(seq_len=4096, global_batch=4).with_optimizer_state("bf16")
+    space = SearchSpace(micro_batches=(1, 2, 4), recompute=(Recompute.FULL,), offload_when_nothing_fits=True,
+                        loss_pieces_when_nothing_fits=True, lowered_only=True)
+    result = grid_search(LLAMA3_8B, train, h100, n_devices=1, space=space)
+    assert result.best.layout.stack.cross_entropy_chunks == LOSS_PIECES and result.best.fits
+    assert result.best.layout.offload is Offload.NONE and result.offload_reason is None
+    assert result.loss_pieces_reason.endswith("with the loss over whole sequences")
+    fits_anyway = grid_search(MODEL, TRAIN, HW, n_devices=8, space=space)
+    assert fits_anyway.best.layout.stack.cross_entropy_chunks == 1 and fits_anyway.loss_pieces_reason is None
+
+
+def test_the_loss_in_pieces_keeps_out_of_pipelines_where_only_lowered_layouts_go():
+    pieces = SearchSpace(stack=Layout(stack=stack_with("jax", cross_entropy_chunks=8)), lowered_only=True)
+    pruned = Counter()
+    layouts = list(candidate_layouts(MODEL, TRAIN, n_devices=8, space=pieces, pruned=pruned, devices_per_node=8))
+    assert all(lay.pp == 1 for lay in layouts) and pruned[LOSS_PIECES_PIPELINE_RULE] > 0
 
 
 def test_no_offload_where_the_cluster_describes_no_host():

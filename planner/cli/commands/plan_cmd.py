@@ -270,6 +270,8 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         memory_total_row(mem),
         *memory_rows(mem, lora=not p.train.workload.trains_base_weights, digits=1),
         *offload_rows(est, reason=p.solver.offload_reason),
+        *((("loss in pieces", f"{lay.stack.cross_entropy_chunks} pieces (--cross-entropy-chunks) because "
+            f"{p.solver.loss_pieces_reason}"),) if p.solver.loss_pieces_reason else ()),
         *filter(None, [jax_memory_row(mem)]),
     ) if p.train.workload.runs_backward else ()
     if p.solver.pins:

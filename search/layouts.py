@@ -223,9 +223,11 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
 
 def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace | None = None,
                 keep: int = 5, time_limit_s: float = math.inf, on_progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Cost every candidate layout; the fastest that fits wins. With ``space.offload_when_nothing_fits``,
-    when nothing fits in device memory the layouts are costed again with the optimizer state on the
-    host, and the result says why (``offload_reason``).
+    """Cost every candidate layout; the fastest that fits wins. When nothing fits in device memory
+    they are costed again, as the space allows: with the loss in pieces
+    (``space.loss_pieces_when_nothing_fits``), with the optimizer state on the host
+    (``space.offload_when_nothing_fits``), then with both; the result says why
+    (``loss_pieces_reason``, ``offload_reason``).
 
     Args:
       time_limit_s: wall seconds; when they run out the search stops and keeps the best
@@ -239,35 +241,45 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
     """
     space = space or SearchSpace()
     start_s = time.perf_counter()
-    pieces_reason = None
     try:
         return _search(model, train, machine, n_devices=n_devices, space=space, keep=keep, time_limit_s=time_limit_s,
                        on_progress=on_progress)
     except InfeasibleError as err:
-        if _may_cut_the_loss(train, space, err):
-            space = space.model_copy(update={"stack": space.stack.model_copy(update={
-                "stack": space.stack.stack.model_copy(update={"cross_entropy_chunks": LOSS_PIECES})})})
-            pieces_reason = (f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime "
-                             "reserve) with the loss over whole sequences")
-            try:
-                result = _search(model, train, machine, n_devices=n_devices, space=space, keep=keep,
-                                 time_limit_s=time_limit_s - (time.perf_counter() - start_s), on_progress=on_progress)
-                return result.model_copy(update={"loss_pieces_reason": pieces_reason})
-            except InfeasibleError as pieces_err:
-                err = pieces_err
-        if not _may_offload(train, machine, space, err):
-            raise err from None
-        offloaded = space.model_copy(update={"stack": space.stack.model_copy(update={"offload": Offload.OPTIMIZER})})
-        left_s = time_limit_s - (time.perf_counter() - start_s)
+        first_err = err
+    # Nothing fits: the loss in pieces first (a few % of step time), then the optimizer on the host, then both.
+    budget = f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime reserve)"
+    pieces_reason = {"loss_pieces_reason": f"{budget} with the loss over whole sequences"}
+    offload_reason = {"offload_reason": f"{budget} without offloading"}
+    pieces = _with_loss_pieces(space) if _may_cut_the_loss(train, space, first_err) else None
+    offloaded = _offloaded(space) if _may_offload(train, machine, space, first_err) else None
+    attempts = [(pieces, pieces_reason), (offloaded, offload_reason),
+                (pieces and offloaded and _offloaded(pieces), {**pieces_reason, **offload_reason})]
+    last_err = first_err
+    for attempt, reasons in attempts:
+        if attempt is None:
+            continue
         try:
-            result = _search(model, train, machine, n_devices=n_devices, space=offloaded, keep=keep, time_limit_s=left_s,
-                             on_progress=on_progress)
-        except NothingFitsError as offloaded_err:  # not even offloading helps: say what the offloaded layouts need too
-            closest = "; ".join(over_budget(e) for e in offloaded_err.closest)
-            raise NothingFitsError(f"{err.cause}; offloading the optimizer state, closest: {closest}", fix=err.fix,
-                                   closest=offloaded_err.closest) from None
-    reason = f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime reserve) without offloading"
-    return result.model_copy(update={"offload_reason": reason, "loss_pieces_reason": pieces_reason})
+            result = _search(model, train, machine, n_devices=n_devices, space=attempt, keep=keep,
+                             time_limit_s=time_limit_s - (time.perf_counter() - start_s), on_progress=on_progress)
+        except NothingFitsError as err:
+            last_err = err
+            continue
+        return result.model_copy(update=reasons)
+    if offloaded is None:
+        raise last_err
+    # Not even offloading helps: say what the offloaded layouts need too.
+    closest = "; ".join(over_budget(e) for e in last_err.closest)
+    raise NothingFitsError(f"{first_err.cause}; offloading the optimizer state, closest: {closest}", fix=first_err.fix,
+                           closest=last_err.closest)
+
+
+def _with_loss_pieces(space: SearchSpace) -> SearchSpace:
+    stack = space.stack.stack.model_copy(update={"cross_entropy_chunks": LOSS_PIECES})
+    return space.model_copy(update={"stack": space.stack.model_copy(update={"stack": stack})})
+
+
+def _offloaded(space: SearchSpace) -> SearchSpace:
+    return space.model_copy(update={"stack": space.stack.model_copy(update={"offload": Offload.OPTIMIZER})})
 
 
 def _may_cut_the_loss(train: TrainConfig, space: SearchSpace, err: InfeasibleError) -> bool:

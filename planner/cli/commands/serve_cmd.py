@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=positive_int, help="tensor-parallel degree (default: the planner chooses)")
     parser.add_argument("--max-batch", type=positive_int,
                         help=f"most requests running at once per replica (default: chosen among {', '.join(map(str, BATCH_LIMITS))} "
-                             "under --slo-tpot-ms, else 256)")
+                             "under --slo-tpot-ms, else vLLM's 256)")
     parser.add_argument("--prefill-chunk", type=positive_int_or_none, default=2048, metavar="N|none",
                         help="tokens an iteration runs at most, prompt chunks after the decode tokens (vLLM's "
                              "max_num_batched_tokens; default 2048); none: whole prompts in iterations of their own")
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServeConfig(rate_per_s=args.rate, input_len=args.input_len, output_len=args.output_len, requests=args.requests, seed=args.seed,
                       prefill_chunk_tokens=args.prefill_chunk, arrivals_s=_arrivals(args.arrivals))
     slo = Slo(ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / _MS, tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / _MS)
-    limits = (args.max_batch,) if args.max_batch else BATCH_LIMITS if slo.tpot_s else (256,)
+    limits = (args.max_batch,) if args.max_batch else BATCH_LIMITS if slo.tpot_s else (cfg.max_batch,)
     options = serve_options(model, train, hw, n_devices=args.devices, cfg=cfg, slo=slo, batch_limits=limits, tp=args.tp)
     best = options[0]
     speculative = None
@@ -113,9 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                        cfg.model_copy(update={"max_batch": best.max_batch, "speculation": speculation}))
     if args.json:
         print(json.dumps({"chosen": _option_json(best), "alternatives": [_option_json(o) for o in options[1:]],
-                          "speculative": speculative and {"result": speculative.model_dump(), **_speculation_json(speculation, best.at_rate,
-                                                                                                                  speculative)}},
-                         sort_keys=True))
+                          "speculative": speculative and _speculation_json(speculation, best.at_rate, speculative)}, sort_keys=True))
         return 0
     console = Console()
     console.print(_chosen_table(model.name, cluster.name, args, best, slo))
@@ -133,7 +131,8 @@ def _option_json(o: ServeOption) -> dict[str, object]:
 
 def _speculation_json(spec: Speculation, plain: ServeResult, fast: ServeResult) -> dict[str, object]:
     return {"draft_model": spec.draft.name, "draft_tokens": spec.draft_tokens, "acceptance_rate": spec.acceptance_rate,
-            "expected_tokens_per_step": spec.expected_tokens, "tpot_speedup_p50": plain.tpot_p50_s / fast.tpot_p50_s}
+            "expected_tokens_per_step": spec.expected_tokens, "tpot_speedup_p50": plain.tpot_p50_s / fast.tpot_p50_s,
+            "result": fast.model_dump()}
 
 
 def _speculation_line(spec: Speculation, plain: ServeResult, fast: ServeResult) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
-from costmodel.errors import InfeasibleError
+from costmodel.errors import InfeasibleError, InvalidPlanError
 from costmodel.hardware.machine import Machine
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
@@ -103,8 +103,12 @@ def serve_options(model: ModelConfig, train: TrainConfig, hw: Machine, *, n_devi
     """Every layout (``tp`` pinned, or each of `tp_degrees`) and batch limit whose memory holds a
     request, simulated at the offered rate, with its capacity (module docstring); most capacity
     first. Nothing holds a request: one line naming the fix."""
+    degrees = tp_degrees(model, n_devices, hw.devices_per_node)
+    if tp and tp not in degrees:
+        raise InvalidPlanError(f"--tp {tp}: {n_devices} devices ({hw.devices_per_node} a node) serving {model.num_heads} query heads "
+                               f"can carry tp {', '.join(map(str, degrees))} only", fix=f"use --tp {degrees[-1]}, or leave it out")
     options = []
-    for degree in [tp] if tp else tp_degrees(model, n_devices, hw.devices_per_node):
+    for degree in [tp] if tp else degrees:
         layout = Layout(dp=n_devices // degree, tp=degree)
         for limit in batch_limits:
             limited = cfg.model_copy(update={"max_batch": limit})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from costmodel.errors import InfeasibleError
+from costmodel.errors import InfeasibleError, InvalidPlanError
 from costmodel.hardware.machine import load_machine
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
@@ -39,6 +39,12 @@ def test_a_pinned_degree_is_the_only_one_tried_and_degrees_follow_the_node_and_h
     assert {o.layout.tp for o in serve_options(MODEL, TRAIN, HW, n_devices=4, cfg=CFG, slo=SLO, batch_limits=(256,), tp=2)} == {2}
     assert tp_degrees(MODEL, 16, 8) == [1, 2, 4, 8]
     assert tp_degrees(MODEL.model_copy(update={"num_heads": 12}), 8, 8) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("tp", [3, 16])
+def test_a_pinned_degree_the_devices_cannot_carry_is_refused_in_one_line(tp):
+    with pytest.raises(InvalidPlanError, match=f"--tp {tp}: 8 devices .* can carry tp 1, 2, 4, 8 only"):
+        serve_options(MODEL, TRAIN, HW, n_devices=8, cfg=CFG, slo=SLO, tp=tp)
 
 
 def test_nothing_holding_a_request_is_refused_in_one_line():

@@ -117,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
                             train)
     unstated = tuple(knob for knob, value in _knobs(args).items() if value == AUTO)
     chosen = None
+    if unstated and not train.workload.runs_backward:
+        flag = "--" + unstated[0].replace("_", "-")
+        raise InvalidPlanError(f"{flag} auto: a {train.workload.kind} step has no {unstated[0].replace('_', ' ')} to choose "
+                               "(its layout is the degrees alone)", fix=f"drop {flag}")
     if unstated:
         choice = choose_unstated(model, train, layout, machine, unstated=unstated)
         layout, chosen = choice.layout, choice

@@ -154,3 +154,10 @@ def _simulate_flags(capsys, base, *flags):
     out, _ = capsys.readouterr()
     assert code == 0
     return json.loads(out)
+
+
+def test_a_knob_left_auto_on_a_serving_step_is_refused_in_one_line(capsys):
+    code = main(["simulate", "--model", "llama3-8b", "--devices", "1", "--workload", "decode", "--batch", "8", "--context-len", "2048",
+                 "--micro-batch", "auto"])
+    err = capsys.readouterr().err
+    assert code == 3 and err.count("\n") == 1 and "--micro-batch auto: a decode step has no micro batch" in err

@@ -140,7 +140,6 @@ def run(args: argparse.Namespace) -> int:
 def chosen_line(choice: UnstatedChoice) -> str:
     """What the planner chose for the knobs left ``auto``, and among how many layouts.
 
-    >>> from costmodel.step.estimate import StepEstimate
     >>> choice = UnstatedChoice.model_construct(chosen={"micro_batch": 2, "sequence_parallel": True}, evaluated=8, fits=True)
     >>> chosen_line(choice)
     'chosen by the planner (auto): --micro-batch 2 --sequence-parallel yes, the fastest that fits of 8 layouts simulated'

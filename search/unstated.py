@@ -61,7 +61,7 @@ def candidates(model: ModelConfig, train: TrainConfig, stated: Layout, knob: str
     if knob == "micro_batch":
         return divisors(train.global_batch // stated.dp) if train.global_batch % stated.dp == 0 else []
     if knob == "interleave":
-        return [v for v in divisors(model.num_layers // stated.pp) if v == 1 or stated.pp > 1] if model.num_layers % stated.pp == 0 else [1]
+        return divisors(model.num_layers // stated.pp) if stated.pp > 1 and model.num_layers % stated.pp == 0 else [1]
     if knob == "recompute":
         return list(dict.fromkeys(stack_recompute(r, stated.stack) for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)))
     if knob == "sequence_parallel":

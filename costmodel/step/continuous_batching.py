@@ -144,11 +144,11 @@ class ServeResult(BaseModel):
 
 
 class _Request:
-    __slots__ = ("arrival_s", "prompt", "output", "prefilled", "generated", "first_token_s", "done_s", "credit")
+    __slots__ = ("arrival_s", "prompt", "output", "prefilled", "generated", "blocks", "first_token_s", "done_s", "credit")
 
     def __init__(self, arrival_s: float, prompt: int, output: int) -> None:
         self.arrival_s, self.prompt, self.output = arrival_s, prompt, output
-        self.prefilled = self.generated = 0
+        self.prefilled = self.generated = self.blocks = 0  # blocks: KV-cache blocks held
         self.credit = 0.0  # speculative decoding: expected tokens not yet emitted (whole tokens are, each step)
         self.first_token_s = self.done_s = math.nan
 
@@ -245,22 +245,25 @@ class _Scheduler:
         self.now_s = 0.0
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
-        self.blocks: dict[int, int] = {}  # id(request) -> blocks held
         self.used = self.iterations = self.preemptions = self.max_used = 0
         self.block_seconds = self.decoding_sum = 0.0
 
     def _need(self, r: _Request, tokens: int) -> int:
         """More blocks ``r`` needs to hold ``tokens`` tokens of context."""
-        return max(0, math.ceil(tokens / self.block) - self.blocks.get(id(r), 0))
+        return max(0, math.ceil(tokens / self.block) - r.blocks)
 
     def _grant(self, r: _Request, tokens: int) -> None:
         more = self._need(r, tokens)
-        self.blocks[id(r)] = self.blocks.get(id(r), 0) + more
+        r.blocks += more
         self.used += more
+
+    def _release(self, r: _Request) -> None:
+        self.used -= r.blocks
+        r.blocks = 0
 
     def _preempt(self) -> None:
         victim = self.running.pop()
-        self.used -= self.blocks.pop(id(victim), 0)
+        self._release(victim)
         victim.prefilled = 0
         self.waiting.appendleft(victim)
         self.preemptions += 1
@@ -302,7 +305,7 @@ class _Scheduler:
         for r in [r for r in self.running if r.generated >= r.output and r.to_prefill == 0]:
             r.done_s = self.now_s
             self.running.remove(r)
-            self.used -= self.blocks.pop(id(r), 0)
+            self._release(r)
 
     def _chunks(self, budget: float) -> list[tuple[_Request, int]]:
         """(request, prompt tokens) run this iteration: running prompts' next chunks, then newly
@@ -335,8 +338,7 @@ def _result(requests: list[_Request], sim: _Scheduler, replicas: int, capacity: 
     latency = np.array([r.done_s - r.arrival_s for r in requests])
     start, end = min(r.arrival_s for r in requests), max(r.done_s for r in requests)
     tenth = max(1, len(requests) // 10)
-    waits = [r.first_token_s - r.arrival_s for r in requests]
-    first, last = float(np.mean(waits[:tenth])), float(np.mean(waits[-tenth:]))
+    first, last = float(ttft[:tenth].mean()), float(ttft[-tenth:].mean())
     duration = end - start
     return ServeResult(
         completed=len(requests), duration_s=duration, requests_per_s=replicas * len(requests) / duration,

@@ -45,10 +45,7 @@ def probability(text: str) -> float:
     >>> probability("0.7"), probability("0")
     (0.7, 0.0)
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _float(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a probability; fix: give a number from 0 to 1, e.g. 0.7")
     return value
@@ -61,10 +58,7 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """A finite number > 0 (seconds, tokens, a tolerance); scientific notation such as 15e12 is accepted."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _float(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite positive number; fix: give a number above 0, e.g. 0.5 or 15e12")
     return value
@@ -72,10 +66,7 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     """A finite number ≥ 0 (a reserve that may be none)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _float(text)
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite non-negative number; fix: give a number of at least 0, e.g. 4")
     return value
@@ -92,6 +83,14 @@ def add_memory_reserve_argument(parser: argparse.ArgumentParser) -> None:
                         help="GiB per device the runtime takes beside the plan's arrays (CUDA context, NCCL buffers, allocator "
                              "fragmentation); a plan fits within the part's usable memory less this (default: the part's, "
                              "about 4 GiB on an 80 GB GPU; docs/clusters.md#usable-memory)")
+
+
+def _float(text: str) -> float:
+    """``text`` as a float, NaN where it is none (so every range check refuses it)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _whole(text: str, *, minimum: int, what: str, example: str) -> int:

@@ -69,22 +69,24 @@ def tp_degrees(model: ModelConfig, n_devices: int, devices_per_node: int) -> lis
 
 
 def capacity_per_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, cfg: ServeConfig, slo: Slo, *,
-                   start_per_s: float) -> float:
+                   start_per_s: float, met_at_start: bool | None = None) -> float:
     """The most requests per second within ``slo`` (0 when even a trickle misses it), at most the
-    `saturated_per_s` throughput: doubling from ``start_per_s`` until the targets fail, then
-    `_BISECTION_STEPS` halvings of the interval. Each
-    probe simulates ``cfg.requests``: past the capacity the queue (or, with a large batch limit,
-    the running batch and so the time per token) grows with every request, so fewer requests
-    read a higher capacity."""
+    `saturated_per_s` throughput: doubling from ``start_per_s`` (whether the targets hold there,
+    when the caller has simulated it: ``met_at_start``) until the targets fail, then
+    `_BISECTION_STEPS` halvings of the interval. Each probe simulates ``cfg.requests``: past the
+    capacity the queue (or, with a large batch limit, the running batch and so the time per token)
+    grows with every request, so fewer requests read a higher capacity."""
     def ok(rate: float) -> bool:
         return slo.met_by(simulate_serving(model, train, layout, hw, cfg.model_copy(update={"rate_per_s": rate})))
 
     most = saturated_per_s(model, train, layout, hw, cfg)
     low, high = 0.0, min(start_per_s, most)
-    while ok(high):
+    met = met_at_start if met_at_start is not None and high == start_per_s else ok(high)
+    while met:
         if high >= most:
             return most
         low, high = high, min(2 * high, most)
+        met = ok(high)
     for _ in range(_BISECTION_STEPS):
         mid = (low + high) / 2
         low, high = (mid, high) if ok(mid) else (low, mid)
@@ -116,8 +118,9 @@ def serve_options(model: ModelConfig, train: TrainConfig, hw: Machine, *, n_devi
                 result = simulate_serving(model, train, layout, hw, limited)
             except InfeasibleError:
                 break
-            options.append(ServeOption(layout=layout, max_batch=limit, at_rate=result, meets_slo=slo.met_by(result),
-                                       capacity_per_s=capacity_per_s(model, train, layout, hw, limited, slo, start_per_s=cfg.rate_per_s)))
+            met = slo.met_by(result)
+            capacity = capacity_per_s(model, train, layout, hw, limited, slo, start_per_s=cfg.rate_per_s, met_at_start=met)
+            options.append(ServeOption(layout=layout, max_batch=limit, at_rate=result, meets_slo=met, capacity_per_s=capacity))
     if not options:
         raise InfeasibleError(f"no layout of {n_devices} devices holds one request's KV cache beside {model.name}'s weights",
                               fix="add devices, or shorten --input-len/--output-len")

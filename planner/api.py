@@ -27,7 +27,7 @@ from costmodel.step.run_overheads import RunSettings, run_overheads
 from costmodel.step.simulator import simulate
 from planner.batch import BatchChoice, devices_batch, given_batch, planned_batch, starved_warning
 from planner.config import default_seq_len, load_model, model_notes, positions_note, train_config
-from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees
+from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees, expert_degree
 from planner.plan_schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
 from planner.request import PlannerName, PlanRequest, plan_request
 from planner.shardings import logical_rules, param_specs
@@ -107,7 +107,9 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     machine = train_machine(cluster, train)
     software = get_stack(request.stack) if isinstance(request.stack, str) else request.stack
     pins, where = request.pins, f"mesh {request.mesh}" if mesh_spec else f"{n_devices} devices"
-    splits = tuple(sorted({degrees(mesh_spec, k) for k in assignments(mesh_spec, max_cp=pins.cp or 1)})) if mesh_spec else None
+    kinds = assignments(mesh_spec, max_cp=pins.cp or 1) if mesh_spec else []
+    splits = tuple(sorted({degrees(mesh_spec, k) for k in kinds})) if mesh_spec else None
+    experts = tuple(sorted({expert_degree(k, mesh_spec.axis_sizes) for k in kinds})) if mesh_spec else None
     if not train.workload.runs_backward:  # serving: its own search
         splits = serving_splits(splits, pins, n_devices=n_devices, where=where, workload=train.workload.kind)
         return _serving_plan(cfg, train, cluster, machine, mesh=request.mesh, n_devices=n_devices, splits=splits, pins=pins)
@@ -117,7 +119,7 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     attention = request.attention or (Attention.MATERIALIZED if planner.shards_intra_op else software.attention)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
     offload = request.offload
-    unpinned = SearchSpace(splits=splits, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
+    unpinned = SearchSpace(splits=splits, expert_degrees=experts, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
                            lowered_only=True, intra_op=planner.shards_intra_op,
                            offload_when_nothing_fits=offload is None and not planner.shards_intra_op,
                            loss_pieces_when_nothing_fits=not planner.shards_intra_op)
@@ -200,12 +202,8 @@ def _checked_batch(batch: BatchChoice, best: StepEstimate, *, search: Callable[[
     except InfeasibleError:
         return batch
     warning = starved_warning(batch.sequences, best.mfu, better_sequences=better, better_mfu=other.mfu,
-                              layout_text=_degrees_text(best.layout), better_layout_text=_degrees_text(other.layout))
+                              layout_text=best.layout.degrees_text, better_layout_text=other.layout.degrees_text)
     return batch.model_copy(update={"warning": warning})
-
-
-def _degrees_text(layout: Layout) -> str:
-    return f"dp{layout.dp} tp{layout.tp} pp{layout.pp}" + (f" cp{layout.cp}" if layout.cp > 1 else "")
 
 
 def _sharded_intra_op(chosen: Plan, request: PlanRequest, machine: Machine, *, layouts_complete: bool,
@@ -282,13 +280,16 @@ def plan_of_layout(layout: Layout, predicted: StepEstimate, *, model: ModelConfi
     """
     wanted = (layout.dp, layout.tp, layout.pp, layout.cp)
     if mesh is None:
-        mesh_spec, kinds = _derived_mesh(*wanted)
+        mesh_spec, kinds = _derived_mesh(*wanted, layout.ep)
     else:
         mesh_spec = parse_mesh(mesh)
-        kinds = next((k for k in assignments(mesh_spec, max_cp=layout.cp) if degrees(mesh_spec, k) == wanted), None)
+        kinds = next((k for k in assignments(mesh_spec, max_cp=layout.cp) if degrees(mesh_spec, k) == wanted
+                      and expert_degree(k, mesh_spec.axis_sizes) == layout.ep), None)
         if kinds is None:
-            raise InvalidConfigError(f"mesh {mesh} cannot carry dp={layout.dp}, tp={layout.tp}, pp={layout.pp}, cp={layout.cp}",
-                                     fix="give a mesh whose axis sizes are those degrees, or leave the mesh out")
+            raise InvalidConfigError(f"mesh {mesh} cannot carry dp={layout.dp}, tp={layout.tp}, pp={layout.pp}, cp={layout.cp}"
+                                     + (f", ep={layout.ep}" if layout.ep > 1 else ""),
+                                     fix="give a mesh whose axis sizes are those degrees (an expert axis named expert=N), "
+                                         "or leave the mesh out")
     axes = _mesh_axes(mesh_spec, kinds, cluster)
     by_kind = _axes_by_kind(axes)
     return Plan(
@@ -352,7 +353,8 @@ def _mesh_axes(mesh_spec: MeshSpec, kinds: tuple[str, ...], cluster: ClusterSpec
 
 
 def _axes_by_kind(axes: tuple[MeshAxis, ...]) -> dict[str, tuple[str, ...]]:
-    return {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
+    by_kind = {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
+    return by_kind | {"dp": by_kind["ep"] + by_kind["dp"]}  # expert axes split the batch too (`Plan.axes_of`)
 
 
 def _activation_specs(lay: Layout, by_kind: dict[str, tuple[str, ...]]) -> dict[str, tuple]:
@@ -365,9 +367,9 @@ def _activation_specs(lay: Layout, by_kind: dict[str, tuple[str, ...]]) -> dict[
     }
 
 
-def _derived_mesh(dp: int, tp: int, pp: int, cp: int) -> tuple[MeshSpec, tuple[str, ...]]:
-    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
-    kinds = tuple(k for k in ("pp", "dp", "cp", "tp") if sizes[k] > 1) or ("dp",)
+def _derived_mesh(dp: int, tp: int, pp: int, cp: int, ep: int) -> tuple[MeshSpec, tuple[str, ...]]:
+    sizes = {"pp": pp, "dp": dp // ep, "cp": cp, "ep": ep, "tp": tp}
+    kinds = tuple(k for k in ("pp", "dp", "cp", "ep", "tp") if sizes[k] > 1) or ("dp",)
     return MeshSpec(axis_names=tuple(AXIS_NAMES[k] for k in kinds), axis_sizes=tuple(sizes[k] for k in kinds)), kinds
 
 

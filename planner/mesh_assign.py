@@ -1,10 +1,12 @@
 """Which parallelism rides each axis of a user's device mesh.
 
-Each mesh axis carries one kind of parallelism (data, tensor, pipeline, context); several
+Each mesh axis carries one kind of parallelism (data, tensor, pipeline, context, expert); several
 axes may carry the same kind (its degree is their product). Axis names the user pinned
 (``--mesh data=8,tensor=4``) fix their kind. Kinds are ordered from the fastest mesh axis
-(last, inside a node) to the slowest as Megatron-LM orders devices — tensor, context,
-data, pipeline — which is the device order the step simulator assumes.
+(last, inside a node) to the slowest as Megatron-LM orders devices — tensor, expert, context,
+data, pipeline — which is the device order the step simulator assumes. An expert axis also
+splits the batch (expert parallelism is a sub-group of data parallelism): only an axis named
+``expert`` (or ``ep``) carries it.
 
 >>> from costmodel.hardware.mesh import parse_mesh
 >>> [a for a in assignments(parse_mesh("8x4")) if a == ("dp", "tp")]
@@ -19,12 +21,13 @@ import math
 from costmodel.errors import InvalidConfigError
 from costmodel.hardware.mesh import MeshSpec
 
-KINDS = ("tp", "cp", "dp", "pp")  # fastest mesh axis first
+KINDS = ("tp", "ep", "cp", "dp", "pp")  # fastest mesh axis first
 PINNED_NAMES = {
     "data": "dp", "dp": "dp", "fsdp": "dp", "tensor": "tp", "tp": "tp", "model": "tp",
     "pipeline": "pp", "pp": "pp", "stage": "pp", "context": "cp", "cp": "cp", "sequence": "cp",
+    "expert": "ep", "ep": "ep",
 }
-AXIS_NAMES = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context"}
+AXIS_NAMES = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert"}
 MAX_MESH_AXES = 16
 
 
@@ -40,7 +43,7 @@ def assignments(mesh: MeshSpec, *, max_cp: int = 1) -> list[tuple[str, ...]]:
     options = []
     for name, size in zip(mesh.axis_names, mesh.axis_sizes):
         pinned = PINNED_NAMES.get(name.lower())
-        options.append((pinned,) if pinned else tuple(k for k in KINDS if k != "cp" or size <= max_cp))
+        options.append((pinned,) if pinned else tuple(k for k in KINDS if k != "ep" and (k != "cp" or size <= max_cp)))
     # Device order makes the kinds, fastest axis first, non-decreasing in KINDS: enumerate only
     # those (C(axes + 3, 3) of them) instead of every product of options.
     valid = []
@@ -51,12 +54,22 @@ def assignments(mesh: MeshSpec, *, max_cp: int = 1) -> list[tuple[str, ...]]:
     if not valid:
         raise InvalidConfigError(
             f"mesh axes {mesh.axis_names} cannot carry parallelism in device order (tensor innermost, pipeline outermost)",
-            fix="order named axes as pipeline, data, context, tensor (outer to inner)",
+            fix="order named axes as pipeline, data, context, expert, tensor (outer to inner)",
         )
     return sorted(valid)
 
 
 def degrees(mesh: MeshSpec, kinds: tuple[str, ...]) -> tuple[int, int, int, int]:
-    """(dp, tp, pp, cp) that ``kinds`` gives ``mesh``."""
+    """(dp, tp, pp, cp) that ``kinds`` gives ``mesh``; dp counts the expert axes too, which split the batch.
+
+    >>> from costmodel.hardware.mesh import parse_mesh
+    >>> degrees(parse_mesh("data=2,expert=8,tensor=4"), ("dp", "ep", "tp")), expert_degree(("dp", "ep", "tp"), (2, 8, 4))
+    ((16, 4, 1, 1), 8)
+    """
     by_kind = {k: math.prod(size for size, kind in zip(mesh.axis_sizes, kinds) if kind == k) for k in KINDS}
-    return by_kind["dp"], by_kind["tp"], by_kind["pp"], by_kind["cp"]
+    return by_kind["dp"] * by_kind["ep"], by_kind["tp"], by_kind["pp"], by_kind["cp"]
+
+
+def expert_degree(kinds: tuple[str, ...], sizes: tuple[int, ...]) -> int:
+    """The expert-parallel degree: the product of the axes carrying ep."""
+    return math.prod(size for size, kind in zip(sizes, kinds) if kind == "ep")

@@ -34,7 +34,8 @@ class MeshAxis(BaseModel):
 
     name: str = Field(description="Axis name as given (or axis0, axis1, ... for '8x4').")
     size: int = Field(description="Devices along the axis.")
-    parallelism: str = Field(description="dp, tp, pp or cp.")
+    parallelism: str = Field(description="dp, tp, pp, cp or ep (expert parallel: splits the experts, and the batch as data "
+                             "parallelism does).")
     links: tuple[str, ...] = Field(description="Link tiers its groups cross, e.g. ('nvlink4',).")
     nodes_spanned: int = Field(description="Nodes (TPU slices) one group along this axis spans.")
 
@@ -129,5 +130,8 @@ class Plan(BaseModel):
         return self.train.workload.kind
 
     def axes_of(self, parallelism: str) -> tuple[str, ...]:
-        """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp or cp)."""
-        return tuple(a.name for a in self.mesh if a.parallelism == parallelism and a.size > 1)
+        """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp, cp or ep). The data axes
+        include the expert axes, first: they split the batch too, and a batch split expert-major
+        lets the experts' region take its expert-axis share without moving rows."""
+        carried = ("ep", "dp") if parallelism == "dp" else (parallelism,)
+        return tuple(a.name for kind in carried for a in self.mesh if a.parallelism == kind and a.size > 1)

@@ -1,7 +1,8 @@
 """Logical-axis rules for a layout and the parameter shardings they give.
 
-Megatron's layout in logical terms: tensor parallelism splits attention heads, MLP width,
-vocabulary and experts; FSDP (ZeRO 3) splits the model width over the data axes;
+Megatron's layout in logical terms: tensor parallelism splits attention heads, MLP width
+(the experts' too) and vocabulary; expert parallelism splits the routed experts; FSDP (ZeRO 3)
+splits the model width over the data axes (an expert's over those its expert axes leave);
 pipeline parallelism splits the stacked layers over the pipeline axes. A dimension whose
 size its mesh axes do not divide stays replicated.
 
@@ -30,7 +31,7 @@ Rules = dict[LogicalAxis, tuple[str, ...]]
 def logical_rules(layout: Layout, axes: dict[str, tuple[str, ...]], model: ModelConfig) -> Rules:
     """Logical axis → mesh axes for ``layout``, given which mesh axes carry each parallelism."""
     tensor, data, pipeline = axes["tp"], axes["dp"], axes["pp"]
-    rules: Rules = {axis: () for axis in LogicalAxis}
+    rules: Rules = {axis: () for axis in LogicalAxis} | {LogicalAxis.EXPERTS: axes.get("ep", ())}
     for axis in (LogicalAxis.HEADS, LogicalAxis.MLP, LogicalAxis.VOCAB):
         rules[axis] = tensor
     if model.num_kv_heads % layout.tp == 0:
@@ -77,7 +78,8 @@ def zero_sharded_specs(model: ModelConfig, specs: dict[str, tuple[Any, ...]], da
                        mesh_shape: dict[str, int]) -> dict[str, tuple[Any, ...]]:
     """``specs`` with each array also split over ``data_axes`` (ZeRO's optimizer-state sharding).
 
-    The first dimension that is not yet sharded and that the data axes divide takes them;
+    The first dimension that is not yet sharded and that the data axes the array does not use
+    yet divide takes those (an expert's weights, split over the expert axes, take the rest);
     an array with none stays as it was.
     """
     shapes = {"/".join(str(p.key) for p in path): leaf.shape
@@ -92,17 +94,17 @@ def split_over_data(specs: dict[str, tuple[Any, ...]], shapes: dict[str, tuple[i
     >>> split_over_data({"a": (None, "tensor")}, {"a": (8, 4)}, ("data",), {"data": 2, "tensor": 4})
     {'a': ('data', 'tensor')}
     """
-    if not data_axes:
-        return dict(specs)
-    n_data = math.prod(mesh_shape[a] for a in data_axes)
     out = {}
     for path, dims in specs.items():
         used = {a for d in dims for a in ((d,) if isinstance(d, str) else d or ())}
+        free = tuple(a for a in data_axes if a not in used)
         new = list(dims)
-        if not used & set(data_axes):
+        if free:
+            n_free = math.prod(mesh_shape[a] for a in free)
             for i, (size, dim) in enumerate(zip(shapes[path], dims)):
-                if dim is None and size % n_data == 0:
-                    new[i] = data_axes[0] if len(data_axes) == 1 else data_axes
+                if dim is None and size % n_free == 0:
+                    new[i] = free[0] if len(free) == 1 else free
                     break
         out[path] = tuple(new)
     return out
+

@@ -40,12 +40,12 @@ _GIB = 2**30
 UNEVEN_RULE = "uneven stages are not lowered as planned yet"
 # XLA aborts on the embedding and head run whole per pipeline group (`validate.gpipe`).
 PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not lowered as planned yet"
-# The experts' tensor-parallel region (`validate.lowering.tensor_parallel_experts`) does not nest in a stage.
+# The experts' tensor-parallel region (`validate.mesh_hooks.expert_region`) does not nest in a stage.
 PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
 # There the program reduces inside its loop and keeps no split accumulator (`costmodel.step.kernels.forms_gradients_locally`).
-ZERO2_IN_LOOP_RULE = "ZeRO-2 beside tensor, context or pipeline axes, or under LoRA, is not lowered as planned yet"
+ZERO2_IN_LOOP_RULE = "ZeRO-2 beside tensor, context, expert or pipeline axes, or under LoRA, is not lowered as planned yet"
 LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
 # `validate.intraop_program` pins an intra-op choice in a program without stages; a pipeline would lower by the Megatron rules.
 INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stages are not lowered as chosen yet"
@@ -53,8 +53,13 @@ INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stage
 # (all-to-alls, permutes across both axes) the plan does not have.
 SP_PIPELINE_RULE = "sequence parallelism inside pipeline stages is not lowered as planned yet"
 LOSS_PIECES_PIPELINE_RULE = "the loss in pieces with pipeline stages is not lowered yet"
+# The experts' region (`validate.mesh_hooks.expert_region`) does not nest in a stage, a LoRA step or an intra-op program.
+EXPERT_LOWERING_RULE = "expert parallelism with pipeline stages, LoRA or intra-op shardings is not lowered yet"
+EXPERT_CP_RULE = "expert parallelism beside context parallelism is not planned yet"
 # Pieces the planner cuts the loss into when nothing fits whole (torchtune's chunked output loss: 8).
 LOSS_PIECES = 8
+# ZeRO's shards split the weights' width (`planner.shardings`): a degree that divides no dimension leaves them whole.
+ZERO_WIDTH_RULE = "ZeRO over a data-parallel degree that does not divide the model width is not lowered as planned yet"
 SP_TP_RULE = "sequence parallelism needs tp > 1"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -71,6 +76,9 @@ class SearchSpace(BaseModel):
     zero_stages: tuple[int, ...] = Field((0, 1, 2, 3), description="ZeRO stages tried.")
     interleaves: tuple[int, ...] = Field((1, 2, 3, 4), description="Model chunks per pipeline device tried (pp > 1).")
     max_cp: int = Field(1, description="Largest context-parallel degree tried.")
+    expert_degrees: tuple[int, ...] | None = Field(
+        None, description="Expert-parallel degrees tried on an MoE model (a mesh fixes it: its expert axes); None: every "
+        "divisor of the expert count that divides the data-parallel degree. Dense models take 1.")
     splits: tuple[tuple[int, int, int, int], ...] | None = Field(
         None, description="Allowed (dp, tp, pp, cp) degrees, e.g. those a fixed mesh can carry; None = every split."
     )
@@ -151,10 +159,11 @@ def tensor_parallel_in_node(layout: Layout, devices_per_node: int) -> bool:
     return layout.tp <= devices_per_node
 
 
-def _knobs(n_devices: int, space: SearchSpace) -> tuple[tuple, ...]:
+def _knobs(model: ModelConfig, n_devices: int, space: SearchSpace) -> tuple[tuple, ...]:
     """The value lists whose product is the raw candidate set, splits first."""
     splits = space.splits if space.splits is not None else tuple(degree_splits(n_devices, max_cp=space.max_cp))
-    return splits, space.micro_batches, space.recompute, space.zero_stages, space.interleaves
+    experts = (1,) if not model.is_moe else space.expert_degrees or tuple(divisors(model.num_experts))
+    return splits, experts, space.micro_batches, space.recompute, space.zero_stages, space.interleaves
 
 
 def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, space: SearchSpace, pruned: Counter[str], *,
@@ -164,13 +173,22 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
     Once ``time.perf_counter()`` passes ``deadline_s`` it stops, counting the candidates
     left under `TIME_LIMIT_RULE`.
     """
-    knobs = _knobs(n_devices, space)
+    knobs = _knobs(model, n_devices, space)
     total = math.prod(len(k) for k in knobs)
     stack = space.stack.model_dump()
-    for i, ((dp, tp, pp, cp), mb, recompute, zero, v) in enumerate(itertools.product(*knobs)):
+    for i, ((dp, tp, pp, cp), ep, mb, recompute, zero, v) in enumerate(itertools.product(*knobs)):
         if time.perf_counter() > deadline_s:
             pruned[TIME_LIMIT_RULE] += total - i
             return
+        if dp % ep:
+            pruned["expert parallelism not dividing data parallelism"] += 1
+            continue
+        if ep > 1 and cp > 1:
+            pruned[EXPERT_CP_RULE] += 1
+            continue
+        if ep > 1 and (pp > 1 or space.intra_op or not train.workload.trains_base_weights) and space.lowered_only:
+            pruned[EXPERT_LOWERING_RULE] += 1
+            continue
         if zero > 0 and dp == 1:
             pruned["ZeRO without data parallelism"] += 1
             continue
@@ -180,7 +198,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if pp > 1 and model.num_layers % (pp * v) and space.lowered_only:
             pruned[UNEVEN_RULE] += 1
             continue
-        if zero == 2 and space.lowered_only and (pp > 1 or tp > 1 or cp > 1 or not train.workload.trains_base_weights):
+        if zero == 2 and space.lowered_only and (pp > 1 or tp > 1 or cp > 1 or ep > 1 or not train.workload.trains_base_weights):
             pruned[ZERO2_IN_LOOP_RULE] += 1
             continue
         if pp > 1 and tp > 1 and zero >= 3 and space.lowered_only:
@@ -198,6 +216,9 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if pp > 1 and space.intra_op and space.lowered_only:
             pruned[INTRA_OP_PIPELINE_RULE] += 1
             continue
+        if zero >= 1 and model.hidden_size % dp and space.lowered_only:
+            pruned[ZERO_WIDTH_RULE] += 1
+            continue
         if tp > 1 and model.vocab_shards(tp) == 1 and zero >= 1 and space.lowered_only:
             pruned[UNSPLIT_VOCAB_ZERO_TP_RULE] += 1
             continue
@@ -206,7 +227,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             pruned[SP_TP_RULE if tp == 1 else SP_PIPELINE_RULE] += 1
             continue
         layout = Layout(**{
-            **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "recompute": recompute,
+            **stack, "dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "micro_batch": mb, "recompute": recompute,
             "sequence_parallel": sequence_parallel and space.sequence_parallel is not False, "zero_stage": zero, "interleave": v,
             "schedule": Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B,
         })
@@ -299,7 +320,7 @@ def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: 
 def _search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace, keep: int,
             time_limit_s: float, on_progress: Callable[[int, int], None] | None) -> SearchResult:
     deadline_s = time.perf_counter() + time_limit_s
-    total = math.prod(len(k) for k in _knobs(n_devices, space))
+    total = math.prod(len(k) for k in _knobs(model, n_devices, space))
     pruned: Counter[str] = Counter()
     fitting, missing, evaluated, costed = [], [], 0, 0
     for layout in candidate_layouts(model, train, n_devices, space, pruned, devices_per_node=machine.devices_per_node,

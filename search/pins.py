@@ -58,6 +58,8 @@ class LayoutPins(BaseModel):
     tp: PositiveInt | None = Field(None, description="Tensor-parallel degree (--tp); it divides the heads and stays in a node.")
     pp: PositiveInt | None = Field(None, description="Pipeline stages (--pp).")
     cp: PositiveInt | None = Field(None, description="Context-parallel degree (--cp).")
+    ep: PositiveInt | None = Field(None, description="Expert-parallel degree (--ep), MoE models: it divides the experts and "
+                                   "the data-parallel degree, whose devices it splits the experts over.")
     interleave: PositiveInt | None = Field(None, description="Model chunks per pipeline device, virtual stages (--interleave); "
                                            "above 1 needs pp > 1.")
     micro_batch: PositiveInt | None = Field(None, description="Sequences per micro-batch on one data-parallel replica "
@@ -147,6 +149,12 @@ def pinned_space(model: ModelConfig, train: TrainConfig, space: SearchSpace, pin
             update[field] = (getattr(pins, name),)
     if pins.sequence_parallel is not None:
         update["sequence_parallel"] = pins.sequence_parallel
+    if pins.ep is not None:
+        if space.expert_degrees is not None and pins.ep not in space.expert_degrees:
+            raise InvalidPlanError(f"--ep {pins.ep}: {where} has expert axes of {_or(list(space.expert_degrees))} devices",
+                                   fix=f"name a mesh axis expert={pins.ep} (e.g. --mesh data=N,expert={pins.ep}), or use --ep "
+                                       f"{_or(list(space.expert_degrees))}")
+        update["expert_degrees"] = (pins.ep,)
     return space.model_copy(update=update)
 
 
@@ -159,6 +167,11 @@ def _check_model(model: ModelConfig, pins: LayoutPins, *, devices_per_node: int)
     if pins.tp is not None and pins.tp > devices_per_node:
         raise InvalidPlanError(f"--tp {pins.tp} spans nodes: tensor parallelism stays inside a node of {devices_per_node} devices",
                                fix=f"use --tp {devices_per_node} or less (--devices-per-node overrides the profile)")
+    if pins.ep is not None and pins.ep > 1 and (not model.is_moe or model.num_experts % pins.ep):
+        raise InvalidPlanError(f"--ep {pins.ep}: {model.name} has no experts" if not model.is_moe else
+                               f"--ep {pins.ep} does not split {model.name}'s {model.num_experts} experts",
+                               fix="drop --ep (dense models have no experts)" if not model.is_moe else
+                                   f"use an --ep that divides {model.num_experts}")
     chunks = (pins.pp or 1) * (pins.interleave or 1)
     if chunks > model.num_layers:
         raise InvalidPlanError(f"--pp {pins.pp or 1} --interleave {pins.interleave or 1}: {model.name} has {model.num_layers} "

@@ -41,7 +41,7 @@ def reduces_over_data(plan: Plan) -> bool:
     return forms_gradients_locally(plan.train, plan.layout)
 
 
-def _data_dims(spec: PartitionSpec, data: set[str]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+def data_dims(spec: PartitionSpec, data: set[str]) -> tuple[tuple[int, tuple[str, ...]], ...]:
     """``(dimension, data axes)`` for each dimension of ``spec`` that names data axes."""
     found = []
     for dim, entry in enumerate(spec):
@@ -53,11 +53,11 @@ def _data_dims(spec: PartitionSpec, data: set[str]) -> tuple[tuple[int, tuple[st
 
 def _data_part(spec: PartitionSpec, data: set[str]) -> PartitionSpec:
     """``spec`` with only its data axes: the region's in/out spec (the other axes stay automatic)."""
-    dims = dict(_data_dims(spec, data))
+    dims = dict(data_dims(spec, data))
     return PartitionSpec(*(dims[d] if d in dims else None for d in range(len(spec))))
 
 
-def _gathered(dims: tuple[tuple[int, tuple[str, ...]], ...], reduce_dtype: Any) -> Callable[[jax.Array], jax.Array]:
+def gathered_over_data(dims: tuple[tuple[int, tuple[str, ...]], ...], reduce_dtype: Any) -> Callable[[jax.Array], jax.Array]:
     """A weight's whole (over the data axes) value from this device's shard, whose transpose
     reduce-scatters the gradient in ``reduce_dtype`` (the gathered dtype, but fp32 on the CPU
     backend: XLA:CPU aborts on 16-bit sums in a manual region, ``Invalid binary instruction
@@ -105,14 +105,14 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
     on_cpu = mesh.devices.flat[0].platform == "cpu"
 
     def gather(path: tuple[Any, ...], x: jax.Array, spec: PartitionSpec) -> jax.Array:
-        dims = _data_dims(spec, data)
+        dims = data_dims(spec, data)
         if not dims:
             return x
         # A weight matrix the program casts where used is cast first: gathered, and its gradient
         # reduced, in the compute dtype. The embedding tables are read as stored.
         if x.ndim >= 2 and path[0].key != "embed":
             x = x.astype(compute_dtype)
-        return _gathered(dims, jnp.float32 if on_cpu else None)(x)
+        return gathered_over_data(dims, jnp.float32 if on_cpu else None)(x)
 
     def weights(kind: str, held: Params) -> Params:
         return jax.tree_util.tree_map_with_path(gather, held, layer_specs if kind == "layers" else outer_specs)
@@ -122,10 +122,10 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
                                          loss_chunks=lay.stack.cross_entropy_chunks)
 
     sizes = {a.name: a.size for a in plan.mesh}
-    gathered = jax.tree.map(lambda s: bool(_data_dims(s, data)) and lay.zero_stage == 3, held_specs)
+    gathered = jax.tree.map(lambda s: bool(data_dims(s, data)) and lay.zero_stage == 3, held_specs)
 
     def scatter(g: jax.Array, spec: PartitionSpec) -> jax.Array:
-        for dim, axes in _data_dims(spec, data):
+        for dim, axes in data_dims(spec, data):
             g = jax.lax.psum_scatter(g, axes, scatter_dimension=dim, tiled=True)
         return g
 
@@ -135,13 +135,13 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
 
     def after_loop(g: jax.Array, spec: PartitionSpec, done: bool) -> jax.Array:
         # ZeRO-3's gathered weights were reduced by their gathers' transposes, ZeRO-2's split ones each micro-batch.
-        if done or (lay.zero_stage == 2 and _data_dims(spec, data)):
+        if done or (lay.zero_stage == 2 and data_dims(spec, data)):
             return g
-        return scatter(g, spec) if _data_dims(spec, data) else jax.lax.psum(g, data_axes)
+        return scatter(g, spec) if data_dims(spec, data) else jax.lax.psum(g, data_axes)
 
     def accumulated_shape(p: jax.Array, spec: PartitionSpec) -> tuple[int, ...]:
         shape = list(p.shape)
-        for dim, axes in _data_dims(spec, data) if lay.zero_stage == 2 else ():
+        for dim, axes in data_dims(spec, data) if lay.zero_stage == 2 else ():
             shape[dim] //= math.prod(sizes[a] for a in axes)
         return tuple(shape)
 

@@ -49,9 +49,9 @@ from validate.mesh_hooks import (
     REMAT_POLICY,
     activation_constraint,
     embedding_lookup,
+    expert_region,
     kv_cache_spec,
     residual_storage,
-    tensor_parallel_experts,
     token_spec,
 )
 from validate.one_f_one_b import one_f_one_b_loss_and_grads, runs_one_f_one_b
@@ -232,7 +232,7 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     if lay.pp > 1:
         return gpipe_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     hooks = {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
-             "experts": tensor_parallel_experts(plan, mesh), "keep_residuals": residual_storage(mesh)}
+             "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh)}
     if reduces_over_data(plan):
         param_specs, opt_specs, _ = input_specs(plan)
         return data_parallel_loss_and_grads(plan, mesh, param_specs, opt_specs["m"], remat=REMAT_POLICY[lay.recompute], hooks=hooks)

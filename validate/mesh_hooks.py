@@ -3,7 +3,7 @@
 The training step (`validate.lowering`), its pipeline schedules (`validate.gpipe`,
 `validate.one_f_one_b`) and the serving programs (`validate.serving`) all run the reference
 programs of `planner.programs` with these: the mesh, the plan's activation specs as sharding
-constraints, the vocab-parallel embedding, tensor-parallel experts, how residuals are stored,
+constraints, the vocab-parallel embedding, the experts' region, how residuals are stored,
 and the KV cache's split.
 """
 
@@ -21,6 +21,7 @@ from costmodel.inputs.layout import Recompute
 from planner.plan_schema import Plan
 from planner.programs.residuals import residuals_as_bits
 from planner.programs.transformer import Experts, KeepResiduals
+from validate.data_parallel_region import data_dims, gathered_over_data
 
 # The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
 # are closest to Megatron's selective policy (keep the weight matmuls).
@@ -134,37 +135,73 @@ def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array],
     return lookup
 
 
-def tensor_parallel_experts(plan: Plan, mesh: Mesh) -> Experts:
-    """Megatron's MoE layer under tensor parallelism without expert parallelism: every device
-    of the tensor axes dispatches all tokens and runs every expert on its slice of the
-    experts' hidden dimension (``w_in``/``w_gate`` split by columns, ``w_out`` by rows), and a
-    sum over the tensor axes completes the layer's output — one all-reduce of ``[tokens, D]``
-    in the forward and, as the transpose of taking the whole input, one of its gradient in the
-    backward, as a dense MLP has. Left to XLA, the dispatch buffers (``k · 1.25`` times the
-    tokens) were all-reduced instead. On the CPU backend, which has no 16-bit arithmetic, the
-    region computes in float32: XLA aborts on its 16-bit sums there, over the manual axes and
-    over the others alike (``Invalid binary instruction opcode copy``, jax 0.10.2)."""
-    tensor = set(plan.axes_of("tp"))
-    region_dtype = jnp.float32 if mesh.devices.flat[0].platform == "cpu" else jnp.dtype(plan.train.compute_dtype.value)
+def expert_region(plan: Plan, mesh: Mesh) -> Experts:
+    """The MoE layer's experts in a region manual over the tensor axes, and under expert
+    parallelism over the data axes too, as Megatron runs them.
+
+    Tensor parallelism: every device of the tensor axes dispatches all its tokens and runs its
+    experts on its slice of their hidden dimension (``w_in``/``w_gate`` split by columns, ``w_out``
+    by rows), and a sum over the tensor axes completes the layer's output — one all-reduce of
+    ``[tokens, D]`` in the forward and, as the transpose of taking the whole input, one of its
+    gradient in the backward, as a dense MLP has. Left to XLA, the dispatch buffers (``k · 1.25``
+    times the tokens) were all-reduced instead.
+
+    Expert parallelism: each device enters with its own sequences (the region is manual over every
+    data axis: over only the expert axes, XLA replicated the dispatch gather's operand over the
+    others, jax 0.10.2), fills every expert's buffer for them, and an all-to-all over the expert
+    axes hands each expert's buffers (inputs and routing weights) to the device holding that expert;
+    another hands the outputs back — four in the forward, their transposes in the backward. Weights
+    ZeRO-3 splits over the remaining data axes are gathered in the region's dtype (their gradients
+    reduce-scattered back); the others' gradients are summed over those axes as the region ends.
+
+    On the CPU backend, which has no 16-bit arithmetic, the region computes in float32: XLA aborts
+    on its 16-bit sums there, over the manual axes and over the others alike (``Invalid binary
+    instruction opcode copy``, jax 0.10.2)."""
     spec = plan.param_specs.get("layers/moe/w_in")
-    split = spec[3] if spec is not None else None
-    f_axes = tuple(a for a in ((split,) if isinstance(split, str) else split or ()) if a in tensor)
-    if not f_axes:
+    if spec is None:
         return lambda fn: fn
-    columns, rows = PartitionSpec(None, None, f_axes), PartitionSpec(None, f_axes, None)
+
+    def named(entry: Any, carried: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in carried)
+
+    f_axes, e_axes = named(spec[3], plan.axes_of("tp")), named(spec[1], plan.axes_of("ep"))
+    if not f_axes and not e_axes:
+        return lambda fn: fn
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
+    region_dtype = jnp.float32 if on_cpu else jnp.dtype(plan.train.compute_dtype.value)
+    data = plan.axes_of("dp") if e_axes else ()
+    manual = set(f_axes + data)
+    batch = PartitionSpec(data or None)
+
+    def local_spec(name: str) -> PartitionSpec:  # a stacked weight's spec in the layer loop, its manual axes only
+        return PartitionSpec(*(tuple(a for a in named(d, tuple(manual))) or None for d in plan.param_specs[f"layers/moe/{name}"][1:]))
+
+    def exchange(split_axis: int, concat_axis: int) -> Callable[[jax.Array], jax.Array]:
+        if not e_axes:
+            return lambda x: x
+        return lambda x: jax.lax.all_to_all(x, e_axes, split_axis, concat_axis, tiled=True)
+
+    def whole(w: jax.Array | None, spec: PartitionSpec) -> jax.Array | None:  # over the data axes ZeRO-3 splits it on
+        dims = data_dims(spec, set(data) - set(e_axes))
+        if w is None or not dims:
+            return w
+        return gathered_over_data(dims, jnp.float32 if on_cpu else None)(w.astype(region_dtype))
 
     def wrap(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
         def region(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, w_in: jax.Array, w_gate: jax.Array | None,
                    w_out: jax.Array) -> jax.Array:
-            def local(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, *weights: Any) -> jax.Array:
-                # Varying from the start, so the backward sums the gradient of the layer's input
-                # ([tokens, D]) over the tensor axes, not that of the dispatched copies.
-                x_BxSxD, weight_BxExC = jax.lax.pcast((x_BxSxD, weight_BxExC), f_axes, to="varying")
-                return jax.lax.psum(fn(x_BxSxD, token_BxExC, weight_BxExC, *weights), f_axes)
+            specs = (local_spec("w_in"), local_spec("w_gate") if w_gate is not None else None, local_spec("w_out"))
 
-            whole = PartitionSpec()
-            in_specs = (whole, whole, whole, columns, columns if w_gate is not None else None, rows)
-            y_BxSxD = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=whole, axis_names=set(f_axes))(
+            def local(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, *weights: Any) -> jax.Array:
+                weights = tuple(whole(w, s) for w, s in zip(weights, specs))
+                if f_axes:
+                    # Varying from the start, so the backward sums the gradient of the layer's input
+                    # ([tokens, D]) over the tensor axes, not that of the dispatched copies.
+                    x_BxSxD, weight_BxExC = jax.lax.pcast((x_BxSxD, weight_BxExC), f_axes, to="varying")
+                y_BxSxD = fn(x_BxSxD, token_BxExC, weight_BxExC, *weights, to_experts=exchange(1, 0), from_experts=exchange(0, 1))
+                return jax.lax.psum(y_BxSxD, f_axes) if f_axes else y_BxSxD
+
+            y_BxSxD = jax.shard_map(local, mesh=mesh, in_specs=(batch, batch, batch, *specs), out_specs=batch, axis_names=manual)(
                 x_BxSxD.astype(region_dtype), token_BxExC, weight_BxExC.astype(region_dtype), w_in, w_gate, w_out)
             return y_BxSxD.astype(x_BxSxD.dtype)
 

@@ -39,14 +39,17 @@ partitioning XLA gives it, term by term, each with a one-line reason:
 
 Also predicted: ZeRO 1/2/3 (whole-gradient all-reduces, per-layer weight gathers in forward
 and backward, the embedding's row-gradient exchange, updated-parameter gathers), sequence
-parallelism, MoE experts without expert parallelism, the flash kernel's causal blocks.
+parallelism, MoE experts, the flash kernel's causal blocks.
 Pipelines with ZeRO, tied embeddings or a table not split over the vocabulary follow the
 same rules: the lowering runs the embedding and head whole on every pipeline group.
 
-Not predicted yet (reported as such): context and expert parallelism, pipelines with
+Expert parallelism: the all-to-alls of the experts' region (`_expert_exchanges`); each expert's
+gradients are summed over the data axes its expert axes leave.
+
+Not predicted yet (reported as such): context parallelism, pipelines with
 uneven stages (their layers are gathered per stage), and pipelines with ZeRO-3 and tensor
 parallelism (`validate.gpipe.runs_outer_whole`) or with MoE layers and tensor parallelism
-(`validate.lowering.tensor_parallel_experts` is not nested in the pipeline's region).
+(`validate.mesh_hooks.expert_region` is not nested in the pipeline's region).
 
 >>> from costmodel.inputs.layout import Layout
 >>> from planner.api import layout_plan
@@ -91,7 +94,7 @@ def unpredicted_features(plan: Plan) -> list[str]:
     even = plan.model.num_layers % lay.pp == 0 and len(set(lay.stage_layers or (0,))) == 1
     features = {"uneven pipeline stages": lay.pp > 1 and not even, _SPLIT_BY_XLA: lay.pp > 1 and not runs_outer_whole(plan),
                 "MoE layers with tensor parallelism inside pipelines": lay.pp > 1 and lay.tp > 1 and plan.model.is_moe,
-                "context parallelism": lay.cp > 1, "expert parallelism": lay.ep > 1}
+                "context parallelism": lay.cp > 1}
     return [name for name, on in features.items() if on]
 
 
@@ -150,7 +153,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         total += micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.train, lay)
     if platform == "cpu":
         total += logits_bytes
-        if _tensor_parallel_experts_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
+        if _expert_region_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
             # The experts' tensor-parallel region computes in fp32 there: what it keeps is fp32.
             kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)
             total += kept * plan.model.num_layers * (F32_BYTES / plan.train.compute_dtype.bytes - 1)
@@ -205,13 +208,15 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len
     params = param_shards(plan)
     out: list[PredictedCollective] = []
-    experts_bytes = _tensor_parallel_experts_bytes(plan, platform)
+    experts_bytes = _expert_region_bytes(plan, platform)
+    if plan.axes_of("ep"):
+        out += _expert_exchanges(plan, runs, experts_bytes)
     if tensor:
         def split(key: str, dim: int) -> bool:
             name = f"layers/{key}"
             return name in params and params[name][1][dim] is not None
 
-        if experts_bytes:
+        if experts_bytes and split("moe/w_in", 3):
             dispatched = lay.micro_batch * model.num_experts * moe_capacity(model, train.seq_len)
             out += [PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=act * experts_bytes, calls=runs.layer_runs,
                                         why="MoE: the experts' output summed over the tensor axes, forward"),
@@ -266,6 +271,25 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
                                 why="embedding output's gradient summed over the stages (fp32)"),
         ]
     return out
+
+
+def _expert_exchanges(plan: Plan, runs: ProgramRuns, element_bytes: int) -> list[PredictedCollective]:
+    """Expert parallelism's all-to-alls over the expert axes (`validate.mesh_hooks.expert_region`), per
+    layer and micro-batch: the dispatched inputs ``[b, E, C, D]`` to their experts and the outputs
+    back in the forward, the transposes of both in the backward, and full recompute's inputs once
+    more (the outputs' return is dead there); the routing weights ``[b, E, C]`` to the experts in
+    the forward, their gradient back, and once more in the backward, which recomputes them from the
+    router's kept probabilities rather than keeping the exchanged copy."""
+    model, lay, train = plan.model, plan.layout, plan.train
+    slots = lay.micro_batch * model.num_experts * moe_capacity(model, train.seq_len)
+    tokens = 4 + (lay.recompute is Recompute.FULL)
+    return [
+        PredictedCollective(kind="all-to-all", axes=plan.axes_of("ep"), bytes_per_call=slots * model.hidden_size * element_bytes,
+                            calls=tokens * runs.layer_runs, why="MoE: dispatched tokens to their experts' devices and the "
+                            "outputs back, forward and backward" + (", inputs again for full recompute" if tokens > 4 else "")),
+        PredictedCollective(kind="all-to-all", axes=plan.axes_of("ep"), bytes_per_call=slots * element_bytes, calls=3 * runs.layer_runs,
+                            why="MoE: routing weights to the experts' devices (forward, recomputed in backward) and their gradient back"),
+    ]
 
 
 def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, experts: bool) -> list[PredictedCollective]:
@@ -323,12 +347,12 @@ def _down_projection_params(model: ModelConfig, seq_len: int) -> float:
     return routed / (3 if model.mlp.gated else 2) + model.shared_expert_ffn_size * model.hidden_size
 
 
-def _tensor_parallel_experts_bytes(plan: Plan, platform: str) -> int:
-    """Bytes per element of what the experts' tensor-parallel region (`validate.lowering.tensor_parallel_experts`)
-    sums and of its weights' gradients (fp32 on the CPU backend, where the region computes in
-    fp32); 0 when the experts do not run in one."""
+def _expert_region_bytes(plan: Plan, platform: str) -> int:
+    """Bytes per element of what the experts' region (`validate.mesh_hooks.expert_region`) sums or
+    exchanges and of its weights' gradients (fp32 on the CPU backend, where the region computes in
+    fp32); 0 when the experts do not run in one (neither tensor nor expert axes split them)."""
     spec = plan.param_specs.get("layers/moe/w_in")
-    if not plan.axes_of("tp") or spec is None or spec[3] is None or plan.layout.pp > 1:
+    if spec is None or plan.layout.pp > 1 or not ((plan.axes_of("tp") and spec[3]) or (plan.axes_of("ep") and spec[1])):
         return 0
     return F32_BYTES if platform == "cpu" else plan.train.compute_dtype.bytes
 

@@ -30,7 +30,7 @@ def _is_bias(name: str) -> bool:
 
 def _data_split(spec: tuple[Any, ...], axes: tuple[str, ...], sizes: dict[str, int]) -> int:
     """How many ways ``spec`` splits an array over the mesh axes ``axes``."""
-    return math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d) if a in axes)
+    return math.prod(sizes[a] for a in _axes_in(spec) if a in axes)
 
 
 ParamShards = dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]
@@ -119,8 +119,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
     data = plan.axes_of("dp")
     sizes = {a.name: a.size for a in plan.mesh}
     e = train.compute_dtype.bytes
-    whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}  # elements before the data split
-    split = {n for n, (_, spec, _) in params.items() if _data_split(spec, data, sizes) > 1}
+    over = reduction_axes(plan, params)
+    whole = {n: el * _data_split(spec, over[n], sizes) for n, (el, spec, _) in params.items()}  # elements before the data split
+    split = {n for n, (_, spec, _) in params.items() if _data_split(spec, over[n], sizes) > 1}
     vocab, _ = params["embed/tokens"][1]
     # Tokens the embedding takes per execution: a pipeline embeds all its micro-batches at once.
     outer_tokens = runs.outer_micro_batches * lay.micro_batch * train.seq_len // lay.cp
@@ -135,7 +136,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
     rows = lay.zero_stage >= 1 and vocab is None and (exchanged or fewer_rows)  # not the vocab-parallel lookup (`embedding_lookup`)
     # The experts' tensor-parallel region takes its weights and forms their gradients in its own dtype.
     element_bytes = {n: experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e for n in whole}
-    layer_bytes = sum(_grad_bytes(n, whole[n], element_bytes[n]) / runs.layers_held for n in whole if n.startswith("layers/"))
+    experts = {n for n in whole if over[n] != data}
+    layer_bytes = sum(_grad_bytes(n, whole[n], element_bytes[n]) / runs.layers_held for n in whole
+                      if n.startswith("layers/") and n not in experts)
     other_bytes = sum(_grad_bytes(n, whole[n], e) for n in whole if not n.startswith("layers/"))
     positions = "embed/positions" in whole and rows
     if positions:
@@ -146,9 +149,15 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
         other_bytes += whole["embed/tokens"] * F32_BYTES
     head_bytes = (sum(_grad_bytes(n, whole[n], e) for n in ("lm_head/w", "final_norm/scale", "final_norm/bias") if n in whole)
                   + (whole["embed/tokens"] * F32_BYTES if model.tie_embeddings else 0))
+    expert_axes = next((over[n] for n in experts), ())
     out = [
         PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
                             why="layer gradients, every micro-batch (every tick when pipelined)"),
+        *([PredictedCollective(kind="reduce-scatter" if lay.zero_stage == 3 else "all-reduce", axes=expert_axes, calls=runs.layer_runs,
+                               bytes_per_call=sum(_grad_bytes(n, whole[n], element_bytes[n]) for n in experts) / runs.layers_held,
+                               why="expert gradients summed over the data axes their expert axes leave as the experts' region "
+                                   "ends (ZeRO-3: reduce-scattered to the shards it gathered), every micro-batch")]
+          if expert_axes else []),
         PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes - head_bytes, calls=runs.outer_calls,
                             why="embedding gradients, every micro-batch (once when pipelined)"),
         PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=head_bytes, calls=runs.head_gradients,
@@ -182,10 +191,11 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
         (recomputed, 1, "ZeRO-3: a layer's weights gathered once more for full recompute (sequence parallel)"),
         ([n for n in layer_split if _is_bias(n)], 1, "ZeRO-3: a layer's biases gathered for its forward"),
     ):
-        gathered = sum(whole[n] * element_bytes[n] for n in names)
-        if gathered:
-            out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered / runs.layers_held,
-                                           calls=calls * runs.layer_runs, why=why))
+        for axes, group in _by_axes(names, over):
+            gathered = sum(whole[n] * element_bytes[n] for n in group)
+            if gathered:
+                out.append(PredictedCollective(kind="all-gather", axes=axes, bytes_per_call=gathered / runs.layers_held,
+                                               calls=calls * runs.layer_runs, why=why))
     head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
     if "embed/tokens" in split and not rows and not model.tie_embeddings:
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole["embed/tokens"] * F32_BYTES, calls=1,
@@ -201,7 +211,36 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
             out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=whole[head] * F32_BYTES, calls=1,
                                            why="ZeRO-3: the tied table gathered again for the vocab-parallel lookup (fp32)"))
     if lay.zero_stage >= 1:
-        gathered = sum(whole[n] for n in whole if n not in split) * F32_BYTES
-        out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=gathered, calls=1,
-                                       why="ZeRO: updated fp32 parameters (those not kept split) gathered from their data shards"))
+        for axes, group in _by_axes([n for n in whole if n not in split], over):
+            out.append(PredictedCollective(kind="all-gather", axes=axes, bytes_per_call=sum(whole[n] for n in group) * F32_BYTES, calls=1,
+                                           why="ZeRO: updated fp32 parameters (those not kept split) gathered from their data shards"))
     return out
+
+
+def reduction_axes(plan: Plan, params: ParamShards) -> dict[str, tuple[str, ...]]:
+    """Parameter path → the data axes its gradient is summed over: all of them, but for a routed
+    expert's weights those the expert axes leave (each expert lives on its own expert-axis devices).
+
+    >>> from costmodel.inputs.layout import Layout
+    >>> from planner.api import layout_plan
+    >>> from validate.program_runs import param_shards
+    >>> p = layout_plan("mixtral-8x7b", Layout(dp=16, ep=8, zero_stage=1), hardware="h100-sxm", global_batch=16, seq_len=512)
+    >>> axes = reduction_axes(p, param_shards(p))
+    >>> axes["layers/moe/w_in"], axes["layers/attn/wq"]
+    (('data',), ('expert', 'data'))
+    """
+    data, experts = plan.axes_of("dp"), set(plan.axes_of("ep"))
+    spread = {n for n, (_, spec, _) in params.items() if n.startswith("layers/moe/w_") and experts & set(_axes_in(spec))}
+    return {n: tuple(a for a in data if a not in experts) if n in spread else data for n in params}
+
+
+def _axes_in(spec: tuple[Any, ...]) -> tuple[str, ...]:
+    return tuple(a for d in spec if d for a in ((d,) if isinstance(d, str) else d))
+
+
+def _by_axes(names: list[str], over: dict[str, tuple[str, ...]]) -> list[tuple[tuple[str, ...], list[str]]]:
+    """``names`` grouped by the axes they are reduced or gathered over (groups without axes dropped)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for n in names:
+        groups.setdefault(over[n], []).append(n)
+    return [(axes, group) for axes, group in groups.items() if axes]

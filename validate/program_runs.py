@@ -43,13 +43,14 @@ class PredictedCollective(BaseModel):
         return self.bytes_per_call * self.calls
 
 
-def param_shards(plan: Plan) -> dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]:
-    """Parameter path → (elements per device, spec, global shape)."""
+def param_shards(plan: Plan, specs: dict[str, tuple[Any, ...]] | None = None) -> dict[str, tuple[float, tuple[Any, ...], tuple[int, ...]]]:
+    """Parameter path → (elements per device, spec, global shape), under the plan's ``param_specs``
+    or the given ``specs`` (e.g. ZeRO's moment specs)."""
     sizes = {a.name: a.size for a in plan.mesh}
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(plan.model))[0]:
         name = "/".join(str(p.key) for p in path)
-        spec = plan.param_specs[name]
+        spec = (specs or plan.param_specs)[name]
         split = math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d))
         out[name] = (math.prod(leaf.shape) / split, spec, leaf.shape)
     return out

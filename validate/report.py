@@ -44,6 +44,7 @@ from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Offload
 from costmodel.inputs.workload import FrozenDtype
 from planner.plan_schema import Plan
+from planner.shardings import zero_sharded_specs
 from validate import intraop_predict
 from validate.compile_check import CompileReport
 from validate.intraop_program import intra_op_program
@@ -57,6 +58,7 @@ from validate.predict import (
 )
 from validate.predict_lora import lora_argument_bytes, lora_collectives, lora_matmul_flops, lora_memory_bytes, lora_unpredicted_features
 from validate.predict_serving import serving_argument_bytes, serving_collectives, serving_matmul_flops
+from validate.program_runs import param_shards
 
 MEMORY_TOLERANCE = 0.15
 FLOPS_TOLERANCE = 0.02
@@ -102,9 +104,11 @@ def predicted_argument_bytes(plan: Plan) -> float:
 
 def _train_argument_bytes(plan: Plan) -> float:
     lay, train = plan.layout, plan.train
-    n = parameters_per_device(plan)
-    params = n * train.param_dtype.bytes
-    moments = n * 2 * train.optimizer_dtype.bytes / (lay.dp if lay.zero_stage in (1, 2) else 1)
+    params = parameters_per_device(plan) * train.param_dtype.bytes
+    moment_specs = plan.param_specs
+    if lay.zero_stage >= 1:  # as `validate.lowering` splits them (an expert's over the data axes its expert axes leave)
+        moment_specs = zero_sharded_specs(plan.model, plan.param_specs, plan.axes_of("dp"), {a.name: a.size for a in plan.mesh})
+    moments = sum(el for el, _, _ in param_shards(plan, moment_specs).values()) * 2 * train.optimizer_dtype.bytes
     batch = 2 * train.global_batch * train.seq_len * 4 / (lay.dp * lay.cp)  # int32 tokens and targets
     return params + moments + batch
 
@@ -190,14 +194,15 @@ def features_not_predicted(plan: Plan) -> list[str]:
 
 
 def _collective_checks(report: CompileReport, predicted: list[PredictedCollective] | None, tolerance: float) -> list[Check]:
-    """One row per collective kind and mesh axes; ``predicted`` None where the plan's collectives are not predicted."""
+    """One row per collective kind and set of mesh axes (the batch's split names the expert axes
+    first, XLA's groups name axes in mesh order); ``predicted`` None where the plan's collectives are not predicted."""
     actual: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     for c in report.collectives:
         if c.axes:
-            actual[(c.kind, c.axes)] += c.total_bytes
+            actual[(c.kind, tuple(sorted(c.axes)))] += c.total_bytes
     totals: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
     for p in predicted or []:
-        totals[(p.kind, p.axes)] += p.total_bytes
+        totals[(p.kind, tuple(sorted(p.axes)))] += p.total_bytes
     floor = NEGLIGIBLE_TRAFFIC_SHARE * sum(actual.values())
     return [Check(item=f"{kind} bytes", axis="+".join(axes), actual=actual.get((kind, axes), 0.0),
                   predicted=None if predicted is None else totals.get((kind, axes), 0.0), tolerance=tolerance, floor=floor)

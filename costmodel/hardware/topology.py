@@ -45,12 +45,16 @@ def placement(size: int, stride: int, devices_per_node: int) -> Placement:
     Placement(per_node=2, n_nodes=4, rail_aligned=True, pair=False)
     >>> placement(4, 3, 8).rail_aligned  # ranks 0, 3 | 6, 9 = rank 1 of the next node
     False
+    >>> placement(9, 16, 72).n_nodes  # ranks 0-64 | 80-128: a stride that does not divide the node
+    2
     """
     per_node = max(1, min(size, devices_per_node // stride)) if stride < devices_per_node else 1
     # The inter-node phase pairs member j of one node with member j of the next, per_node·stride
     # devices on: the same local rank exactly when that distance is whole nodes.
     rail_aligned = per_node * stride % devices_per_node == 0
-    return Placement(per_node, max(1, -(-size // per_node)), rail_aligned, pair=per_node == 2 and stride == 1)
+    # A stride shorter than a node leaves no node of the span without a member.
+    n_nodes = (size - 1) * stride // devices_per_node + 1 if stride < devices_per_node else size
+    return Placement(per_node, n_nodes, rail_aligned, pair=per_node == 2 and stride == 1)
 
 
 class _Tiers(NamedTuple):

@@ -94,6 +94,16 @@ class Layout(BaseModel):
         """
         return self.stage_layers[stage] if self.stage_layers else math.ceil(num_layers / self.pp)
 
+    @property
+    def degrees_text(self) -> str:
+        """The parallel degrees in one word each, context and expert only where used.
+
+        >>> Layout(dp=16, tp=4, ep=8).degrees_text
+        'dp16 tp4 pp1 ep8'
+        """
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" cp{self.cp}" if self.cp > 1 else "")
+                + (f" ep{self.ep}" if self.ep > 1 else ""))
+
     def micro_batches(self, train: TrainConfig) -> int:
         """Micro-batches each pipeline processes per step (gradient accumulation steps)."""
         return train.global_batch // (self.dp * self.micro_batch)

@@ -66,7 +66,8 @@ from costmodel.inputs.model_config import ModelConfig, Positions
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.record import Record
 from costmodel.step.activations import activation_bytes_per_layer
-from costmodel.step.data_parallel import frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device, stage_trainable_params
+from costmodel.step.data_parallel import (data_sharded_params, frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device,
+                                         spread_over_data, stage_expert_params, stage_trainable_params)
 from costmodel.step.fp8_memory import fp8_weight_copy_bytes
 from costmodel.step.kernels import forms_gradients_locally, holds_master_weights
 from costmodel.step.lockstep import in_flight_slots, runs_lockstep
@@ -186,7 +187,10 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     master_weights = holds_master_weights(train, layout)
     separate_master = mixed and not master_weights
     optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + train.moment_bytes_per_param
-    params = n * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes) / (dp if zero >= 3 else 1)
+    def sharded(shards: int) -> float:  # the stage's trained parameters split ``shards`` ways over data
+        return data_sharded_params(model, train, layout, stage, shards)
+
+    params = sharded(dp if zero >= 3 else 1) * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes)
     fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
     if train.workload.trains_base_weights:
         frozen = 0.0
@@ -198,15 +202,15 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     grad_split = gradient_split(train, layout)
     grad_shards = 1 if n_micro > 1 and layout.stack.unsharded_grad_accumulation else grad_split
     grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
-    grads = n * grad_bytes / grad_shards + frozen_grad_bytes(model, train, layout, stage) / grad_shards
+    grads = sharded(grad_shards) * grad_bytes + frozen_grad_bytes(model, train, layout, stage) / grad_shards
     if train.optimizer_in_backward:  # each gradient applied and freed as it is formed: the largest weight's at most
         grads = min(grads, _largest_param(model, layout, ends=first or last) * grad_bytes / grad_split)
-    optimizer = n * optimizer_per_param / (dp if zero >= 1 else 1)
+    optimizer = sharded(dp if zero >= 1 else 1) * optimizer_per_param
     offloaded = layout.offload is Offload.OPTIMIZER
     host = None
     if offloaded:  # ZeRO-Offload: state and fp32 gradients of the dp partition on the host, a bucket on the device
         grads, optimizer = device_grad_bytes(n, _largest_param(model, layout, ends=first or last), train), 0.0
-        host = host_memory(n / dp, train, micro_batches=n_micro, capacity_bytes=host_capacity_bytes)
+        host = host_memory(sharded(dp), train, micro_batches=n_micro, capacity_bytes=host_capacity_bytes)
 
     layers = layout.layers_on_stage(model.num_layers, stage)
     sb = layout.micro_batch * train.seq_len / layout.cp
@@ -216,7 +220,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
 
     temporary = 0.0
     if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
-        temporary += micro_batch_gradient_bytes(n, train, layout)
+        temporary += micro_batch_gradient_bytes(n, train, layout, expert_params=stage_expert_params(model, train, layout, stage))
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)
@@ -270,11 +274,12 @@ def gradient_split(train: TrainConfig, layout: Layout) -> int:
     return layout.dp if layout.zero_stage >= split_from else 1
 
 
-def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout) -> float:
+def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout, *, expert_params: float = 0.0) -> float:
     """One micro-batch's gradient of ``params`` parameters, held beside the accumulator while it is
     added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer,
     but where the gradients are formed locally (`forms_gradients_locally`) only after the whole
-    backward): fp32 where the weights are the master copy, else in the compute dtype.
+    backward): fp32 where the weights are the master copy, else in the compute dtype. The
+    ``expert_params`` among them split only over their expert-data-parallel group.
 
     >>> from costmodel.inputs.stack import stack_with
     >>> train = TrainConfig(seq_len=1024, global_batch=8)
@@ -283,7 +288,7 @@ def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout
     """
     dtype = train.param_dtype if holds_master_weights(train, layout) else train.compute_dtype
     whole = forms_gradients_locally(train, layout) and layout.zero_stage == 2
-    return params * dtype.bytes / (1 if whole else gradient_split(train, layout))
+    return spread_over_data(params, expert_params, 1 if whole else gradient_split(train, layout), layout.ep) * dtype.bytes
 
 
 def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int = 0) -> float:

@@ -88,7 +88,7 @@ def column_parallel_reductions(model: ModelConfig, layout: Layout) -> dict[str, 
     one per weight matrix the tensor-parallel group splits: q, k and v (k and v only where
     tp divides the KV heads, else they stay whole), the MLP's input and gate, the shared
     expert's likewise; an MoE layer's routed experts run as one tensor-parallel region
-    whose input gradient is summed once (`validate.lowering.tensor_parallel_experts`).
+    whose input gradient is summed once (`validate.mesh_hooks.expert_region`).
 
     >>> from costmodel.inputs.stack import stack_with
     >>> m = ModelConfig(name="m", hidden_size=4096, num_layers=2, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=8)

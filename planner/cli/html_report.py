@@ -175,7 +175,7 @@ def _pipeline(plan: Plan, events: tuple[TimelineEvent, ...]) -> str:
 
 def _layout_name(plan: Plan, lay: Layout) -> str:
     """A layout in one line: its training terms for a training plan, its degrees alone for a serving one."""
-    degrees = f"dp{lay.dp} tp{lay.tp} pp{lay.pp}"
+    degrees = lay.degrees_text
     if not plan.train.workload.runs_backward:
         return degrees
     return f"{degrees} v{lay.interleave} mb{lay.micro_batch} {lay.recompute} z{lay.zero_stage}"

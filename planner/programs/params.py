@@ -40,6 +40,7 @@ class LogicalAxis(StrEnum):
     HEAD_DIM = "head_dim"
     MLP = "mlp"
     EXPERTS = "experts"
+    ROUTES = "routes"  # the router's score per expert: never split, every token scores every expert
     POSITIONS = "positions"
     NORM = "norm"
 
@@ -81,7 +82,7 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
         attn["bo"] = (*lay, A.EMBED)
     layers: Params = {"attn_norm": _norm_axes(cfg, *lay), "attn": attn, "mlp_norm": _norm_axes(cfg, *lay)}
     if cfg.is_moe:
-        moe = {"router": (*lay, A.EMBED, A.EXPERTS), **_mlp_axes(cfg, (*lay, A.EXPERTS))}
+        moe = {"router": (*lay, A.EMBED, A.ROUTES), **_mlp_axes(cfg, (*lay, A.EXPERTS))}
         if cfg.shared_expert_ffn_size:
             moe |= _mlp_axes(cfg, lay, prefix="shared_") | {"shared_gate": (*lay, A.EMBED, A.NORM)}
         layers["moe"] = moe
@@ -98,7 +99,7 @@ def param_logical_axes(cfg: ModelConfig) -> Params:
 def _dim_sizes(cfg: ModelConfig) -> dict[str, int]:
     return {
         A.LAYERS: cfg.num_layers, A.VOCAB: cfg.padded_vocab_size, A.EMBED: cfg.hidden_size, A.HEADS: cfg.num_heads,
-        A.KV_HEADS: cfg.num_kv_heads, A.HEAD_DIM: cfg.head_dim, A.EXPERTS: cfg.num_experts,
+        A.KV_HEADS: cfg.num_kv_heads, A.HEAD_DIM: cfg.head_dim, A.EXPERTS: cfg.num_experts, A.ROUTES: cfg.num_experts,
         A.POSITIONS: cfg.max_position_embeddings, A.NORM: cfg.hidden_size,
     }
 

@@ -245,16 +245,22 @@ def _top_k(x_BxSxE: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _experts(x_BxSxD: jax.Array, token_BxExC: jax.Array, weight_BxExC: jax.Array, w_in_ExDxF: jax.Array,
-             w_gate_ExDxF: jax.Array | None, w_out_ExFxD: jax.Array, *, mlp: MlpKind) -> jax.Array:
+             w_gate_ExDxF: jax.Array | None, w_out_ExFxD: jax.Array, *, mlp: MlpKind,
+             to_experts: Callable[[jax.Array], jax.Array] = _run,
+             from_experts: Callable[[jax.Array], jax.Array] = _run) -> jax.Array:
     """Each expert's MLP on the tokens dispatched to it, weighted and added back in place; the
-    weights (as stored) are cast to the tokens' dtype here."""
+    weights (as stored) are cast to the tokens' dtype here. Under expert parallelism
+    ``to_experts`` hands each ``[B, E, ...]`` dispatch buffer to the devices holding its experts
+    (an all-to-all from batch-split to expert-split) and ``from_experts`` hands the outputs back."""
     dt = x_BxSxD.dtype
-    x_BxExCxD = checkpoint_name(jax.vmap(lambda x_SxD, token_ExC: x_SxD[token_ExC])(x_BxSxD, token_BxExC), "expert_inputs")
+    x_BxExCxD = to_experts(jax.vmap(lambda x_SxD, token_ExC: x_SxD[token_ExC])(x_BxSxD, token_BxExC))
+    x_BxExCxD, weight_BxExC = checkpoint_name(x_BxExCxD, "expert_inputs"), to_experts(weight_BxExC)
     h_BxExCxF = jnp.einsum("becd,edf->becf", x_BxExCxD, w_in_ExDxF.astype(dt))
     gate = jnp.einsum("becd,edf->becf", x_BxExCxD, w_gate_ExDxF.astype(dt)) if w_gate_ExDxF is not None else None
     # Weighted before the down projection (the same product): the weights' gradient then needs
     # only the kept activation, not the projection's output, which would be recomputed.
     y_BxExCxD = jnp.einsum("becf,efd->becd", _activation(h_BxExCxF, gate, mlp) * weight_BxExC[..., None], w_out_ExFxD.astype(dt))
+    y_BxExCxD = from_experts(y_BxExCxD)
     s, d = x_BxSxD.shape[1:]
     return jax.vmap(lambda token_ExC, y_ExCxD: jnp.zeros((s, d), y_ExCxD.dtype).at[token_ExC].add(y_ExCxD))(token_BxExC, y_BxExCxD)
 

@@ -265,3 +265,23 @@ def test_the_planner_cuts_the_loss_into_pieces_when_nothing_fits_whole_and_says_
     assert p.layout.stack.cross_entropy_chunks == 8 and p.predicted.fits and p.layout.offload.value == "none"
     assert p.solver.loss_pieces_reason.startswith("nothing fits in 75.7 GiB per device")
     assert plan("llama3-8b", devices=8, hardware="h100-sxm", global_batch=16, seq_len=2048).solver.loss_pieces_reason is None
+
+
+def test_a_mesh_with_an_expert_axis_splits_experts_there_and_the_batch_over_it_too():
+    from planner.shardings import zero_sharded_specs
+
+    p = plan("mixtral-8x7b", mesh="data=2,expert=4", global_batch=16, seq_len=512, pins={"zero_stage": 1})
+    assert p.layout.ep == 4 and p.layout.dp == 8
+    assert p.axes_of("dp") == ("expert", "data") and p.axes_of("ep") == ("expert",)
+    assert p.param_specs["layers/moe/w_in"] == (None, "expert", None, None)
+    assert p.param_specs["layers/moe/router"] == (None, None, None)  # every token scores every expert
+    moments = zero_sharded_specs(p.model, p.param_specs, p.axes_of("dp"), {"data": 2, "expert": 4})
+    assert moments["layers/moe/w_in"][1] == "expert" and "data" in moments["layers/moe/w_in"]  # the data axes the expert axis leaves
+    assert moments["layers/attn/wq"][0] == ("expert", "data")  # all the data axes, the batch's order
+
+
+def test_without_a_mesh_the_planner_places_expert_axes_inside_a_node():
+    p = plan("mixtral-8x7b", devices=16, global_batch=64, seq_len=1024)
+    assert p.layout.ep > 1
+    axes = {a.parallelism: a for a in p.mesh}
+    assert axes["ep"].nodes_spanned == 1 and axes["ep"].name == "expert"

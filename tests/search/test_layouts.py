@@ -14,6 +14,7 @@ from costmodel.inputs.stack import stack_with
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.simulator import simulate
 from search.layouts import (
+    EXPERT_LOWERING_RULE,
     INTRA_OP_PIPELINE_RULE,
     LOSS_PIECES,
     LOSS_PIECES_PIPELINE_RULE,
@@ -23,6 +24,7 @@ from search.layouts import (
     SP_TP_RULE,
     TIME_LIMIT_RULE,
     UNEVEN_RULE,
+    ZERO_WIDTH_RULE,
     NothingFitsError,
     SearchSpace,
     candidate_layouts,
@@ -180,3 +182,23 @@ def test_when_offloading_does_not_fit_either_the_answer_says_what_the_host_lacks
     offloaded = err.value.cause.split("; offloading the optimizer state, closest: ")[1]
     assert re.fullmatch(r"dp1 tp1 pp1 mb1 full recompute ZeRO 0 needs [\d.]+ GiB \(.*\) and 1\d\d\.\d GiB of host against its 64",
                         offloaded)
+
+
+def test_expert_parallelism_is_searched_for_moe_models_only_and_kept_out_of_pipelines():
+    moe = MODEL.model_copy(update={"num_experts": 4, "experts_per_token": 2})
+    space = SearchSpace(splits=((8, 1, 1, 1), (4, 1, 2, 1)), lowered_only=True)
+    pruned: Counter[str] = Counter()
+    layouts = list(candidate_layouts(moe, TRAIN, 8, space, pruned, devices_per_node=8))
+    assert {lay.ep for lay in layouts if lay.pp == 1} == {1, 2, 4} and all(lay.ep == 1 for lay in layouts if lay.pp > 1)
+    assert pruned[EXPERT_LOWERING_RULE] > 0
+    assert {lay.ep for lay in candidate_layouts(MODEL, TRAIN, 8, space, Counter(), devices_per_node=8)} == {1}
+    fixed = space.model_copy(update={"expert_degrees": (2,)})  # a mesh's expert axis fixes the degree
+    assert {lay.ep for lay in candidate_layouts(moe, TRAIN, 8, fixed, Counter(), devices_per_node=8)} == {2}
+
+
+def test_zero_needs_a_data_parallel_degree_the_model_width_divides_where_only_lowered_layouts_go():
+    # 2048 wide on 24 data-parallel devices: no weight dimension takes ZeRO's shards, so the validator would keep them whole.
+    space = SearchSpace(splits=((24, 1, 1, 1),), lowered_only=True)
+    pruned: Counter[str] = Counter()
+    layouts = list(candidate_layouts(MODEL, TrainConfig(seq_len=2048, global_batch=48), 24, space, pruned, devices_per_node=8))
+    assert layouts and all(lay.zero_stage == 0 for lay in layouts) and pruned[ZERO_WIDTH_RULE] > 0

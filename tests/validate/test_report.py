@@ -54,16 +54,21 @@ def test_the_data_parallel_region_reduces_as_each_zero_stage_needs(zero, kinds):
 
 
 @pytest.mark.parametrize("layout", [
-    # The experts run in a region manual over the tensor axes (`validate.lowering.tensor_parallel_experts`).
+    # The experts run in a region manual over the tensor axes (`validate.mesh_hooks.expert_region`).
     Layout(dp=2, tp=4, micro_batch=2, sequence_parallel=True),
     Layout(dp=2, tp=4, micro_batch=2, recompute="full"),
     Layout(dp=4, micro_batch=2, zero_stage=3),
-], ids=["tensor-parallel-sp", "tensor-parallel-full-recompute", "zero3"])
+    # Expert parallelism: the region is manual over the data axes too; all-to-alls over the expert axis.
+    Layout(dp=4, ep=4, micro_batch=2, zero_stage=1),
+    Layout(dp=4, ep=2, tp=2, micro_batch=2, zero_stage=3, sequence_parallel=True),
+    Layout(dp=4, ep=2, micro_batch=2, recompute="full"),
+], ids=["tensor-parallel-sp", "tensor-parallel-full-recompute", "zero3", "expert-zero1", "expert-tensor-zero3", "expert-full-recompute"])
 def test_moe_collectives_and_flops_match_the_compiled_module(layout):
     # 512 tokens: at 64, XLA exchanged the 4096-row table's gradient rows and split small matmuls differently.
     plan = layout_plan(MOE, layout, hardware="h100-sxm", seq_len=512, global_batch=16)
     exact = [c for c in checks(plan, compile_in_subprocess(plan)) if c.item != "memory per device"]
     assert all(c.ok for c in exact), {(c.item, c.axis): (c.predicted, c.actual) for c in exact if not c.ok}
+    assert layout.ep == 1 or any(c.item == "all-to-all bytes" and c.axis == "expert" and c.actual > 0 for c in exact)
 
 
 def test_a_pipeline_with_zero3_and_tensor_parallelism_reports_what_xla_made_without_predicting_it():

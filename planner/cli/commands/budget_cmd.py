@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"rule: {r.rule}; D/N = {r.tokens / r.params:g}; 6·N·D = {r.compute_flops:.3e} FLOPs")
     print(f"delivered: {est.tokens_per_s:,.0f} tokens/s × {args.days:g} days = {r.delivered_tokens / 1e12:.3g} T tokens, "
           f"6·N × that = {r.delivered_flops:.3e} FLOPs ({100 * (r.compute_flops / r.delivered_flops - 1):+.1f} % from the rule's)")
-    print(f"plan: dp{lay.dp} tp{lay.tp} pp{lay.pp} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · ZeRO "
+    print(f"plan: {lay.degrees_text} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · ZeRO "
           f"{lay.zero_stage} · step {est.step_time_s:.3f} s · MFU {est.mfu:.1%}   ({len(r.probes)} sizes planned)")
     print(f"batch: {r.batch.sequences:,} × {r.plan.train.seq_len} = {r.batch.tokens / 1e6:,.3g} M tokens for every size   "
           f"({r.batch.reason})")

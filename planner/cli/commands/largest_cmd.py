@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     state = (mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / _GIB
     print(f"largest {args.family} on {args.devices}× {args.hardware}: {r.params / 1e9:.2f} B parameters "
           f"(hidden {m.hidden_size}, {m.num_layers} layers, {m.num_heads} heads, {m.num_kv_heads} key/value heads, MLP {m.ffn_size})")
-    print(f"layout: dp{lay.dp} tp{lay.tp} pp{lay.pp} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
+    print(f"layout: {lay.degrees_text} · micro-batch {lay.micro_batch} · {lay.recompute} recompute · "
           f"ZeRO {lay.zero_stage} · step {r.predicted.step_time_s:.3f} s")
     print(f"bound by {r.bound}: params+grads+optimizer {state:.1f} GiB, activations+temporary "
           f"{(mem.activations_bytes + mem.temporary_bytes) / _GIB:.1f} GiB, within {mem.limit_text()} per device"

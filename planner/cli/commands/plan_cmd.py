@@ -260,7 +260,7 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
                       f"{' · sequence parallel' if lay.sequence_parallel else ''}"
                       f"{' · optimizer offloaded' if lay.offload is Offload.OPTIMIZER else ''}")
     serving_terms = f" · {lay.dp} replica(s) of {lay.tp * lay.pp} device(s)"
-    pred = Table(title=f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{chunks}{training_terms if p.train.workload.runs_backward else serving_terms}",
+    pred = Table(title=f"{lay.degrees_text}{chunks}{training_terms if p.train.workload.runs_backward else serving_terms}",
                  show_header=False)
     training_rows = (
         ("step time", f"{est.step_time_s:.3f} s   ({est.tokens_per_s:,.0f} tokens/s)"),
@@ -305,7 +305,7 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         alts.add_column(col)
     for alt in p.alternatives:
         a = alt.layout
-        alts.add_row(f"dp{a.dp} tp{a.tp} pp{a.pp} v{a.interleave} mb{a.micro_batch} {a.recompute} z{a.zero_stage}"
-                     if p.train.workload.runs_backward else f"dp{a.dp} tp{a.tp} pp{a.pp}",
+        alts.add_row(f"{a.degrees_text} v{a.interleave} mb{a.micro_batch} {a.recompute} z{a.zero_stage}"
+                     if p.train.workload.runs_backward else a.degrees_text,
                      f"{alt.step_time_s:.3f} s" if p.train.workload.runs_backward else f"{alt.step_time_s * 1e3:.2f} ms", alt.why)
     return [axes, pred, alts]

@@ -166,7 +166,7 @@ def _serving_table(est: StepEstimate, model: ModelConfig, train: TrainConfig) ->
     request = PlanRequest(model=model, hardware=est.hardware, seq_len=train.seq_len, global_batch=train.global_batch,
                           workload=train.workload.kind, inference=train.workload.serving)
     p = layout_plan(request, lay).model_copy(update={"predicted": est})
-    table = Table(title=f"{model.name}{titled_workload(train)} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp}",
+    table = Table(title=f"{model.name}{titled_workload(train)} on {est.n_devices}× {est.hardware}: {lay.degrees_text}",
                   show_header=False)
     for name, value in serving_rows(p) + [("fits", "yes" if est.fits else "NO")]:
         table.add_row(name, value)
@@ -175,7 +175,7 @@ def _serving_table(est: StepEstimate, model: ModelConfig, train: TrainConfig) ->
 
 def _table(est: StepEstimate, model: str, *, lora: bool) -> Table:
     lay, b, m = est.layout, est.breakdown, est.memory
-    table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} "
+    table = Table(title=f"{model} on {est.n_devices}× {est.hardware}: {lay.degrees_text} "
                         f"mb{lay.micro_batch} {lay.recompute} recompute, ZeRO {lay.zero_stage}, stack {lay.stack.name}",
                   show_header=False)
     rows = [

@@ -28,35 +28,24 @@ _MAXTEXT_REMAT = {
 }
 # Our parallelism → MaxText's parallelism setting (ici_<name>_parallelism); the mesh axis it
 # makes is the same name except pipeline, whose axis MaxText calls "stage".
-_MAXTEXT_PARALLELISM = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context"}
+_MAXTEXT_PARALLELISM = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert"}
 _MAXTEXT_SETTINGS = ("data", "fsdp", "tensor", "pipeline", "context", "expert")
 
 
 def maxtext_degrees(plan: Plan) -> tuple[dict[str, int], dict[str, int]]:
     """(ici, dcn) degree per MaxText parallelism setting: within a node, and across nodes.
 
-    ZeRO 3 data parallelism is MaxText's ``fsdp``; expert parallelism takes its factor out
-    of the data axes (MaxText's ``expert`` axis also splits the batch), inside nodes first.
+    ZeRO 3 data parallelism is MaxText's ``fsdp``; the plan's expert axes are MaxText's ``expert``
+    (which also splits the batch, as the plan's do).
     """
     ici = dict.fromkeys(_MAXTEXT_SETTINGS, 1)
     dcn = dict.fromkeys(_MAXTEXT_SETTINGS, 1)
-    lay = plan.layout
     for axis in plan.mesh:
         name = _MAXTEXT_PARALLELISM[axis.parallelism]
-        if axis.parallelism == "dp" and lay.zero_stage == 3:
+        if axis.parallelism == "dp" and plan.layout.zero_stage == 3:
             name = "fsdp"
         ici[name] *= axis.size // axis.nodes_spanned
         dcn[name] *= axis.nodes_spanned
-    data = "fsdp" if lay.zero_stage == 3 else "data"
-    ep_left = lay.ep
-    for degrees in (ici, dcn):
-        moved = math.gcd(ep_left, degrees[data])
-        degrees[data] //= moved
-        degrees["expert"] *= moved
-        ep_left //= moved
-    if ep_left > 1:
-        raise InvalidConfigError(f"expert parallelism {lay.ep} does not divide the data axes of the mesh",
-                                 fix="use --format json, or a mesh whose data axes ep divides")
     return ici, dcn
 
 

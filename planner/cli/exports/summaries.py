@@ -53,7 +53,7 @@ def markdown_report(plan: Plan) -> str:
             *((("host (offloaded optimizer state)", mem.host_bytes),) if mem.host else ()))),
         "",
         "| alternative | step time (s) | why not |", "|---|---|---|",
-        *(f"| dp{a.layout.dp} tp{a.layout.tp} pp{a.layout.pp} mb{a.layout.micro_batch} {a.layout.recompute} "
+        *(f"| {a.layout.degrees_text} mb{a.layout.micro_batch} {a.layout.recompute} "
           f"z{a.layout.zero_stage} | {a.step_time_s:.3f} | {a.why} |" for a in plan.alternatives),
     ]
     return "\n".join(lines) + "\n"

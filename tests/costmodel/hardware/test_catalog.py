@@ -79,11 +79,9 @@ def test_dgx_b200_preset_gives_the_b200_profiles_numbers():
     assert "DGX B200 User Guide" in preset.description
 
 
-def test_a_moe_plan_on_two_gb200_nvl72_racks_keeps_tensor_parallelism_on_nvlink():
-    # The grid planner searches dp, tp, pp and cp but not ep (ep stays the stack's, 1): expert axes
-    # are placed only where a layout or mesh names them (test_gb200_nvl72_is_one_72_gpu_nvlink_domain_per_rack).
+def test_a_moe_plan_on_two_gb200_nvl72_racks_keeps_expert_and_tensor_axes_in_a_rack():
     p = plan("mixtral-8x7b", devices=144, hardware="gb200-nvl72")
     axes = {a.parallelism: a for a in p.mesh}
-    assert p.layout.n_devices == 144 and p.layout.tp > 1
-    assert axes["tp"].links == ("nvlink5",) and axes["tp"].nodes_spanned == 1
+    assert p.layout.n_devices == 144 and p.layout.ep > 1 and p.layout.tp * p.layout.ep <= 72
+    assert all(axes[k].links == ("nvlink5",) and axes[k].nodes_spanned == 1 for k in ("tp", "ep") if k in axes)
     assert axes["dp"].links == ("nvlink5", "ib-ndr400") and axes["dp"].nodes_spanned == 2

@@ -257,3 +257,22 @@ def test_the_loss_in_pieces_keeps_one_piece_s_logits_and_a_head_gradient_buffer(
     logits = 2 * 4096 * model.padded_vocab_size * 4
     assert whole.temporary_bytes - pieces.temporary_bytes == pytest.approx(
         2 * logits - 2 * logits / 8 - model.padded_vocab_size * 1024 * 4)
+
+
+MOE = ModelConfig(name="moe", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000, num_experts=8,
+                  experts_per_token=2)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_expert_state_shards_over_the_expert_data_group_so_zero_memory_is_ep_blind(zero):
+    # ZeRO splits each expert's state over the dp / ep devices holding that expert (Megatron's distributed
+    # optimizer, MaxText): per device every parameter's state is 1 / dp of it, whatever ep is.
+    dense_ep, spread = (memory_breakdown(MOE, TRAIN, Layout(dp=8, ep=ep, zero_stage=zero)) for ep in (1, 8))
+    assert spread.optimizer_bytes == pytest.approx(dense_ep.optimizer_bytes)
+    assert spread.optimizer_bytes == pytest.approx(MOE.total_params * TRAIN.moment_bytes_per_param / 8, rel=1e-6)
+
+
+def test_without_zero_expert_parallelism_divides_the_experts_state():
+    whole, spread = (memory_breakdown(MOE, TRAIN, Layout(dp=8, ep=ep)) for ep in (1, 8))
+    experts = MOE.num_layers * MOE.routed_expert_params_per_layer
+    assert whole.optimizer_bytes - spread.optimizer_bytes == pytest.approx(experts * (1 - 1 / 8) * TRAIN.moment_bytes_per_param)

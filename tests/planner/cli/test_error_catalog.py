@@ -154,7 +154,7 @@ CATALOG = [
      f"mesh 'data=2,data=4' repeats an axis name; fix: name each axis once, {MESH_FIX}"),
     ("named axes out of device order", ["--model", "gpt2", "--mesh", "tensor=4,data=8"], 2,
      "mesh axes ('tensor', 'data') cannot carry parallelism in device order (tensor innermost, pipeline outermost); "
-     "fix: order named axes as pipeline, data, context, tensor (outer to inner)"),
+     "fix: order named axes as pipeline, data, context, expert, tensor (outer to inner)"),
     ("too many mesh axes", ["--model", "gpt2", "--mesh", "x".join(["1"] * 17)], 2,
      "mesh has 17 axes, more than the 16 this planner supports; fix: merge axes (an axis of size 1 carries nothing)"),
     ("no devices", ["--model", "gpt2", "--devices", "0"], 2,
@@ -162,8 +162,9 @@ CATALOG = [
     ("too many devices", ["--model", "gpt2", "--mesh", "65536x65536"], 2,
      "4,294,967,296 devices exceed the 16,777,216 this planner supports; fix: plan one replica group and scale data parallelism by hand"),
     ("mesh carries no consistent layout", ["--model", "llama3-70b", "--mesh", "256x256", "--global-batch", "256"], 4,
-     "no layout of llama3-70b on 65536 devices is consistent: ZeRO without data parallelism (432), ZeRO-2 beside tensor, context or "
-     "pipeline axes, or under LoRA, is not lowered as planned yet (12), global_batch=N is not divisible by dp·micro_batch = N·N (48), "
+     "no layout of llama3-70b on 65536 devices is consistent: ZeRO over a data-parallel degree that does not divide the model width "
+     "is not lowered as planned yet (36), ZeRO without data parallelism (432), ZeRO-2 beside tensor, context, expert or "
+     "pipeline axes, or under LoRA, is not lowered as planned yet (12), global_batch=N is not divisible by dp·micro_batch = N·N (12), "
      "interleaving needs pp > 1 and micro-batches divisible by pp (423), tensor parallel across nodes (48), uneven stages are not "
      "lowered as planned yet (189); fix: use a mesh or device count whose factors divide num_heads=64, num_layers=80 and global_batch=256"),
     # hand-written layouts

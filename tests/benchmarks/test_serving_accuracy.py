@@ -57,10 +57,15 @@ def test_predicted_per_token_latency_never_beats_the_hbm_floor():
     assert all(float(r["tpot_ms"]) >= float(r["hbm_floor_ms"]) for r in results if not r["skipped"])
 
 
-def test_a_throughput_prediction_never_beats_its_hbm_bound():
+def test_a_prediction_never_beats_its_hbm_bound():
+    checked = set()
     for row, result in zip(ROWS, evaluate(ROWS)):
         if result["hbm_bound"] is not None:
-            assert float(result["predicted"]) <= float(result["hbm_bound"]), row["model"]
+            predicted, bound = float(result["predicted"]), float(result["hbm_bound"])
+            # A rate is at most its bound, a time per token at least its floor.
+            assert (predicted >= bound if row["metric"] == "tpot_s" else predicted <= bound), row["model"]
+            checked.add(row["metric"])
+    assert {"tpot_s", "output_tokens_per_s"} <= checked
 
 
 def test_static_batch_throughput_is_prefill_plus_decode_steps():

@@ -114,18 +114,24 @@ def test_rows_without_workload_columns_are_pretraining():
 
 def test_a_finetune_csv_is_a_fourth_set_where_it_exists(tmp_path):
     path = tmp_path / "finetune_runs.csv"
-    assert [name for name, _ in data_sets(DEFAULT_DATA, DEFAULT_DATA, FP8_DATA, path)] == ["published", "held out", "fp8"]
+    assert [name for name, _ in data_sets((DEFAULT_DATA,), DEFAULT_DATA, FP8_DATA, path)] == ["published", "held out", "fp8"]
     lora = [r for r in FP8_ROWS if "LoRA" in r["model"]]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(lora[0]))
         writer.writeheader()
         writer.writerows(lora)
-    assert data_sets(DEFAULT_DATA, DEFAULT_DATA, FP8_DATA, path)[-1] == ("finetune", path)
+    assert data_sets((DEFAULT_DATA,), DEFAULT_DATA, FP8_DATA, path)[-1] == ("finetune", (path,))
     assert [r["workload"] for r in evaluate(list(csv.DictReader(path.open())))] == ["finetune-lora"] * 2
 
 
+def _resource_table_rows(**columns: str) -> list[dict[str, str]]:
+    """Lit-GPT's 2023 resource table (its rows target q,v on A100-40GB), filtered by ``columns``."""
+    return [r for r in csv.DictReader(FINETUNE_DATA.open()) if "resource-tables.md" in r["table"]
+            and all(r[k] == v for k, v in columns.items())]
+
+
 def test_finetune_memory_rows_compare_peak_memory_with_the_rows_own_targets():
-    rows = [r for r in csv.DictReader(FINETUNE_DATA.open()) if r["measured_metric"] == "peak_memory_gib_per_device"]
+    rows = _resource_table_rows(measured_metric="peak_memory_gib_per_device")
     assert rows and all(r["lora_targets"] == "q,v" for r in rows)
     assert workload_from_row(rows[0])["lora"].targets == (LoraTarget.Q, LoraTarget.V)
     assert unmodelled(rows) == []
@@ -136,7 +142,7 @@ def test_finetune_memory_rows_compare_peak_memory_with_the_rows_own_targets():
 
 
 def test_nf4_minus_double_quantized_nf4_is_the_measured_difference():
-    rows = [r for r in csv.DictReader(FINETUNE_DATA.open()) if r["frozen_dtype"] in ("nf4", "nf4-dq")]
+    rows = [r for r in _resource_table_rows() if r["frozen_dtype"] in ("nf4", "nf4-dq")]
     results = {(r["model"], r["frozen_dtype"]): r for r in evaluate_memory(rows)}
     assert len(results) == 4
     for model in ("Llama 2 7B", "Llama 2 13B"):  # only the block scales' storage differs: 0.279 and 0.550 GiB measured
@@ -146,7 +152,7 @@ def test_nf4_minus_double_quantized_nf4_is_the_measured_difference():
 
 
 def test_lit_gpt_fsdp_rows_hold_their_frozen_weights_gradients():
-    rows = [r for r in csv.DictReader(FINETUNE_DATA.open()) if r["stack"] == "lit-gpt" and int(r["devices"]) > 1]
+    rows = [r for r in _resource_table_rows(stack="lit-gpt") if int(r["devices"]) > 1]
     results = evaluate_memory(rows)
     assert len(results) == 2
     # Sharded weights alone (what FSDP without frozen gradients holds) are under 40 % of the measured peak.
@@ -154,8 +160,7 @@ def test_lit_gpt_fsdp_rows_hold_their_frozen_weights_gradients():
 
 
 def test_lit_gpt_second_sequence_costs_most_of_what_was_measured_and_no_more():
-    rows = [r for r in csv.DictReader(FINETUNE_DATA.open()) if r["stack"] == "lit-gpt" and r["model"] == "Llama 2 7B"
-            and r["devices"] == "1" and r["frozen_dtype"] == "bf16"]
+    rows = _resource_table_rows(stack="lit-gpt", model="Llama 2 7B", devices="1", frozen_dtype="bf16")
     one, two = sorted(evaluate_memory(rows), key=lambda r: r["micro_batch"])
     measured_gib, predicted_gib = two["measured_gib"] - one["measured_gib"], two["predicted_gib"] - one["predicted_gib"]
     # 7.24 GiB measured (~45 bytes per hidden unit per token per layer); the eager code facts give ~37 of them.

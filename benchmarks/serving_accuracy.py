@@ -24,7 +24,10 @@ matches); writes one CSV. Exits 1 if any predicted TPOT is below its HBM floor.
 
     python -m benchmarks.serving_accuracy [--data PATH] [--out benchmarks/out/serving_accuracy.csv]
 
-Nothing here is fitted to these rows: the only constants are the hardware profiles'.
+The rows' ``serving_stack`` column names the software that served them
+(`costmodel.inputs.serving_stack`); an eager stack's per-operator host cost is the one constant
+fitted to these rows, and each source's rows are predicted with it fitted on the other sources'
+(`leave_one_source_out_host`). Otherwise the only constants are the hardware profiles'.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from costmodel.errors import PlannerError
 from costmodel.hardware.machine import train_machine
 from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.layout import Layout
+from costmodel.inputs.serving_stack import get_serving_stack
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.inputs.workload import InferenceConfig
 from costmodel.step.estimate import StepEstimate
@@ -49,6 +53,8 @@ from planner.config import load_model, train_config
 from planner.presets import PRESETS
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "inference_runs.csv"
+# The per-operator host costs an eager stack's fit may choose (1-60 µs).
+HOST_S_PER_OP_GRID = tuple(i * 1e-6 for i in range(1, 61))
 # Units the sources quote, to the seconds and tokens/s the predictions are in.
 UNIT_SCALE = {"ms": 1e-3, "tokens/s": 1.0, "tokens/s/GPU": 1.0, "tokens/s per sequence": 1.0}
 THROUGHPUT_METRICS = ("output_tokens_per_s", "output_tokens_per_s_per_device", "decode_tokens_per_s")
@@ -77,14 +83,17 @@ def skip_reason(row: dict[str, str]) -> str | None:
 
 
 def serving_estimate(*, preset: str, hardware: str, tp: int, pp: int = 1, replicas: int = 1, batch: int, input_len: int,
-                     output_len: int, precision: str = "bf16", weight_dtype: str = "bf16", kv_cache_dtype: str = "auto") -> StepEstimate:
-    """The serving model's estimate for one configuration, as ``plan simulate --workload decode`` builds it.
+                     output_len: int, precision: str = "bf16", weight_dtype: str = "bf16", kv_cache_dtype: str = "auto",
+                     serving_stack: str = "jax", host_s_per_op: float | None = None) -> StepEstimate:
+    """The serving model's estimate for one configuration, as ``plan simulate --workload decode`` builds it
+    (``host_s_per_op``: the stack's per-operator host cost in place of its preset's).
 
     >>> est = serving_estimate(preset="llama3-8b", hardware="h100-sxm", tp=1, batch=1, input_len=1024, output_len=128)
     >>> est.time_per_output_token_s >= est.serving.hbm_lower_bound_s
     True
     """
-    inference = InferenceConfig(prompt_len=input_len, weight_dtype=WEIGHT_DTYPES[weight_dtype], kv_cache_dtype=kv_cache_dtype)
+    inference = InferenceConfig(prompt_len=input_len, weight_dtype=WEIGHT_DTYPES[weight_dtype], kv_cache_dtype=kv_cache_dtype,
+                                serving_stack=serving_stack, host_s_per_op=host_s_per_op)
     train: TrainConfig = train_config(workload="decode", global_batch=batch, seq_len=input_len + output_len // 2, lora=None,
                                       inference=inference).with_precision(COMPUTE_PRECISIONS[precision])
     machine = train_machine(load_hardware(hardware), train)
@@ -110,8 +119,10 @@ def predicted_metric(row: dict[str, str], est: StepEstimate) -> tuple[float, flo
     raise ValueError(f"unknown metric {metric!r} in {row['source']}")
 
 
-def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
-    """One result per row: the prediction and its error, or the reason it was skipped."""
+def evaluate(rows: list[dict[str, str]], *, host_s_per_op: dict[str, float] | None = None) -> list[dict[str, object]]:
+    """One result per row: the prediction and its error, or the reason it was skipped. A row's
+    ``serving_stack`` column names its stack (blank: jax); ``host_s_per_op`` replaces the stack's
+    per-operator host cost for the rows of the sources it names (`leave_one_source_out_host`)."""
     results = []
     for row in rows:
         measured = float(row["measured_value"]) * UNIT_SCALE[row["measured_unit"]]
@@ -128,7 +139,8 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
                 est = serving_estimate(preset=row["preset"], hardware=row["hardware"], tp=int(row["tp"]), pp=int(row["pp"]),
                                        replicas=int(row["replicas"]), batch=int(row["batch"]), input_len=int(row["input_len"]),
                                        output_len=int(row["output_len"]), precision=row["precision"], weight_dtype=row["weight_dtype"],
-                                       kv_cache_dtype=row["kv_cache_dtype"] or "auto")
+                                       kv_cache_dtype=row["kv_cache_dtype"] or "auto", serving_stack=row.get("serving_stack") or "jax",
+                                       host_s_per_op=(host_s_per_op or {}).get(source_family(row)))
             except PlannerError as err:
                 result["skipped"] = str(err).split(";")[0]
             else:
@@ -149,6 +161,38 @@ def source_family(row: dict[str, str]) -> str:
     'John Musgrave'
     """
     return row["source"].split(",")[0].split(" ")[0] if "/" in row["source"].split(" ")[0] else row["source"].split(",")[0]
+
+
+def _host_bound_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Rows served by a stack that dispatches operators from the host (its per-operator cost is fitted)."""
+    return [r for r in rows if r.get("serving_stack") and get_serving_stack(r["serving_stack"]).host_ops_per_layer
+            and skip_reason(r) is None]
+
+
+def fit_host_s_per_op(rows: list[dict[str, str]]) -> float | None:
+    """The per-operator host cost (`HOST_S_PER_OP_GRID`) with the least mean |error| over ``rows`` of
+    host-dispatching stacks; None without such rows."""
+    rows = _host_bound_rows(rows)
+    if not rows:
+        return None
+
+    def mean_error(value: float) -> float:
+        sources = {source_family(r): value for r in rows}
+        return statistics.mean(abs(float(r["error_pct"])) for r in evaluate(rows, host_s_per_op=sources))
+
+    return min(HOST_S_PER_OP_GRID, key=mean_error)
+
+
+def leave_one_source_out_host(rows: list[dict[str, str]]) -> dict[str, float]:
+    """Source → the per-operator host cost fitted on the other sources' host-dispatching rows
+    (a source with no other source to learn from keeps its stack's preset)."""
+    bound = _host_bound_rows(rows)
+    fitted = {}
+    for family in sorted({source_family(r) for r in bound}):
+        value = fit_host_s_per_op([r for r in bound if source_family(r) != family])
+        if value is not None:
+            fitted[family] = value
+    return fitted
 
 
 def floor_violations(results: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -188,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with args.data.open() as f:
         rows = list(csv.DictReader(f))
-    results = evaluate(rows)
+    everyone = fit_host_s_per_op(rows)
+    held_out = leave_one_source_out_host(rows)
+    for family, value in held_out.items():
+        print(f"host seconds per operator for {family}, fitted on the other sources' eager rows: {value * 1e6:.0f} µs "
+              f"(on all of them: {everyone * 1e6:.0f} µs)")
+    results = evaluate(rows, host_s_per_op=held_out)
     predicted = [r for r in results if not r["skipped"]]
     print_table(f"Serving model vs published inference measurements ({len(predicted)} predicted, "
                 f"{len(results) - len(predicted)} skipped)", _fmt([{k: v for k, v in r.items() if k != "skipped"} for r in predicted]))

@@ -1,8 +1,8 @@
 """Simulator accuracy against published training runs.
 
 Every row of ``../shared/data/published_training_runs.csv`` and of ``benchmarks/data/training_runs.csv``
-(the development set, "published") is simulated from its own columns alone: model shape, devices, hardware, layout, precision, and the software stack
-that ran it (its ``stack`` column, a preset of `costmodel.inputs.stack.STACKS`, with the
+(the development set, "published") is simulated from its own columns alone: model shape, devices,
+hardware, layout, precision, and the software stack that ran it (its ``stack`` column, a preset of `costmodel.inputs.stack.STACKS`, with the
 documented per-run deviations of ``stack_options``). The predicted step time is compared
 with the one the source measured. So are the rows of ``benchmarks/data/heldout_runs.csv``:
 published runs of the same sources that are not in the shared data and that no

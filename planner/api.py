@@ -119,7 +119,8 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     attention = request.attention or (Attention.MATERIALIZED if planner.shards_intra_op else software.attention)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
     offload = request.offload
-    unpinned = SearchSpace(splits=splits, expert_degrees=experts, stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
+    unpinned = SearchSpace(splits=splits, expert_degrees=experts,
+                           stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
                            lowered_only=True, intra_op=planner.shards_intra_op,
                            offload_when_nothing_fits=offload is None and not planner.shards_intra_op,
                            loss_pieces_when_nothing_fits=not planner.shards_intra_op)

@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from costmodel.errors import UnsupportedError
 from costmodel.inputs.model_config import ModelConfig, Norm
+from costmodel.inputs.serving_stack import ServingStack, get_serving_stack
 
 
 class WorkloadKind(StrEnum):
@@ -239,6 +240,24 @@ class InferenceConfig(BaseModel):
                                       "layers' GEMMs in fp8 (W8A8: activations quantized per tensor), on parts with an fp8 peak.")
     kv_cache_dtype: KvCacheDtype = Field(KvCacheDtype.AUTO, description="Storage of the KV cache: auto (the compute dtype) "
                                          "or fp8 e4m3 (1 byte; dequantized to the compute dtype as attention reads it).")
+    serving_stack: str = Field("jax", description="The software serving the model (`costmodel.inputs.serving_stack`): "
+                               "jax, vllm, tensorrt-llm (compiled steps, no per-operator host work) or hf-eager "
+                               "(Hugging Face generate(), every operator dispatched from Python).")
+
+    host_s_per_op: NonNegativeFloat | None = Field(None, description="Host seconds per operator the serving stack dispatches "
+                                                   "(e.g. measured on your host); None: the stack's own (fitted) value.")
+
+    @field_validator("serving_stack")
+    @classmethod
+    def _known_stack(cls, name: str) -> str:
+        get_serving_stack(name)
+        return name
+
+    @property
+    def stack(self) -> ServingStack:
+        """The serving stack's preset, with ``host_s_per_op`` where given."""
+        preset = get_serving_stack(self.serving_stack)
+        return preset if self.host_s_per_op is None else preset.model_copy(update={"host_s_per_op": self.host_s_per_op})
 
 
 class AdaptedMatrix(BaseModel):

@@ -67,6 +67,11 @@ class ServingTimes(Record):
     prefill_compute_s: NonNegativeFloat = Field(description="Prefill: forward matmuls and causal attention of the prompts.")
     prefill_comm_s: NonNegativeFloat = Field(description="Prefill: tensor-parallel all-reduces and pipeline hand-offs.")
     micro_batches: int = Field(description="Micro-batches in flight per replica (as many as stages, at most one per sequence).")
+    host_ops: int = Field(0, description="Operators the serving stack dispatches one by one from the host per step "
+                          "(`costmodel.inputs.serving_stack`; 0 for a compiled or graph-replayed step).")
+    host_s_per_op: float = Field(0.0, description="The stack's host seconds per dispatched operator.")
+    host_step_s: float = Field(0.0, description="Host seconds to dispatch one step (host_ops × host_s_per_op); a decode "
+                               "step or a prefill takes the longer of this and its kernels' time.")
 
 
 class StepEstimate(BaseModel):

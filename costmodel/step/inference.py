@@ -26,6 +26,9 @@ included.
 - Data parallelism: independent replicas, each serving the batch (``batch`` is sequences per
   replica); throughput is ``dp`` times a replica's, latency a replica's.
 - Time to first token: a replica's prompts prefilled together, stage after stage.
+- The serving stack (`costmodel.inputs.serving_stack`, ``InferenceConfig.serving_stack``): a step
+  takes at least the host time its stack spends dispatching operators one by one (an eager
+  framework); a compiled or graph-replayed step adds none.
 
 >>> from costmodel.step.collectives import Tier
 >>> from costmodel.hardware.machine import Machine
@@ -166,7 +169,8 @@ def iteration_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     """Seconds of one continuous-batching iteration on one replica without pipeline stages: every
     layer's `serving_kernels.iteration_layer_kernels`, the head over each new token that is a
     sequence's last (all of a speculative step's, a completed prompt chunk's one), and tensor
-    parallelism's two all-reduces a layer over the iteration's tokens. With one decoding
+    parallelism's two all-reduces a layer over the iteration's tokens, at least the serving stack's
+    host time to dispatch the step. With one decoding
     sequence per cached context and nothing else it is `simulate_inference`'s time per output token.
 
     >>> from costmodel.hardware.machine import load_machine
@@ -187,7 +191,8 @@ def iteration_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     tokens = decode_sequences * tokens_per_sequence + prompt_tokens
     comm_s = (2 * model.num_layers * all_reduce_s(tokens * model.hidden_size * train.compute_dtype.bytes, hw.groups(layout)["tp"])
               if layout.tp > 1 else 0.0)
-    return _split_s(kernels, hw)[0] + comm_s
+    host_s = train.workload.serving.stack.host_step_s(num_layers=model.num_layers)
+    return max(_split_s(kernels, hw)[0] + comm_s, host_s)
 
 
 def check_inference_layout(model: ModelConfig, train: TrainConfig, layout: Layout) -> Layout:
@@ -235,13 +240,15 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
     token, tokens/s (decode: output tokens; prefill: prompt tokens) and memory (module docstring)."""
     lay = check_inference_layout(model, train, layout)
     pp, m, b = lay.pp, micro_batches(train, lay), lay.micro_batch
+    stack = train.workload.serving.stack
+    host_s = stack.host_step_s(num_layers=model.num_layers)
     decode = [_stage_s(model, train, lay, hw, s, sequences=b, new_tokens=1) for s in range(pp)]
     chain_s = sum(t[0] for t in decode) + (pp - 1) * _handoff_s(model, train, lay, hw, b)
-    tpot_s = max(chain_s, m * max(t[0] for t in decode))
+    tpot_s = max(chain_s, m * max(t[0] for t in decode), host_s)
     rb, prompt = replica_batch(train, lay), train.prompt_len
     prefill = [_stage_s(model, train, lay, hw, s, sequences=rb, new_tokens=prompt) for s in range(pp)]
     hops_s = (pp - 1) * _handoff_s(model, train, lay, hw, rb * prompt)
-    ttft_s = sum(t[0] for t in prefill) + hops_s
+    ttft_s = max(sum(t[0] for t in prefill) + hops_s, host_s)
     untouched = untouched_expert_bytes(model, train, lay, b)
     read_bytes = [stage_weight_bytes(model, train, lay, s) - lay.layers_on_stage(model.num_layers, s) * untouched
                   + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
@@ -251,6 +258,7 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         decode_bound="hbm" if sum(t[2] for t in decode) >= sum(t[1] for t in decode) else "compute",
         hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
         prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
+        host_ops=stack.host_ops(num_layers=model.num_layers), host_s_per_op=stack.host_s_per_op, host_step_s=host_s,
     )
     step = train.workload.of_step(
         decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1),

@@ -66,8 +66,15 @@ from costmodel.inputs.model_config import ModelConfig, Positions
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.record import Record
 from costmodel.step.activations import activation_bytes_per_layer
-from costmodel.step.data_parallel import (data_sharded_params, frozen_layer_bytes, frozen_stage_bytes, layer_params_per_device,
-                                         spread_over_data, stage_expert_params, stage_trainable_params)
+from costmodel.step.data_parallel import (
+    data_sharded_params,
+    frozen_layer_bytes,
+    frozen_stage_bytes,
+    layer_params_per_device,
+    spread_over_data,
+    stage_expert_params,
+    stage_trainable_params,
+)
 from costmodel.step.fp8_memory import fp8_weight_copy_bytes
 from costmodel.step.kernels import forms_gradients_locally, holds_master_weights
 from costmodel.step.lockstep import in_flight_slots, runs_lockstep

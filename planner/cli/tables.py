@@ -102,6 +102,10 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
                                   f"{srv.hbm_lower_bound_s * 1e3:.2f} ms; {srv.micro_batches} micro-batch(es) per replica)"),
         ("  compute / HBM / tp all-reduce / pp hand-off", f"{srv.decode_compute_s * 1e3:.2f} / {srv.decode_hbm_s * 1e3:.2f} / "
                                                        f"{srv.decode_tp_comm_s * 1e3:.2f} / {srv.decode_pp_handoff_s * 1e3:.2f} ms"),
+        *([("  host dispatch per step", f"{srv.host_ops:,} operators × {srv.host_s_per_op * 1e6:.0f} µs = "
+                                          f"{srv.host_step_s * 1e3:.2f} ms ({train.workload.serving.serving_stack}: "
+                                          "each operator dispatched from Python; a step takes at least this)")]
+          if srv.host_ops else []),
         ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch} × "
                                 f"{train.prompt_len} tokens per replica)"),
         ("tokens/s", f"{est.tokens_per_s:,.0f} {'output' if decode else 'prompt'} tokens/s over {lay.dp} replica(s)"),

@@ -8,12 +8,16 @@ from benchmarks.serving_accuracy import (
     DEFAULT_DATA,
     UNIT_SCALE,
     evaluate,
+    fit_host_s_per_op,
     floor_violations,
+    leave_one_source_out_host,
     main,
     predicted_metric,
     serving_estimate,
     skip_reason,
+    source_family,
 )
+from costmodel.inputs.serving_stack import SERVING_STACKS
 from planner.presets import PRESETS
 
 ROWS = list(csv.DictReader(DEFAULT_DATA.open()))
@@ -89,3 +93,20 @@ def test_the_command_writes_one_csv_row_per_published_row(tmp_path, capsys):
     assert main(["--out", str(out)]) == 0
     assert len(list(csv.DictReader(out.open()))) == len(ROWS)
     assert "Decode must-show" in capsys.readouterr().out
+
+
+def test_every_row_names_a_known_serving_stack_or_none():
+    assert all(not r["serving_stack"] or r["serving_stack"] in SERVING_STACKS for r in ROWS)
+
+
+def test_the_eager_per_operator_cost_is_fitted_leaving_each_source_out_and_beats_no_host_term():
+    eager = [r for r in ROWS if r["serving_stack"] == "hf-eager" and skip_reason(r) is None]
+    families = {source_family(r) for r in eager}
+    held_out = leave_one_source_out_host(ROWS)
+    assert set(held_out) == families and len(families) >= 2
+    for family, value in held_out.items():
+        assert value == fit_host_s_per_op([r for r in eager if source_family(r) != family])
+    with_host = evaluate(eager, host_s_per_op=held_out)
+    without = evaluate([{**r, "serving_stack": "jax"} for r in eager])
+    mean = lambda results: sum(abs(float(r["error_pct"])) for r in results) / len(results)  # noqa: E731
+    assert mean(with_host) < 0.5 * mean(without)

@@ -17,12 +17,13 @@ import argparse
 from typing import Any
 
 from costmodel.errors import InvalidConfigError
+from costmodel.inputs.serving_stack import SERVING_STACKS
 from costmodel.inputs.workload import FrozenDtype, InferenceConfig, KvCacheDtype, LoraConfig, LoraTarget, WorkloadKind, parse_lora_targets
 from costmodel.workloads import workload_type
 from planner.cli.commands.arg_types import positive_float, positive_int
 
 _LORA_FLAGS = ("lora_rank", "lora_targets")
-_SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", "kv_block_size", "kv_cache_dtype")
+_SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", "kv_block_size", "kv_cache_dtype", "serving_stack")
 
 
 def lora_targets(text: str) -> tuple[LoraTarget, ...]:
@@ -58,6 +59,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=[d.value for d in KvCacheDtype],
                         help="KV cache storage (prefill and decode): auto (the compute dtype, default) or fp8 (one byte)")
     parser.add_argument("--kv-block-size", type=positive_int, help="tokens per block of the paged KV-cache allocator (default 16)")
+    parser.add_argument("--serving-stack", choices=list(SERVING_STACKS),
+                        help="the software serving the model (prefill and decode): jax (default), vllm, tensorrt-llm "
+                             "(compiled steps) or hf-eager (Hugging Face generate(), each operator dispatched from Python: "
+                             "a step takes at least that host time; docs/workloads.md#serving-stacks)")
 
 
 def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,7 +86,7 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if not kind.runs_backward:
         settings = {"prompt_len": args.prompt_len, "kv_block_size": args.kv_block_size,
                     "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype,
-                    "kv_cache_dtype": args.kv_cache_dtype}
+                    "kv_cache_dtype": args.kv_cache_dtype, "serving_stack": args.serving_stack}
         return {"workload": args.workload, "lora": None,
                 "inference": InferenceConfig(**{k: v for k, v in settings.items() if v is not None})}
     return {"workload": args.workload, "lora": None, "inference": None}

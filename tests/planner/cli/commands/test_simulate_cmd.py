@@ -161,3 +161,19 @@ def test_a_knob_left_auto_on_a_serving_step_is_refused_in_one_line(capsys):
                  "--micro-batch", "auto"])
     err = capsys.readouterr().err
     assert code == 3 and err.count("\n") == 1 and "--micro-batch auto: a decode step has no micro batch" in err
+
+
+def test_an_eager_serving_stack_itemizes_its_host_dispatch_per_step(capsys):
+    flags = ("simulate", "--model", "llama2-13b", "--hardware", "a100-80gb", "--devices", "1", "--workload", "decode",
+             "--context-len", "1024")
+
+    def serving(*more):
+        assert main([*flags, *more, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    eager = serving("--serving-stack", "hf-eager")
+    assert eager["serving"]["host_ops"] == 40 * 53 + 25 and eager["serving"]["host_s_per_op"] > 0
+    assert eager["time_per_output_token_s"] >= eager["serving"]["host_step_s"]
+    assert serving()["serving"]["host_ops"] == 0
+    assert main([*flags, "--serving-stack", "hf-eager"]) == 0
+    assert "host dispatch per step" in capsys.readouterr().out

@@ -1,0 +1,94 @@
+"""Serving stacks: the host work the software serving a model adds to each step beside its kernels.
+
+A serving step's kernels are costed by `costmodel.step.inference`; the stack decides who launches
+them. A compiled step (a JAX executable, a CUDA graph replayed by vLLM or TensorRT-LLM) has its
+kernels queued by the device-side runtime: no host work per kernel beyond the launch floor each
+kernel is already costed with. An eager framework dispatches every operator from Python, one
+after another: the host then spends ``ops × seconds per op`` per step, and a step takes the longer
+of that and its kernels' time (the host runs ahead of the device until the step's end, where
+generation reads the sampled token back). Each preset names where its facts come from.
+
+>>> s = SERVING_STACKS["hf-eager"]
+>>> s.host_ops(num_layers=40), round(s.host_step_s(num_layers=40) * 1e3, 1)
+(2145, 53.6)
+>>> SERVING_STACKS["vllm"].host_step_s(num_layers=40)
+0.0
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+
+
+class ServingStack(BaseModel):
+    """One serving framework's per-step host work."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Preset name (--serving-stack).")
+    host_ops_per_layer: NonNegativeInt = Field(0, description="Operators the host dispatches one by one per decoder layer and "
+                                               "step (0: the step's kernels are launched from a compiled executable or a graph).")
+    host_ops_per_step: NonNegativeInt = Field(0, description="Operators dispatched per step outside the layers (embedding, "
+                                              "final norm, head, sampling, stopping checks).")
+    host_s_per_op: NonNegativeFloat = Field(0.0, description="Host seconds per dispatched operator (Python, the framework's "
+                                            "dispatcher and the kernel launch call).")
+    source: str = Field(description="Where the facts come from (repository, file, commit), and what is fitted.")
+
+    def host_ops(self, *, num_layers: int) -> int:
+        """Operators the host dispatches one by one in one step of a model of ``num_layers``."""
+        return num_layers * self.host_ops_per_layer + self.host_ops_per_step if self.host_ops_per_layer else 0
+
+    def host_step_s(self, *, num_layers: int) -> float:
+        """Host seconds one step takes to dispatch (0 for a compiled or graph-replayed step)."""
+        return self.host_ops(num_layers=num_layers) * self.host_s_per_op
+
+
+# Hugging Face transformers' eager Llama decoder layer at 0022728 (v4.39 development;
+# src/transformers/models/llama/modeling_llama.py), one decode step, operators that launch a kernel:
+# two RMSNorms of 8 each (to fp32, pow, mean, add eps, rsqrt, mul, to dtype, mul weight), q/k/v
+# projections (3), the rotary embedding's forward (position cast, matmul, cat, cos, sin, two casts:
+# 7), apply_rotary_pos_emb (q and k: mul, neg, cat, mul, add: 10), DynamicCache.update (two cats),
+# scores matmul and scale (2), mask add (1), fp32 softmax and its cast back (2), values matmul (1),
+# transpose().contiguous() (1), o_proj (1), two residual adds (2), the MLP (gate, act, up, mul,
+# down: 5); repeat_kv copies nothing without grouped-query heads. 53 in all.
+HF_EAGER_OPS_PER_LAYER = 53
+# Outside the layers, about 25 a step (embedding, causal-mask update, final norm's 8, lm_head, logits
+# cast and last-position slice, greedy argmax, the unfinished-sequences arithmetic, input and
+# attention-mask concatenation, cache position, the stopping check): counted approximately from
+# GenerationMixin._greedy_search of the same version.
+HF_EAGER_OPS_PER_STEP = 25
+# Fitted to the published eager generate() measurements of `benchmarks/data/inference_runs.csv`
+# (`python -m benchmarks.serving_accuracy` fits it again leaving each source out and reports both).
+HF_EAGER_S_PER_OP = 25e-6
+
+SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
+    ServingStack(name="jax", source="The reference decode and prefill programs (planner.programs), one jitted executable a step: "
+                 "XLA launches its kernels from the device's stream."),
+    ServingStack(name="vllm",
+                 source="vllm-project/vllm @587909c vllm/worker/model_runner.py: decode batches of up to 256 sequences "
+                        "(_BATCH_SIZES_TO_CAPTURE) run as captured CUDA graphs unless enforce_eager. Its scheduler's "
+                        "per-step Python is not modelled."),
+    ServingStack(name="torch-compile",
+                 source="pytorch-labs/gpt-fast generate.py (@0055c42): decode_one_token compiled with "
+                        "torch.compile(mode='reduce-overhead', fullgraph=True), a CUDA graph replayed every step."),
+    ServingStack(name="tensorrt-llm",
+                 source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (assumed from that design, not "
+                        "counted from its code): no per-operator Python dispatch."),
+    ServingStack(name="hf-eager", host_ops_per_layer=HF_EAGER_OPS_PER_LAYER, host_ops_per_step=HF_EAGER_OPS_PER_STEP,
+                 host_s_per_op=HF_EAGER_S_PER_OP,
+                 source="huggingface/transformers @0022728 src/transformers/models/llama/modeling_llama.py, eager "
+                        "attention, DynamicCache (a contiguous cache grown by concatenation): 53 operators per decoder layer "
+                        "and about 25 per step, counted from the code (HF_EAGER_OPS_PER_LAYER); seconds per operator "
+                        "fitted to published generate() latencies (HF_EAGER_S_PER_OP)."),
+)}
+
+
+def get_serving_stack(name: str) -> ServingStack:
+    """The preset called ``name``; an unknown name is refused with the list.
+
+    >>> get_serving_stack("vllm").host_ops(num_layers=32)
+    0
+    """
+    if name not in SERVING_STACKS:
+        raise ValueError(f"unknown serving stack {name!r}; choose one of {', '.join(SERVING_STACKS)}")
+    return SERVING_STACKS[name]

@@ -1,0 +1,46 @@
+"""Tests `costmodel/inputs/serving_stack.py`: who dispatches a serving step's operators, and what that costs."""
+
+import pytest
+
+from costmodel.hardware.machine import load_machine
+from costmodel.inputs.layout import Layout
+from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.serving_stack import HF_EAGER_OPS_PER_LAYER, HF_EAGER_OPS_PER_STEP, SERVING_STACKS, get_serving_stack
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.workload import InferenceConfig
+from costmodel.step.inference import iteration_s, simulate_inference
+
+MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16, ffn_size=5632, vocab_size=32000)
+
+
+def _decode(stack: str, batch: int = 1, **settings: float) -> TrainConfig:
+    return TrainConfig(workload="decode", global_batch=batch, seq_len=1024,
+                       inference=InferenceConfig(serving_stack=stack, **settings))
+
+
+def test_only_the_eager_stack_dispatches_operators_from_the_host():
+    assert [name for name, s in SERVING_STACKS.items() if s.host_ops(num_layers=32)] == ["hf-eager"]
+    eager = get_serving_stack("hf-eager")
+    assert eager.host_ops(num_layers=16) == 16 * HF_EAGER_OPS_PER_LAYER + HF_EAGER_OPS_PER_STEP
+    with pytest.raises(ValueError, match="unknown serving stack"):
+        get_serving_stack("tgi")
+
+
+def test_an_eager_decode_step_takes_at_least_its_host_dispatch_and_a_compiled_one_its_kernels_alone():
+    hw = load_machine("a100-80gb")
+    compiled, eager = (simulate_inference(MODEL, _decode(s), Layout(), hw) for s in ("jax", "hf-eager"))
+    host_s = get_serving_stack("hf-eager").host_step_s(num_layers=MODEL.num_layers)
+    assert compiled.serving.host_ops == 0 and compiled.time_per_output_token_s < host_s
+    assert eager.time_per_output_token_s == pytest.approx(host_s) and eager.serving.host_step_s == pytest.approx(host_s)
+    # A step whose kernels outlast the dispatch is the kernels' time: host work overlaps them.
+    big = simulate_inference(MODEL, _decode("hf-eager", batch=512), Layout(), hw)
+    assert big.time_per_output_token_s == pytest.approx(simulate_inference(MODEL, _decode("jax", batch=512), Layout(), hw)
+                                                        .time_per_output_token_s)
+
+
+def test_a_measured_per_operator_cost_replaces_the_fitted_one_also_in_continuous_batching():
+    hw, lay = load_machine("a100-80gb"), Layout()
+    slow = _decode("hf-eager", host_s_per_op=60e-6)
+    ops = get_serving_stack("hf-eager").host_ops(num_layers=MODEL.num_layers)
+    assert simulate_inference(MODEL, slow, lay, hw).time_per_output_token_s == pytest.approx(ops * 60e-6)
+    assert iteration_s(MODEL, slow, lay, hw, decode_sequences=1, cached_tokens=1024) == pytest.approx(ops * 60e-6)

@@ -24,7 +24,9 @@ from rich.table import Table
 from costmodel.errors import InvalidConfigError
 from costmodel.hardware.machine import train_machine
 from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.serving_stack import SERVING_STACKS
 from costmodel.inputs.train_config import Precision
+from costmodel.inputs.workload import InferenceConfig
 from costmodel.step.continuous_batching import LengthDistribution, ServeConfig, ServeResult, simulate_serving
 from costmodel.step.speculative import Speculation
 from planner.cli.commands.arg_types import non_negative_int, positive_float, positive_int, positive_int_or_none, probability
@@ -57,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of arrivals and lengths (default 0)")
     parser.add_argument("--arrivals", type=Path, help="a file of arrival times in seconds, one a line, instead of Poisson arrivals")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16", help="compute dtype (default bf16)")
+    parser.add_argument("--serving-stack", choices=list(SERVING_STACKS), default="jax",
+                        help="the software serving the model: jax (default), vllm, torch-compile, tensorrt-llm (compiled steps) "
+                             "or hf-eager (every operator dispatched from Python: each iteration takes at least that)")
     parser.add_argument("--draft-model", help="a draft model for speculative decoding (preset or config.json)")
     parser.add_argument("--draft-tokens", type=positive_int, default=4, help="tokens the draft proposes a step (default 4)")
     parser.add_argument("--acceptance-rate", type=probability, default=0.7,
@@ -96,7 +101,8 @@ def _arrivals(path: Path | None) -> tuple[float, ...] | None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    train = train_config(workload="decode").with_precision(Precision(args.precision))
+    train = train_config(workload="decode", inference=InferenceConfig(serving_stack=args.serving_stack)).with_precision(
+        Precision(args.precision))
     cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
     hw = train_machine(cluster, train)
     speculation = (Speculation(draft=load_model(args.draft_model), draft_tokens=args.draft_tokens, acceptance_rate=args.acceptance_rate)

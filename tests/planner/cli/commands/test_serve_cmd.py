@@ -50,3 +50,12 @@ def test_a_bad_value_is_one_line_and_exit_2(capsys, flag, value):
         main([*MUST_SHOW, flag, value])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "fix:" in err
+
+
+def test_an_eager_serving_stack_holds_every_iteration_to_its_host_dispatch(capsys):
+    from costmodel.inputs.serving_stack import get_serving_stack
+
+    eager = _json(capsys, "--requests", "100", "--serving-stack", "hf-eager")["chosen"]["at_rate"]
+    compiled = _json(capsys, "--requests", "100")["chosen"]["at_rate"]
+    host_s = get_serving_stack("hf-eager").host_step_s(num_layers=32)  # llama3-8b
+    assert eager["tpot_p50_s"] == pytest.approx(host_s, rel=0.01) and compiled["tpot_p50_s"] < 0.5 * host_s

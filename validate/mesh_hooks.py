@@ -150,7 +150,7 @@ def expert_region(plan: Plan, mesh: Mesh) -> Experts:
     data axis: over only the expert axes, XLA replicated the dispatch gather's operand over the
     others, jax 0.10.2), fills every expert's buffer for them, and an all-to-all over the expert
     axes hands each expert's buffers (inputs and routing weights) to the device holding that expert;
-    another hands the outputs back — four in the forward, their transposes in the backward. Weights
+    another hands the outputs back — three in the forward, their transposes in the backward. Weights
     ZeRO-3 splits over the remaining data axes are gathered in the region's dtype (their gradients
     reduce-scattered back); the others' gradients are summed over those axes as the region ends.
 
@@ -174,7 +174,7 @@ def expert_region(plan: Plan, mesh: Mesh) -> Experts:
     batch = PartitionSpec(data or None)
 
     def local_spec(name: str) -> PartitionSpec:  # a stacked weight's spec in the layer loop, its manual axes only
-        return PartitionSpec(*(tuple(a for a in named(d, tuple(manual))) or None for d in plan.param_specs[f"layers/moe/{name}"][1:]))
+        return PartitionSpec(*(named(d, tuple(manual)) or None for d in plan.param_specs[f"layers/moe/{name}"][1:]))
 
     def exchange(split_axis: int, concat_axis: int) -> Callable[[jax.Array], jax.Array]:
         if not e_axes:

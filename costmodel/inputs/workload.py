@@ -241,9 +241,8 @@ class InferenceConfig(BaseModel):
     kv_cache_dtype: KvCacheDtype = Field(KvCacheDtype.AUTO, description="Storage of the KV cache: auto (the compute dtype) "
                                          "or fp8 e4m3 (1 byte; dequantized to the compute dtype as attention reads it).")
     serving_stack: str = Field("jax", description="The software serving the model (`costmodel.inputs.serving_stack`): "
-                               "jax, vllm, tensorrt-llm (compiled steps, no per-operator host work) or hf-eager "
-                               "(Hugging Face generate(), every operator dispatched from Python).")
-
+                               "jax, vllm, torch-compile, tensorrt-llm (compiled steps, no per-operator host work) or "
+                               "hf-eager (Hugging Face generate(), every operator dispatched from Python).")
     host_s_per_op: NonNegativeFloat | None = Field(None, description="Host seconds per operator the serving stack dispatches "
                                                    "(e.g. measured on your host); None: the stack's own (fitted) value.")
 

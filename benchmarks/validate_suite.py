@@ -75,6 +75,9 @@ CASES = (
     # Interleaving wins here (the planner picks v > 1): chunks wrap around the pipeline ring.
     Case(name="gpt2-pp-interleaved", model="gpt2", mesh="pipeline=4,data=2", hardware="a100-40gb", global_batch=64, seq_len=1024),
     Case(name="mixtral-tp", model="mixtral-8x7b", mesh="data=4,tensor=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
+    # Expert parallelism on a mesh's expert axis, and on two GB200 NVL72 racks as `plan --devices 144` chooses it.
+    Case(name="mixtral-ep", model="mixtral-8x7b", mesh="data=4,expert=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
+    Case(name="mixtral-gb200-ep", model="mixtral-8x7b", mesh="data=9,expert=8,tensor=2", hardware="gb200-nvl72", global_batch=None),
     # Issue 35's must-show: each ZeRO stage pinned, the rest planned.
     *(Case(name=f"llama3-8b-zero{z}", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=64, seq_len=2048,
            pins=LayoutPins(zero_stage=z, micro_batch=2)) for z in (0, 1, 2, 3)),
@@ -121,7 +124,7 @@ def run_case(case: Case) -> dict[str, Any]:
         return {**row, "layout": "-", "validates": False, "why": f"planning failed: {err}"}
     plan_s = time.perf_counter() - start
     lay = chosen.layout
-    row["layout"] = (f"dp{lay.dp} tp{lay.tp} pp{lay.pp} cp{lay.cp} mb{lay.micro_batch} {lay.recompute.value} z{lay.zero_stage}"
+    row["layout"] = (f"{lay.degrees_text} mb{lay.micro_batch} {lay.recompute.value} z{lay.zero_stage}"
                      + (f" v{lay.interleave}" if lay.interleave > 1 else "") + (" sp" if lay.sequence_parallel else ""))
     row["plan_s"] = plan_s
     try:

@@ -27,7 +27,7 @@ def _space(pins: LayoutPins, *, n_devices: int = 8, splits=None, model: ModelCon
 
 def test_every_pin_has_its_flag_and_prints_as_given():
     assert [flag_of(n) for n in LayoutPins.model_fields] == [
-        "--dp", "--tp", "--pp", "--cp", "--interleave", "--micro-batch", "--recompute", "--sequence-parallel", "--zero"]
+        "--dp", "--tp", "--pp", "--cp", "--ep", "--interleave", "--micro-batch", "--recompute", "--sequence-parallel", "--zero"]
     assert pin_flag("sequence_parallel", False) == "--sequence-parallel no" and pin_flag("recompute", Recompute.FULL) == "--recompute full"
     assert LayoutPins().flags == "" and LayoutPins().given == {}
     assert LayoutPins(zero_stage=0).given == {"zero_stage": 0}  # 0 is a pin, not "unset"
@@ -140,3 +140,15 @@ def test_pinned_70b_on_32_devices_plans_well_under_a_second():
     best = grid_search(llama70, train, h100, n_devices=32, space=space).best
     assert time.perf_counter() - start < 1.0
     assert (best.layout.tp, best.layout.zero_stage, best.layout.offload) == (8, 1, Offload.NONE)
+
+
+def test_an_expert_pin_fixes_the_degree_and_is_refused_where_no_expert_axis_or_expert_carries_it():
+    moe = MODEL.model_copy(update={"num_experts": 8, "experts_per_token": 2})
+    space = pinned_space(moe, TRAIN, SearchSpace(), LayoutPins(ep=4), n_devices=8, where="8 devices", devices_per_node=8)
+    assert space.expert_degrees == (4,)
+    with pytest.raises(InvalidPlanError, match="has no experts"):
+        pinned_space(MODEL, TRAIN, SearchSpace(), LayoutPins(ep=2), n_devices=8, where="8 devices", devices_per_node=8)
+    with pytest.raises(InvalidPlanError, match="does not split"):
+        pinned_space(moe, TRAIN, SearchSpace(), LayoutPins(ep=3), n_devices=8, where="8 devices", devices_per_node=8)
+    with pytest.raises(InvalidPlanError, match="expert axes of 2"):
+        pinned_space(moe, TRAIN, SearchSpace(expert_degrees=(2,)), LayoutPins(ep=4), n_devices=8, where="mesh", devices_per_node=8)

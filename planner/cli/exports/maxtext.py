@@ -44,6 +44,10 @@ def maxtext_degrees(plan: Plan) -> tuple[dict[str, int], dict[str, int]]:
         name = _MAXTEXT_PARALLELISM[axis.parallelism]
         if axis.parallelism == "dp" and plan.layout.zero_stage == 3:
             name = "fsdp"
+        if axis.size % axis.nodes_spanned:
+            raise InvalidConfigError(f"the {axis.name} axis of {axis.size} spans {axis.nodes_spanned} nodes unevenly: MaxText's "
+                                     "ici × dcn degrees cannot express it", fix="use --format json, or a mesh whose cross-node "
+                                     "axes divide evenly over the nodes")
         ici[name] *= axis.size // axis.nodes_spanned
         dcn[name] *= axis.nodes_spanned
     return ici, dcn

@@ -45,6 +45,16 @@ def test_maxtext_names_slices_for_dcn_axes_and_keeps_its_own_logical_rules(tp_pl
     assert mt["remat_policy"] in ("minimal_with_context", "minimal", "save_dot_except_mlpwi", "save_dot_except_mlp", "full")
 
 
+def test_maxtext_refuses_an_axis_its_ici_and_dcn_degrees_cannot_split_and_names_the_expert_axis():
+    from costmodel.errors import InvalidConfigError
+
+    racks = layout_plan("mixtral-8x7b", Layout(dp=72, tp=2, ep=8), hardware="gb200-nvl72", global_batch=144, seq_len=1024)
+    with pytest.raises(InvalidConfigError, match="data axis of 9 spans 2 nodes unevenly"):
+        to_maxtext(racks)
+    node = layout_plan("mixtral-8x7b", Layout(dp=8, ep=8), hardware="h100-sxm", global_batch=16, seq_len=1024)
+    assert to_maxtext(node)["ici_expert_parallelism"] == 8
+
+
 def test_maxtext_pipeline_sets_microbatches_and_layers_per_stage():
     p = plan("llama3-70b", mesh="pipeline=8,tensor=4", hardware="h100-sxm")  # a mesh whose axis names pin a pipeline
     mt = to_maxtext(p)

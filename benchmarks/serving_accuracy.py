@@ -28,14 +28,21 @@ The rows' ``serving_stack`` column names the software that served them
 (`costmodel.inputs.serving_stack`); an eager stack's per-operator host cost is the one constant
 fitted to these rows, and each source's rows are predicted with it fitted on the other sources'
 (`leave_one_source_out_host`). Otherwise the only constants are the hardware profiles'.
+
+Rows measured under load (``benchmarks/data/serving_load_runs.csv``) are simulated with continuous
+batching (`costmodel.step.continuous_batching`) at their load: clients in a closed loop, a Poisson
+rate, or all requests at once (`serve_config`), at fixed lengths (the rows' means); a row without
+lengths or a layout is skipped with why (`load_skip_reason`).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
@@ -47,12 +54,14 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.serving_stack import get_serving_stack
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.inputs.workload import InferenceConfig
+from costmodel.step.continuous_batching import LengthDistribution, ServeConfig, simulate_serving
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.inference import simulate_inference
 from planner.config import load_model, train_config
 from planner.presets import PRESETS
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "inference_runs.csv"
+LOAD_DATA = Path(__file__).resolve().parent / "data" / "serving_load_runs.csv"
 # The per-operator host costs an eager stack's fit may choose (1-60 µs).
 HOST_S_PER_OP_GRID = tuple(i * 1e-6 for i in range(1, 61))
 # Units the sources quote, to the seconds and tokens/s the predictions are in.
@@ -163,6 +172,67 @@ def source_family(row: dict[str, str]) -> str:
     return row["source"].split(",")[0].split(" ")[0] if "/" in row["source"].split(" ")[0] else row["source"].split(",")[0]
 
 
+# Metrics of rows measured under load (`benchmarks/data/serving_load_runs.csv`) → the simulated
+# result's field and the unit scale of the row's value. NIM's TTFT and inter-token latency do not
+# say mean or median: read as medians.
+LOAD_METRICS = {"ttft_s": "ttft_p50_s", "ttft_p50_s": "ttft_p50_s", "ttft_p99_s": "ttft_p99_s", "itl_s": "tpot_p50_s",
+                "tpot_p50_s": "tpot_p50_s", "tpot_p99_s": "tpot_p99_s", "e2e_latency_p50_s": "latency_p50_s",
+                "output_tokens_per_s": "output_tokens_per_s", "throughput_req_per_s": "requests_per_s"}
+LOAD_UNITS = {"ms": 1e-3, "ns": 1e-9, "s": 1.0, "tokens/s": 1.0, "req/s": 1.0}
+
+
+def load_skip_reason(row: dict[str, str]) -> str | None:
+    """Why a row measured under load cannot be simulated from its columns, or None."""
+    if row["metric"] not in LOAD_METRICS or row["measured_unit"] not in LOAD_UNITS:
+        return f"metric {row['metric']} in {row['measured_unit']} is not simulated"
+    if not row["input_len"] or not row["output_len"] or not row["tp"] or not row["replicas"]:
+        return "lengths or layout not published"
+    if row["preset"] not in PRESETS or row["precision"] not in COMPUTE_PRECISIONS or row["weight_dtype"] not in WEIGHT_DTYPES:
+        return f"no preset or precision for {row['model']}"
+    if not row["concurrency"] and row["request_rate_per_s"] == "inf" and not row["batch"]:
+        return "all requests at once without a stated count"
+    return None
+
+
+def serve_config(row: dict[str, str]) -> ServeConfig:
+    """The load a row was measured under: its clients in a closed loop, its Poisson rate, or (rate
+    ``inf``) its requests all arriving at once; fixed lengths at the row's (mean) lengths."""
+    lengths = {"input_len": LengthDistribution(fixed=int(row["input_len"])), "output_len": LengthDistribution(fixed=int(row["output_len"]))}
+    if row["concurrency"]:
+        clients = int(row["concurrency"])
+        return ServeConfig(concurrency=clients, requests=max(3 * clients, 60), **lengths)
+    if row["request_rate_per_s"] == "inf":
+        return ServeConfig(arrivals_s=(0.0,) * int(row["batch"]), requests=int(row["batch"]), **lengths)
+    return ServeConfig(rate_per_s=float(row["request_rate_per_s"]), requests=500, **lengths)
+
+
+def evaluate_load(rows: list[dict[str, str]]) -> list[dict[str, object]]:
+    """One result per row measured under load: continuous batching simulated at the row's load
+    (`costmodel.step.continuous_batching`), or the reason it was skipped."""
+    results = []
+    for row in rows:
+        measured = float(row["measured_value"]) * LOAD_UNITS.get(row["measured_unit"], math.nan)
+        result = {"source": source_family(row), "model": row["model"], "hardware": row["hardware"],
+                  "layout": f"tp{row['tp'] or '?'} x{row['replicas'] or '?'}",
+                  "load": f"{row['concurrency']} clients" if row["concurrency"] else f"{row['request_rate_per_s']} req/s",
+                  "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "metric": row["metric"], "measured": measured,
+                  "predicted": None, "error_pct": None, "skipped": load_skip_reason(row) or ""}
+        if not result["skipped"]:
+            inference = InferenceConfig(weight_dtype=WEIGHT_DTYPES[row["weight_dtype"]], kv_cache_dtype=row["kv_cache_dtype"] or "auto")
+            train = train_config(workload="decode", lora=None, inference=inference).with_precision(COMPUTE_PRECISIONS[row["precision"]])
+            layout = Layout(dp=int(row["replicas"]), tp=int(row["tp"]))
+            try:
+                served = simulate_serving(load_model(row["preset"]), train, layout, train_machine(load_hardware(row["hardware"]), train),
+                                          serve_config(row))
+            except PlannerError as err:
+                result["skipped"] = str(err).split(";")[0]
+            else:
+                predicted = float(getattr(served, LOAD_METRICS[row["metric"]]))
+                result.update(predicted=predicted, error_pct=100 * (predicted - measured) / measured)
+        results.append(result)
+    return results
+
+
 def _host_bound_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     """Rows served by a stack that dispatches operators from the host (its per-operator cost is fitted)."""
     return [r for r in rows if r.get("serving_stack") and get_serving_stack(r["serving_stack"]).host_ops_per_layer
@@ -228,6 +298,7 @@ def _fmt(results: list[dict[str, object]]) -> list[dict[str, object]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="published inference measurements CSV")
+    parser.add_argument("--load", type=Path, default=LOAD_DATA, help="published measurements under load CSV")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/serving_accuracy.csv"), help="where to write the CSV")
     args = parser.parse_args(argv)
     with args.data.open() as f:
@@ -250,6 +321,19 @@ def main(argv: list[str] | None = None) -> int:
     print_table("Decode must-show: time per output token, 1024 input / 128 output tokens", must_show(results, rows))
     write_csv(args.out, results)
     print(f"wrote {args.out}")
+    with args.load.open() as f:
+        load = evaluate_load(list(csv.DictReader(f)))
+    simulated = [r for r in load if not r["skipped"]]
+    print_table(f"Under load: continuous batching simulated ({len(simulated)} rows, {len(load) - len(simulated)} skipped)",
+                _fmt([{k: v for k, v in r.items() if k != "skipped"} for r in simulated]))
+    skipped = defaultdict(int)
+    for r in load:
+        if r["skipped"]:
+            skipped[r["source"], r["skipped"]] += 1
+    print_table("Under load: skipped rows", [{"source": k[0], "why": k[1], "rows": n} for k, n in sorted(skipped.items())])
+    for key in ("source", "metric"):
+        print_table(f"Under load: |error| per {key}", error_summary(simulated, key))
+    write_csv(args.out.with_name(args.out.stem + "_load.csv"), load)
     below = floor_violations(results)
     print(f"predicted TPOT below the HBM floor: {len(below)} rows")
     return 1 if below else 0

@@ -16,7 +16,9 @@ its first token; the time to first token is from arrival to then, the time per o
 rest of the request's time over its remaining tokens.
 
 One replica is simulated; replicas share the arrivals round-robin (a Poisson stream thinned by
-``replicas`` is Poisson at ``rate / replicas``). Deterministic under ``seed``.
+``replicas`` is Poisson at ``rate / replicas``). In a closed loop (`ServeConfig.concurrency`, as
+benchmark clients with a concurrency limit run) each client sends its next request the moment its
+previous one completes, the clients split evenly over the replicas. Deterministic under ``seed``.
 
 >>> from costmodel.hardware.machine import load_machine
 >>> from costmodel.inputs.model_config import ModelConfig
@@ -105,7 +107,8 @@ class ServeConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rate_per_s: PositiveFloat = Field(description="Requests arriving per second, over all replicas (Poisson).")
+    rate_per_s: PositiveFloat | None = Field(None, description="Requests arriving per second, over all replicas (Poisson); "
+                                             "None with a trace or a closed loop.")
     input_len: LengthDistribution = Field(description="Prompt tokens per request.")
     output_len: LengthDistribution = Field(description="Generated tokens per request.")
     requests: PositiveInt = Field(500, description="Requests simulated (per replica's share: requests / replicas).")
@@ -115,8 +118,16 @@ class ServeConfig(BaseModel):
                                                      "prompt chunks after (vLLM's max_num_batched_tokens); None: prompts prefilled "
                                                      "whole in iterations of their own.")
     arrivals_s: tuple[float, ...] | None = Field(None, description="Arrival times in seconds (a trace) instead of Poisson arrivals.")
+    concurrency: PositiveInt | None = Field(None, description="A closed loop instead: this many clients over all replicas, each "
+                                            "sending its next request when the previous completes (the rate and trace unused).")
     speculation: Speculation | None = Field(None, description="Speculative decoding with a draft model (`costmodel.step.speculative`): "
                                             "each decode iteration is a speculative step yielding its expected tokens.")
+
+    @model_validator(mode="after")
+    def _some_load(self) -> ServeConfig:
+        if self.rate_per_s is None and self.arrivals_s is None and self.concurrency is None:
+            raise ValueError("give the load: rate_per_s (Poisson), arrivals_s (a trace) or concurrency (a closed loop)")
+        return self
 
 
 class ServeResult(BaseModel):
@@ -223,9 +234,18 @@ def simulate_serving(model: ModelConfig, train: TrainConfig, layout: Layout, hw:
         return speculative_step_s(model, spec, train, replica, hw, decode_sequences=decode, cached_tokens=cached) + chunk_s
 
     rng = random.Random(cfg.seed)
-    pending = deque(_Request(t, cfg.input_len.sample(rng), cfg.output_len.sample(rng)) for t in arrivals(cfg, layout.dp, rng))
+    n = math.ceil(cfg.requests / layout.dp)
+    starts = [0.0] * min(n, math.ceil(cfg.concurrency / layout.dp)) if cfg.concurrency else arrivals(cfg, layout.dp, rng)
+    pending = deque(_Request(t, cfg.input_len.sample(rng), cfg.output_len.sample(rng)) for t in starts)
     requests = list(pending)
-    sim = _Scheduler(cfg, block, capacity, lambda d, c, p: cost_s(d, _bucket(c), p), spec.expected_tokens if spec else 1.0)
+
+    def follow_up(done: _Request) -> None:  # a closed loop's client sends its next request at once
+        if cfg.concurrency and len(requests) < n:
+            requests.append(_Request(done.done_s, cfg.input_len.sample(rng), cfg.output_len.sample(rng)))
+            pending.append(requests[-1])
+
+    sim = _Scheduler(cfg, block, capacity, lambda d, c, p: cost_s(d, _bucket(c), p), spec.expected_tokens if spec else 1.0,
+                     on_done=follow_up)
     while pending or sim.waiting or sim.running:
         if not sim.waiting and not sim.running:
             sim.now_s = max(sim.now_s, pending[0].arrival_s)
@@ -239,8 +259,9 @@ class _Scheduler:
     """The scheduler's state and one iteration's choices (module docstring)."""
 
     def __init__(self, cfg: ServeConfig, block: int, capacity: int, cost_s: Callable[[int, int, int], float],
-                 tokens_per_step: float) -> None:
+                 tokens_per_step: float, on_done: Callable[[_Request], None]) -> None:
         self.cfg, self.block, self.capacity, self.cost_s, self.tokens_per_step = cfg, block, capacity, cost_s, tokens_per_step
+        self.on_done = on_done
         self.most_per_step = math.ceil(tokens_per_step)
         self.now_s = 0.0
         self.waiting: deque[_Request] = deque()
@@ -306,6 +327,7 @@ class _Scheduler:
             r.done_s = self.now_s
             self.running.remove(r)
             self._release(r)
+            self.on_done(r)
 
     def _chunks(self, budget: float) -> list[tuple[_Request, int]]:
         """(request, prompt tokens) run this iteration: running prompts' next chunks, then newly

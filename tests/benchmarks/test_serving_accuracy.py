@@ -6,8 +6,10 @@ import pytest
 
 from benchmarks.serving_accuracy import (
     DEFAULT_DATA,
+    LOAD_DATA,
     UNIT_SCALE,
     evaluate,
+    evaluate_load,
     fit_host_s_per_op,
     floor_violations,
     leave_one_source_out_host,
@@ -110,3 +112,15 @@ def test_the_eager_per_operator_cost_is_fitted_leaving_each_source_out_and_beats
     without = evaluate([{**r, "serving_stack": "jax"} for r in eager])
     mean = lambda results: sum(abs(float(r["error_pct"])) for r in results) / len(results)  # noqa: E731
     assert mean(with_host) < 0.5 * mean(without)
+
+
+def test_every_row_under_load_is_simulated_or_skipped_with_why_and_a_closed_loop_saturates_as_measured():
+    load = evaluate_load(list(csv.DictReader(LOAD_DATA.open())))
+    assert all(r["predicted"] is not None or r["skipped"] for r in load)
+    nim = [r for r in load if r["source"].startswith("NVIDIA NIM") and r["in_out"] == "5000/500" and not r["skipped"]]
+    throughput = {int(r["load"].split()[0]): float(r["predicted"]) for r in nim if r["metric"] == "output_tokens_per_s"}
+    assert len(throughput) == 8
+    # More clients, more throughput, until the KV cache and batch bind; then a plateau (NIM measured 917-921 tokens/s
+    # from 100 to 250 clients).
+    assert throughput[1] < throughput[5] < throughput[25] < throughput[50]
+    assert max(throughput[c] for c in (150, 200, 250)) < 1.02 * min(throughput[c] for c in (150, 200, 250))

@@ -100,3 +100,21 @@ def test_speculation_trades_draft_steps_for_accepted_tokens():
 def test_a_request_no_device_can_hold_is_refused_in_one_line():
     with pytest.raises(InfeasibleError, match="the longest request needs"):
         simulate_serving(MODEL, TRAIN, Layout(), HW, _cfg(1, prompt=10_000_000))
+
+
+def test_a_closed_loop_keeps_its_clients_busy_and_serves_more_of_them_slower():
+
+    model = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+    hw, train = load_machine("h100-sxm"), TrainConfig(workload="decode")
+
+    def closed(clients: int):
+        cfg = ServeConfig(concurrency=clients, input_len=LengthDistribution(fixed=256), output_len=LengthDistribution(fixed=64),
+                          requests=64)
+        return simulate_serving(model, train, Layout(), hw, cfg)
+
+    one, many = closed(1), closed(16)
+    assert one.completed == many.completed == 64
+    assert one.mean_batch == pytest.approx(1.0, abs=0.05) and 8 < many.mean_batch <= 16
+    assert many.requests_per_s > 5 * one.requests_per_s and many.tpot_p50_s > one.tpot_p50_s
+    with pytest.raises(ValueError, match="give the load"):
+        ServeConfig(input_len=LengthDistribution(fixed=8), output_len=LengthDistribution(fixed=8))

@@ -314,6 +314,15 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "selective_ac_option='op'; DTensor [batch, seq, hidden] sequence parallelism; vanilla (not async) TP.",
     ),
     SoftwareStack(
+        name="torchtune", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_copy_out=True,
+        cross_entropy_chunks=8,
+        citation="pytorch/torchtune @1bf50ae recipes/full_finetune_distributed.py (and the LoRA recipes): "
+        "training.shard_model (FSDP2 fully_shard per layer, reshard_after_forward, cpu_offload optional), "
+        "training.set_activation_checkpointing(auto_wrap_policy={TransformerSelfAttentionLayer}); "
+        "@ce5433b torchtune/modules/loss/ce_chunked_output_loss.py CEWithChunkedOutputLoss(num_output_chunks=8): "
+        "the output projection and loss in 8 pieces; eager PyTorch kernels (its optional compile not modelled).",
+    ),
+    SoftwareStack(
         name="torchtitan-compile", batch_major=True, fsdp_copy_out=True, eager_adapters=False,
         selective_recompute=SelectiveRecompute.PER_OP,
         citation=f"{_TITAN} @9dec370: as 'torchtitan' with compile=true (train_configs/*.toml, parallelize_llama.py "

@@ -3,8 +3,12 @@
 import pytest
 
 from costmodel.errors import InvalidConfigError
-from costmodel.inputs.layout import Recompute, stack_recompute
+from costmodel.hardware.machine import load_machine
+from costmodel.inputs.layout import Layout, Recompute, stack_recompute
+from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import FACTS, STACKS, SoftwareStack, TpOverlap, apply_options, get_stack, stack_with
+from costmodel.inputs.train_config import TrainConfig
+from costmodel.step.simulator import simulate
 
 REQUIRED = ("jax", "maxtext", "megatron-lm-2021", "megatron-lm-2022", "megatron-core", "deepspeed", "megatron-deepspeed",
             "pytorch-fsdp1", "torchtitan", "torchtitan-compile")
@@ -74,3 +78,13 @@ def test_selective_means_the_frameworks_own_selective_recompute():
 def test_stack_round_trips_through_json():
     for stack in STACKS.values():
         assert SoftwareStack.model_validate_json(stack.model_dump_json()) == stack
+
+
+def test_torchtune_runs_fsdp2_as_torchtitan_with_the_loss_in_eight_pieces():
+    tune, titan = STACKS["torchtune"], STACKS["torchtitan"]
+    assert tune.cross_entropy_chunks == 8 and tune.fsdp_copy_out == titan.fsdp_copy_out and "torchtune" in tune.citation
+    model = ModelConfig(name="m", hidden_size=2048, num_layers=8, num_heads=16, ffn_size=8192, vocab_size=128256)
+    train, hw = TrainConfig(seq_len=4096, global_batch=8, workload="finetune-full"), load_machine("h100-sxm")
+    mem = {s: simulate(model, train, Layout(dp=8, zero_stage=3, recompute="full", stack=STACKS[s]), hw).memory.temporary_bytes
+           for s in ("torchtune", "torchtitan")}
+    assert mem["torchtune"] < mem["torchtitan"]  # one piece's fp32 logits, not the whole sequence's

@@ -7,10 +7,10 @@ node, the profile's NVLink tier inside a node and its default cluster's network 
 (DGX-style InfiniBand, whatever the vendor ran; the vendors' own fabrics are not in the
 catalog). The measured time is the row's out-of-place time, or where only bandwidth is published
 ``size / algbw`` (algbw = busbw / NCCL's bus factor: ``2(n−1)/n`` for all-reduce, ``(n−1)/n``
-for all-gather and reduce-scatter). Nothing is fitted here: the model does not yet choose among
-NCCL's algorithms (ring, tree, NVLS), so each row's algorithm is reported beside its error, by
-source, collective, ranks and message-size band (latency-bound under 1 MiB, bandwidth-bound from
-64 MiB).
+for all-gather and reduce-scatter). Nothing is fitted here. Each row is also predicted with NCCL's
+own tuning model (`costmodel.step.nccl`: its latencies per algorithm and protocol, the fastest
+pair chosen, or the row's algorithm where the run forced one), on the same links. Errors by source,
+collective, ranks and message-size band (latency-bound under 1 MiB, bandwidth-bound from 64 MiB).
 
     python -m benchmarks.collectives_accuracy [--data PATH] [--out benchmarks/out/collectives_accuracy.csv]
 """
@@ -25,12 +25,16 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.output import print_table, write_csv
+from costmodel.hardware.fabric import IntraNodeKind
 from costmodel.hardware.machine import load_machine
+from costmodel.hardware.registry import load_hardware
 from costmodel.step.collectives import Collective, Group, collective_s
+from costmodel.step.nccl import Choice, nccl_choice
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "nccl_tests.csv"
 COLLECTIVES = {"all_reduce": Collective.ALL_REDUCE, "all_gather": Collective.ALL_GATHER, "reduce_scatter": Collective.REDUCE_SCATTER}
 _MIB = 2**20
+NVLS_LINKS = ("nvlink4", "nvlink5")
 
 
 def bus_factor(collective: str, ranks: int) -> float:
@@ -51,12 +55,33 @@ def measured_s(row: dict[str, str]) -> float | None:
     return size / (algbw * 1e9) if algbw > 0 else None
 
 
-def predicted_s(row: dict[str, str]) -> float:
-    """The simulator's seconds for the row's collective, size and group on its part's profile."""
+def row_group(row: dict[str, str]) -> Group:
+    """The row's ranks as a group on its part's profile: its NVLink tier inside a node, its NIC across."""
     ranks, per_node = int(row["gpus"]), int(row["gpus_per_node"])
     machine = load_machine(row["hardware"], devices_per_node=per_node)
-    group = Group(n=ranks, n_nodes=max(1, ranks // per_node), intra=machine.intra, inter=machine.inter)
-    return collective_s(COLLECTIVES[row["collective"]], float(row["size_bytes"]), group)
+    return Group(n=ranks, n_nodes=max(1, ranks // per_node), intra=machine.intra, inter=machine.inter)
+
+
+def predicted_s(row: dict[str, str]) -> float:
+    """The simulator's seconds for the row's collective, size and group on its part's profile."""
+    return collective_s(COLLECTIVES[row["collective"]], float(row["size_bytes"]), row_group(row))
+
+
+def switch_reduces(hardware: str) -> bool:
+    """Whether the part's NVSwitch reduces in the switch (NVLS: NVLink 4 and later NVSwitch systems)."""
+    intra = load_hardware(hardware).intra_node
+    return intra.kind is IntraNodeKind.NVSWITCH and intra.link.name in NVLS_LINKS
+
+
+def nccl_model(row: dict[str, str]) -> Choice | None:
+    """NCCL's tuning model's choice and seconds for the row (its forced algorithm, if any); None where
+    the row's algorithm is not one the model has (CollNet/SHARP)."""
+    forced = row["algorithm"] or None
+    try:
+        return nccl_choice(row["collective"], float(row["size_bytes"]), row_group(row), nvls=switch_reduces(row["hardware"]),
+                           algorithm=forced)
+    except ValueError:
+        return None
 
 
 def size_band(size_bytes: float) -> str:
@@ -71,23 +96,34 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         measured = measured_s(row)
         if row["collective"] not in COLLECTIVES or not measured or float(row["size_bytes"]) <= 0:
             continue
-        predicted = predicted_s(row)
+        predicted, nccl = predicted_s(row), nccl_model(row)
         out.append({"source": row["source"].split()[0], "hardware": row["hardware"], "collective": row["collective"],
                     "algorithm": row["algorithm"] or "nccl's choice", "ranks": int(row["gpus"]),
                     "nodes": max(1, int(row["gpus"]) // int(row["gpus_per_node"])), "size_bytes": int(float(row["size_bytes"])),
                     "band": size_band(float(row["size_bytes"])), "measured_us": measured * 1e6, "predicted_us": predicted * 1e6,
-                    "error_pct": 100 * (predicted - measured) / measured})
+                    "error_pct": 100 * (predicted - measured) / measured,
+                    "nccl_choice": f"{nccl.algorithm}/{nccl.protocol}" if nccl else None,
+                    "nccl_us": nccl.seconds * 1e6 if nccl else None,
+                    "nccl_error_pct": 100 * (nccl.seconds - measured) / measured if nccl else None})
     return out
 
 
 def summary(results: list[dict[str, object]]) -> list[dict[str, object]]:
-    """Mean |error| and signed mean per source, part, collective, algorithm, ranks and size band."""
-    groups: dict[tuple, list[float]] = defaultdict(list)
+    """Mean |error| and signed mean per source, part, collective, algorithm, ranks and size band, of
+    the simulator's model and of NCCL's."""
+    groups: dict[tuple, list[dict[str, object]]] = defaultdict(list)
     for r in results:
-        groups[(r["source"], r["hardware"], r["collective"], r["algorithm"], r["ranks"], r["band"])].append(float(r["error_pct"]))
-    return [{"source": k[0], "hardware": k[1], "collective": k[2], "algorithm": k[3], "ranks": k[4], "band": k[5], "points": len(v),
-             "mean_abs_err_pct": statistics.mean(map(abs, v)), "signed_mean_err_pct": statistics.mean(v)}
-            for k, v in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0])))]
+        groups[(r["source"], r["hardware"], r["collective"], r["algorithm"], r["ranks"], r["band"])].append(r)
+    out = []
+    for k, rows in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        errors = [float(r["error_pct"]) for r in rows]
+        nccl = [float(r["nccl_error_pct"]) for r in rows if r["nccl_error_pct"] is not None]
+        out.append({"source": k[0], "hardware": k[1], "collective": k[2], "algorithm": k[3], "ranks": k[4], "band": k[5],
+                    "points": len(rows), "mean_abs_err_pct": statistics.mean(map(abs, errors)),
+                    "signed_mean_err_pct": statistics.mean(errors),
+                    "nccl_mean_abs_err_pct": statistics.mean(map(abs, nccl)) if nccl else None,
+                    "nccl_signed_mean_err_pct": statistics.mean(nccl) if nccl else None})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"Collective model vs published nccl-tests, by curve and size band ({len(results)} points)", summary(results))
     for band in ("latency", "middle", "bandwidth"):
         errors = [abs(float(r["error_pct"])) for r in results if r["band"] == band]
-        print(f"{band}-bound points: {len(errors)}, mean |error| {statistics.mean(errors):.1f} %")
+        nccl = [abs(float(r["nccl_error_pct"])) for r in results if r["band"] == band and r["nccl_error_pct"] is not None]
+        print(f"{band}-bound points: {len(errors)}, mean |error| {statistics.mean(errors):.1f} %; NCCL's model on "
+              f"{len(nccl)} of them: {statistics.mean(nccl):.1f} %")
     write_csv(args.out, results)
     print(f"wrote {args.out}")
     return 0

@@ -26,7 +26,7 @@ from costmodel.hardware.machine import train_machine
 from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.serving_stack import SERVING_STACKS
 from costmodel.inputs.train_config import Precision
-from costmodel.inputs.workload import InferenceConfig
+from costmodel.inputs.workload import InferenceConfig, KvCacheDtype
 from costmodel.step.continuous_batching import LengthDistribution, ServeConfig, ServeResult, simulate_serving
 from costmodel.step.speculative import Speculation
 from planner.cli.commands.arg_types import non_negative_int, positive_float, positive_int, positive_int_or_none, probability
@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of arrivals and lengths (default 0)")
     parser.add_argument("--arrivals", type=Path, help="a file of arrival times in seconds, one a line, instead of Poisson arrivals")
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16", help="compute dtype (default bf16)")
+    parser.add_argument("--kv-cache-dtype", choices=[d.value for d in KvCacheDtype], default="auto",
+                        help="KV cache storage: auto (the compute dtype, default) or fp8 (one byte: twice the blocks)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS), default="jax",
                         help="the software serving the model: jax (default), vllm, torch-compile, tensorrt-llm (compiled steps) "
                              "or hf-eager (every operator dispatched from Python: each iteration takes at least that)")
@@ -101,8 +103,8 @@ def _arrivals(path: Path | None) -> tuple[float, ...] | None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    train = train_config(workload="decode", inference=InferenceConfig(serving_stack=args.serving_stack)).with_precision(
-        Precision(args.precision))
+    inference = InferenceConfig(serving_stack=args.serving_stack, kv_cache_dtype=args.kv_cache_dtype)
+    train = train_config(workload="decode", inference=inference).with_precision(Precision(args.precision))
     cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
     hw = train_machine(cluster, train)
     speculation = (Speculation(draft=load_model(args.draft_model), draft_tokens=args.draft_tokens, acceptance_rate=args.acceptance_rate)

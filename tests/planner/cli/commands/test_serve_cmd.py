@@ -59,3 +59,8 @@ def test_an_eager_serving_stack_holds_every_iteration_to_its_host_dispatch(capsy
     compiled = _json(capsys, "--requests", "100")["chosen"]["at_rate"]
     host_s = get_serving_stack("hf-eager").host_step_s(num_layers=32)  # llama3-8b
     assert eager["tpot_p50_s"] == pytest.approx(host_s, rel=0.01) and compiled["tpot_p50_s"] < 0.5 * host_s
+
+
+def test_an_fp8_kv_cache_holds_twice_the_blocks(capsys):
+    plain = _json(capsys, "--requests", "50")["chosen"]["at_rate"]["kv_blocks"]
+    assert _json(capsys, "--requests", "50", "--kv-cache-dtype", "fp8")["chosen"]["at_rate"]["kv_blocks"] == pytest.approx(2 * plain, rel=0.01)

@@ -42,6 +42,15 @@ def logical_rules(layout: Layout, axes: dict[str, tuple[str, ...]], model: Model
     return rules
 
 
+def entry_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes one ``PartitionSpec`` entry names: none (None), one (a name) or several (a tuple).
+
+    >>> entry_axes(None), entry_axes("data"), entry_axes(("expert", "data"))
+    ((), ('data',), ('expert', 'data'))
+    """
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 def _dim_spec(size: int, mesh_axes: tuple[str, ...], mesh_shape: dict[str, int]) -> str | tuple[str, ...] | None:
     if not mesh_axes or size % math.prod(mesh_shape[a] for a in mesh_axes):
         return None
@@ -60,7 +69,7 @@ def param_specs(model: ModelConfig, rules: Rules, mesh_shape: dict[str, int]) ->
         dims = []
         for size, name in zip(leaf.shape, names):
             spec = _dim_spec(size, tuple(a for a in rules[name] if a not in used), mesh_shape)
-            used.update((spec,) if isinstance(spec, str) else spec or ())
+            used.update(entry_axes(spec))
             dims.append(spec)
         specs["/".join(str(p.key) for p in path)] = tuple(dims)
     return specs
@@ -96,7 +105,7 @@ def split_over_data(specs: dict[str, tuple[Any, ...]], shapes: dict[str, tuple[i
     """
     out = {}
     for path, dims in specs.items():
-        used = {a for d in dims for a in ((d,) if isinstance(d, str) else d or ())}
+        used = {a for d in dims for a in entry_axes(d)}
         free = tuple(a for a in data_axes if a not in used)
         new = list(dims)
         if free:

@@ -33,6 +33,7 @@ from costmodel.step.kernels import forms_gradients_locally
 from planner.plan_schema import Plan
 from planner.programs.params import Params
 from planner.programs.train_step import Batch, make_value_and_grad, micro_batched
+from planner.shardings import entry_axes
 
 
 def reduces_over_data(plan: Plan) -> bool:
@@ -45,7 +46,7 @@ def data_dims(spec: PartitionSpec, data: set[str]) -> tuple[tuple[int, tuple[str
     """``(dimension, data axes)`` for each dimension of ``spec`` that names data axes."""
     found = []
     for dim, entry in enumerate(spec):
-        axes = tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in data)
+        axes = tuple(a for a in entry_axes(entry) if a in data)
         if axes:
             found.append((dim, axes))
     return tuple(found)

@@ -41,7 +41,7 @@ from planner.programs.lora import adapter_shapes, adapter_specs, adapter_tree, i
 from planner.programs.params import abstract_params, init_params
 from planner.programs.prefill import abstract_prefill_inputs
 from planner.programs.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_loss_and_grads
-from planner.shardings import partition_spec_tree, split_over_data, zero_sharded_specs
+from planner.shardings import entry_axes, partition_spec_tree, split_over_data, zero_sharded_specs
 from validate.data_parallel_region import data_parallel_loss_and_grads, reduces_over_data
 from validate.gpipe import gpipe_loss_and_grads
 from validate.intraop_program import constrained, intra_op_program
@@ -84,7 +84,7 @@ mesh axes data, tensor (or null), one per dimension of shape (12, 768, 3072)
             raise InvalidPlanError(f"{where}: {len(spec)} entries for a {len(shape)}-dimensional parameter", fix=fix)
         used: list[str] = []
         for dim, size in zip(spec, shape):
-            axes = () if dim is None else (dim,) if isinstance(dim, str) else tuple(dim)
+            axes = entry_axes(dim)
             for axis in axes:
                 if axis not in sizes:
                     raise InvalidPlanError(f"{where}: the mesh has no axis {axis!r}", fix=fix)

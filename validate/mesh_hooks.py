@@ -21,6 +21,7 @@ from costmodel.inputs.layout import Recompute
 from planner.plan_schema import Plan
 from planner.programs.residuals import residuals_as_bits
 from planner.programs.transformer import Experts, KeepResiduals
+from planner.shardings import entry_axes
 from validate.data_parallel_region import data_dims, gathered_over_data
 
 # The reference model's jax.checkpoint policies; torchtitan's per-op and per-layer variants
@@ -72,7 +73,7 @@ def without_manual(spec: PartitionSpec) -> PartitionSpec:
         return spec
 
     def kept(dim: Any) -> Any:
-        axes = tuple(a for a in ((dim,) if isinstance(dim, str) else dim or ()) if a not in manual)
+        axes = tuple(a for a in entry_axes(dim) if a not in manual)
         return axes[0] if len(axes) == 1 else axes or None
 
     return PartitionSpec(*(kept(d) for d in spec))
@@ -95,7 +96,7 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
 
     def divides(dim: Any, n: int) -> bool:
-        return dim is None or n % math.prod(sizes[a] for a in ((dim,) if isinstance(dim, str) else dim)) == 0
+        return n % math.prod(sizes[a] for a in entry_axes(dim)) == 0
 
     def constrain(name: str, x: jax.Array) -> jax.Array:
         spec = specs.get(name)
@@ -162,7 +163,7 @@ def expert_region(plan: Plan, mesh: Mesh) -> Experts:
         return lambda fn: fn
 
     def named(entry: Any, carried: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in carried)
+        return tuple(a for a in entry_axes(entry) if a in carried)
 
     f_axes, e_axes = named(spec[3], plan.axes_of("tp")), named(spec[1], plan.axes_of("ep"))
     if not f_axes and not e_axes:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from costmodel.inputs.layout import Recompute
 from planner.plan_schema import Plan
+from planner.shardings import entry_axes
 from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns
 
 # Weights of the matmuls whose output only the layer's output needs (dead in full recompute).
@@ -235,7 +236,7 @@ def reduction_axes(plan: Plan, params: ParamShards) -> dict[str, tuple[str, ...]
 
 
 def _axes_in(spec: tuple[Any, ...]) -> tuple[str, ...]:
-    return tuple(a for d in spec if d for a in ((d,) if isinstance(d, str) else d))
+    return tuple(a for d in spec for a in entry_axes(d))
 
 
 def _by_axes(names: list[str], over: dict[str, tuple[str, ...]]) -> list[tuple[tuple[str, ...], list[str]]]:

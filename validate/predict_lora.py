@@ -38,6 +38,7 @@ from costmodel.inputs.workload import FrozenDtype, adapted_matrices
 from costmodel.workloads import Pretrain
 from planner.plan_schema import Plan
 from planner.programs.lora import adapter_shapes, adapter_specs, frozen_dtype_of
+from planner.shardings import entry_axes
 from validate.predict import predicted_collectives, predicted_matmul_flops, predicted_memory_bytes
 from validate.program_runs import F32_BYTES, PredictedCollective, param_shards
 
@@ -51,7 +52,7 @@ def lora_unpredicted_features(plan: Plan) -> list[str]:
 
 
 def _split(spec: tuple, sizes: dict[str, int], axes: tuple[str, ...] | None = None) -> int:
-    return math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d) if axes is None or a in axes)
+    return math.prod(sizes[a] for d in spec for a in entry_axes(d) if axes is None or a in axes)
 
 
 def adapter_elements_per_device(plan: Plan, *, data_whole: bool = False) -> float:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks
 from planner.plan_schema import Plan
 from planner.programs.params import abstract_params
+from planner.shardings import entry_axes
 from validate.one_f_one_b import runs_one_f_one_b
 
 F32_BYTES = 4
@@ -51,7 +52,7 @@ def param_shards(plan: Plan, specs: dict[str, tuple[Any, ...]] | None = None) ->
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(plan.model))[0]:
         name = "/".join(str(p.key) for p in path)
         spec = (specs or plan.param_specs)[name]
-        split = math.prod(sizes[a] for d in spec if d for a in ((d,) if isinstance(d, str) else d))
+        split = math.prod(sizes[a] for d in spec for a in entry_axes(d))
         out[name] = (math.prod(leaf.shape) / split, spec, leaf.shape)
     return out
 

@@ -35,6 +35,7 @@ from costmodel.oplevel.opgraph import OP_ATTR, USES_ATTR, OpNode
 from costmodel.oplevel.strategies import Strategy, axis_dims
 from costmodel.oplevel.strategy_space import StrategySpace, prune_dominated, restrict
 from planner.intraop.shard import strategy_of_spec
+from planner.shardings import entry_axes
 
 BatchDims = dict[int, frozenset[int]]  # result index → its batch dimensions
 
@@ -77,7 +78,7 @@ def rule_based_space(graph: nx.DiGraph, space: StrategySpace, input_specs: Mappi
 
 
 def _known(entry: str | tuple[str, ...] | None, space: StrategySpace) -> str | tuple[str, ...] | None:
-    names = tuple(a for a in ((entry,) if isinstance(entry, str) else entry or ()) if a in space.groups)
+    names = tuple(a for a in entry_axes(entry) if a in space.groups)
     return None if not names else names[0] if len(names) == 1 else names
 
 

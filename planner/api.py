@@ -27,7 +27,7 @@ from costmodel.step.run_overheads import RunSettings, run_overheads
 from costmodel.step.simulator import simulate
 from planner.batch import BatchChoice, devices_batch, given_batch, planned_batch, starved_warning
 from planner.config import default_seq_len, load_model, model_notes, positions_note, train_config
-from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, degrees, expert_degree
+from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, carrying, degrees, expert_degree
 from planner.plan_schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
 from planner.request import PlannerName, PlanRequest, plan_request
 from planner.shardings import logical_rules, param_specs
@@ -354,8 +354,7 @@ def _mesh_axes(mesh_spec: MeshSpec, kinds: tuple[str, ...], cluster: ClusterSpec
 
 
 def _axes_by_kind(axes: tuple[MeshAxis, ...]) -> dict[str, tuple[str, ...]]:
-    by_kind = {k: tuple(a.name for a in axes if a.parallelism == k and a.size > 1) for k in KINDS}
-    return by_kind | {"dp": by_kind["ep"] + by_kind["dp"]}  # expert axes split the batch too (`Plan.axes_of`)
+    return {k: tuple(a.name for kind in carrying(k) for a in axes if a.parallelism == kind and a.size > 1) for k in KINDS}
 
 
 def _activation_specs(lay: Layout, by_kind: dict[str, tuple[str, ...]]) -> dict[str, tuple]:

@@ -70,6 +70,17 @@ def degrees(mesh: MeshSpec, kinds: tuple[str, ...]) -> tuple[int, int, int, int]
     return by_kind["dp"] * by_kind["ep"], by_kind["tp"], by_kind["pp"], by_kind["cp"]
 
 
+def carrying(kind: str) -> tuple[str, ...]:
+    """The kinds whose mesh axes split what ``kind`` splits, in the order a spec names them: the
+    batch's data split takes the expert axes first (they split the batch too; expert-major, the
+    experts' region takes its expert-axis share without moving rows), then the data axes.
+
+    >>> carrying("dp"), carrying("tp")
+    (('ep', 'dp'), ('tp',))
+    """
+    return ("ep", "dp") if kind == "dp" else (kind,)
+
+
 def expert_degree(kinds: tuple[str, ...], sizes: tuple[int, ...]) -> int:
     """The expert-parallel degree: the product of the axes carrying ep."""
     return math.prod(size for size, kind in zip(sizes, kinds) if kind == "ep")

@@ -17,6 +17,7 @@ from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.estimate import StepEstimate
 from planner.batch import BatchChoice
+from planner.mesh_assign import carrying
 from search.pins import LayoutPins
 
 AxisSpec = tuple[str | tuple[str, ...] | None, ...]
@@ -130,8 +131,6 @@ class Plan(BaseModel):
         return self.train.workload.kind
 
     def axes_of(self, parallelism: str) -> tuple[str, ...]:
-        """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp, cp or ep). The data axes
-        include the expert axes, first: they split the batch too, and a batch split expert-major
-        lets the experts' region take its expert-axis share without moving rows."""
-        carried = ("ep", "dp") if parallelism == "dp" else (parallelism,)
-        return tuple(a.name for kind in carried for a in self.mesh if a.parallelism == kind and a.size > 1)
+        """Names of the mesh axes carrying ``parallelism`` (dp, tp, pp, cp or ep); the data axes
+        include the expert axes, first (`planner.mesh_assign.carrying`)."""
+        return tuple(a.name for kind in carrying(parallelism) for a in self.mesh if a.parallelism == kind and a.size > 1)

@@ -76,7 +76,7 @@ def _latency_s(collective: str, algo: Algorithm, proto: Protocol, group: Group) 
     intra, inter = NVLINK_HOP_US[key], NET_HOP_US[key]
     if algo is A.RING:
         inter_steps = (2 * nodes if collective == "all_reduce" else nodes - 1) if nodes > 1 else 0
-        hops = (_steps(collective, n) - inter_steps) * (intra if nodes == 1 else inter) + inter_steps * inter
+        hops = (_steps(collective, n) - inter_steps) * intra + inter_steps * inter
     elif algo is A.TREE:
         hops = 2 * ((n // nodes - 1) * intra + math.log2(nodes) * inter)
     elif algo is A.NVLS:

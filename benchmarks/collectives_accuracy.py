@@ -62,9 +62,9 @@ def row_group(row: dict[str, str]) -> Group:
     return Group(n=ranks, n_nodes=max(1, ranks // per_node), intra=machine.intra, inter=machine.inter)
 
 
-def predicted_s(row: dict[str, str]) -> float:
-    """The simulator's seconds for the row's collective, size and group on its part's profile."""
-    return collective_s(COLLECTIVES[row["collective"]], float(row["size_bytes"]), row_group(row))
+def predicted_s(row: dict[str, str], group: Group) -> float:
+    """The simulator's seconds for the row's collective and size on its `row_group`."""
+    return collective_s(COLLECTIVES[row["collective"]], float(row["size_bytes"]), group)
 
 
 def switch_reduces(hardware: str) -> bool:
@@ -73,13 +73,12 @@ def switch_reduces(hardware: str) -> bool:
     return intra.kind is IntraNodeKind.NVSWITCH and intra.link.name in NVLS_LINKS
 
 
-def nccl_model(row: dict[str, str]) -> Choice | None:
-    """NCCL's tuning model's choice and seconds for the row (its forced algorithm, if any); None where
-    the row's algorithm is not one the model has (CollNet/SHARP)."""
+def nccl_model(row: dict[str, str], group: Group) -> Choice | None:
+    """NCCL's tuning model's choice and seconds for the row on its `row_group` (its forced algorithm,
+    if any); None where the row's algorithm is not one the model has (CollNet/SHARP)."""
     forced = row["algorithm"] or None
     try:
-        return nccl_choice(row["collective"], float(row["size_bytes"]), row_group(row), nvls=switch_reduces(row["hardware"]),
-                           algorithm=forced)
+        return nccl_choice(row["collective"], float(row["size_bytes"]), group, nvls=switch_reduces(row["hardware"]), algorithm=forced)
     except ValueError:
         return None
 
@@ -96,10 +95,11 @@ def evaluate(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         measured = measured_s(row)
         if row["collective"] not in COLLECTIVES or not measured or float(row["size_bytes"]) <= 0:
             continue
-        predicted, nccl = predicted_s(row), nccl_model(row)
+        group = row_group(row)
+        predicted, nccl = predicted_s(row, group), nccl_model(row, group)
         out.append({"source": row["source"].split()[0], "hardware": row["hardware"], "collective": row["collective"],
-                    "algorithm": row["algorithm"] or "nccl's choice", "ranks": int(row["gpus"]),
-                    "nodes": max(1, int(row["gpus"]) // int(row["gpus_per_node"])), "size_bytes": int(float(row["size_bytes"])),
+                    "algorithm": row["algorithm"] or "nccl's choice", "ranks": group.n, "nodes": group.n_nodes,
+                    "size_bytes": int(float(row["size_bytes"])),
                     "band": size_band(float(row["size_bytes"])), "measured_us": measured * 1e6, "predicted_us": predicted * 1e6,
                     "error_pct": 100 * (predicted - measured) / measured,
                     "nccl_choice": f"{nccl.algorithm}/{nccl.protocol}" if nccl else None,

@@ -106,22 +106,6 @@ def stage_trainable_params(model: ModelConfig, train: TrainConfig, layout: Layou
     return layout.layers_on_stage(model.num_layers, stage) * train.workload.adapter_params_per_layer(model, tp=layout.tp)
 
 
-def data_sharded_params(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int, shards: int) -> float:
-    """Trained parameters one device of ``stage`` keeps when they are split ``shards`` ways over the
-    data axes (ZeRO): each routed expert's share only over the devices holding that expert, the
-    ``dp / ep`` of its expert-data-parallel group (Megatron's distributed optimizer and MaxText shard
-    expert state there), every other parameter over all ``shards``.
-
-    >>> m = ModelConfig(name="m", hidden_size=64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=100,
-    ...                 num_experts=8, experts_per_token=2)
-    >>> t = TrainConfig(seq_len=64, global_batch=16)
-    >>> [round(data_sharded_params(m, t, Layout(dp=8, ep=e, zero_stage=1), 0, 8)) for e in (1, 4)]
-    [55464, 55464]
-    """
-    return spread_over_data(stage_trainable_params(model, train, layout, stage), stage_expert_params(model, train, layout, stage),
-                           shards, layout.ep)
-
-
 def stage_expert_params(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:
     """Routed-expert parameters one device of ``stage`` trains (its ``1 / (tp · ep)`` share)."""
     if not train.workload.trains_base_weights:
@@ -130,8 +114,10 @@ def stage_expert_params(model: ModelConfig, train: TrainConfig, layout: Layout, 
 
 
 def spread_over_data(params: float, expert_params: float, shards: int, ep: int) -> float:
-    """``params`` split ``shards`` ways over the data axes, the ``expert_params`` among them only
-    over their expert-data-parallel group (``shards / ep`` devices).
+    """``params`` split ``shards`` ways over the data axes (ZeRO), the routed ``expert_params`` among
+    them only over their expert-data-parallel group, the ``shards / ep`` devices holding each expert
+    (Megatron's distributed optimizer and MaxText shard expert state there): per device the same
+    share of every parameter whatever ``ep`` is.
 
     >>> spread_over_data(100.0, 80.0, 8, 4)
     42.5

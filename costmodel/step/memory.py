@@ -67,7 +67,6 @@ from costmodel.inputs.train_config import TrainConfig
 from costmodel.record import Record
 from costmodel.step.activations import activation_bytes_per_layer
 from costmodel.step.data_parallel import (
-    data_sharded_params,
     frozen_layer_bytes,
     frozen_stage_bytes,
     layer_params_per_device,
@@ -194,8 +193,10 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     master_weights = holds_master_weights(train, layout)
     separate_master = mixed and not master_weights
     optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + train.moment_bytes_per_param
+    experts = stage_expert_params(model, train, layout, stage)
+
     def sharded(shards: int) -> float:  # the stage's trained parameters split ``shards`` ways over data
-        return data_sharded_params(model, train, layout, stage, shards)
+        return spread_over_data(n, experts, shards, layout.ep)
 
     params = sharded(dp if zero >= 3 else 1) * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes)
     fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
@@ -227,7 +228,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
 
     temporary = 0.0
     if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
-        temporary += micro_batch_gradient_bytes(n, train, layout, expert_params=stage_expert_params(model, train, layout, stage))
+        temporary += micro_batch_gradient_bytes(n, train, layout, expert_params=experts)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)

@@ -60,8 +60,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV cache storage (prefill and decode): auto (the compute dtype, default) or fp8 (one byte)")
     parser.add_argument("--kv-block-size", type=positive_int, help="tokens per block of the paged KV-cache allocator (default 16)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS),
-                        help="the software serving the model (prefill and decode): jax (default), vllm, tensorrt-llm "
-                             "(compiled steps) or hf-eager (Hugging Face generate(), each operator dispatched from Python: "
+                        help="the software serving the model (prefill and decode): jax (default), vllm, torch-compile, "
+                             "tensorrt-llm (compiled steps) or hf-eager (Hugging Face generate(), each operator dispatched from Python: "
                              "a step takes at least that host time; docs/workloads.md#serving-stacks)")
 
 

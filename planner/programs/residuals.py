@@ -48,7 +48,10 @@ def residuals_as_bits(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def forward(*args: Any) -> tuple[Any, Any]:
         out, backward = jax.vjp(fn, *args)
-        return out, jax.tree.map(_to_bits, backward)
+        # An argument saved as itself (a layer's weight) stays itself: a scan forwards such a
+        # residual to its stacked input, where a bitcast copy would be stacked beside it.
+        arguments = {id(a) for a in jax.tree.leaves(args)}
+        return out, jax.tree.map(lambda r: r if id(r) in arguments else _to_bits(r), backward)
 
     def backward(saved: Any, cotangent: Any) -> Any:
         return jax.tree.map(_from_bits, saved)(cotangent)

@@ -45,3 +45,19 @@ def test_cpu_compile_stacks_residuals_at_16_bits():
         assert plain - bits >= 2 * stacked_activation_bytes
     else:
         assert bits == plain
+
+
+def test_a_saved_weight_is_not_stacked_again():
+    # The layer saves its weight as itself: the scan reads it from the stacked input, so keeping
+    # residuals as bits must not stack a bitcast copy of every layer's weight beside it.
+    ws = jax.ShapeDtypeStruct((8, 512, 512), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((16, 512), jnp.bfloat16)
+
+    def temp_bytes(wrap):
+        def loss(ws, x):
+            y, _ = jax.lax.scan(lambda h, w: (wrap(jax.checkpoint(lambda h, w: jnp.tanh(h @ w)))(h, w), None), x, ws)
+            return jnp.sum(y.astype(jnp.float32))
+        return jax.jit(jax.grad(loss, argnums=1)).lower(ws, x).compile().memory_analysis().temp_size_in_bytes
+
+    weight_stack_bytes = 8 * 512 * 512 * 2
+    assert temp_bytes(residuals_as_bits) < temp_bytes(lambda f: f) + weight_stack_bytes / 2

@@ -48,7 +48,7 @@ from benchmarks.output import print_table, write_csv
 from costmodel.hardware.catalog import CHIP, MICROBENCHMARK_EFFICIENCY
 from costmodel.hardware.machine import Machine, load_machine, train_machine
 from costmodel.hardware.registry import load_hardware
-from costmodel.inputs.layout import Layout, Schedule, stack_recompute
+from costmodel.inputs.layout import Layout, Offload, Schedule, stack_recompute
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import SoftwareStack, apply_options, get_stack, stack_with
 from costmodel.inputs.train_config import OptimizerState, Precision, TrainConfig
@@ -73,7 +73,6 @@ UNMODELLED_NOTES = {
 }
 # Fine-tuning options a row ran (its yes/no columns) that the simulator does not model yet.
 UNMODELLED_COLUMNS = {
-    "param_offload": "FSDP's CPU offload of parameters and gradients is not modelled: they are costed on the device",
     "activation_offload": "activation offloading to host memory is not modelled: activations are costed on the device",
 }
 # MLPerf's GPT-3 rows do not state their SentencePiece vocabulary: GPT-3's own 50257 stands in
@@ -125,7 +124,7 @@ def layout_from_row(row: dict[str, str], machine: Machine) -> Layout:
         micro_batch=int(row["micro_batch"] or 1), interleave=interleave,
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
         recompute=stack_recompute(row["recompute"], stack), sequence_parallel=row["sequence_parallel"] == "yes",
-        zero_stage=int(row["zero_stage"]),
+        zero_stage=int(row["zero_stage"]), offload=Offload.PARAMS if row.get("param_offload") == "yes" else Offload.NONE,
         stack=stack_with(stack, attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes"),
     )
     if row["micro_batch"]:

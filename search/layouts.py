@@ -88,8 +88,9 @@ class SearchSpace(BaseModel):
     stack: Layout = Field(default_factory=Layout, description="The software stack every candidate runs: each Layout field "
                           "the search does not set (attention kernel, overlap, kernel fusion, recompute depth, ...) comes from it.")
     offload_when_nothing_fits: bool = Field(
-        False, description="When no layout fits in device memory, search again with the optimizer state offloaded to the host "
-        "(`costmodel.step.offload`; needs a cluster whose host is described); the stack's own offload setting otherwise.")
+        False, description="When no layout fits in device memory, search again with the optimizer state offloaded to the host, "
+        "then with every ZeRO-3 shard there (`costmodel.step.offload`; needs a cluster whose host is described); the "
+        "stack's own offload setting otherwise.")
     loss_pieces_when_nothing_fits: bool = Field(
         False, description=f"When no layout fits in device memory, search again with the loss in {LOSS_PIECES} pieces "
         "(`SoftwareStack.cross_entropy_chunks`: one piece's logits at a time), before offloading.")
@@ -247,7 +248,8 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
     """Cost every candidate layout; the fastest that fits wins. When nothing fits in device memory
     they are costed again, as the space allows: with the loss in pieces
     (``space.loss_pieces_when_nothing_fits``), with the optimizer state on the host
-    (``space.offload_when_nothing_fits``), then with both; the result says why
+    (``space.offload_when_nothing_fits``), then with both, then the same with the parameters
+    offloaded (ZeRO 3 only); the result says why
     (``loss_pieces_reason``, ``offload_reason``).
 
     Args:
@@ -272,9 +274,14 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
     pieces_reason = {"loss_pieces_reason": f"{budget} with the loss over whole sequences"}
     offload_reason = {"offload_reason": f"{budget} without offloading"}
     pieces = _with_loss_pieces(space) if _may_cut_the_loss(train, space, first_err) else None
-    offloaded = _offloaded(space) if _may_offload(train, machine, space, first_err) else None
+    offloaded = _offloaded(space, Offload.OPTIMIZER) if _may_offload(train, machine, space, first_err) else None
+    # Then every ZeRO-3 shard on the host (FSDP's CPU offload; shards need devices to spread over), the only
+    # offload a fine-tuning run has here.
+    params = (_offloaded(space, Offload.PARAMS) if n_devices > 1 and _may_offload(train, machine, space, first_err, Offload.PARAMS)
+              else None)
     attempts = [(pieces, pieces_reason), (offloaded, offload_reason),
-                (pieces and offloaded and _offloaded(pieces), {**pieces_reason, **offload_reason})]
+                (pieces and offloaded and _offloaded(pieces, Offload.OPTIMIZER), {**pieces_reason, **offload_reason}),
+                (params, offload_reason), (pieces and params and _offloaded(pieces, Offload.PARAMS), {**pieces_reason, **offload_reason})]
     last_err = first_err
     for attempt, reasons in attempts:
         if attempt is None:
@@ -286,11 +293,12 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
             last_err = err
             continue
         return result.model_copy(update=reasons)
-    if offloaded is None:
+    if offloaded is None and params is None:
         raise last_err
     # Not even offloading helps: say what the offloaded layouts need too.
     closest = "; ".join(over_budget(e) for e in last_err.closest)
-    raise NothingFitsError(f"{first_err.cause}; offloading the optimizer state, closest: {closest}", fix=first_err.fix,
+    what = "the parameters" if params is not None else "the optimizer state"
+    raise NothingFitsError(f"{first_err.cause}; offloading {what}, closest: {closest}", fix=first_err.fix,
                            closest=last_err.closest)
 
 
@@ -299,8 +307,8 @@ def _with_loss_pieces(space: SearchSpace) -> SearchSpace:
     return space.model_copy(update={"stack": space.stack.model_copy(update={"stack": stack})})
 
 
-def _offloaded(space: SearchSpace) -> SearchSpace:
-    return space.model_copy(update={"stack": space.stack.model_copy(update={"offload": Offload.OPTIMIZER})})
+def _offloaded(space: SearchSpace, offload: Offload) -> SearchSpace:
+    return space.model_copy(update={"stack": space.stack.model_copy(update={"offload": offload})})
 
 
 def _may_cut_the_loss(train: TrainConfig, space: SearchSpace, err: InfeasibleError) -> bool:
@@ -310,11 +318,14 @@ def _may_cut_the_loss(train: TrainConfig, space: SearchSpace, err: InfeasibleErr
             and train.seq_len % LOSS_PIECES == 0 and isinstance(err, NothingFitsError))
 
 
-def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: InfeasibleError) -> bool:
-    """Whether a search that found nothing fitting should try again offloaded: memory was the
-    cause, the planner may offload, the cluster has a host and the workload is full training."""
+def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: InfeasibleError,
+                 offload: Offload = Offload.OPTIMIZER) -> bool:
+    """Whether a search that found nothing fitting should try again with ``offload``: memory was the
+    cause, the planner may offload, the cluster has a host, and the workload is full training (the
+    optimizer state) or trains at all (the parameters)."""
+    trains = train.workload.trains_base_weights if offload is Offload.OPTIMIZER else train.workload.runs_backward
     return (space.offload_when_nothing_fits and space.stack.offload is Offload.NONE and machine.host is not None
-            and train.workload.trains_base_weights and isinstance(err, NothingFitsError))
+            and trains and isinstance(err, NothingFitsError))
 
 
 def _search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace, keep: int,

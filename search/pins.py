@@ -257,6 +257,6 @@ def pinned_failure(err: InfeasibleError, model: ModelConfig, train: TrainConfig,
 def fitting_text(e: StepEstimate) -> str:
     """``dp8 tp1 pp1 mb4 none recompute ZeRO 3 at 62.2 GiB, 1.693 s``: a fitting layout in brief."""
     lay = e.layout
-    offload = " offloaded" if lay.offload is Offload.OPTIMIZER else ""
+    offload = {Offload.OPTIMIZER: " offloaded", Offload.PARAMS: " parameters offloaded"}.get(lay.offload, "")
     return (f"dp{lay.dp} tp{lay.tp} pp{lay.pp}{f' cp{lay.cp}' if lay.cp > 1 else ''} mb{lay.micro_batch} {lay.recompute} "
             f"recompute ZeRO {lay.zero_stage}{offload} at {e.memory.total_bytes / _GIB:.1f} GiB, {e.step_time_s:.3f} s")

@@ -117,7 +117,7 @@ def offload_not_checked(plan: Plan) -> str | None:
     """What a compile-only validation of an offloaded plan leaves unchecked; None when nothing is offloaded."""
     if plan.layout.offload is Offload.NONE:
         return None
-    return (f"offload {plan.layout.offload.value}: lowered without it (optimizer state and Adam on the device), so memory per "
+    return (f"offload {plan.layout.offload.value}: lowered without it (parameters, optimizer state and Adam on the device), so memory per "
             "device, host memory and the device-host transfers are not checked; arguments, FLOPs and collectives are the "
             "device program's")
 

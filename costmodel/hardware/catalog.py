@@ -118,6 +118,12 @@ DGX_B200_HOST = HostSpec(memory_bytes_per_node=2e12, cpu_cores_per_node=112, dra
                          source="NVIDIA DGX B200 User Guide, 'Hardware Overview': 2 TB system memory (32 DIMMs), 2× Intel Xeon "
                                 "Platinum 8570, 56 cores each; 8 channels DDR5-5600 per socket (716.8 GB/s; Intel's figure for "
                                 "the 8570, two DIMMs per channel may run slower: assumed at full speed); PCIe Gen5 to each GPU")
+# Rented PCIe GPU servers state no host: assumed a DGX A100-class two-socket EPYC 7742 host with
+# 512 GB, each GPU on its own PCIe Gen4 x16 link (so offloading can be planned; labelled assumed).
+ASSUMED_PCIE4_SERVER_HOST = DGX_A100_320GB_HOST.model_copy(update={
+    "memory_bytes_per_node": 512 * GB,
+    "source": f"assumed (no published host for a rented 8-GPU PCIe server): 512 GB system memory; {_EPYC_7742_PAIR}; "
+              "PCIe Gen4 x16 per GPU (the GPU's own interface)"})
 # A GB200 superchip is one Grace CPU (72 cores, up to 480 GB LPDDR5X at up to 512 GB/s) and two B200
 # GPUs on NVLink-C2C (900 GB/s bidirectional per superchip); the NVL72 has 36.
 _C2C_SHARED = LinkSpec(name="nvlink-c2c", bytes_per_s=225 * GB, latency_s=1e-6, efficiency=0.8,
@@ -366,7 +372,7 @@ CATALOG: dict[str, ClusterSpec] = {c.name: c for c in (
              node="8× L40S over PCIe Gen4 x16, 400 Gb/s per node (AWS EC2 g6e.48xlarge)."),
     _cluster(A10G, PCIE4, ETH_100, kind=IntraNodeKind.PCIE,
              node="8× A10G over PCIe Gen4 x16, 100 Gb/s per node (AWS EC2 g5.48xlarge)."),
-    _cluster(RTX_4090, PCIE4, ETH_100, kind=IntraNodeKind.PCIE,
+    _cluster(RTX_4090, PCIE4, ETH_100, kind=IntraNodeKind.PCIE, host=ASSUMED_PCIE4_SERVER_HOST,
              node="8× RTX 4090 over PCIe Gen4 x16 (assumed: a rented 8-GPU server; GeForce drivers disable peer-to-peer, so "
                   "NCCL stages through host memory, taken at PCIe speed, an assumption) and 100 Gb/s per node (assumed)."),
     _cluster(RTX_A6000, PCIE4, ETH_100, kind=IntraNodeKind.NVLINK_PAIRS, pair_link=NVLINK3_BRIDGE_A6000,

@@ -49,12 +49,14 @@ class Schedule(StrEnum):
 
 
 class Offload(StrEnum):
-    """What lives in host memory (`costmodel.step.offload`): nothing, or ZeRO-Offload's optimizer
+    """What lives in host memory (`costmodel.step.offload`): nothing; ZeRO-Offload's optimizer
     state (fp32 master weights, Adam moments and the fp32 gradients they are updated from),
-    with the Adam step on the CPU."""
+    with the Adam step on the CPU; or, with ZeRO 3, every parameter's shard too (FSDP's
+    ``CPUOffload(offload_params=True)``: the device holds only the units it has gathered)."""
 
     NONE = "none"
     OPTIMIZER = "optimizer"
+    PARAMS = "params"
 
 
 class Layout(BaseModel):
@@ -75,8 +77,9 @@ class Layout(BaseModel):
     recompute: Recompute = Field(Recompute.NONE, description="Activation recompute policy.")
     sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (Megatron SP).")
     zero_stage: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +grads, 3 +params (FSDP).")
-    offload: Offload = Field(Offload.NONE, description="What is held in host memory: 'none', or 'optimizer' (ZeRO-Offload: "
-                             "master weights, Adam moments and fp32 gradients on the host, Adam on the CPU).")
+    offload: Offload = Field(Offload.NONE, description="What is held in host memory: 'none'; 'optimizer' (ZeRO-Offload: "
+                             "master weights, Adam moments and fp32 gradients on the host, Adam on the CPU); or 'params' (with "
+                             "ZeRO 3: FSDP's CPU offload, the parameter and gradient shards and the optimizer on the host).")
     stack: SoftwareStack = Field(
         default_factory=lambda: STACKS["jax"],
         description="The software that runs the layout: kernel fusion, overlap, recompute style, ZeRO behaviour "
@@ -167,6 +170,10 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
             fix="use ep=1 or a divisor of both",
         )
     check_optimizer_state(layout, train)
+    if layout.offload is Offload.PARAMS and (layout.zero_stage < 3 or layout.pp > 1):
+        raise InvalidPlanError(f"offloading the parameters (FSDP's CPU offload) copies each ZeRO-3 shard up before its gather; "
+                               f"this layout has ZeRO {layout.zero_stage}{f' and {layout.pp} pipeline stages' if layout.pp > 1 else ''}",
+                               fix="use --zero 3 without pipeline stages, or --offload optimizer")
     if layout.interleave > 1 and layout.pp == 1:
         raise InvalidPlanError(f"interleave={layout.interleave} needs pipeline parallelism (pp > 1)", fix="set interleave=1")
     if layout.stage_layers is not None and (len(layout.stage_layers) != layout.pp or sum(layout.stage_layers) != model.num_layers
@@ -185,6 +192,9 @@ def check_optimizer_state(layout: Layout, train: TrainConfig) -> None:
         raise InvalidPlanError(f"the optimizer step in backward applies each gradient as it is formed, so it cannot accumulate "
                                f"{n_micro} micro-batches", fix="give --micro-batch global_batch/dp (one micro-batch per step) "
                                "or drop --optimizer-in-backward")
+    if layout.offload is Offload.PARAMS and train.optimizer_in_backward:
+        raise InvalidPlanError("with the parameters offloaded the optimizer steps on the host after the backward, not in it",
+                               fix="drop --optimizer-in-backward, or use --offload none")
     if layout.offload is Offload.OPTIMIZER and (train.optimizer_in_backward or train.optimizer_state != "fp32"):
         raise InvalidPlanError(f"the offloaded optimizer (ZeRO-Offload's CPU Adam) steps fp32 state after the backward, not "
                                f"{train.optimizer_state.value} state{' in backward' if train.optimizer_in_backward else ''}",

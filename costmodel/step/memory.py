@@ -38,6 +38,10 @@ weights too, stages 1–2 only the adapters' state. Under the fp8 recipe the fp8
 keeps of the frozen weights (`costmodel.step.fp8_memory.fp8_weight_copy_bytes`) count as frozen weights. Activations follow
 `costmodel.step.activations.lora_activation_terms`.
 
+Offloading (`costmodel.step.offload`, itemised in ``host``): ZeRO-Offload leaves the device one
+gradient bucket and no optimizer state; parameter offload (ZeRO 3) leaves it no parameter,
+gradient or optimizer state at all, only what ZeRO 3 gathers while a unit runs (temporaries).
+
 >>> from costmodel.inputs.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
 >>> from costmodel.inputs.stack import stack_with
@@ -77,7 +81,7 @@ from costmodel.step.data_parallel import (
 from costmodel.step.fp8_memory import fp8_weight_copy_bytes
 from costmodel.step.kernels import forms_gradients_locally, holds_master_weights
 from costmodel.step.lockstep import in_flight_slots, runs_lockstep
-from costmodel.step.offload import HostMemory, device_grad_bytes, host_memory
+from costmodel.step.offload import HostMemory, device_grad_bytes, host_memory, param_host_memory
 
 # Gradient-reduction buckets in flight (PyTorch DDP's default bucket is 25 MB, two in flight).
 _REDUCTION_BUCKETS_BYTES = 2 * 25e6
@@ -214,11 +218,14 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     if train.optimizer_in_backward:  # each gradient applied and freed as it is formed: the largest weight's at most
         grads = min(grads, _largest_param(model, layout, ends=first or last) * grad_bytes / grad_split)
     optimizer = sharded(dp if zero >= 1 else 1) * optimizer_per_param
-    offloaded = layout.offload is Offload.OPTIMIZER
+    offloaded = layout.offload is not Offload.NONE
     host = None
-    if offloaded:  # ZeRO-Offload: state and fp32 gradients of the dp partition on the host, a bucket on the device
+    if layout.offload is Offload.OPTIMIZER:  # ZeRO-Offload: state and fp32 gradients on the host, a bucket on the device
         grads, optimizer = device_grad_bytes(n, _largest_param(model, layout, ends=first or last), train), 0.0
         host = host_memory(sharded(dp), train, micro_batches=n_micro, capacity_bytes=host_capacity_bytes)
+    elif layout.offload is Offload.PARAMS:  # every shard and the optimizer on the host; units on the device while gathered
+        host = param_host_memory(sharded(dp), frozen, train, capacity_bytes=host_capacity_bytes)
+        params, frozen, grads, optimizer = 0.0, 0.0, 0.0, 0.0
 
     layers = layout.layers_on_stage(model.num_layers, stage)
     sb = layout.micro_batch * train.seq_len / layout.cp

@@ -33,6 +33,19 @@ stream and are exposed in full (``reduce_ipg_grads``). The CPU Adam step and the
 backward in series and are exposed in full (the paper's one-step delayed parameter update is
 not modelled).
 
+**Parameter offload** (``Offload.PARAMS``, with ZeRO 3), as PyTorch FSDP1 runs
+``CPUOffload(offload_params=True)`` (pytorch/pytorch ``torch/distributed/fsdp/_runtime_utils.py``,
+read through the project's code search, version not pinned): each rank's shard of every wrapped
+unit lives on the host as stored, and is copied up before the unit's all-gather, in forward and
+again in backward (the unit is resharded after forward; a checkpointed unit's recompute runs
+while it is gathered for backward); each reduced gradient shard is cast to the parameter dtype
+and copied down (``_cast_grad_to_param_dtype``, ``_offload_grad``: ``flat_param._cpu_grad``),
+and the optimizer steps the host copy. The copies run on FSDP's side streams behind the compute
+of the units before (prefetch), so a micro-batch waits only for what they take beyond its
+forward and backward; the CPU optimizer step follows the backward, exposed. Its rate is taken as
+DeepSpeed's CPU Adam's (`costmodel.hardware.host`): torch's CPU AdamW is slower, so for full
+fine-tuning this is optimistic; under LoRA the step is tiny either way.
+
 >>> from costmodel.hardware.catalog import DGX_A100_320GB_HOST
 >>> t = offload_times(8e9, TrainConfig(global_batch=1), micro_batches=1, backward_s=10.0, overlap=True, host=DGX_A100_320GB_HOST,
 ...                   devices_sharing=1)
@@ -57,17 +70,22 @@ _FP32_BYTES = 4
 class HostMemory(Record):
     """Host memory one device's offloaded partition takes, by kind, and its share of the node's."""
 
-    master_weights_bytes: NonNegativeFloat = Field(description="fp32 master weights of the partition.")
+    master_weights_bytes: NonNegativeFloat = Field(description="The partition's trained weights the optimizer updates: fp32 "
+                                                   "master weights (ZeRO-Offload), or the shard as stored (parameter offload).")
     moments_bytes: NonNegativeFloat = Field(description="Adam's first and second moments, fp32.")
-    grads_bytes: NonNegativeFloat = Field(description="fp32 gradients Adam reads.")
+    grads_bytes: NonNegativeFloat = Field(description="Gradients the optimizer reads: fp32 (ZeRO-Offload), in the parameters' "
+                                          "dtype (parameter offload).")
     param_copy_bytes: NonNegativeFloat = Field(description="The 16-bit copy of the updated partition sent to the device.")
     accumulated_grads_bytes: NonNegativeFloat = Field(description="16-bit running gradient sums with gradient accumulation; else 0.")
+    frozen_weights_bytes: NonNegativeFloat = Field(0.0, description="Parameter offload: the shard of the frozen weights "
+                                                   "(fine-tuning), as stored.")
     capacity_bytes: NonNegativeFloat | None = Field(None, description="This device's share of its node's host memory, when known.")
 
     @computed_field(description="Sum of the items.")
     @property
     def total_bytes(self) -> float:
-        return self.master_weights_bytes + self.moments_bytes + self.grads_bytes + self.param_copy_bytes + self.accumulated_grads_bytes
+        return (self.master_weights_bytes + self.moments_bytes + self.grads_bytes + self.param_copy_bytes + self.accumulated_grads_bytes
+                + self.frozen_weights_bytes)
 
     @computed_field(description="Whether total_bytes fits in capacity_bytes (None when the capacity is unknown).")
     @property
@@ -82,10 +100,15 @@ class OffloadTimes(Record):
     grads_to_host_bytes: NonNegativeFloat = Field(description="Gradient bytes copied device → host per step (during backward).")
     grads_from_host_bytes: NonNegativeFloat = Field(description="Running gradient sums fetched host → device per step "
                                                     "(gradient accumulation, during backward).")
-    params_to_device_bytes: NonNegativeFloat = Field(description="Updated 16-bit parameter bytes copied host → device per step.")
+    params_to_device_bytes: NonNegativeFloat = Field(description="Parameter bytes copied host → device per step: the updated "
+                                                     "16-bit partition (ZeRO-Offload), or every shard before each gather "
+                                                     "(parameter offload).")
     link_bytes_per_s: NonNegativeFloat = Field(description="Device↔host bandwidth per direction used (peak × efficiency).")
-    exposed_grads_s: NonNegativeFloat = Field(description="Seconds the gradient copies outlast the backward they run behind.")
-    params_to_device_s: NonNegativeFloat = Field(description="Seconds of the parameter copy up (after Adam, exposed).")
+    exposed_grads_s: NonNegativeFloat = Field(description="Seconds the copies during the micro-batches outlast the compute they "
+                                              "run behind (ZeRO-Offload: the gradients' behind backward; parameter offload: "
+                                              "both directions behind forward and backward).")
+    params_to_device_s: NonNegativeFloat = Field(description="Seconds of the parameter copy up after the optimizer (ZeRO-Offload, "
+                                                 "exposed); 0 under parameter offload, whose copies up run with the gathers.")
     cpu_adam_params_per_s: NonNegativeFloat = Field(description="Parameters per second CPU Adam updates for this device.")
     cpu_adam_s: NonNegativeFloat = Field(description="Seconds of the CPU Adam step over the partition (exposed).")
 
@@ -115,7 +138,8 @@ def require_host(host: HostSpec | None, cluster: str) -> HostSpec:
 
 
 def check_offloadable(train: TrainConfig) -> None:
-    """Raise `UnsupportedError` unless ``train`` is full training, the only workload offloaded here.
+    """Raise `UnsupportedError` unless ``train`` is full training, the only workload whose optimizer
+    state is offloaded here (ZeRO-Offload).
 
     >>> check_offloadable(TrainConfig(workload="finetune-lora"))
     Traceback (most recent call last):
@@ -123,6 +147,47 @@ def check_offloadable(train: TrainConfig) -> None:
     """
     if not train.workload.trains_base_weights:
         raise UnsupportedError(f"offloading is modelled for full training, not {train.workload.kind}", fix="use --offload none")
+
+
+def param_host_memory(trained_params: float, frozen_bytes: float, train: TrainConfig, *, capacity_bytes: float | None) -> HostMemory:
+    """Host bytes of one device's shards under parameter offload: the trained shard as stored, its
+    gradient in the same dtype, the optimizer's moments, and the frozen shard.
+
+    >>> m = param_host_memory(1e9, 0.0, TrainConfig(), capacity_bytes=None)
+    >>> m.master_weights_bytes / 1e9, m.grads_bytes / 1e9, m.moments_bytes / 1e9  # fp32 weights and gradient, two fp32 moments
+    (4.0, 4.0, 8.0)
+    """
+    stored = trained_params * train.param_dtype.bytes
+    return HostMemory(master_weights_bytes=stored, moments_bytes=trained_params * train.moment_bytes_per_param, grads_bytes=stored,
+                      param_copy_bytes=0.0, accumulated_grads_bytes=0.0, frozen_weights_bytes=frozen_bytes,
+                      capacity_bytes=capacity_bytes)
+
+
+def param_offload_times(trained_params: float, shard_bytes: float, train: TrainConfig, *, micro_batches: int,
+                        micro_batch_s: float, host: HostSpec, devices_sharing: int) -> OffloadTimes:
+    """Parameter offload's traffic and CPU optimizer step for one device (see the module docstring).
+
+    Args:
+      trained_params: parameters of this device's trained shard (their gradients go down).
+      shard_bytes: bytes of this device's whole shard as stored (trained and frozen: it goes up twice
+        per micro-batch, before the forward and the backward gathers).
+      micro_batch_s: one micro-batch's forward and backward on this device, which the copies run behind.
+
+    >>> from costmodel.hardware.catalog import DGX_A100_320GB_HOST
+    >>> t = param_offload_times(0.0, 12.8e9, TrainConfig(), micro_batches=2, micro_batch_s=0.5, host=DGX_A100_320GB_HOST,
+    ...                         devices_sharing=1)
+    >>> t.params_to_device_bytes / 1e9, t.exposed_grads_s  # 2 × 12.8 GB per micro-batch at 25.6 GB/s: 1 s, 0.5 s of it hidden
+    (51.2, 1.0)
+    """
+    up = 2 * shard_bytes
+    down = trained_params * train.param_dtype.bytes
+    rate = host.link_bytes_per_s
+    adam_rate = host.adam_params_per_s(devices_sharing=devices_sharing)
+    return OffloadTimes(
+        offloaded_params=trained_params, grads_to_host_bytes=micro_batches * down, grads_from_host_bytes=0.0,
+        params_to_device_bytes=micro_batches * up, link_bytes_per_s=rate,
+        exposed_grads_s=micro_batches * max(0.0, max(up, down) / rate - micro_batch_s), params_to_device_s=0.0,
+        cpu_adam_params_per_s=adam_rate, cpu_adam_s=trained_params / adam_rate)
 
 
 def device_grad_bytes(partition_params: float, largest_param: float, train: TrainConfig) -> float:

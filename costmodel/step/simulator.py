@@ -11,7 +11,8 @@
    fp16's gradient unscaling (all HBM-bound).
 5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
 6. With offloading (`costmodel.step.offload`), instead of the device's optimizer update and gradient
-   accumulation: the device↔host copies beyond what backward hides, and Adam on the CPU.
+   accumulation: the device↔host copies beyond what the compute hides (ZeRO-Offload's gradients
+   behind backward; parameter offload's shards behind forward and backward), and Adam on the CPU.
 
 >>> from costmodel.step.collectives import Tier
 >>> from costmodel.hardware.machine import Machine
@@ -34,14 +35,14 @@ from costmodel.inputs.layout import Layout, Offload, Schedule, check_layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import OptimizerState, TrainConfig
 from costmodel.step.collectives import all_gather_s, exposed_s, p2p_s
-from costmodel.step.data_parallel import data_parallel_costs, trainable_params_per_device
+from costmodel.step.data_parallel import data_parallel_costs, frozen_stage_bytes, trainable_params_per_device
 from costmodel.step.estimate import StepEstimate, TimeBreakdown
 from costmodel.step.inference import simulate_inference
 from costmodel.step.kernels import KernelKind, embedding_forward_kernels, head_forward_kernels, layer_forward_kernels
 from costmodel.step.layer_costs import LayerCosts, layer_costs, phase_time
 from costmodel.step.lockstep import runs_lockstep
 from costmodel.step.memory import MemoryBreakdown, memory_breakdown
-from costmodel.step.offload import OffloadTimes, check_offloadable, offload_times, require_host
+from costmodel.step.offload import OffloadTimes, check_offloadable, offload_times, param_offload_times, require_host
 from costmodel.step.recompute import recomputed_kernels
 from costmodel.step.schedules import PipelineTimes, lockstep_step_estimate, pipeline_step_estimate, simulate_pipeline
 from costmodel.step.stage_split import identical_stage_layers
@@ -217,14 +218,20 @@ def exposed_stage_transfer_s(send_s: float, stages: list[_Stage], layout: Layout
     return exposed_s(send_s, chunk_step_s, hw.efficiency.overlap_slowdown)
 
 
-def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, backward_s: float) -> tuple[OffloadTimes, float]:
+def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, stage: _Stage) -> tuple[OffloadTimes, float]:
     """The step's offload costs and the device's share of its node's host memory."""
-    check_offloadable(train)
     host = require_host(hw.host, hw.name)
     sharing = min(layout.n_devices, hw.devices_per_node)
     partition = trainable_params_per_device(model, train, layout) / layout.dp
-    times = offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=backward_s,
-                          overlap=layout.stack.dp_overlap, host=host, devices_sharing=sharing)
+    if layout.offload is Offload.PARAMS:
+        frozen = 0.0 if train.workload.trains_base_weights else frozen_stage_bytes(model, train, layout, 0) / layout.dp
+        shard_bytes = partition * train.param_dtype.bytes + frozen
+        times = param_offload_times(partition, shard_bytes, train, micro_batches=layout.micro_batches(train),
+                                    micro_batch_s=stage.forward_s + stage.backward_s, host=host, devices_sharing=sharing)
+    else:
+        check_offloadable(train)
+        times = offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=stage.backward_s,
+                              overlap=layout.stack.dp_overlap, host=host, devices_sharing=sharing)
     return times, host.memory_bytes_per_node / sharing
 
 
@@ -255,8 +262,8 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
     offload, host_capacity = None, None
-    if layout.offload is Offload.OPTIMIZER:  # Adam and the accumulation run on the host instead
-        offload, host_capacity = _offload(model, train, layout, hw, busiest.backward_s)
+    if layout.offload is not Offload.NONE:  # the optimizer and the accumulation run on the host instead
+        offload, host_capacity = _offload(model, train, layout, hw, busiest)
         optimizer_s = accumulate_s = 0.0
     memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes), reserve_bytes=hw.memory_reserve_bytes,
                               host_capacity_bytes=host_capacity)

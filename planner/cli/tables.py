@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from costmodel.inputs.layout import Offload
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.memory import MemoryBreakdown
@@ -120,15 +121,22 @@ def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, st
     off, host = est.breakdown.offload, est.memory.host
     if off is None or host is None:
         return []
-    why = f"optimizer state on the host because {reason}" if reason else "optimizer state on the host (--offload optimizer)"
+    params = est.layout.offload is Offload.PARAMS
+    what, flag = ("parameter shards and optimizer", "params") if params else ("optimizer state", "optimizer")
+    why = f"{what} on the host because {reason}" if reason else f"{what} on the host (--offload {flag})"
     capacity = f" of {host.capacity_bytes / _GIB:,.0f} GiB (this device's share of the node)" if host.capacity_bytes else ""
+    how = ("shards go up before each gather, gradients down, behind forward and backward" if params
+           else "gradients run behind backward, parameters go up after Adam")
+    items = ((("weights / moments / grads / frozen weights", (host.master_weights_bytes, host.moments_bytes, host.grads_bytes,
+                                                              host.frozen_weights_bytes)),) if params else
+             (("master / moments / grads / 16-bit copy / accumulators", (host.master_weights_bytes, host.moments_bytes,
+                                                                        host.grads_bytes, host.param_copy_bytes,
+                                                                        host.accumulated_grads_bytes)),))
     return [
         ("offload", f"{why}; costs {off.exposed_transfer_s:.3f} s/step of PCIe and {off.cpu_adam_s:.3f} s of CPU Adam"),
         ("  device↔host", f"{(off.grads_to_host_bytes + off.grads_from_host_bytes + off.params_to_device_bytes) / 1e9:,.1f} GB "
                          f"a step at {off.link_bytes_per_s / 1e9:.1f} GB/s = {off.transfer_s:.3f} s, {off.exposed_transfer_s:.3f} s "
-                         "exposed (gradients run behind backward, parameters go up after Adam)"),
+                         f"exposed ({how})"),
         ("host memory", f"{host.total_bytes / _GIB:,.1f} GiB{capacity}"),
-        ("  master / moments / grads / 16-bit copy / accumulators",
-         " / ".join(f"{v / _GIB:.1f}" for v in (host.master_weights_bytes, host.moments_bytes, host.grads_bytes,
-                                                 host.param_copy_bytes, host.accumulated_grads_bytes)) + " GiB"),
+        *((f"  {label}", " / ".join(f"{v / _GIB:.1f}" for v in values) + " GiB") for label, values in items),
     ]

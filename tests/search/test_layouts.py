@@ -165,6 +165,20 @@ def test_the_loss_in_pieces_keeps_out_of_pipelines_where_only_lowered_layouts_go
     assert all(lay.pp == 1 for lay in layouts) and pruned[LOSS_PIECES_PIPELINE_RULE] > 0
 
 
+def test_a_fine_tuning_run_that_fits_nowhere_offloads_its_parameter_shards_and_says_why():
+    # Llama 2 70B QLoRA on two 24 GB cards (Answer.AI's fsdp_qlora workstation): the nf4 weights alone are 17 GiB a card.
+    llama2_70b = LLAMA3_8B.model_copy(update={"name": "llama2-70b", "hidden_size": 8192, "num_layers": 80, "num_heads": 64,
+                                              "ffn_size": 28672, "vocab_size": 32000})
+    qlora = TrainConfig(seq_len=2048, global_batch=4, workload={"kind": "finetune-lora", "lora": {"frozen_dtype": "nf4-dq"}})
+    space = SearchSpace(splits=((2, 1, 1, 1),), micro_batches=(1, 2), recompute=(Recompute.FULL,), offload_when_nothing_fits=True,
+                        stack=Layout(stack=stack_with("pytorch-fsdp1")))  # FSDP alone, as the workstation ran it
+    result = grid_search(llama2_70b, qlora, load_machine("rtx-4090"), n_devices=2, space=space)
+    best = result.best
+    assert best.layout.offload is Offload.PARAMS and best.layout.zero_stage == 3 and best.fits
+    assert best.memory.params_bytes == 0 and best.memory.host.frozen_weights_bytes > 15 * 2**30
+    assert result.offload_reason.endswith("without offloading")
+
+
 def test_no_offload_where_the_cluster_describes_no_host():
     a40 = load_machine("a40")
     space = SearchSpace(micro_batches=(1,), recompute=(Recompute.FULL,), offload_when_nothing_fits=True)

@@ -45,6 +45,7 @@ from planner.plan_schema import Plan
 from planner.request import PlanRequest, plan_request
 
 _GIB = 2**30
+OFFLOADED = {Offload.OPTIMIZER: " · optimizer offloaded", Offload.PARAMS: " · parameters offloaded"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -258,7 +259,7 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     chunks += f" · layers per stage {'/'.join(map(str, lay.stage_layers))}" if lay.stage_layers else ""
     training_terms = (f" · micro-batch {lay.micro_batch} · {lay.recompute} recompute · ZeRO {lay.zero_stage}"
                       f"{' · sequence parallel' if lay.sequence_parallel else ''}"
-                      f"{' · optimizer offloaded' if lay.offload is Offload.OPTIMIZER else ''}")
+                      f"{OFFLOADED.get(lay.offload, '')}")
     serving_terms = f" · {lay.dp} replica(s) of {lay.tp * lay.pp} device(s)"
     pred = Table(title=f"{lay.degrees_text}{chunks}{training_terms if p.train.workload.runs_backward else serving_terms}",
                  show_header=False)

@@ -61,3 +61,15 @@ def test_the_step_in_backward_is_refused_with_gradient_accumulation_or_offload()
     with pytest.raises(InvalidPlanError, match="not 8bit state"):
         check_layout(Layout(dp=2, micro_batch=8, offload="optimizer"), MODEL,
                      TrainConfig(seq_len=128, global_batch=16, optimizer_state="8bit"), n_devices=2)
+
+
+def test_offloading_the_parameters_needs_zero_3_without_pipeline_stages_nor_the_step_in_backward():
+    train = TrainConfig(seq_len=128, global_batch=16)
+    check_layout(Layout(dp=2, micro_batch=8, zero_stage=3, offload="params"), MODEL, train, n_devices=2)
+    for layout in (Layout(dp=2, micro_batch=8, zero_stage=2, offload="params"),
+                   Layout(dp=2, pp=2, micro_batch=8, zero_stage=3, offload="params")):
+        with pytest.raises(InvalidPlanError, match="copies each ZeRO-3 shard up before its gather.*fix: use --zero 3"):
+            check_layout(layout, MODEL, train, n_devices=layout.n_devices)
+    with pytest.raises(InvalidPlanError, match="steps on the host after the backward"):
+        check_layout(Layout(dp=2, micro_batch=8, zero_stage=3, offload="params"), MODEL,
+                     train.model_copy(update={"optimizer_in_backward": True}), n_devices=2)

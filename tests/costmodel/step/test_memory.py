@@ -276,3 +276,17 @@ def test_without_zero_expert_parallelism_divides_the_experts_state():
     whole, spread = (memory_breakdown(MOE, TRAIN, Layout(dp=8, ep=ep)) for ep in (1, 8))
     experts = MOE.num_layers * MOE.routed_expert_params_per_layer
     assert whole.optimizer_bytes - spread.optimizer_bytes == pytest.approx(experts * (1 - 1 / 8) * TRAIN.moment_bytes_per_param)
+
+
+def test_offloaded_parameters_leave_the_device_only_what_zero_3_gathers():
+    lora = TrainConfig(seq_len=1024, global_batch=8, workload="finetune-lora")
+    kept = memory_breakdown(MODEL, lora, Layout(dp=2, micro_batch=4, zero_stage=3))
+    off = memory_breakdown(MODEL, lora, Layout(dp=2, micro_batch=4, zero_stage=3, offload="params"), host_capacity_bytes=1e12)
+    assert off.params_bytes == off.grads_bytes == off.optimizer_bytes == off.frozen_params_bytes == 0
+    assert (off.activations_bytes, off.temporary_bytes) == (kept.activations_bytes, kept.temporary_bytes)
+    # Host: the frozen shard as the device held it, the adapters' shard with its gradient and moments (fp32 here).
+    host = off.host
+    assert host.frozen_weights_bytes == pytest.approx(kept.frozen_params_bytes)
+    adapters = host.master_weights_bytes / 4
+    assert (host.grads_bytes, host.moments_bytes) == (pytest.approx(4 * adapters), pytest.approx(8 * adapters))
+    assert off.host_bytes == pytest.approx(host.frozen_weights_bytes + 16 * adapters) and host.fits

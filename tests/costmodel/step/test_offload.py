@@ -5,7 +5,16 @@ import pytest
 from costmodel.errors import UnsupportedError
 from costmodel.hardware.catalog import DGX_A100_320GB_HOST
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.step.offload import REDUCE_BUCKET_ELEMENTS, check_offloadable, device_grad_bytes, host_memory, offload_times, require_host
+from costmodel.step.offload import (
+    REDUCE_BUCKET_ELEMENTS,
+    check_offloadable,
+    device_grad_bytes,
+    host_memory,
+    offload_times,
+    param_host_memory,
+    param_offload_times,
+    require_host,
+)
 
 N = 8e9  # parameters of one device's partition
 BF16 = TrainConfig()
@@ -60,3 +69,21 @@ def test_without_overlap_every_copy_of_the_backward_is_exposed():
     queued = offload_times(N, BF16, overlap=False, **kw)
     assert hidden.exposed_grads_s == 0.0
     assert queued.exposed_grads_s == pytest.approx((queued.grads_to_host_bytes + queued.grads_from_host_bytes) / queued.link_bytes_per_s)
+
+
+def test_parameter_offload_sends_every_shard_up_twice_a_micro_batch_and_hides_it_behind_the_compute():
+    shard = 12.8e9  # bytes of one device's shards as stored
+    kw = {"micro_batches": 3, "host": DGX_A100_320GB_HOST, "devices_sharing": 1}
+    hidden = param_offload_times(1e8, shard, BF16, micro_batch_s=10.0, **kw)
+    assert hidden.params_to_device_bytes == 3 * 2 * shard and hidden.grads_to_host_bytes == 3 * 1e8 * 4  # fp32 gradients
+    assert hidden.exposed_transfer_s == 0.0 and hidden.params_to_device_s == 0.0  # the next step's gathers fetch the update
+    short = param_offload_times(1e8, shard, BF16, micro_batch_s=0.25, **kw)
+    assert short.exposed_grads_s == pytest.approx(3 * (2 * shard / (32e9 * 0.8) - 0.25))
+    assert short.cpu_adam_s == pytest.approx(1e8 * 34 / (409.6e9 * 0.7))
+
+
+def test_parameter_offload_host_memory_keeps_the_shards_as_stored():
+    pure = TrainConfig(optimizer_state="bf16")  # torchtune's pure bf16: weights, gradients and moments in bf16
+    mem = param_host_memory(N, 3e9, pure, capacity_bytes=None)
+    assert (mem.master_weights_bytes, mem.grads_bytes, mem.moments_bytes, mem.frozen_weights_bytes) == (2 * N, 2 * N, 4 * N, 3e9)
+    assert mem.total_bytes == 8 * N + 3e9

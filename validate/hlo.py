@@ -56,6 +56,8 @@ _REPLICA_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\](?:, device_ids=\((
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _OPERAND = re.compile(r"^%?([^,)\s]+)")
 _PASS_THROUGH = ("bitcast", "reshape", "copy")
+# Collectives that move values without combining them: an upcast value stays one through them.
+_MOVES = ("all-gather", "all-to-all", "collective-permute")
 
 
 class Collective(BaseModel):
@@ -197,6 +199,8 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
     comps = _computations(text)
     times = _multipliers(comps)
     instructions = {comp: {m.group(1): m for m in map(_INSTRUCTION.match, lines) if m} for comp, lines in comps.items()}
+    copies = {comp for comp, defined in instructions.items()
+              if all(m.group(3) in (*_PASS_THROUGH, "parameter") for m in defined.values())}
     upcasts = _upcast_computations(comps, instructions)
     found = []
     for comp, defined in instructions.items():
@@ -214,7 +218,7 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
             if op.endswith("-start"):  # async pairs: (operands, results) tuples; keep the results
                 elements = elements[len(elements) // 2:]
             operands = re.findall(r"%([^,\s)]+)", attrs.split(")")[0])
-            halved = [len(operands) == len(elements) and _from_bf16(o, defined, upcasts) for o in operands] or [False]
+            halved = [len(operands) == len(elements) and _from_bf16(o, defined, upcasts, copies) for o in operands] or [False]
             if "clone_promoted" in attrs and not any(halved):
                 halved = [True] * len(elements)
             buffer = sum(b / 2 if h else b for b, h in zip(elements, halved)) * (size if kind == "reduce-scatter" else 1)
@@ -225,11 +229,14 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
     return found
 
 
-def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str]) -> bool:
+def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str], copies: set[str] = frozenset()) -> bool:
     """Whether instruction ``name`` is an f32 value just converted from bf16: a ``convert``,
-    or a fusion whose result is one (looking through bitcasts, reshapes and copies)."""
+    or a fusion whose result is one (looking through bitcasts, reshapes and copies, fusions of
+    ``copies`` computations, and collectives that only move the value: a gather of a gathered
+    upcast moves an upcast too)."""
     m = defined.get(name)
-    while m is not None and m.group(3) in _PASS_THROUGH:
+    while m is not None and (m.group(3) in _PASS_THROUGH or m.group(3).removesuffix("-done").removesuffix("-start") in _MOVES
+                             or (m.group(3) == "fusion" and (c := _CALLED.search(m.group(4))) is not None and c.group(2) in copies)):
         m = defined.get(_OPERAND.match(m.group(4)).group(1))
     if m is None or not m.group(2).startswith("f32["):
         return False

@@ -10,7 +10,7 @@ module predicts the same three parts from an OpGraph and a choice of strategies:
 * temporaries: the peak over program points of the live intermediate values. A value is live
   from its producer to its last reader (graph nodes are in program order). XLA fuses an
   elementwise producer into its single elementwise reader, so such a value is never a buffer,
-  nor is a value nothing reads (dead code XLA removes).
+  nor is one no output depends on (dead code XLA removes).
   A remat region's recomputed forward ops outside a loop are placed as early as their
   operands allow (`scheduled_positions`): nothing but their saved inputs orders them, and
   XLA's scheduler runs them early. Measured here: a Flax decoder of 16 ``nn.remat`` blocks
@@ -103,6 +103,7 @@ class MemoryModel:
         for src, dst, data in g.edges(data=True):
             for out_index, _ in data[USES_ATTR]:
                 readers.setdefault((src, out_index), []).append(dst)
+        alive = _reaching(g, {n for n, _ in outputs})
         temporaries = []
         placed = scheduled_positions(g)
         stacked = g.graph.get("stacked")
@@ -113,8 +114,8 @@ class MemoryModel:
                 if (n, k) in output_set or (op.is_input and not in_stack):
                     continue
                 users = readers.get((n, k), [])
-                # A value nothing reads is dead code XLA removes; one fused into its reader is never a buffer.
-                if not in_stack and (not users or _fused(op, [ops[u] for u in users])):
+                # Dead code (no output depends on it) XLA removes; a value fused into its reader is never a buffer.
+                if not in_stack and (not users or n not in alive or _fused(op, [ops[u] for u in users])):
                     continue
                 if stacked is not None:
                     scale = float(stacked.get((n, k), 1))
@@ -219,6 +220,17 @@ def scheduled_positions(g: nx.DiGraph) -> dict[int, int]:
         else:
             placed[n] = n
     return placed
+
+
+def _reaching(g: nx.DiGraph, sinks: set[int]) -> set[int]:
+    """The nodes some output depends on: the rest is dead code XLA removes."""
+    alive, stack = set(sinks), list(sinks)
+    while stack:
+        for p in g.predecessors(stack.pop()):
+            if p not in alive:
+                alive.add(p)
+                stack.append(p)
+    return alive
 
 
 def _sizes(space: StrategySpace) -> dict[str, int]:

@@ -67,6 +67,24 @@ ENTRY %main (a: bf16[8], g: f32[4]) -> f32[8] {
     assert not kept.promoted and kept.bytes_per_call == 8 * 4
 
 
+def test_an_upcast_stays_one_through_gathers_and_copy_fusions():
+    text = """
+%copied (q: f32[2,8]) -> f32[2,8] {
+  %q = f32[2,8]{1,0} parameter(0)
+  ROOT %c = f32[2,8]{0,1} copy(%q)
+}
+ENTRY %main (a: bf16[8]) -> f32[8,8] {
+  %a = bf16[8]{0} parameter(0)
+  %v = f32[8]{0} convert(%a)
+  %g1 = f32[2,8]{1,0} all-gather(%v), replica_groups=[4,2]<=[8], dimensions={0}
+  %w = f32[2,8]{0,1} fusion(%g1), kind=kLoop, calls=%copied
+  %g2 = f32[8,8]{1,0} all-gather(%w), replica_groups=[2,4]<=[8], dimensions={0}
+}"""
+    first, second = collectives(text, mesh_shape=MESH)
+    assert first.promoted and first.bytes_per_call == 2 * 8 * 2
+    assert second.promoted and second.bytes_per_call == 8 * 8 * 2  # gathered again: still bf16 data widened
+
+
 def test_nested_loops_multiply_trip_counts():
     text = """
 %inner (p: f32[]) -> f32[] {

@@ -25,6 +25,15 @@ def test_the_peak_counts_the_values_live_at_once_not_their_sum():
     assert sum(v.tensor.nbytes for v in chain.temporaries) >= 12 * MIB
 
 
+def test_a_value_nothing_reads_is_dead_code_not_a_buffer():
+    def with_dead_value(x):
+        jnp.broadcast_to(x[0, 0], (8192, 1024)) @ x  # 32 MiB broadcast and its product: traced, never read
+        return jnp.sum(jnp.tanh(x @ x) @ x)
+
+    dead = _model(with_dead_value, X).replicated()
+    assert dead.peak_temporaries_bytes == _model(lambda x: jnp.sum(jnp.tanh(x @ x) @ x), X).replicated().peak_temporaries_bytes
+
+
 def test_a_sharding_divides_each_value_by_its_pieces():
     model = _model(lambda x: jnp.sum(jnp.tanh(x @ x) @ x), X)
     split = model.breakdown(lambda n, k: (("d",), ()), {"d": 4})

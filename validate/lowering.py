@@ -232,7 +232,7 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     if lay.pp > 1:
         return gpipe_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     hooks = {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
-             "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh)}
+             "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh, scanned_weights=True)}
     if reduces_over_data(plan):
         param_specs, opt_specs, _ = input_specs(plan)
         return data_parallel_loss_and_grads(plan, mesh, param_specs, opt_specs["m"], remat=REMAT_POLICY[lay.recompute], hooks=hooks)

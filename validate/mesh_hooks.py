@@ -9,6 +9,7 @@ and the KV cache's split.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -211,8 +212,12 @@ def expert_region(plan: Plan, mesh: Mesh) -> Experts:
     return wrap
 
 
-def residual_storage(mesh: Mesh) -> KeepResiduals:
+def residual_storage(mesh: Mesh, *, scanned_weights: bool = False) -> KeepResiduals:
     """How the layers keep their backward's residuals on ``mesh``'s backend: as raw 16-bit
     integers on the CPU, whose float normalization would widen them to fp32
-    (`planner.programs.residuals`); as computed elsewhere."""
-    return residuals_as_bits if mesh.devices.flat[0].platform == "cpu" else (lambda fn: fn)
+    (`planner.programs.residuals`); as computed elsewhere. ``scanned_weights``: the layers are a
+    scan's body over their stacked weights as stored, so a weight saved as itself stays itself (the
+    scan reads it from the stack; a bitcast copy would be stacked again)."""
+    if mesh.devices.flat[0].platform != "cpu":
+        return lambda fn: fn
+    return functools.partial(residuals_as_bits, scan_body=scanned_weights)

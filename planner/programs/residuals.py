@@ -36,11 +36,17 @@ def _from_bits(x: jax.Array) -> jax.Array:
     return x if float_ is None else jax.lax.bitcast_convert_type(x, float_)
 
 
-def residuals_as_bits(fn: Callable[..., Any]) -> Callable[..., Any]:
+def residuals_as_bits(fn: Callable[..., Any], *, scan_body: bool = False) -> Callable[..., Any]:
     """``fn`` with the same values and gradients, whose backward keeps its 16-bit float
     residuals (what ``jax.vjp`` of ``fn`` saves, under any ``jax.checkpoint`` policy inside)
     as same-width integers. ``fn``'s arguments must all be differentiable arrays, and it must
-    not itself save 16-bit integers (they would be read back as floats)."""
+    not itself save 16-bit integers (they would be read back as floats).
+
+    ``scan_body``: ``fn`` is a scan's body ``(carry, xs)``, and what it saves of ``xs`` as itself
+    (a layer's stored weight) stays itself: the scan forwards such a residual to its stacked
+    input, where a bitcast copy would be stacked beside it. The carry (the layer's input) is
+    stacked either way, so as bits; so is everything where the weights reach ``fn`` otherwise (a
+    pipeline's tick loop indexes them)."""
 
     @jax.custom_vjp
     def wrapped(*args: Any) -> Any:
@@ -48,10 +54,8 @@ def residuals_as_bits(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def forward(*args: Any) -> tuple[Any, Any]:
         out, backward = jax.vjp(fn, *args)
-        # An argument saved as itself (a layer's weight) stays itself: a scan forwards such a
-        # residual to its stacked input, where a bitcast copy would be stacked beside it.
-        arguments = {id(a) for a in jax.tree.leaves(args)}
-        return out, jax.tree.map(lambda r: r if id(r) in arguments else _to_bits(r), backward)
+        scanned = {id(a) for a in jax.tree.leaves(args[1:])} if scan_body else set()
+        return out, jax.tree.map(lambda r: r if id(r) in scanned else _to_bits(r), backward)
 
     def backward(saved: Any, cotangent: Any) -> Any:
         return jax.tree.map(_from_bits, saved)(cotangent)

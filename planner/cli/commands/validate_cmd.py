@@ -26,6 +26,8 @@ from planner.programs.decode import check_serving_lowered
 from validate.compile_check import CompileReport, compile_in_subprocess
 from validate.multihost import run_processes, validate_processes
 from validate.report import (
+    FLOPS_TOLERANCE,
+    MEMORY_TOLERANCE,
     checks,
     features_not_predicted,
     fp8_frozen_not_checked,
@@ -43,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="a plan JSON written by `plan ... --out`")
     parser.add_argument("--compile-only", action="store_true", help="lower and compile from abstract inputs (no run)")
     parser.add_argument("--tolerance", type=positive_float, default=0.05,
-                        help="allowed |actual/predicted - 1| for bytes (default 0.05; FLOPs 0.02, total memory 0.25)")
+                        help=f"allowed |actual/predicted - 1| for bytes (default 0.05; FLOPs {FLOPS_TOLERANCE}, "
+                             f"total memory at least {MEMORY_TOLERANCE})")
     parser.add_argument("--processes", type=positive_int, default=1,
                         help="JAX processes on this host (jax.distributed over 127.0.0.1) forming one mesh (default 1)")
     parser.add_argument("--steps", type=positive_int, default=3, help="timed steps per repeat (default 3)")

@@ -71,10 +71,6 @@ UNMODELLED_NOTES = {
     "FP8_DPA=1": "fp8 attention (FP8_DPA) is not modelled: attention runs in bf16",
     "FP8_ACTIVATION=True": "fp8 activation storage (FP8_ACTIVATION) is not modelled: kept activations in bf16",
 }
-# Fine-tuning options a row ran (its yes/no columns) that the simulator does not model yet.
-UNMODELLED_COLUMNS = {
-    "activation_offload": "activation offloading to host memory is not modelled: activations are costed on the device",
-}
 # MLPerf's GPT-3 rows do not state their SentencePiece vocabulary: GPT-3's own 50257 stands in
 # (a few percent either way moves a 175B step by well under 0.1 %). It is padded to 50304 as
 # Megatron-LM pads it (`ModelConfig.padded_vocab_size`), so the head splits over the tensor axes.
@@ -125,6 +121,7 @@ def layout_from_row(row: dict[str, str], machine: Machine) -> Layout:
         schedule=Schedule.INTERLEAVED if interleave > 1 else Schedule.ONE_F_ONE_B,
         recompute=stack_recompute(row["recompute"], stack), sequence_parallel=row["sequence_parallel"] == "yes",
         zero_stage=int(row["zero_stage"]), offload=Offload.PARAMS if row.get("param_offload") == "yes" else Offload.NONE,
+        offload_activations=row.get("activation_offload") == "yes",
         stack=stack_with(stack, attention=row["attention"], dp_overlap=row["dp_overlap"] == "yes"),
     )
     if row["micro_batch"]:
@@ -183,11 +180,9 @@ def machine_from_row(row: dict[str, str]) -> Machine:
 
 
 def unmodelled(rows: list[dict[str, str]]) -> list[str]:
-    """A line for each thing a row ran that the simulator does not model (`UNMODELLED_NOTES`, `UNMODELLED_COLUMNS`)."""
+    """A line for each thing a row ran that the simulator does not model (`UNMODELLED_NOTES`)."""
     return [f"{r['model']} on {r['devices']} {r['hardware']}: {why}"
-            for r in rows for note, why in UNMODELLED_NOTES.items() if note in r["notes"]] + [
-        f"{r['model']} on {r['devices']} {r['hardware']}: {why}"
-        for r in rows for column, why in UNMODELLED_COLUMNS.items() if r.get(column) == "yes"]
+            for r in rows for note, why in UNMODELLED_NOTES.items() if note in r["notes"]]
 
 
 def evaluate_memory(rows: list[dict[str, str]]) -> list[dict[str, object]]:

@@ -120,7 +120,8 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
     offload = request.offload
     unpinned = SearchSpace(splits=splits, expert_degrees=experts,
-                           stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE),
+                           stack=Layout(stack=stack_with(software, attention=attention), offload=offload or Offload.NONE,
+                                        offload_activations=request.offload_activations),
                            lowered_only=True, intra_op=planner.shards_intra_op,
                            offload_when_nothing_fits=offload is None and not planner.shards_intra_op,
                            loss_pieces_when_nothing_fits=not planner.shards_intra_op)

@@ -80,7 +80,10 @@ class PlanRequest(Record):
                                             "copy and moments), bf16 (pure bf16, torchtune's default) or 8bit (8-bit AdamW).")
     optimizer_in_backward: bool = Field(False, description="The optimizer step fused into the backward pass (torchtune's "
                                         "optimizer_in_bwd): no gradient buffer, one micro-batch per step.")
-    offload: Offload | None = Field(None, description="none, optimizer (ZeRO-Offload), or None: only when nothing fits without.")
+    offload: Offload | None = Field(None, description="none, optimizer (ZeRO-Offload), params (FSDP's CPU offload, ZeRO 3), or "
+                                    "None: only when nothing fits without.")
+    offload_activations: bool = Field(False, description="Saved activations to host memory and back (torchtune's activation "
+                                      "offloading; grid planner, no pipeline stages).")
     pins: LayoutPins = Field(LayoutPins(), description="Parts of the layout fixed by hand (--zero, --micro-batch, --tp, ...); "
                                                        "the planner chooses the rest (`search.pins`).")
     # The planner and its limits.
@@ -121,9 +124,9 @@ class PlanRequest(Record):
 
     @model_validator(mode="after")
     def _offload_planned(self) -> PlanRequest:
-        if self.offload is Offload.OPTIMIZER and self.planner.shards_intra_op:
+        if (self.offload not in (None, Offload.NONE) or self.offload_activations) and self.planner.shards_intra_op:
             raise UnsupportedError(f"--planner {self.planner} does not plan offloaded layouts",
-                                   fix="use --planner grid or --offload none")
+                                   fix="use --planner grid, or --offload none without --offload-activations")
         return self
 
     @model_validator(mode="after")

@@ -321,9 +321,13 @@ def _may_cut_the_loss(train: TrainConfig, space: SearchSpace, err: InfeasibleErr
 def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: InfeasibleError,
                  offload: Offload = Offload.OPTIMIZER) -> bool:
     """Whether a search that found nothing fitting should try again with ``offload``: memory was the
-    cause, the planner may offload, the cluster has a host, and the workload is full training (the
-    optimizer state) or trains at all (the parameters)."""
-    trains = train.workload.trains_base_weights if offload is Offload.OPTIMIZER else train.workload.runs_backward
+    cause, the planner may offload, the cluster has a host, and the workload is full training with
+    fp32 state stepped after the backward (the optimizer state: ZeRO-Offload's CPU Adam) or trains at
+    all without the step in backward (the parameters)."""
+    if offload is Offload.OPTIMIZER:
+        trains = train.workload.trains_base_weights and train.optimizer_state == "fp32" and not train.optimizer_in_backward
+    else:
+        trains = train.workload.runs_backward and not train.optimizer_in_backward
     return (space.offload_when_nothing_fits and space.stack.offload is Offload.NONE and machine.host is not None
             and trains and isinstance(err, NothingFitsError))
 

@@ -115,9 +115,11 @@ def _train_argument_bytes(plan: Plan) -> float:
 
 def offload_not_checked(plan: Plan) -> str | None:
     """What a compile-only validation of an offloaded plan leaves unchecked; None when nothing is offloaded."""
-    if plan.layout.offload is Offload.NONE:
+    if plan.layout.offload is Offload.NONE and not plan.layout.offload_activations:
         return None
-    return (f"offload {plan.layout.offload.value}: lowered without it (parameters, optimizer state and Adam on the device), so memory per "
+    what = " ".join(([f"offload {plan.layout.offload.value}"] if plan.layout.offload is not Offload.NONE else [])
+                    + (["offload activations"] if plan.layout.offload_activations else []))
+    return (f"{what}: lowered without it (parameters, optimizer state, activations and Adam on the device), so memory per "
             "device, host memory and the device-host transfers are not checked; arguments, FLOPs and collectives are the "
             "device program's")
 

@@ -80,6 +80,9 @@ class Layout(BaseModel):
     offload: Offload = Field(Offload.NONE, description="What is held in host memory: 'none'; 'optimizer' (ZeRO-Offload: "
                              "master weights, Adam moments and fp32 gradients on the host, Adam on the CPU); or 'params' (with "
                              "ZeRO 3: FSDP's CPU offload, the parameter and gradient shards and the optimizer on the host).")
+    offload_activations: bool = Field(False, description="What the backward keeps goes to host memory during the forward and "
+                                      "comes back for the backward (torchtune's OffloadActivations), a layer or two on the device "
+                                      "at a time; without pipeline stages.")
     stack: SoftwareStack = Field(
         default_factory=lambda: STACKS["jax"],
         description="The software that runs the layout: kernel fusion, overlap, recompute style, ZeRO behaviour "
@@ -174,6 +177,9 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
         raise InvalidPlanError(f"offloading the parameters (FSDP's CPU offload) copies each ZeRO-3 shard up before its gather; "
                                f"this layout has ZeRO {layout.zero_stage}{f' and {layout.pp} pipeline stages' if layout.pp > 1 else ''}",
                                fix="use --zero 3 without pipeline stages, or --offload optimizer")
+    if layout.offload_activations and layout.pp > 1:
+        raise InvalidPlanError(f"offloading activations is modelled without pipeline stages; this layout has {layout.pp}",
+                               fix="drop --offload-activations, or plan without pipeline stages")
     if layout.interleave > 1 and layout.pp == 1:
         raise InvalidPlanError(f"interleave={layout.interleave} needs pipeline parallelism (pp > 1)", fix="set interleave=1")
     if layout.stage_layers is not None and (len(layout.stage_layers) != layout.pp or sum(layout.stage_layers) != model.num_layers

@@ -38,6 +38,8 @@ class TimeBreakdown(Record):
     offload_transfer_s: NonNegativeFloat = Field(0.0, description="Offloading: device↔host copies on the critical path (gradients "
                                                  "beyond the backward they hide behind, the updated parameters up).")
     cpu_optimizer_s: NonNegativeFloat = Field(0.0, description="Offloading: the Adam step on the host CPU (DeepSpeed CPU Adam).")
+    activation_offload_s: NonNegativeFloat = Field(0.0, description="Activation offload: saved tensors' copies down and up beyond "
+                                                   "the forward and backward they run beside (`costmodel.step.offload`).")
     offload: OffloadTimes | None = Field(None, description="Offloading: bytes each way, link and CPU rates, total and exposed "
                                          "seconds (`costmodel.step.offload`); None when nothing is offloaded.")
     comm_s_by_axis: dict[str, NonNegativeFloat] = Field(
@@ -48,7 +50,7 @@ class TimeBreakdown(Record):
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.memory_bound_s + self.recompute_s + self.bubble_s + self.exposed_comm_s + self.optimizer_s
-                + self.first_touch_s + self.offload_transfer_s + self.cpu_optimizer_s)
+                + self.first_touch_s + self.offload_transfer_s + self.cpu_optimizer_s + self.activation_offload_s)
 
 
 class ServingTimes(Record):

@@ -40,7 +40,8 @@ keeps of the frozen weights (`costmodel.step.fp8_memory.fp8_weight_copy_bytes`) 
 
 Offloading (`costmodel.step.offload`, itemised in ``host``): ZeRO-Offload leaves the device one
 gradient bucket and no optimizer state; parameter offload (ZeRO 3) leaves it no parameter,
-gradient or optimizer state at all, only what ZeRO 3 gathers while a unit runs (temporaries).
+gradient or optimizer state at all, only what ZeRO 3 gathers while a unit runs (temporaries);
+activation offload leaves it the saved tensors of the layers in flight (two).
 
 >>> from costmodel.inputs.model_config import ModelConfig
 >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
@@ -81,7 +82,7 @@ from costmodel.step.data_parallel import (
 from costmodel.step.fp8_memory import fp8_weight_copy_bytes
 from costmodel.step.kernels import forms_gradients_locally, holds_master_weights
 from costmodel.step.lockstep import in_flight_slots, runs_lockstep
-from costmodel.step.offload import HostMemory, device_grad_bytes, host_memory, param_host_memory
+from costmodel.step.offload import ACTIVATION_OFFLOAD_LAYERS_KEPT, HostMemory, device_grad_bytes, host_memory, param_host_memory
 
 # Gradient-reduction buckets in flight (PyTorch DDP's default bucket is 25 MB, two in flight).
 _REDUCTION_BUCKETS_BYTES = 2 * 25e6
@@ -232,6 +233,12 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     in_flight = in_flight_microbatches(layout, n_micro, stage)
     embedding_out = sb * model.hidden_size * train.compute_dtype.bytes / (layout.tp if layout.sequence_parallel else 1)
     activations = in_flight * (layers * per_layer + (embedding_out if first else 0))
+    if layout.offload_activations:  # every layer's saved tensors on the host, the layers in flight on the device
+        kept = min(layers, ACTIVATION_OFFLOAD_LAYERS_KEPT) * per_layer + (embedding_out if first else 0)
+        host = (host or HostMemory(master_weights_bytes=0.0, moments_bytes=0.0, grads_bytes=0.0, param_copy_bytes=0.0,
+                                   accumulated_grads_bytes=0.0, capacity_bytes=host_capacity_bytes)
+                ).model_copy(update={"activations_bytes": activations - kept})
+        activations = kept
 
     temporary = 0.0
     if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host

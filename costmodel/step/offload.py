@@ -46,6 +46,14 @@ forward and backward; the CPU optimizer step follows the backward, exposed. Its 
 DeepSpeed's CPU Adam's (`costmodel.hardware.host`): torch's CPU AdamW is slower, so for full
 fine-tuning this is optimistic; under LoRA the step is tiny either way.
 
+**Activation offload** (``Layout.offload_activations``), as torchtune's ``OffloadActivations``
+runs it (pytorch/torchtune @bd2a0fc ``torchtune/training/_activation_offloading.py``: a
+``saved_tensors_hooks`` that copies each saved tensor of at least 1 KiB to pinned host memory
+on a side stream during the forward, and back before the backward reads it): the device keeps
+the layers in flight (`ACTIVATION_OFFLOAD_LAYERS_KEPT`), the host every layer's saved tensors.
+Each micro-batch copies them down behind its forward and up behind its backward; only what a
+copy takes beyond the compute it runs beside is exposed.
+
 >>> from costmodel.hardware.catalog import DGX_A100_320GB_HOST
 >>> t = offload_times(8e9, TrainConfig(global_batch=1), micro_batches=1, backward_s=10.0, overlap=True, host=DGX_A100_320GB_HOST,
 ...                   devices_sharing=1)
@@ -62,6 +70,9 @@ from costmodel.hardware.host import HostSpec
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.record import Record
 
+# Activation offload keeps the layer being computed and the next one (torchtune prefetches the next
+# layer's saved tensors in backward and holds up to 5 tensors, about one layer, in its forward stash).
+ACTIVATION_OFFLOAD_LAYERS_KEPT = 2
 # DeepSpeed's default reduce_bucket_size, in elements (deepspeed/runtime/zero/config.py).
 REDUCE_BUCKET_ELEMENTS = 5e8
 _FP32_BYTES = 4
@@ -79,13 +90,15 @@ class HostMemory(Record):
     accumulated_grads_bytes: NonNegativeFloat = Field(description="16-bit running gradient sums with gradient accumulation; else 0.")
     frozen_weights_bytes: NonNegativeFloat = Field(0.0, description="Parameter offload: the shard of the frozen weights "
                                                    "(fine-tuning), as stored.")
+    activations_bytes: NonNegativeFloat = Field(0.0, description="Activation offload: the saved tensors of every layer of "
+                                                "the micro-batches in flight.")
     capacity_bytes: NonNegativeFloat | None = Field(None, description="This device's share of its node's host memory, when known.")
 
     @computed_field(description="Sum of the items.")
     @property
     def total_bytes(self) -> float:
         return (self.master_weights_bytes + self.moments_bytes + self.grads_bytes + self.param_copy_bytes + self.accumulated_grads_bytes
-                + self.frozen_weights_bytes)
+                + self.frozen_weights_bytes + self.activations_bytes)
 
     @computed_field(description="Whether total_bytes fits in capacity_bytes (None when the capacity is unknown).")
     @property
@@ -236,3 +249,15 @@ def offload_times(partition_params: float, train: TrainConfig, *, micro_batches:
         offloaded_params=partition_params, grads_to_host_bytes=sum(downs), grads_from_host_bytes=sum(ups),
         params_to_device_bytes=half, link_bytes_per_s=rate, exposed_grads_s=exposed, params_to_device_s=half / rate,
         cpu_adam_params_per_s=adam_rate, cpu_adam_s=partition_params / adam_rate)
+
+
+def activation_offload_s(activation_bytes: float, *, micro_batches: int, forward_s: float, backward_s: float, host: HostSpec) -> float:
+    """Seconds activation offload adds to a step: each micro-batch's saved tensors go down behind its
+    forward and come up behind its backward; what a copy takes beyond that compute is exposed.
+
+    >>> from costmodel.hardware.catalog import DGX_A100_320GB_HOST
+    >>> activation_offload_s(25.6e9, micro_batches=2, forward_s=0.5, backward_s=1.0, host=DGX_A100_320GB_HOST)  # 1 s each way
+    1.0
+    """
+    copy_s = activation_bytes / host.link_bytes_per_s
+    return micro_batches * (max(0.0, copy_s - forward_s) + max(0.0, copy_s - backward_s))

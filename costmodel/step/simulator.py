@@ -12,7 +12,8 @@
 5. Where the runtime maps a step's temporaries afresh (XLA's CPU runtime), faulting them in.
 6. With offloading (`costmodel.step.offload`), instead of the device's optimizer update and gradient
    accumulation: the device↔host copies beyond what the compute hides (ZeRO-Offload's gradients
-   behind backward; parameter offload's shards behind forward and backward), and Adam on the CPU.
+   behind backward; parameter offload's shards behind forward and backward), and Adam on the CPU;
+   offloaded activations' copies beyond the forward and backward they run beside.
 
 >>> from costmodel.step.collectives import Tier
 >>> from costmodel.hardware.machine import Machine
@@ -42,7 +43,14 @@ from costmodel.step.kernels import KernelKind, embedding_forward_kernels, head_f
 from costmodel.step.layer_costs import LayerCosts, layer_costs, phase_time
 from costmodel.step.lockstep import runs_lockstep
 from costmodel.step.memory import MemoryBreakdown, memory_breakdown
-from costmodel.step.offload import OffloadTimes, check_offloadable, offload_times, param_offload_times, require_host
+from costmodel.step.offload import (
+    OffloadTimes,
+    activation_offload_s,
+    check_offloadable,
+    offload_times,
+    param_offload_times,
+    require_host,
+)
 from costmodel.step.recompute import recomputed_kernels
 from costmodel.step.schedules import PipelineTimes, lockstep_step_estimate, pipeline_step_estimate, simulate_pipeline
 from costmodel.step.stage_split import identical_stage_layers
@@ -265,11 +273,16 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     if layout.offload is not Offload.NONE:  # the optimizer and the accumulation run on the host instead
         offload, host_capacity = _offload(model, train, layout, hw, busiest)
         optimizer_s = accumulate_s = 0.0
+    if layout.offload_activations:
+        host_capacity = require_host(hw.host, hw.name).memory_bytes_per_node / min(layout.n_devices, hw.devices_per_node)
     memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes), reserve_bytes=hw.memory_reserve_bytes,
                               host_capacity_bytes=host_capacity)
+    # Without pipeline stages one micro-batch is in flight: each moves what the host holds.
+    activations_s = (activation_offload_s(memory.host.activations_bytes, micro_batches=n_micro, forward_s=busiest.forward_s,
+                                          backward_s=busiest.backward_s, host=hw.host) if layout.offload_activations else 0.0)
     first_touch_s = _first_touch_s(memory, hw)
     offload_s = offload.exposed_transfer_s + offload.cpu_adam_s if offload else 0.0
-    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + accumulate_s + optimizer_s + first_touch_s + offload_s
+    step_s = pipe.step_time_s + dp.exposed_s + dp.copy_s + accumulate_s + optimizer_s + first_touch_s + offload_s + activations_s
 
     n_layers = layout.layers_on_stage(model.num_layers, busiest_stage)
     transfers_s = n_micro * times.transfers_per_microbatch_s
@@ -282,6 +295,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
         optimizer_s=optimizer_s,
         first_touch_s=first_touch_s,
         offload_transfer_s=offload.exposed_transfer_s if offload else 0.0,
+        activation_offload_s=activations_s,
         cpu_optimizer_s=offload.cpu_adam_s if offload else 0.0,
         offload=offload,
         comm_s_by_axis={

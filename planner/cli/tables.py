@@ -119,8 +119,11 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
 def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, str]]:
     """With offloading: why, what it costs per step, and the host memory it takes, itemised."""
     off, host = est.breakdown.offload, est.memory.host
+    activations = ([("activations offloaded", f"{host.activations_bytes / _GIB:,.1f} GiB of saved tensors on the host, down "
+                     f"behind each forward and up behind each backward: {est.breakdown.activation_offload_s:.3f} s/step exposed")]
+                   if host is not None and est.layout.offload_activations else [])
     if off is None or host is None:
-        return []
+        return activations
     params = est.layout.offload is Offload.PARAMS
     what, flag = ("parameter shards and optimizer", "params") if params else ("optimizer state", "optimizer")
     why = f"{what} on the host because {reason}" if reason else f"{what} on the host (--offload {flag})"
@@ -139,4 +142,5 @@ def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, st
                          f"exposed ({how})"),
         ("host memory", f"{host.total_bytes / _GIB:,.1f} GiB{capacity}"),
         *((f"  {label}", " / ".join(f"{v / _GIB:.1f}" for v in values) + " GiB") for label, values in items),
+        *activations,
     ]

@@ -76,8 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
                         help=PRECISION_HELP)
     parser.add_argument("--offload", choices=["auto", *(o.value for o in Offload)], default="auto",
-                        help="optimizer state on host memory, Adam on the CPU (ZeRO-Offload): auto (only when no layout fits "
-                             "without; default), none or optimizer")
+                        help="what goes to host memory: auto (only when no layout fits without, the optimizer state "
+                             "first; default), none, optimizer (ZeRO-Offload: its state, Adam on the CPU) or params (FSDP's "
+                             "CPU offload of every ZeRO-3 shard)")
+    parser.add_argument("--offload-activations", action="store_true",
+                        help="plan with the saved activations offloaded to host memory (torchtune's activation offloading)")
     add_workload_arguments(parser)
     add_optimizer_arguments(parser)
     add_stack_arguments(parser)
@@ -136,7 +139,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
                         devices_per_node=args.devices_per_node, memory_reserve_gib=args.memory_reserve_gib,
                         **sizes, **workload, **optimizer_from_args(args), tokens=args.tokens, run=run_settings(args),
                         stack=stack_from_args(args), attention=args.attention, precision=args.precision,
-                        offload=None if args.offload == "auto" else args.offload, pins=pins_from_args(args),
+                        offload=None if args.offload == "auto" else args.offload,
+                        offload_activations=args.offload_activations, pins=pins_from_args(args),
                         planner=args.planner, time_limit_s=args.time_limit_s, seed=args.seed)
 
 
@@ -259,7 +263,7 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     chunks += f" · layers per stage {'/'.join(map(str, lay.stage_layers))}" if lay.stage_layers else ""
     training_terms = (f" · micro-batch {lay.micro_batch} · {lay.recompute} recompute · ZeRO {lay.zero_stage}"
                       f"{' · sequence parallel' if lay.sequence_parallel else ''}"
-                      f"{OFFLOADED.get(lay.offload, '')}")
+                      f"{OFFLOADED.get(lay.offload, '')}{' · activations offloaded' if lay.offload_activations else ''}")
     serving_terms = f" · {lay.dp} replica(s) of {lay.tp * lay.pp} device(s)"
     pred = Table(title=f"{lay.degrees_text}{chunks}{training_terms if p.train.workload.runs_backward else serving_terms}",
                  show_header=False)

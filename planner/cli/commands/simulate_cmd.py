@@ -62,8 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16",
                         help=PRECISION_HELP)
     parser.add_argument("--offload", choices=[o.value for o in Offload], default="none",
-                        help="none (default) or optimizer: master weights, Adam moments and fp32 gradients on host memory, "
-                             "Adam on the CPU (ZeRO-Offload as DeepSpeed runs it)")
+                        help="none (default); optimizer: master weights, Adam moments and fp32 gradients on host memory, "
+                             "Adam on the CPU (ZeRO-Offload as DeepSpeed runs it); params: with --zero 3, every shard there "
+                             "too (FSDP's CPU offload)")
+    parser.add_argument("--offload-activations", action="store_true",
+                        help="saved activations to host memory in the forward and back for the backward (torchtune's "
+                             "activation offloading)")
     add_workload_arguments(parser)
     add_optimizer_arguments(parser)
     add_stack_arguments(parser)
@@ -85,6 +89,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
             dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=stated.get("micro_batch", 1),
             interleave=interleave, schedule=schedule, recompute=stack_recompute(stated.get("recompute", "none"), stack),
             sequence_parallel=stated.get("sequence_parallel", "no") == "yes", zero_stage=args.zero, stack=stack, offload=args.offload,
+            offload_activations=args.offload_activations,
         )
     except ValidationError as err:
         raise flag_error(err, InvalidPlanError) from None

@@ -73,3 +73,10 @@ def test_offloading_the_parameters_needs_zero_3_without_pipeline_stages_nor_the_
     with pytest.raises(InvalidPlanError, match="steps on the host after the backward"):
         check_layout(Layout(dp=2, micro_batch=8, zero_stage=3, offload="params"), MODEL,
                      train.model_copy(update={"optimizer_in_backward": True}), n_devices=2)
+
+
+def test_offloading_activations_is_refused_with_pipeline_stages():
+    train = TrainConfig(seq_len=128, global_batch=16)
+    check_layout(Layout(dp=2, micro_batch=8, offload_activations=True), MODEL, train, n_devices=2)
+    with pytest.raises(InvalidPlanError, match="without pipeline stages; this layout has 2; fix: drop --offload-activations"):
+        check_layout(Layout(pp=2, micro_batch=8, offload_activations=True), MODEL, train, n_devices=2)

@@ -290,3 +290,15 @@ def test_offloaded_parameters_leave_the_device_only_what_zero_3_gathers():
     adapters = host.master_weights_bytes / 4
     assert (host.grads_bytes, host.moments_bytes) == (pytest.approx(4 * adapters), pytest.approx(8 * adapters))
     assert off.host_bytes == pytest.approx(host.frozen_weights_bytes + 16 * adapters) and host.fits
+
+
+def test_offloaded_activations_leave_two_layers_on_the_device_and_the_rest_on_the_host():
+    lay = Layout(micro_batch=4, recompute="full")
+    kept = memory_breakdown(MODEL, TRAIN, lay)
+    off = memory_breakdown(MODEL, TRAIN, lay.model_copy(update={"offload_activations": True}), host_capacity_bytes=1e12)
+    from costmodel.step.activations import activation_bytes_per_layer
+    per_layer = activation_bytes_per_layer(MODEL, TRAIN, lay)
+    assert off.activations_bytes == pytest.approx(kept.activations_bytes - (MODEL.num_layers - 2) * per_layer)
+    assert off.host.activations_bytes == pytest.approx(kept.activations_bytes - off.activations_bytes)
+    assert off.host_bytes == off.host.activations_bytes and off.host.master_weights_bytes == 0 and off.fits is kept.fits
+    assert (off.params_bytes, off.temporary_bytes) == (kept.params_bytes, kept.temporary_bytes)

@@ -7,6 +7,7 @@ from costmodel.hardware.catalog import DGX_A100_320GB_HOST
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.offload import (
     REDUCE_BUCKET_ELEMENTS,
+    activation_offload_s,
     check_offloadable,
     device_grad_bytes,
     host_memory,
@@ -87,3 +88,10 @@ def test_parameter_offload_host_memory_keeps_the_shards_as_stored():
     mem = param_host_memory(N, 3e9, pure, capacity_bytes=None)
     assert (mem.master_weights_bytes, mem.grads_bytes, mem.moments_bytes, mem.frozen_weights_bytes) == (2 * N, 2 * N, 4 * N, 3e9)
     assert mem.total_bytes == 8 * N + 3e9
+
+
+def test_offloaded_activations_cost_only_what_their_copies_outlast_the_compute():
+    gb = 25.6e9  # one second each way over PCIe Gen4 x16 at 80 %
+    assert activation_offload_s(gb, micro_batches=4, forward_s=1.5, backward_s=3.0, host=DGX_A100_320GB_HOST) == 0.0
+    assert activation_offload_s(gb, micro_batches=4, forward_s=0.25, backward_s=0.5, host=DGX_A100_320GB_HOST) == \
+        pytest.approx(4 * (0.75 + 0.5))

@@ -85,6 +85,14 @@ def test_offload_optimizer_moves_the_state_to_the_host_and_adds_its_own_terms(ca
     assert on_device["memory"]["host_bytes"] == 0 and on_device["breakdown"]["offload"] is None
 
 
+def test_offload_activations_puts_the_saved_tensors_on_the_host(capsys):
+    on_device = _simulate(capsys)
+    offloaded = _simulate(capsys, "--offload-activations")
+    assert offloaded["layout"]["offload_activations"] is True
+    assert offloaded["memory"]["activations_bytes"] < on_device["memory"]["activations_bytes"]
+    assert offloaded["memory"]["host"]["activations_bytes"] > 0 and offloaded["breakdown"]["activation_offload_s"] >= 0
+
+
 LORA_70B = ("simulate", "--model", "llama2-70b", "--hardware", "h100-sxm", "--devices", "8", "--tp", "4", "--global-batch", "8",
             "--seq-len", "8192", "--sequence-parallel", "--stack", "megatron-core", "--workload", "finetune-lora", "--json")
 

@@ -43,6 +43,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 from benchmarks.output import print_table, write_csv
 from costmodel.hardware.catalog import CHIP, MICROBENCHMARK_EFFICIENCY
@@ -239,19 +240,30 @@ def microbenchmark_efficiency(hardware: str) -> Efficiency:
     return MICROBENCHMARK_EFFICIENCY.get(hardware, load_machine(hardware).efficiency)
 
 
-def step_error_pct(row: dict[str, str], efficiency: Efficiency) -> float:
-    """Signed step-time error (%) of a row simulated on its hardware with ``efficiency``."""
+# A change to how a row is simulated (`benchmarks.ablation`): its layout and machine as run → as simulated.
+Variant = Callable[[Layout, Machine], tuple[Layout, Machine]]
+
+
+def as_run(layout: Layout, machine: Machine) -> tuple[Layout, Machine]:
+    """The row as it ran: no change."""
+    return layout, machine
+
+
+def step_error_pct(row: dict[str, str], efficiency: Efficiency, variant: Variant = as_run) -> float:
+    """Signed step-time error (%) of a row simulated on its hardware with ``efficiency``, ``variant`` applied."""
     machine = machine_from_row(row).model_copy(update={"efficiency": efficiency})
-    est = simulate(model_from_row(row), train_from_row(row), layout_from_row(row, machine), machine)
+    layout, machine = variant(layout_from_row(row, machine), machine)
+    est = simulate(model_from_row(row), train_from_row(row), layout, machine)
     measured = float(row["derived_step_time_s"])
     return 100 * (est.step_time_s - measured) / measured
 
 
-def _errors_at_scale(rows: list[dict[str, str]], scale: float, *, microbenchmark: bool) -> list[float]:
+def _errors_at_scale(rows: list[dict[str, str]], scale: float, *, microbenchmark: bool, variant: Variant = as_run) -> list[float]:
     out = []
     for row in rows:
         base = microbenchmark_efficiency(row["hardware"]) if microbenchmark else machine_from_row(row).efficiency
-        out.append(step_error_pct(row, base.calibrated(matmul_scale=scale, flash_attention=base.flash_attention, hbm=base.hbm)))
+        out.append(step_error_pct(row, base.calibrated(matmul_scale=scale, flash_attention=base.flash_attention, hbm=base.hbm),
+                                  variant))
     return out
 
 
@@ -260,7 +272,7 @@ def hardware_type(row: dict[str, str]) -> str:
     return HARDWARE_TYPE.get(row["hardware"], row["hardware"])
 
 
-def chip_transfer_pct(test: list[dict[str, str]], rows: list[dict[str, str]]) -> list[float]:
+def chip_transfer_pct(test: list[dict[str, str]], rows: list[dict[str, str]], variant: Variant = as_run) -> list[float]:
     """Errors (%) of the ``test`` rows, whose hardware type has no other source's runs, predicted
     from what other parts of their chip (`costmodel.hardware.catalog.CHIP`) teach: every part's
     micro-benchmark efficiencies with the one GEMM scale (`MICROBENCHMARK_GEMM_SCALES`) that fits
@@ -270,24 +282,25 @@ def chip_transfer_pct(test: list[dict[str, str]], rows: list[dict[str, str]]) ->
     siblings = [r for r in rows if chip and CHIP.get(r["hardware"]) == chip and hardware_type(r) != hardware_type(test[0])
                 and source_family(r) != family]
     if not siblings:
-        return _errors_at_scale(test, 1.0, microbenchmark=True)
+        return _errors_at_scale(test, 1.0, microbenchmark=True, variant=variant)
     scale = min(MICROBENCHMARK_GEMM_SCALES,
-                key=lambda s: statistics.mean(map(abs, _errors_at_scale(siblings, s, microbenchmark=True))))
-    return _errors_at_scale(test, scale, microbenchmark=True)
+                key=lambda s: statistics.mean(map(abs, _errors_at_scale(siblings, s, microbenchmark=True, variant=variant))))
+    return _errors_at_scale(test, scale, microbenchmark=True, variant=variant)
 
 
-def leave_one_source_out_pct(rows: list[dict[str, str]]) -> list[float]:
+def leave_one_source_out_pct(rows: list[dict[str, str]], variant: Variant = as_run) -> list[float]:
     """Each row's error (%) predicted without its source: its hardware type's GEMM scale refitted
     (least mean |error| over `LOSO_GEMM_SCALES`) on the other sources' rows of that type, the
     profile's other fitted efficiencies kept; where no other source ran on that hardware type,
-    from the other parts of its chip (`chip_transfer_pct`, as ``benchmarks/calibrate.py``)."""
+    from the other parts of its chip (`chip_transfer_pct`, as ``benchmarks/calibrate.py``). ``variant``
+    changes how every row is simulated, refits included (`benchmarks.ablation`)."""
     held_out = [0.0] * len(rows)
     by_type: dict[str, list[int]] = defaultdict(list)
     for i, row in enumerate(rows):
         by_type[hardware_type(row)].append(i)
     for indices in by_type.values():
         typed = [rows[i] for i in indices]
-        table = [_errors_at_scale(typed, scale, microbenchmark=False) for scale in LOSO_GEMM_SCALES]
+        table = [_errors_at_scale(typed, scale, microbenchmark=False, variant=variant) for scale in LOSO_GEMM_SCALES]
         for family in {source_family(r) for r in typed}:
             test = [j for j, r in enumerate(typed) if source_family(r) == family]
             train = [j for j, r in enumerate(typed) if source_family(r) != family]
@@ -295,7 +308,7 @@ def leave_one_source_out_pct(rows: list[dict[str, str]]) -> list[float]:
                 best = min(range(len(LOSO_GEMM_SCALES)), key=lambda k: statistics.mean(abs(table[k][j]) for j in train))
                 errors = [table[best][j] for j in test]
             else:
-                errors = chip_transfer_pct([typed[j] for j in test], rows)
+                errors = chip_transfer_pct([typed[j] for j in test], rows, variant)
             for j, err in zip(test, errors):
                 held_out[indices[j]] = err
     return held_out

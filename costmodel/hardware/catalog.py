@@ -170,6 +170,16 @@ _H100_500W_EFF = _H100_500W_MICROBENCH.calibrated(matmul_scale=0.74, flash_atten
 # three times the micro-benchmark's sizes, and fused attention at 0.35. The H200 is the same
 # die under the same 700 W limit with faster HBM and has no runs of its own: it takes this fit.
 _H100_EFF = _H100_MICROBENCH.calibrated(matmul_scale=0.70, matmul_knee=3.0, flash_attention=0.35, hbm=0.85)
+# The RTX 4090 measured (benchmarks/data/gemm_benchmarks.csv): square bf16/fp16 GEMMs of five sources,
+# the median at each power-of-two size (0.28 of the 165.2 TF peak at 512³, 0.70 at 1024³, 0.97
+# from 2048³: boost clocks pass the nominal peak), and copy/stream kernels at 843–922 GB/s of
+# 1,008 (median 0.91). No 4090 run is fitted: the A100's calibration carries over as an assumption
+# (GEMM scale and knee, fused attention, memory-bound kernels at its 0.55 / 0.85 of stream bandwidth).
+_RTX4090_MICROBENCH = Efficiency(matmul_curve=((2.7e8, 0.28), (2.1e9, 0.70), (1.7e10, 0.97), (1.1e12, 0.97)),
+                                 flash_attention=0.55, hbm=0.91, gemm_hbm=0.91, kernel_floor_s=5e-6,
+                                 overlap_slowdown=_GPU_OVERLAP_SLOWDOWN)
+_RTX4090_EFF = _RTX4090_MICROBENCH.calibrated(matmul_scale=0.90, matmul_knee=3.0, flash_attention=0.35, hbm=0.55 * 0.91 / 0.85,
+                                              overlap_slowdown=0.25)
 _GENERIC_EFF = Efficiency()
 # Where calibrate.py starts from: the micro-benchmark values before any fit.
 MICROBENCHMARK_EFFICIENCY = {
@@ -297,10 +307,11 @@ A10G = _gpu("a10g", peaks={"float32": 31.2, "tf32": 62.5, "bfloat16": 125, "floa
 # accumulation at half their FP16-accumulate rate: those halved rates are its peaks.
 RTX_4090 = _gpu("rtx-4090", peaks={"float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2, "float8_e4m3fn": 330.3,
                                    "int8": 660.6},
-                hbm_gib=24, hbm_gbps=1008, power_w=450, efficiency=_A100_EFF,
+                hbm_gib=24, hbm_gbps=1008, power_w=450, efficiency=_RTX4090_EFF,
                 source="NVIDIA Ada GPU architecture whitepaper, appendix table (GeForce RTX 4090: FP16/BF16 tensor with FP32 "
                        "accumulate 165.2, FP8 with FP32 accumulate 330.3, TF32 82.6, INT8 660.6, FP32 82.6 TFLOPS dense; 24 GB "
-                       f"GDDR6X, 1,008 GB/s, 450 W, PCIe Gen4 x16, no NVLink); {_ASSUMED_A100_EFF}",
+                       "GDDR6X, 1,008 GB/s, 450 W, PCIe Gen4 x16, no NVLink); GEMM and stream efficiencies measured "
+                       "(benchmarks/data/gemm_benchmarks.csv), the A100's calibration carried over (assumed: no runs fitted)",
                 usable_mib=24564, usable_source="nvidia-smi memory.total on 2× RTX 4090 (RLinf/RLinf#255)")
 RTX_A6000 = _gpu("rtx-a6000", peaks={"float32": 38.7, "tf32": 77.4, "bfloat16": 154.8, "float16": 154.8, "int8": 309.7},
                  hbm_gib=48, hbm_gbps=768, power_w=300, efficiency=_A100_EFF,

@@ -49,8 +49,11 @@ def test_new_parts_borrow_the_nearest_calibrated_parts_efficiencies():
     h100, a100 = CATALOG["h100-sxm"].device.efficiency, CATALOG["a100-80gb"].device.efficiency
     for part in ("b200", "gb200", "mi300x", "mi325x"):
         assert CATALOG[part].device.efficiency == h100 and "H100's calibrated" in CATALOG[part].device.source
-    for part in ("l4", "l40s", "a10g", "rtx-4090", "rtx-a6000"):
+    for part in ("l4", "l40s", "a10g", "rtx-a6000"):
         assert CATALOG[part].device.efficiency == a100 and "A100's calibrated" in CATALOG[part].device.source
+    # The RTX 4090's GEMMs and bandwidth are measured (published benchmarks); only the A100's calibration carries over.
+    rtx = CATALOG["rtx-4090"].device
+    assert rtx.efficiency != a100 and "gemm_benchmarks.csv" in rtx.source and rtx.efficiency.flash_attention == a100.flash_attention
 
 
 def test_node_fabrics_of_the_new_parts():
@@ -85,3 +88,21 @@ def test_a_moe_plan_on_two_gb200_nvl72_racks_keeps_expert_and_tensor_axes_in_a_r
     assert p.layout.n_devices == 144 and p.layout.ep > 1 and p.layout.tp * p.layout.ep <= 72
     assert all(axes[k].links == ("nvlink5",) and axes[k].nodes_spanned == 1 for k in ("tp", "ep") if k in axes)
     assert axes["dp"].links == ("nvlink5", "ib-ndr400") and axes["dp"].nodes_spanned == 2
+
+
+def test_the_rtx_4090_gemm_curve_is_the_published_medians():
+    import csv
+    import statistics
+    from pathlib import Path
+
+    from costmodel.hardware.catalog import _RTX4090_MICROBENCH
+
+    data = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "gemm_benchmarks.csv"
+    by_size: dict[int, list[float]] = {}
+    for r in csv.DictReader(data.open()):
+        if r["hardware"] == "rtx-4090" and r["kernel"] == "gemm" and r["m"] and r["m"] == r["n"] == r["k"]:
+            n = int(r["m"])
+            if n & (n - 1) == 0 and n >= 512:  # the aligned sizes training shapes have
+                by_size.setdefault(n, []).append(float(r["measured_value"]) / 165.2)
+    for n, effs in by_size.items():
+        assert _RTX4090_MICROBENCH.matmul(2 * n**3) == pytest.approx(min(statistics.median(effs), 0.97), abs=0.06), n

@@ -16,7 +16,7 @@ True
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -136,6 +136,12 @@ class SoftwareStack(BaseModel):
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
         "(cast, max, subtract, exp, sum, divide; backward a multiply and the cast back).")
+    loss_buffers: Literal[2, 3] = Field(
+        2, description="fp32 logit-sized buffers one micro-batch's loss holds at its peak: 2 where the softmax "
+        "cross-entropy is one kernel pair over the logits (the logits and their gradient: XLA, Megatron, Inductor); 3 for "
+        "Hugging Face's causal-LM loss in eager PyTorch (transformers' LlamaForCausalLM and Qwen's modeling_qwen.py: the "
+        "logits upcast to fp32 or autocast, shift_logits.contiguous(), CrossEntropyLoss keeping its log-softmax output for "
+        "backward, whose gradient and input gradient then exist beside it).")
     cross_entropy_chunks: int = Field(
         1, ge=1, description="The head's vocabulary projection and the loss run over this many pieces of each sequence, "
         "one after another, and the backward forms each piece's fp32 logits again: one piece's logits (and their "
@@ -314,6 +320,17 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         "selective_ac_option='op'; DTensor [batch, seq, hidden] sequence parallelism; vanilla (not async) TP.",
     ),
     SoftwareStack(
+        name="hf-trainer", batch_major=True, fused_elementwise=False, fused_norm=False, fused_cross_entropy=False, loss_buffers=3,
+        reentrant_recompute=True, adapter_dropout_saved=True,
+        citation="huggingface/transformers Trainer over an eager PyTorch model (@0022728 src/transformers/models/llama/"
+        "modeling_llama.py LlamaForCausalLM.forward: logits.float(), logits[..., :-1, :].contiguous(), CrossEntropyLoss), "
+        "gradient_checkpointing_enable() with torch.utils.checkpoint's reentrant default of that time; one process per GPU "
+        "with DDP (no_sync while accumulating: one reduction per step) unless Accelerate hands it to FSDP or DeepSpeed, whose "
+        "presets then apply with this loss (stack option hf_loss); PEFT's LoRA adapters run eager and keep their dropout's "
+        "output (huggingface/peft src/peft/tuners/lora/layer.py Linear.forward, read through the code search, commit "
+        "not pinned: lora_B(lora_A(dropout(x))) * scaling).",
+    ),
+    SoftwareStack(
         name="torchtune", batch_major=True, fused_elementwise=False, fused_norm=False, fsdp_copy_out=True,
         cross_entropy_chunks=8,
         citation="pytorch/torchtune @1bf50ae recipes/full_finetune_distributed.py (and the LoRA recipes): "
@@ -334,6 +351,8 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
 STACK_OPTIONS: dict[str, dict[str, Any]] = {
     # torchtitan's Triton fused RMSNorm (norm_type="fused_rmsnorm", train_configs/llama_7b.toml @395a526).
     "fused_rmsnorm": {"fused_norm": True},
+    # Hugging Face's causal-LM loss (`SoftwareStack.loss_buffers`) under another preset's sharding (Accelerate + FSDP or DeepSpeed).
+    "hf_loss": {"loss_buffers": 3, "fused_cross_entropy": False},
 }
 
 

@@ -267,8 +267,9 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
             # One piece's logits and their gradient, none kept from forward to backward; the loop
             # over the pieces sums the head weight's gradient in an fp32 buffer of its own.
             temporary += 2 * logits / chunks + model.vocab_per_shard(layout.tp) * model.hidden_size * 4
-        else:  # in lockstep the head runs one micro-batch per tick: its logits and their gradient
-            temporary += (2 if runs_lockstep(layout) else in_flight + 1) * logits
+        else:  # the loss's buffers (`SoftwareStack.loss_buffers`) and the logits of the other micro-batches in flight;
+            # in lockstep the head runs one micro-batch per tick
+            temporary += (layout.stack.loss_buffers + (0 if runs_lockstep(layout) else in_flight - 1)) * logits
     return {"params_bytes": params + frozen, "frozen_params_bytes": frozen, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "temporary_bytes": temporary, "host": host}
 

@@ -302,3 +302,10 @@ def test_offloaded_activations_leave_two_layers_on_the_device_and_the_rest_on_th
     assert off.host.activations_bytes == pytest.approx(kept.activations_bytes - off.activations_bytes)
     assert off.host_bytes == off.host.activations_bytes and off.host.master_weights_bytes == 0 and off.fits is kept.fits
     assert (off.params_bytes, off.temporary_bytes) == (kept.params_bytes, kept.temporary_bytes)
+
+
+def test_hugging_faces_loss_holds_one_more_fp32_logits_buffer():
+    fused = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=4))
+    hf = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=4, stack=stack_with("jax", loss_buffers=3)))
+    assert hf.temporary_bytes - fused.temporary_bytes == 4 * 1024 * MODEL.vocab_size * 4  # tokens × vocabulary × fp32
+    assert STACKS["hf-trainer"].loss_buffers == 3 and STACKS["megatron-core"].loss_buffers == 2

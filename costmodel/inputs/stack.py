@@ -136,12 +136,14 @@ class SoftwareStack(BaseModel):
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
         "(cast, max, subtract, exp, sum, divide; backward a multiply and the cast back).")
-    loss_buffers: Literal[2, 3] = Field(
+    loss_buffers: Literal[2, 3, 4] = Field(
         2, description="fp32 logit-sized buffers one micro-batch's loss holds at its peak: 2 where the softmax "
         "cross-entropy is one kernel pair over the logits (the logits and their gradient: XLA, Megatron, Inductor); 3 for "
         "Hugging Face's causal-LM loss in eager PyTorch (transformers' LlamaForCausalLM and Qwen's modeling_qwen.py: the "
         "logits upcast to fp32 or autocast, shift_logits.contiguous(), CrossEntropyLoss keeping its log-softmax output for "
-        "backward, whose gradient and input gradient then exist beside it).")
+        "backward, whose gradient and input gradient then exist beside it); 4 where the training loop also keeps the "
+        "model's output, the fp32 logits, alive through the backward (Answer.AI's fsdp_qlora train.py: output = None only "
+        "after loss.backward()).")
     cross_entropy_chunks: int = Field(
         1, ge=1, description="The head's vocabulary projection and the loss run over this many pieces of each sequence, "
         "one after another, and the backward forms each piece's fp32 logits again: one piece's logits (and their "
@@ -353,6 +355,8 @@ STACK_OPTIONS: dict[str, dict[str, Any]] = {
     "fused_rmsnorm": {"fused_norm": True},
     # Hugging Face's causal-LM loss (`SoftwareStack.loss_buffers`) under another preset's sharding (Accelerate + FSDP or DeepSpeed).
     "hf_loss": {"loss_buffers": 3, "fused_cross_entropy": False},
+    # The same loss where the loop keeps the model's output (its fp32 logits) through the backward (fsdp_qlora's train.py).
+    "hf_loss_output_kept": {"loss_buffers": 4, "fused_cross_entropy": False},
 }
 
 

@@ -46,7 +46,7 @@ class DeviceKind(StrEnum):
     CPU = "cpu"
 
 
-_DEFAULT_RESERVES: dict[DeviceKind, RuntimeReserve] = {DeviceKind.GPU: GPU_RESERVE, DeviceKind.TPU: TPU_RESERVE,
+DEFAULT_RESERVES: dict[DeviceKind, RuntimeReserve] = {DeviceKind.GPU: GPU_RESERVE, DeviceKind.TPU: TPU_RESERVE,
                                                        DeviceKind.CPU: NO_RESERVE}
 
 
@@ -127,7 +127,7 @@ class DeviceSpec(BaseModel):
         """
         if self.memory_reserve_bytes is not None:
             return self.memory_reserve_bytes
-        return _DEFAULT_RESERVES[self.kind].bytes_for(self.usable_bytes)
+        return DEFAULT_RESERVES[self.kind].bytes_for(self.usable_bytes)
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; raises `UnsupportedError` if the part lacks it."""

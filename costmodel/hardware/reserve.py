@@ -45,6 +45,20 @@ class RuntimeReserve(BaseModel):
         """The reserve on a device of ``usable_bytes``."""
         return self.context_bytes + self.communication_bytes + self.fragmentation_fraction * usable_bytes
 
+    def measured_beyond_arrays(self, measure: str, usable_bytes: float, *, communicates: bool) -> float:
+        """What a memory measurement counts beside a plan's arrays: ``allocated`` (PyTorch's
+        max_memory_allocated) nothing; ``reserved`` (max_memory_reserved) the allocator's fragmentation;
+        ``device`` (the driver's figure, nvidia-smi) the context, the communication buffers where the
+        process communicates, and the fragmentation.
+
+        >>> round(GPU_RESERVE.measured_beyond_arrays("device", 80 * _GIB, communicates=True) / _GIB, 2)
+        4.0
+        """
+        fragmentation = self.fragmentation_fraction * usable_bytes
+        parts = {"allocated": 0.0, "reserved": fragmentation,
+                 "device": self.context_bytes + (self.communication_bytes if communicates else 0.0) + fragmentation}
+        return parts[measure]
+
 
 GPU_RESERVE = RuntimeReserve(context_bytes=0.5 * _GIB, communication_bytes=1.5 * _GIB, fragmentation_fraction=0.025)
 TPU_RESERVE = RuntimeReserve(context_bytes=0.0, communication_bytes=0.0, fragmentation_fraction=0.025)

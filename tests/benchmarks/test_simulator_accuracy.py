@@ -165,3 +165,14 @@ def test_lit_gpt_second_sequence_costs_most_of_what_was_measured_and_no_more():
     measured_gib, predicted_gib = two["measured_gib"] - one["measured_gib"], two["predicted_gib"] - one["predicted_gib"]
     # 7.24 GiB measured (~45 bytes per hidden unit per token per layer); the eager code facts give ~37 of them.
     assert 0.8 * measured_gib < predicted_gib < measured_gib
+
+
+def test_a_memory_row_is_compared_with_what_its_measure_counts():
+    from costmodel.hardware.reserve import GPU_RESERVE
+
+    rows = [r for r in csv.DictReader(FINETUNE_DATA.open()) if r["memory_measure"] == "device"][:1]
+    allocated = [dict(rows[0], memory_measure="allocated")]
+    device, plain = evaluate_memory(rows)[0], evaluate_memory(allocated)[0]
+    usable = 81559 * 2**20  # the h100-sxm row's driver figure: context, NCCL and fragmentation on top of the arrays
+    assert device["measure"] == "device" and rows[0]["hardware"] == "h100-sxm"
+    assert (device["predicted_gib"] - plain["predicted_gib"]) * 2**30 == pytest.approx(GPU_RESERVE.bytes_for(usable))

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from benchmarks.output import print_table, write_csv
 from costmodel.errors import PlannerError
 from costmodel.inputs.stack import stack_with
+from costmodel.inputs.train_config import OptimizerState
 from costmodel.inputs.workload import WorkloadKind
 from planner.api import plan
 from planner.request import PlannerName, PlanRequest
@@ -48,6 +49,7 @@ class Case(BaseModel):
     workload: WorkloadKind = Field(WorkloadKind.PRETRAIN, description="--workload.")
     pins: LayoutPins = Field(LayoutPins(), description="--zero, --micro-batch, ... as a user pins them.")
     stack_facts: dict[str, Any] = Field({}, description="Software-fact flags over the jax stack (--cross-entropy-chunks 8, ...).")
+    optimizer_state: OptimizerState = Field(OptimizerState.FP32, description="--optimizer-state.")
 
 
 CASES = (
@@ -95,6 +97,9 @@ CASES = (
     Case(name="llama3-70b-decode", model="llama3-70b", mesh="8", hardware="h100-sxm", global_batch=32, seq_len=4096,
          workload="decode"),
     # Options a user passes: the loss in pieces.
+    # Pure bf16 (weights, gradients and moments in bf16, no master copy), ZeRO 3 pinned.
+    Case(name="llama3-8b-pure-bf16", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=16, seq_len=2048,
+         pins=LayoutPins(zero_stage=3), optimizer_state=OptimizerState.BF16),
     Case(name="llama3-8b-loss-pieces", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=16, seq_len=4096,
          stack_facts={"cross_entropy_chunks": 8}),
 )
@@ -119,7 +124,7 @@ def run_case(case: Case) -> dict[str, Any]:
     try:
         chosen = plan(PlanRequest(model=case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len,
                                   global_batch=case.global_batch, planner=case.planner, workload=case.workload, pins=case.pins,
-                                  stack=stack_with("jax", **case.stack_facts)))
+                                  stack=stack_with("jax", **case.stack_facts), optimizer_state=case.optimizer_state))
     except PlannerError as err:
         return {**row, "layout": "-", "validates": False, "why": f"planning failed: {err}"}
     plan_s = time.perf_counter() - start

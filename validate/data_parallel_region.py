@@ -130,8 +130,11 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
             g = jax.lax.psum_scatter(g, axes, scatter_dimension=dim, tiled=True)
         return g
 
+    # Gradients are summed in the parameters' dtype: the fp32 master weights', or bf16 in pure-bf16 training.
+    stored = jnp.dtype(train.param_dtype.value)
+
     def per_micro_batch(g: jax.Array, spec: PartitionSpec) -> jax.Array:
-        g = g.astype(jnp.float32)
+        g = g.astype(stored)
         return scatter(g, spec) if lay.zero_stage == 2 else g
 
     def after_loop(g: jax.Array, spec: PartitionSpec, done: bool) -> jax.Array:
@@ -156,7 +159,7 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
             grads = jax.tree.map(per_micro_batch, grads, reduced_specs)
             return (carry[0] + loss, jax.tree.map(jnp.add, carry[1], grads)), None
 
-        sums = jax.tree.map(lambda p, s: jnp.zeros(accumulated_shape(p, s), jnp.float32), params, reduced_specs)
+        sums = jax.tree.map(lambda p, s: jnp.zeros(accumulated_shape(p, s), stored), params, reduced_specs)
         zeros = jax.lax.pcast((jnp.zeros((), jnp.float32), sums), data_axes, to="varying")
         (loss, grads), _ = jax.lax.scan(accumulate, zeros, micro_batched(batch, micro_batches))
         grads = jax.tree.map(after_loop, grads, reduced_specs, gathered)

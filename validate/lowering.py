@@ -181,7 +181,7 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
 
 def _initial_train_values(plan: Plan, seed: int, batch: dict[str, Any]) -> tuple[Any, ...]:
     params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
-    return params, init_opt_state(params), batch
+    return params, init_opt_state(params, np.dtype(plan.train.optimizer_dtype.value)), batch
 
 
 def _initial_lora_values(plan: Plan, seed: int, batch: dict[str, Any]) -> tuple[Any, ...]:

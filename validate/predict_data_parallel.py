@@ -45,7 +45,7 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
     lay, train = plan.layout, plan.train
     data = plan.axes_of("dp")
     sizes = {a.name: a.size for a in plan.mesh}
-    e = train.compute_dtype.bytes
+    e, stored = train.compute_dtype.bytes, train.param_dtype.bytes  # stored: fp32 master weights, or bf16 ones
     whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}
     gathered = {n for n, (_, spec, _) in params.items() if lay.zero_stage == 3 and _data_split(spec, data, sizes) > 1}
     split = {n for n in whole if lay.zero_stage >= 1 and _data_split(grad_specs[n], data, sizes) > 1}
@@ -53,19 +53,19 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
     def gathered_bytes(name: str) -> int:
         # Weight matrices are cast before their gather; the embedding tables are read as stored.
         matrix = len(params[name][2]) >= (3 if name.startswith("layers/") else 2)
-        return e if matrix and not name.startswith("embed/") else F32_BYTES
+        return e if matrix and not name.startswith("embed/") else stored
 
     # On the CPU backend the head's weight gradient is reduced straight from the fp32 conversion of
     # its bf16 product (where no accumulator lies between): `validate.hlo` reads that as XLA:CPU's
     # promotion of a bf16 reduction and counts it at bf16 bytes.
     read_as_bf16 = {"lm_head/w"} if platform == "cpu" and (lay.zero_stage >= 2 or runs.outer_calls == 1) else set()
 
-    def fp32(name: str) -> float:
-        return F32_BYTES / 2 if name in read_as_bf16 else F32_BYTES
+    def fp32(name: str) -> float:  # a gradient as summed: in the stored dtype
+        return e if name in read_as_bf16 else stored
 
     def reduced_bytes(name: str) -> float:
         # The gathers' transposes reduce in the gathered dtype, but on the CPU backend in fp32 (`_gathered`).
-        return fp32(name) if platform == "cpu" else gathered_bytes(name)
+        return (F32_BYTES / 2 if name in read_as_bf16 else F32_BYTES) if platform == "cpu" else gathered_bytes(name)
 
     out: list[PredictedCollective] = []
 
@@ -89,8 +89,8 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
         add("reduce-scatter", split - gathered, fp32, 1, why="ZeRO-1: the accumulated fp32 gradients reduce-scattered, once")
     add("all-reduce", set(whole) - split - gathered, fp32, 1,
         why="accumulated fp32 gradients the optimizer does not split, all-reduced once per step")
-    add("all-gather", split - gathered, lambda name: F32_BYTES, 1,
-        why="ZeRO 1-2: the updated fp32 parameters gathered from their data shards")
+    add("all-gather", split - gathered, lambda name: stored, 1,
+        why="ZeRO 1-2: the updated parameters gathered from their data shards, as stored")
     return out
 
 

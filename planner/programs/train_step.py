@@ -138,25 +138,31 @@ def _is_target(logits_BxSxV: jax.Array, targets_BxS: jax.Array) -> jax.Array:
 cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 
 
-def init_opt_state(params: Params) -> dict[str, Any]:
-    """AdamW state: fp32 first and second moments and the step count."""
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+def init_opt_state(params: Params, dtype: Any = jnp.float32) -> dict[str, Any]:
+    """AdamW state: first and second moments in ``dtype`` (fp32; bf16 for pure-bf16 training) and the step count."""
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, dtype), params)
     return {"m": zeros, "v": jax.tree.map(jnp.copy, zeros), "step": jnp.zeros((), jnp.int32)}
 
 
 def adamw_update(params: Params, grads: Params, opt_state: dict[str, Any], opt: AdamW) -> tuple[Params, dict[str, Any]]:
-    """Bias-corrected AdamW; decoupled weight decay on matrices only (not norms or biases)."""
+    """Bias-corrected AdamW; decoupled weight decay on matrices only (not norms or biases). The
+    arithmetic runs in fp32 and each result is stored back in its own dtype (the moments' and the
+    parameters': bf16 in pure-bf16 training)."""
     step = opt_state["step"] + 1
-    m = jax.tree.map(lambda m, g: opt.beta1 * m + (1 - opt.beta1) * g, opt_state["m"], grads)
-    v = jax.tree.map(lambda v, g: opt.beta2 * v + (1 - opt.beta2) * g * g, opt_state["v"], grads)
+
+    def f32(x: jax.Array) -> jax.Array:
+        return x.astype(jnp.float32)
+
+    m = jax.tree.map(lambda m, g: (opt.beta1 * f32(m) + (1 - opt.beta1) * f32(g)).astype(m.dtype), opt_state["m"], grads)
+    v = jax.tree.map(lambda v, g: (opt.beta2 * f32(v) + (1 - opt.beta2) * f32(g) * f32(g)).astype(v.dtype), opt_state["v"], grads)
     m_scale = 1 / (1 - opt.beta1 ** step.astype(jnp.float32))
     v_scale = 1 / (1 - opt.beta2 ** step.astype(jnp.float32))
 
     def update(path: tuple[Any, ...], p: jax.Array, m: jax.Array, v: jax.Array) -> jax.Array:
-        delta = m * m_scale / (jnp.sqrt(v * v_scale) + opt.eps)
+        delta = f32(m) * m_scale / (jnp.sqrt(f32(v) * v_scale) + opt.eps)
         if _decays(path):
-            delta = delta + opt.weight_decay * p
-        return p - opt.learning_rate * delta
+            delta = delta + opt.weight_decay * f32(p)
+        return (f32(p) - opt.learning_rate * delta).astype(p.dtype)
 
     return jax.tree_util.tree_map_with_path(update, params, m, v), {"m": m, "v": v, "step": step}
 
@@ -252,4 +258,4 @@ def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: 
         adapters = abstract_adapters(cfg, train.workload.lora, dtype=jnp.dtype(train.param_dtype.value))
         return abstract_frozen(cfg, train), adapters, jax.eval_shape(init_opt_state, adapters), batch
     params = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
-    return params, jax.eval_shape(init_opt_state, params), batch
+    return params, jax.eval_shape(lambda p: init_opt_state(p, jnp.dtype(train.optimizer_dtype.value)), params), batch

@@ -292,12 +292,17 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
         except NothingFitsError as err:
             last_err = err
             continue
+        except InfeasibleError:
+            if attempt.stack.offload is Offload.PARAMS:  # pins that keep ZeRO 3 or pipelines out leave no candidate
+                continue
+            raise
         return result.model_copy(update=reasons)
-    if offloaded is None and params is None:
+    tried = last_err.closest[0].layout.offload if isinstance(last_err, NothingFitsError) and last_err.closest else Offload.NONE
+    if tried is Offload.NONE:
         raise last_err
     # Not even offloading helps: say what the offloaded layouts need too.
     closest = "; ".join(over_budget(e) for e in last_err.closest)
-    what = "the parameters" if params is not None else "the optimizer state"
+    what = "the parameters" if tried is Offload.PARAMS else "the optimizer state"
     raise NothingFitsError(f"{first_err.cause}; offloading {what}, closest: {closest}", fix=first_err.fix,
                            closest=last_err.closest)
 

@@ -47,7 +47,7 @@ class DeviceKind(StrEnum):
 
 
 DEFAULT_RESERVES: dict[DeviceKind, RuntimeReserve] = {DeviceKind.GPU: GPU_RESERVE, DeviceKind.TPU: TPU_RESERVE,
-                                                       DeviceKind.CPU: NO_RESERVE}
+                                                      DeviceKind.CPU: NO_RESERVE}
 
 
 class StepAllocator(BaseModel):

@@ -177,6 +177,9 @@ def test_a_fine_tuning_run_that_fits_nowhere_offloads_its_parameter_shards_and_s
     assert best.layout.offload is Offload.PARAMS and best.layout.zero_stage == 3 and best.fits
     assert best.memory.params_bytes == 0 and best.memory.host.frozen_weights_bytes > 15 * 2**30
     assert result.offload_reason.endswith("without offloading")
+    # Kept out of ZeRO 3 (a pin), the parameters cannot go to the host: the answer is that nothing fits.
+    with pytest.raises(NothingFitsError):
+        grid_search(llama2_70b, qlora, load_machine("rtx-4090"), n_devices=2, space=space.model_copy(update={"zero_stages": (1,)}))
 
 
 def test_no_offload_where_the_cluster_describes_no_host():

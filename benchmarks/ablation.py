@@ -27,9 +27,9 @@ from benchmarks.simulator_accuracy import (
     DEFAULT_DATA,
     TRAINING_DATA,
     Variant,
-    _read_rows,
     as_run,
     leave_one_source_out_pct,
+    read_rows,
     source_family,
 )
 from costmodel.hardware.machine import Machine
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/ablation.csv"))
     args = parser.parse_args(argv)
-    rows = [r for path in (DEFAULT_DATA, TRAINING_DATA) if path.exists() for r in _read_rows(path)]
+    rows = [r for path in (DEFAULT_DATA, TRAINING_DATA) if path.exists() for r in read_rows(path)]
     results = ablate(rows)
     print_table(f"Leave-one-source-out |error| with each mechanism off ({len(rows)} development runs)", summary(results, rows))
     print_table("Change of each source's mean |error| (% points) with the mechanism off", per_source(results))

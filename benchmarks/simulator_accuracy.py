@@ -364,7 +364,8 @@ def data_sets(published: tuple[Path, ...], heldout: Path, fp8: Path, finetune: P
     return sets + ([("finetune", (finetune,))] if finetune.exists() else [])
 
 
-def _read_rows(path: Path) -> list[dict[str, str]]:
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """A data CSV's rows as dicts of strings."""
     with path.open() as f:
         return list(csv.DictReader(f))
 
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = []
     for name, paths in data_sets((args.data, args.more), args.heldout, args.fp8, args.finetune):
-        raw = [row for path in paths for row in _read_rows(path)]
+        raw = [row for path in paths for row in read_rows(path)]
         for line in unmodelled(raw):
             print(f"{name}: not modelled: {line}")
         memory_rows = [r for r in raw if r["measured_metric"] == "peak_memory_gib_per_device"]

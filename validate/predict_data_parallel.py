@@ -60,7 +60,7 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
     # promotion of a bf16 reduction and counts it at bf16 bytes.
     read_as_bf16 = {"lm_head/w"} if platform == "cpu" and (lay.zero_stage >= 2 or runs.outer_calls == 1) else set()
 
-    def fp32(name: str) -> float:  # a gradient as summed: in the stored dtype
+    def summed_bytes(name: str) -> float:  # a gradient as summed: in the stored dtype
         return e if name in read_as_bf16 else stored
 
     def reduced_bytes(name: str) -> float:
@@ -84,11 +84,11 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
     add("reduce-scatter", gathered - layer_gathered, reduced_bytes, runs.outer_calls,
         why="ZeRO-3: the embedding's and head's gradients reduce-scattered, every micro-batch")
     if lay.zero_stage == 2:
-        add("reduce-scatter", split, fp32, runs.outer_calls, why="ZeRO-2: the micro-batch's fp32 gradients reduce-scattered")
+        add("reduce-scatter", split, summed_bytes, runs.outer_calls, why="ZeRO-2: the micro-batch's gradients reduce-scattered")
     else:
-        add("reduce-scatter", split - gathered, fp32, 1, why="ZeRO-1: the accumulated fp32 gradients reduce-scattered, once")
-    add("all-reduce", set(whole) - split - gathered, fp32, 1,
-        why="accumulated fp32 gradients the optimizer does not split, all-reduced once per step")
+        add("reduce-scatter", split - gathered, summed_bytes, 1, why="ZeRO-1: the accumulated gradients reduce-scattered, once")
+    add("all-reduce", set(whole) - split - gathered, summed_bytes, 1,
+        why="accumulated gradients the optimizer does not split, all-reduced once per step")
     add("all-gather", split - gathered, lambda name: stored, 1,
         why="ZeRO 1-2: the updated parameters gathered from their data shards, as stored")
     return out

@@ -141,7 +141,10 @@ def frozen_layer_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -
 
 def frozen_stage_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:
     """Bytes of the frozen base weights one device of stage ``stage`` holds under LoRA, before
-    ZeRO sharding: its layers (`frozen_layer_bytes`), the embedding and head in the compute dtype."""
+    ZeRO sharding: its layers (`frozen_layer_bytes`), the embedding and head in the compute dtype;
+    none where every weight trains."""
+    if train.workload.trains_base_weights:
+        return 0.0
     layers = layout.layers_on_stage(model.num_layers, stage)
     outer = stage_params(model, layout, stage) - layers * layer_params_per_device(model, layout)
     return layers * frozen_layer_bytes(model, train, layout) + outer * train.compute_dtype.bytes

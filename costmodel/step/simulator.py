@@ -226,21 +226,23 @@ def exposed_stage_transfer_s(send_s: float, stages: list[_Stage], layout: Layout
     return exposed_s(send_s, chunk_step_s, hw.efficiency.overlap_slowdown)
 
 
-def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, stage: _Stage) -> tuple[OffloadTimes, float]:
-    """The step's offload costs and the device's share of its node's host memory."""
+def _devices_sharing_host(layout: Layout, hw: Machine) -> int:
+    """Devices of a node that offload at once: each gets that share of its host's memory, cores and DRAM."""
+    return min(layout.n_devices, hw.devices_per_node)
+
+
+def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, stage: _Stage) -> OffloadTimes:
+    """The step's offload costs."""
     host = require_host(hw.host, hw.name)
-    sharing = min(layout.n_devices, hw.devices_per_node)
+    sharing = _devices_sharing_host(layout, hw)
     partition = trainable_params_per_device(model, train, layout) / layout.dp
     if layout.offload is Offload.PARAMS:
-        frozen = 0.0 if train.workload.trains_base_weights else frozen_stage_bytes(model, train, layout, 0) / layout.dp
-        shard_bytes = partition * train.param_dtype.bytes + frozen
-        times = param_offload_times(partition, shard_bytes, train, micro_batches=layout.micro_batches(train),
-                                    micro_batch_s=stage.forward_s + stage.backward_s, host=host, devices_sharing=sharing)
-    else:
-        check_offloadable(train)
-        times = offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=stage.backward_s,
-                              overlap=layout.stack.dp_overlap, host=host, devices_sharing=sharing)
-    return times, host.memory_bytes_per_node / sharing
+        shard_bytes = partition * train.param_dtype.bytes + frozen_stage_bytes(model, train, layout, 0) / layout.dp
+        return param_offload_times(partition, shard_bytes, train, micro_batches=layout.micro_batches(train),
+                                   micro_batch_s=stage.forward_s + stage.backward_s, host=host, devices_sharing=sharing)
+    check_offloadable(train)
+    return offload_times(partition, train, micro_batches=layout.micro_batches(train), backward_s=stage.backward_s,
+                         overlap=layout.stack.dp_overlap, host=host, devices_sharing=sharing)
 
 
 def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, keep_timeline: bool = False) -> StepEstimate:
@@ -270,11 +272,11 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     busiest_stage = max(range(layout.pp), key=lambda s: stages[s].forward_s + stages[s].backward_s)
     busiest = stages[busiest_stage]
     offload, host_capacity = None, None
+    if layout.offload is not Offload.NONE or layout.offload_activations:  # this device's share of its node's host memory
+        host_capacity = require_host(hw.host, hw.name).memory_bytes_per_node / _devices_sharing_host(layout, hw)
     if layout.offload is not Offload.NONE:  # the optimizer and the accumulation run on the host instead
-        offload, host_capacity = _offload(model, train, layout, hw, busiest)
+        offload = _offload(model, train, layout, hw, busiest)
         optimizer_s = accumulate_s = 0.0
-    if layout.offload_activations:
-        host_capacity = require_host(hw.host, hw.name).memory_bytes_per_node / min(layout.n_devices, hw.devices_per_node)
     memory = memory_breakdown(model, train, layout, hbm_bytes=int(hw.hbm_bytes), reserve_bytes=hw.memory_reserve_bytes,
                               host_capacity_bytes=host_capacity)
     # Without pipeline stages one micro-batch is in flight: each moves what the host holds.

@@ -130,17 +130,17 @@ def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, st
     capacity = f" of {host.capacity_bytes / _GIB:,.0f} GiB (this device's share of the node)" if host.capacity_bytes else ""
     how = ("shards go up before each gather, gradients down, behind forward and backward" if params
            else "gradients run behind backward, parameters go up after Adam")
-    items = ((("weights / moments / grads / frozen weights", (host.master_weights_bytes, host.moments_bytes, host.grads_bytes,
-                                                              host.frozen_weights_bytes)),) if params else
-             (("master / moments / grads / 16-bit copy / accumulators", (host.master_weights_bytes, host.moments_bytes,
-                                                                        host.grads_bytes, host.param_copy_bytes,
-                                                                        host.accumulated_grads_bytes)),))
+    label, items = (("weights / moments / grads / frozen weights", (host.master_weights_bytes, host.moments_bytes,
+                                                                   host.grads_bytes, host.frozen_weights_bytes)) if params else
+                    ("master / moments / grads / 16-bit copy / accumulators", (host.master_weights_bytes, host.moments_bytes,
+                                                                              host.grads_bytes, host.param_copy_bytes,
+                                                                              host.accumulated_grads_bytes)))
     return [
         ("offload", f"{why}; costs {off.exposed_transfer_s:.3f} s/step of PCIe and {off.cpu_adam_s:.3f} s of CPU Adam"),
         ("  device↔host", f"{(off.grads_to_host_bytes + off.grads_from_host_bytes + off.params_to_device_bytes) / 1e9:,.1f} GB "
                          f"a step at {off.link_bytes_per_s / 1e9:.1f} GB/s = {off.transfer_s:.3f} s, {off.exposed_transfer_s:.3f} s "
                          f"exposed ({how})"),
         ("host memory", f"{host.total_bytes / _GIB:,.1f} GiB{capacity}"),
-        *((f"  {label}", " / ".join(f"{v / _GIB:.1f}" for v in values) + " GiB") for label, values in items),
+        (f"  {label}", " / ".join(f"{v / _GIB:.1f}" for v in items) + " GiB"),
         *activations,
     ]

@@ -50,6 +50,7 @@ class Case(BaseModel):
     pins: LayoutPins = Field(LayoutPins(), description="--zero, --micro-batch, ... as a user pins them.")
     stack_facts: dict[str, Any] = Field({}, description="Software-fact flags over the jax stack (--cross-entropy-chunks 8, ...).")
     optimizer_state: OptimizerState = Field(OptimizerState.FP32, description="--optimizer-state.")
+    optimizer_in_backward: bool = Field(False, description="--optimizer-in-backward.")
 
 
 CASES = (
@@ -100,6 +101,12 @@ CASES = (
     # Pure bf16 (weights, gradients and moments in bf16, no master copy), ZeRO 3 pinned.
     Case(name="llama3-8b-pure-bf16", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=16, seq_len=2048,
          pins=LayoutPins(zero_stage=3), optimizer_state=OptimizerState.BF16),
+    # The optimizer step in backward (torchtune's single-device full fine-tuning default): one
+    # 80 GB device, pure bf16; and data=8 with fp32 master weights and ZeRO 1.
+    Case(name="llama3-8b-step-in-backward", model="llama3-8b", mesh="1", hardware="h100-sxm", global_batch=2, seq_len=4096,
+         workload="finetune-full", pins=LayoutPins(recompute="full"), optimizer_state=OptimizerState.BF16, optimizer_in_backward=True),
+    Case(name="llama3-8b-step-in-backward-zero1", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=8, seq_len=4096,
+         workload="finetune-full", pins=LayoutPins(recompute="full", zero_stage=1), optimizer_in_backward=True),
     Case(name="llama3-8b-loss-pieces", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=16, seq_len=4096,
          stack_facts={"cross_entropy_chunks": 8}),
 )
@@ -124,7 +131,8 @@ def run_case(case: Case) -> dict[str, Any]:
     try:
         chosen = plan(PlanRequest(model=case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len,
                                   global_batch=case.global_batch, planner=case.planner, workload=case.workload, pins=case.pins,
-                                  stack=stack_with("jax", **case.stack_facts), optimizer_state=case.optimizer_state))
+                                  stack=stack_with("jax", **case.stack_facts), optimizer_state=case.optimizer_state,
+                                  optimizer_in_backward=case.optimizer_in_backward))
     except PlannerError as err:
         return {**row, "layout": "-", "validates": False, "why": f"planning failed: {err}"}
     plan_s = time.perf_counter() - start

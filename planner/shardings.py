@@ -84,16 +84,29 @@ def partition_spec_tree(model: ModelConfig, specs: dict[str, tuple[Any, ...]]) -
 
 
 def zero_sharded_specs(model: ModelConfig, specs: dict[str, tuple[Any, ...]], data_axes: tuple[str, ...],
-                       mesh_shape: dict[str, int]) -> dict[str, tuple[Any, ...]]:
+                       mesh_shape: dict[str, int], *, whole_layers: bool = False) -> dict[str, tuple[Any, ...]]:
     """``specs`` with each array also split over ``data_axes`` (ZeRO's optimizer-state sharding).
 
     The first dimension that is not yet sharded and that the data axes the array does not use
     yet divide takes those (an expert's weights, split over the expert axes, take the rest);
-    an array with none stays as it was.
+    an array with none stays as it was. ``whole_layers``: never the stacked layers' leading
+    dimension, so each layer's state is split within it (the optimizer step in backward updates
+    one layer at a time, where a split over layers would gather the whole stack for each).
+
+    >>> from planner.config import load_model
+    >>> model, specs = load_model("llama3-8b"), {"layers/mlp/w_in": (None, None, None)}
+    >>> [zero_sharded_specs(model, specs, ("data",), {"data": 8}, whole_layers=w)["layers/mlp/w_in"] for w in (False, True)]
+    [('data', None, None), (None, 'data', None)]
     """
     shapes = {"/".join(str(p.key) for p in path): leaf.shape
               for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(model))[0]}
-    return split_over_data(specs, shapes, data_axes, mesh_shape)
+    if not whole_layers:
+        return split_over_data(specs, shapes, data_axes, mesh_shape)
+    layers = {path: dims for path, dims in specs.items() if path.startswith("layers/")}
+    within = split_over_data({path: dims[1:] for path, dims in layers.items()}, {path: shapes[path][1:] for path in layers},
+                             data_axes, mesh_shape)
+    outer = split_over_data({path: dims for path, dims in specs.items() if path not in layers}, shapes, data_axes, mesh_shape)
+    return {path: (specs[path][0], *within[path]) if path in layers else outer[path] for path in specs}
 
 
 def split_over_data(specs: dict[str, tuple[Any, ...]], shapes: dict[str, tuple[int, ...]], data_axes: tuple[str, ...],

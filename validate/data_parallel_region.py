@@ -38,8 +38,10 @@ from planner.shardings import entry_axes
 
 def reduces_over_data(plan: Plan) -> bool:
     """Whether ``plan``'s gradients are formed in the data-parallel region: the jax stack's
-    `costmodel.step.kernels.forms_gradients_locally` (data parallelism alone, unpipelined)."""
-    return forms_gradients_locally(plan.train, plan.layout)
+    `costmodel.step.kernels.forms_gradients_locally` (data parallelism alone, unpipelined), but
+    not with the optimizer step in backward, whose per-layer reductions XLA's partitioner places
+    (`validate.lowering.fused_train_step`)."""
+    return forms_gradients_locally(plan.train, plan.layout) and not plan.train.optimizer_in_backward
 
 
 def data_dims(spec: PartitionSpec, data: set[str]) -> tuple[tuple[int, tuple[str, ...]], ...]:

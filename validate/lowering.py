@@ -34,12 +34,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import InvalidPlanError, UnsupportedError
+from costmodel.inputs.layout import Recompute
 from planner.intraop.pinned import to_partition_spec
 from planner.plan_schema import Plan
 from planner.programs.decode import abstract_decode_inputs
+from planner.programs.fused_step import make_fused_train_step
 from planner.programs.lora import adapter_shapes, adapter_specs, adapter_tree, init_adapters, init_frozen
 from planner.programs.params import abstract_params, init_params
 from planner.programs.prefill import abstract_prefill_inputs
+from planner.programs.residuals import to_bits
 from planner.programs.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_loss_and_grads
 from planner.shardings import entry_axes, partition_spec_tree, split_over_data, zero_sharded_specs
 from validate.data_parallel_region import data_parallel_loss_and_grads, reduces_over_data
@@ -119,7 +122,8 @@ def _train_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tu
     moment_specs = param_specs
     if plan.layout.zero_stage >= 1:
         shape = {a.name: a.size for a in plan.mesh}
-        moment_specs = partition_spec_tree(plan.model, zero_sharded_specs(plan.model, plan.param_specs, data_axes, shape))
+        moment_specs = partition_spec_tree(plan.model, zero_sharded_specs(plan.model, plan.param_specs, data_axes, shape,
+                                                                     whole_layers=plan.train.optimizer_in_backward))
     tokens = token_spec(plan)
     opt_specs = {"m": moment_specs, "v": moment_specs, "step": PartitionSpec()}
     return param_specs, opt_specs, {"tokens": tokens, "targets": tokens}
@@ -154,7 +158,16 @@ def abstract_inputs(plan: Plan, mesh: Mesh) -> tuple[Any, ...]:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)), tree, spec_tree)
 
     inputs = workload_program(plan).abstract_inputs(plan)
+    if _state_as_bits(plan, mesh):
+        inputs = (*jax.eval_shape(partial(jax.tree.map, to_bits), inputs[:2]), *inputs[2:])
     return tuple(sharded(t, s) for t, s in zip(inputs, input_specs(plan)))
+
+
+def _state_as_bits(plan: Plan, mesh: Mesh) -> bool:
+    """Whether the step takes and returns its 16-bit weights and moments as integers of their
+    width: the step in backward on the CPU backend (`planner.programs.fused_step`: a loop that
+    writes 16-bit floats there writes fp32)."""
+    return plan.train.optimizer_in_backward and mesh.devices.flat[0].platform == "cpu"
 
 
 def _abstract_train_inputs(plan: Plan) -> tuple[Any, ...]:
@@ -174,7 +187,10 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
     sequence_BxS = np.random.default_rng(seed).integers(0, plan.model.vocab_size, (plan.train.global_batch, plan.train.seq_len + 1),
                                                         dtype=np.int32)
     batch = {"tokens": sequence_BxS[:, :-1], "targets": sequence_BxS[:, 1:]}
-    host = jax.device_get(workload_program(plan).initial_values(plan, seed, batch))
+    values = workload_program(plan).initial_values(plan, seed, batch)
+    if _state_as_bits(plan, mesh):
+        values = (*jax.tree.map(to_bits, values[:2]), *values[2:])
+    host = jax.device_get(values)
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), input_specs(plan))
     return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), host, shardings)
 
@@ -253,6 +269,8 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     ()
     """
     lay, train = plan.layout, plan.train
+    if train.optimizer_in_backward:
+        return fused_train_step(plan, mesh)
     grads_of = loss_and_grads(plan, mesh)
     opt_specs = input_specs(plan)[-2]
     grad_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), opt_specs["m"])
@@ -265,6 +283,31 @@ def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
         return params, opt_state, {"loss": loss}
 
     return workload_program(plan).step_arguments(step)
+
+
+def fused_train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
+    """The plan's training step with the optimizer step in backward (`planner.programs.fused_step`):
+    the same hooks as `loss_and_grads`, each layer's weights pinned to the parameters' split and
+    its moments and gradients to the optimizer state's (ZeRO). XLA's partitioner places the data-parallel
+    reductions, inside the backward loop, and ZeRO's gathers of updated weights."""
+    lay = plan.layout
+    if lay.pp > 1 or lay.recompute is not Recompute.FULL or intra_op_program(plan) is not None:
+        raise UnsupportedError("the optimizer step in backward is lowered unpipelined, with full recompute and the layout's "
+                               "shardings only", fix="validate the plan planned with --pp 1 --recompute full")
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
+    hooks = {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
+             "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh)}
+    param_specs, opt_specs = input_specs(plan)[:2]
+
+    def pinned_like(specs: Any) -> Callable[[str, Any], Any]:
+        def pin(kind: str, tree: Any) -> Any:
+            held = jax.tree.map(lambda s: PartitionSpec(*s[1:]), specs["layers"]) if kind == "layers" else {k: specs[k] for k in tree}
+            return jax.lax.with_sharding_constraint(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), held))
+        return pin
+
+    return make_fused_train_step(plan.model, plan.train, attention=lay.stack.attention.value, hooks=hooks,
+                                 loss_chunks=lay.stack.cross_entropy_chunks, as_bits=on_cpu, shard_as_weights=pinned_like(param_specs),
+                                 shard_as_moments=pinned_like(opt_specs["m"]))
 
 
 def _frozen_first(step: Callable[..., Any]) -> Callable[..., Any]:

@@ -107,7 +107,8 @@ def _train_argument_bytes(plan: Plan) -> float:
     params = parameters_per_device(plan) * train.param_dtype.bytes
     moment_specs = plan.param_specs
     if lay.zero_stage >= 1:  # as `validate.lowering` splits them (an expert's over the data axes its expert axes leave)
-        moment_specs = zero_sharded_specs(plan.model, plan.param_specs, plan.axes_of("dp"), {a.name: a.size for a in plan.mesh})
+        moment_specs = zero_sharded_specs(plan.model, plan.param_specs, plan.axes_of("dp"), {a.name: a.size for a in plan.mesh},
+                                          whole_layers=plan.train.optimizer_in_backward)
     moments = sum(el for el, _, _ in param_shards(plan, moment_specs).values()) * 2 * train.optimizer_dtype.bytes
     batch = 2 * train.global_batch * train.seq_len * 4 / (lay.dp * lay.cp)  # int32 tokens and targets
     return params + moments + batch
@@ -145,12 +146,13 @@ def refuse_unlowered_weights(plan: Plan) -> None:
 
 def refuse_optimizer_options(plan: Plan) -> None:
     """Refuse in one line (`UnsupportedError`) a plan with a fine-tuning optimizer option the reference
-    program does not lower (an 8-bit optimizer state, the step in backward; a bf16 one under LoRA):
-    it keeps fp32 master weights and Adam moments and steps after the backward, so checking it would
-    check another program. Pure bf16 (weights, gradients and moments in bf16) is lowered, and checked
-    with ZeRO 3 only: with ZeRO 0–2 the CPU backend runs the whole model's bf16 gradient reductions
-    in fp32 (llama3-8b on data=8: compiled 1.5–1.9× the predicted memory; every collective byte
-    matches), which the memory check does not predict yet.
+    program does not lower (an 8-bit optimizer state; a bf16 one or the step in backward under LoRA):
+    checking it would check another program. Pure bf16 (weights, gradients and moments in bf16) is
+    lowered, and checked with ZeRO 3 only: with ZeRO 0–2 the CPU backend runs the whole model's bf16
+    gradient reductions in fp32 (llama3-8b on data=8: compiled 1.5–1.9× the predicted memory; every
+    collective byte matches), which the memory check does not predict yet. The step in backward
+    (`planner.programs.fused_step`) reduces one layer's gradients at a time, so it is checked with
+    any ZeRO stage (`validate.lowering.fused_train_step` says which layouts it lowers).
 
     >>> from planner.api import layout_plan
     >>> from costmodel.inputs.layout import Layout
@@ -161,22 +163,24 @@ def refuse_optimizer_options(plan: Plan) -> None:
     >>> refuse_optimizer_options(pure)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     costmodel.errors.UnsupportedError: --optimizer-state bf16 is checked with ZeRO 3 only: with ZeRO 0 the CPU backend ...
+    >>> refuse_optimizer_options(plan.model_copy(update={"train": plan.train.with_optimizer_state(OptimizerState.BF16, in_backward=True)}))
     >>> int8 = plan.model_copy(update={"train": plan.train.with_optimizer_state(OptimizerState.INT8)})
     >>> refuse_optimizer_options(int8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    costmodel.errors.UnsupportedError: --optimizer-state 8bit is not lowered by the reference program, which keeps fp32 ...
+    costmodel.errors.UnsupportedError: --optimizer-state 8bit is not lowered by the reference program, which keeps fp32 or bf16 ...
     """
     train = plan.train
-    if train.optimizer_state == "bf16" and train.workload.trains_base_weights and plan.layout.zero_stage < 3:
+    full = train.workload.trains_base_weights
+    if train.optimizer_state == "bf16" and full and plan.layout.zero_stage < 3 and not train.optimizer_in_backward:
         raise UnsupportedError(f"--optimizer-state bf16 is checked with ZeRO 3 only: with ZeRO {plan.layout.zero_stage} the CPU "
                                "backend reduces the bf16 gradients in fp32, a peak the memory check does not predict yet",
                                fix="validate the plan planned with --zero 3, or with --optimizer-state fp32")
-    lowered = ("fp32", "bf16") if train.workload.trains_base_weights else ("fp32",)
+    lowered = ("fp32", "bf16") if full else ("fp32",)
     options = [f"--optimizer-state {train.optimizer_state.value}"] if train.optimizer_state not in lowered else []
-    options += ["--optimizer-in-backward"] if train.optimizer_in_backward else []
+    options += ["--optimizer-in-backward"] if train.optimizer_in_backward and not full else []
     if options:
         raise UnsupportedError(f"{' and '.join(options)} {'is' if len(options) == 1 else 'are'} not lowered by the reference "
-                               "program, which keeps fp32 master weights and Adam moments and steps after the backward",
+                               "program, which keeps fp32 or bf16 Adam moments (and steps after the backward under LoRA)",
                                fix="plan and simulate it; validate the plan planned with --optimizer-state fp32 and no "
                                    "--optimizer-in-backward")
 

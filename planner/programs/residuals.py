@@ -26,12 +26,14 @@ _BITS = {jnp.dtype(jnp.bfloat16): jnp.uint16, jnp.dtype(jnp.float16): jnp.int16}
 _FLOATS = {jnp.dtype(bits): float_ for float_, bits in _BITS.items()}
 
 
-def _to_bits(x: jax.Array) -> jax.Array:
+def to_bits(x: jax.Array) -> jax.Array:
+    """``x`` as same-width integers if it is 16-bit floats (`from_bits` reads it back), else ``x``."""
     bits = _BITS.get(jnp.dtype(x.dtype))
     return x if bits is None else jax.lax.bitcast_convert_type(x, bits)
 
 
-def _from_bits(x: jax.Array) -> jax.Array:
+def from_bits(x: jax.Array) -> jax.Array:
+    """The 16-bit floats `to_bits` stored as integers; any other array as it is."""
     float_ = _FLOATS.get(jnp.dtype(x.dtype))
     return x if float_ is None else jax.lax.bitcast_convert_type(x, float_)
 
@@ -55,10 +57,10 @@ def residuals_as_bits(fn: Callable[..., Any], *, scan_body: bool = False) -> Cal
     def forward(*args: Any) -> tuple[Any, Any]:
         out, backward = jax.vjp(fn, *args)
         scanned = {id(a) for a in jax.tree.leaves(args[1:])} if scan_body else set()
-        return out, jax.tree.map(lambda r: r if id(r) in scanned else _to_bits(r), backward)
+        return out, jax.tree.map(lambda r: r if id(r) in scanned else to_bits(r), backward)
 
     def backward(saved: Any, cotangent: Any) -> Any:
-        return jax.tree.map(_from_bits, saved)(cotangent)
+        return jax.tree.map(from_bits, saved)(cotangent)
 
     wrapped.defvjp(forward, backward)
     return wrapped

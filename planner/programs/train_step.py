@@ -145,16 +145,28 @@ def init_opt_state(params: Params, dtype: Any = jnp.float32) -> dict[str, Any]:
 
 
 def adamw_update(params: Params, grads: Params, opt_state: dict[str, Any], opt: AdamW) -> tuple[Params, dict[str, Any]]:
-    """Bias-corrected AdamW; decoupled weight decay on matrices only (not norms or biases). The
-    arithmetic runs in fp32 and each result is stored back in its own dtype (the moments' and the
-    parameters': bf16 in pure-bf16 training)."""
+    """Bias-corrected AdamW (`adamw_apply`) on every parameter, the step count advanced."""
     step = opt_state["step"] + 1
+    params, m, v = adamw_apply(params, grads, opt_state["m"], opt_state["v"], step, opt)
+    return params, {"m": m, "v": v, "step": step}
 
+
+def adamw_apply(params: Params, grads: Params, m: Params, v: Params, step: jax.Array, opt: AdamW) -> tuple[Params, Params, Params]:
+    """The ``step``-th bias-corrected AdamW update of ``params`` and their moments ``m`` and ``v``
+    (any subtree: one layer's, the head's); decoupled weight decay on matrices only (not norms or
+    biases). The arithmetic runs in fp32 and each result is stored back in its own dtype (the
+    moments' and the parameters': bf16 in pure-bf16 training).
+
+    >>> p, g = {"w": jnp.ones((2, 2))}, {"w": jnp.ones((2, 2))}
+    >>> new, m, v = adamw_apply(p, g, *(jax.tree.map(jnp.zeros_like, p),) * 2, jnp.ones((), jnp.int32), AdamW(weight_decay=0.0))
+    >>> round(float(new["w"][0, 0]), 6), round(float(m["w"][0, 0]), 6)  # the first step moves each weight by the learning rate
+    (0.9997, 0.1)
+    """
     def f32(x: jax.Array) -> jax.Array:
         return x.astype(jnp.float32)
 
-    m = jax.tree.map(lambda m, g: (opt.beta1 * f32(m) + (1 - opt.beta1) * f32(g)).astype(m.dtype), opt_state["m"], grads)
-    v = jax.tree.map(lambda v, g: (opt.beta2 * f32(v) + (1 - opt.beta2) * f32(g) * f32(g)).astype(v.dtype), opt_state["v"], grads)
+    m = jax.tree.map(lambda m, g: (opt.beta1 * f32(m) + (1 - opt.beta1) * f32(g)).astype(m.dtype), m, grads)
+    v = jax.tree.map(lambda v, g: (opt.beta2 * f32(v) + (1 - opt.beta2) * f32(g) * f32(g)).astype(v.dtype), v, grads)
     m_scale = 1 / (1 - opt.beta1 ** step.astype(jnp.float32))
     v_scale = 1 / (1 - opt.beta2 ** step.astype(jnp.float32))
 
@@ -164,7 +176,7 @@ def adamw_update(params: Params, grads: Params, opt_state: dict[str, Any], opt: 
             delta = delta + opt.weight_decay * f32(p)
         return (f32(p) - opt.learning_rate * delta).astype(p.dtype)
 
-    return jax.tree_util.tree_map_with_path(update, params, m, v), {"m": m, "v": v, "step": step}
+    return jax.tree_util.tree_map_with_path(update, params, m, v), m, v
 
 
 def _decays(path: tuple[Any, ...]) -> bool:

@@ -378,15 +378,25 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
     output and each layer's MoE balancing loss. ``keep_residuals`` wraps the checkpointed layer."""
     if remat not in _REMAT_POLICIES:
         raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(_REMAT_POLICIES)}")
+    body = layer_body(cfg, constrain=constrain, attention=attention, experts=experts, lora_scale=lora_scale, linear=linear,
+                      weights=weights)
+    return jax.lax.scan(keep_residuals(jax.checkpoint(body, policy=_REMAT_POLICIES[remat])), x_BxSxD, layers)
+
+
+def layer_body(cfg: ModelConfig, *, constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run,
+               lora_scale: float = 1.0, linear: Linear = _einsum_linear,
+               weights: Weights = _held) -> Callable[[jax.Array, Params], tuple[jax.Array, jax.Array]]:
+    """One layer as a scan body ``(x_BxSxD, one layer's weights) -> (output, MoE balancing loss)``,
+    computing in ``x_BxSxD``'s dtype; the hooks are `forward`'s."""
     if attention not in ATTENTION_KERNELS:
         raise UnsupportedError(f"attention={attention!r} is not an attention kernel", fix=f"use one of {list(ATTENTION_KERNELS)}")
 
-    def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
+    def body(x_BxSxD: jax.Array, layer_params: Params) -> tuple[jax.Array, jax.Array]:
         with jax.named_scope("layer"):
-            return _layer(x, weights("layers", layer_params), cfg, x.dtype, constrain, attention, experts, lora_scale, linear)
+            return _layer(x_BxSxD, weights("layers", layer_params), cfg, x_BxSxD.dtype, constrain, attention, experts, lora_scale,
+                          linear)
 
-    body = keep_residuals(jax.checkpoint(body, policy=_REMAT_POLICIES[remat]))
-    return jax.lax.scan(body, x_BxSxD, layers)
+    return body
 
 
 def head(x_BxSxD: jax.Array, params: Params, cfg: ModelConfig, *, constrain: Constrain = _keep) -> jax.Array:

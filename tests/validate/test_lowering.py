@@ -94,3 +94,52 @@ def test_initial_inputs_carry_the_plan_shardings_and_dtypes():
     assert batch["tokens"].shape == (4, 16) and (batch["tokens"][:, 1:] == batch["targets"][:, :-1]).all()
     again = initial_inputs(plan, mesh, seed=3)[2]["tokens"]
     assert (again == batch["tokens"]).all()
+
+
+_RUN_FUSED = """
+import json, sys
+import jax, jax.numpy as jnp
+from planner.plan_schema import Plan
+from planner.programs.params import init_params
+from planner.programs.train_step import init_opt_state, make_train_step
+from validate.lowering import input_specs, jitted_step
+from validate.mesh_hooks import device_mesh
+
+plan = Plan.model_validate_json(sys.stdin.read())
+params = init_params(plan.model, jax.random.key(0))
+tokens = jax.random.randint(jax.random.key(1), (plan.train.global_batch, plan.train.seq_len), 0, plan.model.vocab_size)
+batch = {"tokens": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+want = make_train_step(plan.model, plan.train, remat="full")(params, init_opt_state(params), batch)
+mesh = device_mesh(plan)
+sharded = jax.device_put((params, init_opt_state(params), batch), jax.tree.map(lambda s: jax.NamedSharding(mesh, s), input_specs(plan)))
+got = jitted_step(plan, mesh)(*sharded)
+error = max(float(jnp.abs(g - w).max() / (jnp.abs(w).max() + 1e-12)) for g, w in zip(jax.tree.leaves(got[:2]), jax.tree.leaves(want[:2])))
+print(json.dumps({"loss": float(got[2]["loss"]), "reference": float(want[2]["loss"]), "error": error}))
+"""
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(dp=2, tp=4, micro_batch=4, zero_stage=1, recompute="full"),
+    Layout(dp=8, micro_batch=1, zero_stage=3, recompute="full"),
+], ids=["dp2-tp4-zero1", "dp8-zero3"])
+def test_the_step_in_backward_sharded_updates_what_the_plain_step_does(layout):
+    # `validate.lowering.fused_train_step`: each layer stepped in the backward loop, its state split as the plan says.
+    plan = layout_plan(LLAMA, layout, hardware="a100-80gb", seq_len=16, global_batch=8, workload="finetune-full",
+                       optimizer_in_backward=True)
+    plan = plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype("float32")})})
+    out = json.loads(run_emulated(_RUN_FUSED, 8, stdin=plan.model_dump_json(), timeout_s=300, failure="the step failed", fix="-"))
+    assert out["loss"] == pytest.approx(out["reference"], rel=1e-5)
+    assert out["error"] < 1e-4  # relative to each array's largest entry
+
+
+def test_the_step_in_backward_is_refused_in_one_line_where_it_is_not_lowered():
+    import jax
+
+    from costmodel.errors import UnsupportedError
+    from validate.lowering import train_step
+    from validate.mesh_hooks import device_mesh
+
+    plan = layout_plan(LLAMA, Layout(micro_batch=2, recompute="selective"), hardware="a100-80gb", seq_len=16, global_batch=2,
+                       workload="finetune-full", optimizer_in_backward=True)
+    with pytest.raises(UnsupportedError, match="with full recompute"):
+        train_step(plan, device_mesh(plan, devices=jax.devices()[:1]))

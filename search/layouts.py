@@ -63,6 +63,8 @@ ZERO_WIDTH_RULE = "ZeRO over a data-parallel degree that does not divide the mod
 SP_TP_RULE = "sequence parallelism needs tp > 1"
 TIME_LIMIT_RULE = "not costed: time limit reached"
 MICRO_BATCHES = (1, 2, 4, 8)
+# With the step in backward each replica's whole batch is its one micro-batch; the other sizes are not tried.
+ONE_MICRO_BATCH_RULE = "the optimizer step in backward runs one micro-batch a step"
 RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
 
@@ -193,6 +195,11 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if zero > 0 and dp == 1:
             pruned["ZeRO without data parallelism"] += 1
             continue
+        if train.optimizer_in_backward and len(space.micro_batches) > 1:  # one micro-batch a step: the replica's batch
+            if mb != space.micro_batches[0]:
+                pruned[ONE_MICRO_BATCH_RULE] += 1
+                continue
+            mb = max(1, train.global_batch // dp)
         if v > 1 and (pp == 1 or (train.global_batch // (dp * mb)) % pp):
             pruned["interleaving needs pp > 1 and micro-batches divisible by pp"] += 1
             continue
@@ -247,9 +254,9 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
                 keep: int = 5, time_limit_s: float = math.inf, on_progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Cost every candidate layout; the fastest that fits wins. When nothing fits in device memory
     they are costed again, as the space allows: with the loss in pieces
-    (``space.loss_pieces_when_nothing_fits``), with the optimizer state on the host
-    (``space.offload_when_nothing_fits``), then with both, then the same with the parameters
-    offloaded (ZeRO 3 only); the result says why
+    (``space.loss_pieces_when_nothing_fits``), with the saved activations on the host
+    (``space.offload_when_nothing_fits``), then with both, then the same with the optimizer state
+    on the host, then with the parameters offloaded (ZeRO 3 only); the result says why
     (``loss_pieces_reason``, ``offload_reason``).
 
     Args:
@@ -269,17 +276,23 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
                        on_progress=on_progress)
     except InfeasibleError as err:
         first_err = err
-    # Nothing fits: the loss in pieces first (a few % of step time), then the optimizer on the host, then both.
+    # Nothing fits: the loss in pieces first (a few % of step time), then the activations on the host, the
+    # optimizer state there (CPU Adam's seconds a step), then the parameters.
     budget = f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime reserve)"
     pieces_reason = {"loss_pieces_reason": f"{budget} with the loss over whole sequences"}
     offload_reason = {"offload_reason": f"{budget} without offloading"}
     pieces = _with_loss_pieces(space) if _may_cut_the_loss(train, space, first_err) else None
+    # Saved activations on the host (torchtune's OffloadActivations), behind forward and backward.
+    activations = (space.model_copy(update={"stack": space.stack.model_copy(update={"offload_activations": True})})
+                   if _may_offload(train, machine, space, first_err, activations=True) else None)
     offloaded = _offloaded(space, Offload.OPTIMIZER) if _may_offload(train, machine, space, first_err) else None
     # Then every ZeRO-3 shard on the host (FSDP's CPU offload; shards need devices to spread over), the only
     # offload a fine-tuning run has here.
     params = (_offloaded(space, Offload.PARAMS) if n_devices > 1 and _may_offload(train, machine, space, first_err, Offload.PARAMS)
               else None)
-    attempts = [(pieces, pieces_reason), (offloaded, offload_reason),
+    attempts = [(pieces, pieces_reason), (activations, offload_reason),
+                (pieces and activations and _with_loss_pieces(activations), {**pieces_reason, **offload_reason}),
+                (offloaded, offload_reason),
                 (pieces and offloaded and _offloaded(pieces, Offload.OPTIMIZER), {**pieces_reason, **offload_reason}),
                 (params, offload_reason), (pieces and params and _offloaded(pieces, Offload.PARAMS), {**pieces_reason, **offload_reason})]
     last_err = first_err
@@ -293,16 +306,18 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
             last_err = err
             continue
         except InfeasibleError:
-            if attempt.stack.offload is Offload.PARAMS:  # pins that keep ZeRO 3 or pipelines out leave no candidate
+            # Pins that keep ZeRO 3 (parameter offload) or leave only pipelines (activation offload) leave no candidate.
+            if attempt.stack.offload is Offload.PARAMS or attempt.stack.offload_activations:
                 continue
             raise
         return result.model_copy(update=reasons)
-    tried = last_err.closest[0].layout.offload if isinstance(last_err, NothingFitsError) and last_err.closest else Offload.NONE
-    if tried is Offload.NONE:
+    closest_layout = last_err.closest[0].layout if isinstance(last_err, NothingFitsError) and last_err.closest else None
+    if closest_layout is None or (closest_layout.offload is Offload.NONE and not closest_layout.offload_activations):
         raise last_err
     # Not even offloading helps: say what the offloaded layouts need too.
     closest = "; ".join(over_budget(e) for e in last_err.closest)
-    what = "the parameters" if tried is Offload.PARAMS else "the optimizer state"
+    what = {Offload.PARAMS: "the parameters", Offload.OPTIMIZER: "the optimizer state", Offload.NONE: "the activations"}[
+        closest_layout.offload]
     raise NothingFitsError(f"{first_err.cause}; offloading {what}, closest: {closest}", fix=first_err.fix,
                            closest=last_err.closest)
 
@@ -324,12 +339,15 @@ def _may_cut_the_loss(train: TrainConfig, space: SearchSpace, err: InfeasibleErr
 
 
 def _may_offload(train: TrainConfig, machine: Machine, space: SearchSpace, err: InfeasibleError,
-                 offload: Offload = Offload.OPTIMIZER) -> bool:
-    """Whether a search that found nothing fitting should try again with ``offload``: memory was the
-    cause, the planner may offload, the cluster has a host, and the workload is full training with
-    fp32 state stepped after the backward (the optimizer state: ZeRO-Offload's CPU Adam) or trains at
-    all without the step in backward (the parameters)."""
-    if offload is Offload.OPTIMIZER:
+                 offload: Offload = Offload.OPTIMIZER, *, activations: bool = False) -> bool:
+    """Whether a search that found nothing fitting should try again with ``offload`` (or the saved
+    ``activations``): memory was the cause, the planner may offload, the cluster has a host, and the
+    workload is full training with fp32 state stepped after the backward (the optimizer state:
+    ZeRO-Offload's CPU Adam), trains at all without the step in backward (the parameters), or
+    trains at all (the activations, not offloaded already)."""
+    if activations:
+        trains = train.workload.runs_backward and not space.stack.offload_activations
+    elif offload is Offload.OPTIMIZER:
         trains = train.workload.trains_base_weights and train.optimizer_state == "fp32" and not train.optimizer_in_backward
     else:
         trains = train.workload.runs_backward and not train.optimizer_in_backward

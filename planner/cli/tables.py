@@ -119,7 +119,8 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
 def offload_rows(est: StepEstimate, *, reason: str | None) -> list[tuple[str, str]]:
     """With offloading: why, what it costs per step, and the host memory it takes, itemised."""
     off, host = est.breakdown.offload, est.memory.host
-    activations = ([("activations offloaded", f"{host.activations_bytes / _GIB:,.1f} GiB of saved tensors on the host, down "
+    why = f" because {reason}" if reason and off is None else ""  # said once, in the offload row, with both
+    activations = ([("activations offloaded", f"{host.activations_bytes / _GIB:,.1f} GiB of saved tensors on the host{why}, down "
                      f"behind each forward and up behind each backward: {est.breakdown.activation_offload_s:.3f} s/step exposed")]
                    if host is not None and est.layout.offload_activations else [])
     if off is None or host is None:

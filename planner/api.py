@@ -183,7 +183,8 @@ def _model_and_train(request: PlanRequest, n_devices: int) -> tuple[ModelConfig,
     seq_len = request.seq_len or default_seq_len(cfg)
     positions_note(cfg, seq_len)  # refuses a sequence beyond the model's positions
     train = train_config(seq_len=seq_len, global_batch=request.global_batch or SERVING_BATCH, workload=request.workload,
-                         lora=request.lora, inference=request.inference).with_precision(request.precision)
+                         lora=request.lora, inference=request.inference, document_len=request.document_len
+                         ).with_precision(request.precision)
     train = train.with_optimizer_state(request.optimizer_state, in_backward=request.optimizer_in_backward)
     if not train.workload.runs_backward:
         return cfg, train, None

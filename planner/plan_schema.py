@@ -87,7 +87,8 @@ class SolverInfo(BaseModel):
     evaluated: int = Field(description="Candidates costed by the simulator.")
     pruned: dict[str, int] = Field(description="Candidates dropped before simulation, by rule.")
     intra_op: IntraOpInfo | None = Field(None, description="The intra-op ILP's report, when it chose the parameter shardings.")
-    offload_reason: str | None = Field(None, description="Why the layout offloads its optimizer state to the host, when the "
+    offload_reason: str | None = Field(None, description="Why the layout offloads to the host (its saved activations, optimizer "
+                                       "state or parameters), when the "
                                        "planner chose to (nothing fit without); None otherwise.")
     loss_pieces_reason: str | None = Field(None, description="Why the layout runs the loss in pieces "
                                            "(``SoftwareStack.cross_entropy_chunks``), when the planner chose to (nothing fit "

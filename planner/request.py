@@ -67,6 +67,8 @@ class PlanRequest(Record):
     lora: LoraConfig | None = Field(None, description="finetune-lora's rank, targets and frozen storage; default LoraConfig().")
     inference: InferenceConfig | None = Field(None, description="prefill's and decode's prompt, KV cache, latency bound and "
                                                                 "weight storage; default InferenceConfig().")
+    document_len: int | None = Field(None, description="Sequence packing: documents of this many tokens in each sequence, "
+                                                       "attention masked to each (`TrainConfig.document_len`); None: one a sequence.")
     tokens: float | None = Field(None, description="Training tokens: the prediction then says how long training takes.")
     run: RunSettings | None = Field(None, description="Checkpoint interval and loader the time to train assumes; "
                                                       "default RunSettings().")
@@ -133,9 +135,10 @@ class PlanRequest(Record):
     def _optimizer_options_planned(self) -> PlanRequest:
         options = ([f"--optimizer-state {self.optimizer_state.value}"] if self.optimizer_state is not OptimizerState.FP32 else []) + \
             (["--optimizer-in-backward"] if self.optimizer_in_backward else [])
+        options += [f"--document-len {self.document_len}"] if self.document_len is not None else []
         if options and self.planner.shards_intra_op:
             raise UnsupportedError(f"--planner {self.planner} shards the traced reference program, which keeps fp32 master weights "
-                                   f"and moments and steps after the backward, not {' '.join(options)}",
+                                   f"and moments, steps after the backward and attends whole sequences, not {' '.join(options)}",
                                    fix=f"use --planner grid, which costs {' '.join(options)}")
         return self
 

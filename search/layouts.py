@@ -253,10 +253,10 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
 def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_devices: int, space: SearchSpace | None = None,
                 keep: int = 5, time_limit_s: float = math.inf, on_progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """Cost every candidate layout; the fastest that fits wins. When nothing fits in device memory
-    they are costed again, as the space allows: with the loss in pieces
-    (``space.loss_pieces_when_nothing_fits``), with the saved activations on the host
-    (``space.offload_when_nothing_fits``), then with both, then the same with the optimizer state
-    on the host, then with the parameters offloaded (ZeRO 3 only); the result says why
+    they are costed again each way the space allows: with the loss in pieces
+    (``space.loss_pieces_when_nothing_fits``), with the saved activations, the optimizer state or
+    the parameters (ZeRO 3 only) on the host (``space.offload_when_nothing_fits``), each also with
+    the loss in pieces; the fastest that fits wins, and the result says why
     (``loss_pieces_reason``, ``offload_reason``).
 
     Args:
@@ -276,8 +276,7 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
                        on_progress=on_progress)
     except InfeasibleError as err:
         first_err = err
-    # Nothing fits: the loss in pieces first (a few % of step time), then the activations on the host, the
-    # optimizer state there (CPU Adam's seconds a step), then the parameters.
+    # Nothing fits: every way to fit that the space allows is searched, and the fastest result kept.
     budget = f"nothing fits in {machine.memory_budget_bytes / _GIB:.1f} GiB per device (usable less the runtime reserve)"
     pieces_reason = {"loss_pieces_reason": f"{budget} with the loss over whole sequences"}
     offload_reason = {"offload_reason": f"{budget} without offloading"}
@@ -295,7 +294,7 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
                 (offloaded, offload_reason),
                 (pieces and offloaded and _offloaded(pieces, Offload.OPTIMIZER), {**pieces_reason, **offload_reason}),
                 (params, offload_reason), (pieces and params and _offloaded(pieces, Offload.PARAMS), {**pieces_reason, **offload_reason})]
-    last_err = first_err
+    last_err, found = first_err, []
     for attempt, reasons in attempts:
         if attempt is None:
             continue
@@ -310,7 +309,9 @@ def grid_search(model: ModelConfig, train: TrainConfig, machine: Machine, *, n_d
             if attempt.stack.offload is Offload.PARAMS or attempt.stack.offload_activations:
                 continue
             raise
-        return result.model_copy(update=reasons)
+        found.append(result.model_copy(update=reasons))
+    if found:  # the fastest of what fits, whichever way
+        return min(found, key=lambda r: r.best.step_time_s)
     closest_layout = last_err.closest[0].layout if isinstance(last_err, NothingFitsError) and last_err.closest else None
     if closest_layout is None or (closest_layout.offload is Offload.NONE and not closest_layout.offload_activations):
         raise last_err

@@ -185,19 +185,28 @@ def refuse_optimizer_options(plan: Plan) -> None:
                                    "--optimizer-in-backward")
 
 
-def refuse_sliding_window(plan: Plan) -> None:
-    """Refuse in one line (`UnsupportedError`) a plan whose sliding window is shorter than its
-    sequences: the reference program attends the whole causal sequence, so checking it would check
+def refuse_unlowered_attention(plan: Plan) -> None:
+    """Refuse in one line (`UnsupportedError`) a plan whose attention the reference program does not
+    lower: a sliding window shorter than its sequences, or packed documents masked apart
+    (``--document-len``). The program attends the whole causal sequence, so checking it would check
     another program (a window as long as the sequence changes nothing and is checked).
 
     >>> from planner.api import layout_plan
     >>> from costmodel.inputs.layout import Layout
     >>> from planner.config import load_model
     >>> mistral = load_model("llama3-8b").model_copy(update={"sliding_window": 1024})
-    >>> refuse_sliding_window(layout_plan(mistral, Layout(dp=8, micro_batch=1), global_batch=8, seq_len=4096))  # doctest: +ELLIPSIS
+    >>> refuse_unlowered_attention(layout_plan(mistral, Layout(dp=8, micro_batch=1), global_batch=8, seq_len=4096))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     costmodel.errors.UnsupportedError: sliding-window attention (1024 of 4096 tokens) is not lowered by the reference program...
+    >>> packed = layout_plan("llama3-8b", Layout(dp=8, micro_batch=1), global_batch=8, seq_len=4096, document_len=512)
+    >>> refuse_unlowered_attention(packed)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    costmodel.errors.UnsupportedError: attention masked to packed documents of 512 tokens is not lowered by the reference program...
     """
+    if plan.train.document_len is not None:
+        raise UnsupportedError(f"attention masked to packed documents of {plan.train.document_len} tokens is not lowered by the "
+                               "reference program, which attends the whole causal sequence",
+                               fix="plan and simulate it; validate the plan planned without --document-len")
     window = plan.model.sliding_window
     if window is not None and plan.train.seq_len > window:
         raise UnsupportedError(f"sliding-window attention ({window} of {plan.train.seq_len} tokens) is not lowered by the reference "

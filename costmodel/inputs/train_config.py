@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from costmodel.errors import InvalidConfigError
+from costmodel.inputs.model_config import ModelConfig
 from costmodel.workloads import Pretrain, Workload, workload_of
 
 
@@ -132,6 +133,9 @@ class TrainConfig(BaseModel):
                                         "optimizer_in_bwd, pytorch/torchtune recipes/full_finetune_single_device.py): each "
                                         "gradient is applied and freed as it is formed, so no gradient buffer is held; "
                                         "torchtune refuses it with gradient accumulation and with gradient clipping.")
+    document_len: PositiveInt | None = Field(None, description="Sequence packing: each sequence packs documents of this many "
+                                             "tokens (a mean), attention masked to each document (FlashAttention's varlen "
+                                             "kernels, torchtune's packed datasets); None: one document per sequence.")
     workload: Workload = Field(default_factory=Pretrain, description="What the step does (`costmodel.workloads`): pretrain, "
                                "finetune-full (the same step), finetune-lora (with its LoRA settings), or the serving "
                                "workloads prefill and decode (global_batch: sequences per replica, seq_len: context).")
@@ -171,7 +175,24 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _settings_fit_context(self) -> TrainConfig:
         self.workload.check_context(self.seq_len)
+        if self.document_len is not None and (self.document_len > self.seq_len or not self.workload.runs_backward):
+            # The error catalog's own error, which pydantic passes through: one line naming the flags.
+            raise InvalidConfigError(f"--document-len {self.document_len} packs documents into training sequences of "
+                                     f"--seq-len {self.seq_len} tokens",
+                                     fix="give --document-len at most --seq-len, on a training workload")
         return self
+
+    def attention_pairs(self, model: ModelConfig) -> float:
+        """(query, key) pairs a causal attention kernel scores in one sequence: `ModelConfig.causal_pairs`
+        of the sequence, or with packed documents of each document (``S / L`` documents of ``L`` tokens).
+
+        >>> m = ModelConfig(name="m", hidden_size=64, num_layers=1, num_heads=4, ffn_size=8, vocab_size=9)
+        >>> TrainConfig(seq_len=4096).attention_pairs(m) / TrainConfig(seq_len=4096, document_len=512).attention_pairs(m)
+        8.0
+        """
+        if self.document_len is None:
+            return model.causal_pairs(self.seq_len)
+        return self.seq_len / self.document_len * model.causal_pairs(self.document_len)
 
     @property
     def prompt_len(self) -> int:

@@ -355,10 +355,9 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
     b, d = layout.micro_batch, model.head_dim
     if layout.stack.attention is Attention.FLASH:
         # Causal flash kernels skip blocks above the diagonal: half the score work; under a sliding
-        # window also the blocks before it (FlashAttention-2's window_size), s·w − w²/2 pairs.
-        flops = 0.5 * 4 * b * heads * s_q * s_kv * d
-        if model.sliding_window is not None and train.seq_len > model.sliding_window:
-            flops = 4 * b * heads * d * model.causal_pairs(train.seq_len) / layout.cp
+        # window also the blocks before it (FlashAttention-2's window_size), s·w − w²/2 pairs; over
+        # packed documents those of other documents (the varlen kernels), L²/2 pairs per document.
+        flops = 4 * b * heads * d * train.attention_pairs(model) / layout.cp
         kv_heads = model.num_kv_heads / layout.tp
         io_bytes = e * b * s_q * d * (2 * heads) + e * b * s_kv * d * 2 * kv_heads
         return [Kernel(name="flash_attention", kind=KernelKind.FLASH_ATTENTION, flops=flops, bytes=io_bytes, in_attention_core=True,

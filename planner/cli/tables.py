@@ -32,11 +32,14 @@ def titled_workload(train: TrainConfig) -> str:
     ' (fp8)'
     >>> titled_workload(TrainConfig(workload="finetune-full", optimizer_state="8bit", optimizer_in_backward=True))
     ' (finetune-full, 8bit optimizer state, step in backward)'
+    >>> titled_workload(TrainConfig(seq_len=4096, document_len=512))
+    ' (packed documents of 512 tokens)'
     """
     parts = [workload_label(train)] if train.workload.named_in_titles else []
     parts += [train.precision.value] if train.precision is not Precision.BF16 else []
     parts += [f"{train.optimizer_state.value} optimizer state"] if train.optimizer_state != "fp32" else []
     parts += ["step in backward"] if train.optimizer_in_backward else []
+    parts += [f"packed documents of {train.document_len} tokens"] if train.document_len is not None else []
     return f" ({', '.join(parts)})" if parts else ""
 
 

@@ -224,8 +224,10 @@ def test_pinned_zero_and_micro_batch_are_kept_and_the_rest_chosen(zero):
     assert (p.layout.dp, p.layout.zero_stage, p.layout.micro_batch) == (8, zero, 2)
     assert p.solver.pins.flags == f"--micro-batch 2 --zero {zero}"
     # ZeRO 0-2 hold the whole fp32 master weights (and 0-1 the whole fp32 gradient, 2 one micro-batch's) beside activations:
-    # only with the optimizer state on the host (offload is the planner's, not pinned).
-    assert (p.layout.offload.value, p.solver.offload_reason is not None) == (("optimizer", True) if zero < 3 else ("none", False))
+    # ZeRO 2 fits with the saved activations on the host, 0-1 only with the optimizer state there (the planner's offload).
+    offloaded = {0: ("optimizer", False), 1: ("optimizer", False), 2: ("none", True), 3: ("none", False)}[zero]
+    assert (p.layout.offload.value, p.layout.offload_activations) == offloaded
+    assert (p.solver.offload_reason is not None) == (zero < 3)
     assert all(a.layout.zero_stage == zero and a.layout.micro_batch == 2 for a in p.alternatives if a.why.endswith("slower"))
 
 
@@ -285,3 +287,21 @@ def test_without_a_mesh_the_planner_places_expert_axes_inside_a_node():
     assert p.layout.ep > 1
     axes = {a.parallelism: a for a in p.mesh}
     assert axes["ep"].nodes_spanned == 1 and axes["ep"].name == "expert"
+
+
+def test_packed_documents_reach_the_plan_and_shorten_the_step():
+    whole = plan("llama3-8b", mesh="8", hardware="h100-sxm", global_batch=8, seq_len=8192)
+    packed = plan("llama3-8b", mesh="8", hardware="h100-sxm", global_batch=8, seq_len=8192, document_len=1024)
+    assert packed.train.document_len == 1024
+    assert packed.predicted.step_time_s < whole.predicted.step_time_s
+
+
+def test_with_nothing_fitting_the_planner_offloads_the_activations_and_says_why():
+    from costmodel.inputs.train_config import OptimizerState
+    from search.pins import LayoutPins
+
+    chosen = plan("llama3-8b", mesh="1", hardware="h100-sxm", workload="finetune-full", global_batch=16, seq_len=4096,
+                  optimizer_state=OptimizerState.BF16, optimizer_in_backward=True, pins=LayoutPins(recompute="full"))
+    assert chosen.layout.offload_activations and chosen.layout.micro_batch == 16  # the step in backward: one micro-batch
+    assert chosen.solver.offload_reason.startswith("nothing fits in")
+    assert chosen.predicted.memory.host.activations_bytes > 0

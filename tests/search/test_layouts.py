@@ -172,6 +172,12 @@ def test_a_fine_tuning_run_that_fits_nowhere_offloads_its_parameter_shards_and_s
     qlora = TrainConfig(seq_len=2048, global_batch=4, workload={"kind": "finetune-lora", "lora": {"frozen_dtype": "nf4-dq"}})
     space = SearchSpace(splits=((2, 1, 1, 1),), micro_batches=(1, 2), recompute=(Recompute.FULL,), offload_when_nothing_fits=True,
                         stack=Layout(stack=stack_with("pytorch-fsdp1")))  # FSDP alone, as the workstation ran it
+    # The saved activations go to the host first: with them there, the ZeRO-3 shards fit (21.3 GiB a card).
+    first = grid_search(llama2_70b, qlora, load_machine("rtx-4090"), n_devices=2, space=space)
+    assert first.best.layout.offload_activations and first.best.layout.offload is Offload.NONE and first.best.fits
+    assert first.offload_reason.endswith("without offloading")
+    # At 4096 tokens a sequence and rank 64 that is not enough: the parameters go to the host.
+    qlora = TrainConfig(seq_len=4096, global_batch=4, workload={"kind": "finetune-lora", "lora": {"frozen_dtype": "nf4-dq", "rank": 64}})
     result = grid_search(llama2_70b, qlora, load_machine("rtx-4090"), n_devices=2, space=space)
     best = result.best
     assert best.layout.offload is Offload.PARAMS and best.layout.zero_stage == 3 and best.fits

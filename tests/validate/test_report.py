@@ -133,12 +133,12 @@ def test_nf4_plans_are_refused_in_one_line_not_checked_as_int4():
 
 def test_a_plan_with_a_sliding_window_shorter_than_its_sequences_is_refused_with_the_reason():
     from costmodel.errors import UnsupportedError
-    from validate.report import refuse_sliding_window
+    from validate.report import refuse_unlowered_attention
 
     windowed = LLAMA.model_copy(update={"sliding_window": 64})
     with pytest.raises(UnsupportedError, match=r"sliding-window attention \(64 of 128 tokens\) is not lowered.*--seq-len 64"):
-        refuse_sliding_window(layout_plan(windowed, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=128, global_batch=2))
-    refuse_sliding_window(layout_plan(windowed, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=64, global_batch=2))
+        refuse_unlowered_attention(layout_plan(windowed, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=128, global_batch=2))
+    refuse_unlowered_attention(layout_plan(windowed, Layout(dp=2, micro_batch=1), hardware="a100-80gb", seq_len=64, global_batch=2))
 
 
 def test_the_fine_tuning_optimizer_options_are_refused_not_compared():

@@ -33,7 +33,7 @@ from validate.report import (
     fp8_frozen_not_checked,
     offload_not_checked,
     refuse_optimizer_options,
-    refuse_sliding_window,
+    refuse_unlowered_attention,
     refuse_unlowered_weights,
 )
 from validate.timed import step_time_check
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         where, msg, _ = first_problem(err)
         raise InvalidConfigError(f"{args.plan}: {where}: {msg}", fix="regenerate the plan with plan ... --out") from None
     refuse_unlowered_weights(plan)
-    refuse_sliding_window(plan)
+    refuse_unlowered_attention(plan)
     refuse_optimizer_options(plan)
     if not plan.train.workload.runs_backward:
         check_serving_lowered(plan.model)  # before any process starts

@@ -49,6 +49,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "dq: 8-bit scales), or fp8 as NeMo's fp8_params (finetune-lora with --precision fp8); "
                              "for prefill and decode, the layer weights' storage (bf16; int8, int4 weight-only; fp8 "
                              "with the GEMMs in fp8, W8A8, on parts with an fp8 peak)")
+    parser.add_argument("--document-len", type=positive_int,
+                        help="sequence packing (training workloads): each sequence packs documents of this many tokens "
+                             "(a mean), attention masked to each document, as FlashAttention's varlen kernels run it")
     parser.add_argument("--batch", type=positive_int, help="sequences each replica serves together (prefill and decode; "
                                                            "default 1); data parallelism adds replicas")
     parser.add_argument("--context-len", type=positive_int, help="tokens in each sequence's KV cache at the predicted decode step "
@@ -66,14 +69,19 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """``{"workload": ..., "lora": LoraConfig | None, "inference": InferenceConfig | None}`` for
-    `planner.config.train_config`; a flag given with a workload it does not apply to is refused in one line."""
+    """``{"workload": ..., "lora": LoraConfig | None, "inference": InferenceConfig | None}`` (and
+    ``document_len`` where given) for `planner.config.train_config`; a flag given with a workload it
+    does not apply to is refused in one line."""
     lora_given = {f: getattr(args, f) for f in _LORA_FLAGS if getattr(args, f) is not None}
     serving_given = {f: getattr(args, f) for f in _SERVING_FLAGS if getattr(args, f) is not None}
     workload = WorkloadKind(args.workload)
     kind = workload_type(workload)
     _refuse(lora_given, workload, wanted="finetune-lora", applies=kind.takes_adapter_settings)
     _refuse(serving_given, workload, wanted="decode (or prefill)", applies=not kind.runs_backward)
+    if args.document_len is not None and not kind.runs_backward:
+        raise InvalidConfigError(f"--document-len packs training sequences, not {workload.value} requests",
+                                 fix="drop --document-len (or train: --workload pretrain, finetune-full or finetune-lora)")
+    packing = {"document_len": args.document_len} if args.document_len is not None else {}
     if not kind.runs_backward and not kind.latency_bounded and "max_token_latency_ms" in serving_given:
         raise InvalidConfigError(f"--max-token-latency-ms bounds decode steps, not {workload.value}",
                                  fix="use --workload decode or drop the flag")
@@ -82,14 +90,15 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
                                  fix="add --workload finetune-lora (or decode) or drop the flag")
     if kind.takes_adapter_settings:
         settings = {"rank": lora_given.get("lora_rank"), "targets": lora_given.get("lora_targets"), "frozen_dtype": args.frozen_dtype}
-        return {"workload": args.workload, "lora": LoraConfig(**{k: v for k, v in settings.items() if v is not None}), "inference": None}
+        return {"workload": args.workload, "lora": LoraConfig(**{k: v for k, v in settings.items() if v is not None}), "inference": None,
+                **packing}
     if not kind.runs_backward:
         settings = {"prompt_len": args.prompt_len, "kv_block_size": args.kv_block_size,
                     "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype,
                     "kv_cache_dtype": args.kv_cache_dtype, "serving_stack": args.serving_stack}
         return {"workload": args.workload, "lora": None,
                 "inference": InferenceConfig(**{k: v for k, v in settings.items() if v is not None})}
-    return {"workload": args.workload, "lora": None, "inference": None}
+    return {"workload": args.workload, "lora": None, "inference": None, **packing}
 
 
 def serving_sizes(args: argparse.Namespace) -> dict[str, int]:

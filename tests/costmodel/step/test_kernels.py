@@ -200,3 +200,18 @@ def test_the_loss_in_pieces_runs_the_head_and_the_loss_once_more_in_backward():
     pieces = {k.name: k for k in head_forward_kernels(model, train, Layout(stack=stack_with("jax", cross_entropy_chunks=4)))}
     assert pieces["lm_head"].backward_scale == whole["lm_head"].backward_scale + 1
     assert pieces["cross_entropy"].backward_scale == whole["cross_entropy"].backward_scale + 1
+
+
+
+def test_packed_documents_cut_the_flash_kernel_to_each_documents_causal_triangle():
+    # `TrainConfig.document_len`: S / L documents of L²/2 pairs each, where one document has S²/2.
+    from planner.config import load_model
+
+    model, layout = load_model("llama3-8b"), Layout(micro_batch=1, stack=stack_with("jax", attention=Attention.FLASH))
+
+    def flops(train: TrainConfig) -> float:
+        return next(k.flops for k in layer_forward_kernels(model, train, layout) if k.kind is KernelKind.FLASH_ATTENTION)
+
+    whole = flops(TrainConfig(seq_len=4096))
+    assert flops(TrainConfig(seq_len=4096, document_len=512)) == whole / 8
+    assert flops(TrainConfig(seq_len=4096, document_len=4096)) == whole

@@ -69,3 +69,10 @@ def test_serving_takes_fp8_weights_and_an_fp8_kv_cache():
     assert workload_from_args(_parse("--workload", "prefill"))["inference"].kv_cache_dtype == "auto"
     with pytest.raises(InvalidConfigError, match="--kv-cache-dtype applies to --workload decode"):
         workload_from_args(_parse("--kv-cache-dtype", "fp8"))
+
+
+def test_document_length_packs_training_sequences_only():
+    assert workload_from_args(_parse("--document-len", "512"))["document_len"] == 512
+    assert workload_from_args(_parse("--workload", "finetune-lora", "--document-len", "512"))["document_len"] == 512
+    with pytest.raises(InvalidConfigError, match="--document-len packs training sequences, not decode"):
+        workload_from_args(_parse("--workload", "decode", "--document-len", "512"))

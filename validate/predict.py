@@ -125,12 +125,17 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     the layers' saved activations as fp32 (f32 stacks in the layer loop); the lowering keeps
     them as raw 16-bit integers there (`validate.lowering.residual_storage`), so they count
     as on a GPU, except in the experts' tensor-parallel region, which computes in fp32 there.
+    A plan with its saved activations offloaded is lowered without that offload, so it is predicted
+    without it too.
     The CPU backend's dot also takes its operands in row-major order only, so the head's
     weight gradient (hidden × tokens · tokens × vocabulary) reads a transposed copy of the
     fp32 logits gradient, one more logits-sized buffer beside the logits and their gradient.
     """
     lay = plan.layout
     memory = plan.predicted.memory
+    if lay.offload_activations:  # lowered with the saved activations on the device
+        lay = lay.model_copy(update={"offload_activations": False})
+        memory = simulate(plan.model, plan.train, lay, machine_for(load_hardware(plan.hardware))).memory
     bubble_activations = 0.0
     if lay.pp > 1:
         gpipe = lay.model_copy(update={"schedule": Schedule.GPIPE, "interleave": 1})

@@ -27,7 +27,9 @@ An offloaded plan (``layout.offload``, `costmodel.step.offload`) is lowered with
 the program keeps the optimizer state on the device and runs Adam there (JAX's host memory
 kinds would hold it, but not DeepSpeed's 16-bit device copy and fp32 host master), so its
 device-side program is what is checked (arguments as lowered, FLOPs, collectives) and the
-memory per device, the host memory and the host transfers are not (`offload_not_checked`).
+memory per device, the host memory and the host transfers are not (`offload_not_checked`). A plan
+that offloads only its saved activations is lowered with them on the device and its memory per
+device checked against the simulator's peak for that program (the same layout without the offload).
 A LoRA plan over fp8 frozen weights has its memory per device unchecked on emulated (CPU)
 devices (`fp8_frozen_not_checked`).
 """
@@ -118,6 +120,9 @@ def offload_not_checked(plan: Plan) -> str | None:
     """What a compile-only validation of an offloaded plan leaves unchecked; None when nothing is offloaded."""
     if plan.layout.offload is Offload.NONE and not plan.layout.offload_activations:
         return None
+    if plan.layout.offload is Offload.NONE:
+        return ("offload activations: lowered without it (the saved activations on the device), so memory per device is "
+                "checked against the simulator's peak without the offload; host memory and the device-host copies are not")
     what = " ".join(([f"offload {plan.layout.offload.value}"] if plan.layout.offload is not Offload.NONE else [])
                     + (["offload activations"] if plan.layout.offload_activations else []))
     return (f"{what}: lowered without it (parameters, optimizer state, activations and Adam on the device), so memory per "
@@ -248,7 +253,8 @@ def checks(plan: Plan, report: CompileReport, *, tolerance: float = 0.05) -> lis
                                                                         platform=report.platform))
     predictions = workload_predictions(plan)
     unpredicted = bool(features_not_predicted(plan))
-    offloaded = offload_not_checked(plan) is not None  # the peak compiled is of the program without offload
+    # The peak compiled is of the program without offload; without saved activations on the host it is predicted (`predict`).
+    offloaded = plan.layout.offload is not Offload.NONE
     unchecked_peak = offloaded or fp8_frozen_not_checked(plan, platform=report.platform) is not None
     memory = None if unchecked_peak or predictions.memory_bytes is None else predictions.memory_bytes(plan, platform=report.platform)
     return _rows(report, tolerance, argument_bytes=predicted_argument_bytes(plan), memory_bytes=memory,

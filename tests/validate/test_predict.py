@@ -37,3 +37,15 @@ def test_the_one_f_one_b_program_is_predicted_tick_by_tick(layout):
     assert {("flops", None), ("collective-permute bytes", "pipeline"), ("all-reduce bytes", "pipeline"),
             ("all-reduce bytes", "tensor")} <= set(compared)
     assert all(c.ok for c in compared.values()), {k: (c.predicted, c.actual) for k, c in compared.items() if not c.ok}
+
+
+def test_a_plan_offloading_its_activations_is_predicted_as_lowered_with_them_on_the_device():
+    from validate.predict import predicted_memory_bytes
+    from validate.report import offload_not_checked
+
+    kept = layout_plan("llama3-8b", Layout(dp=8, micro_batch=2, zero_stage=3), hardware="h100-sxm", global_batch=16, seq_len=4096)
+    offloaded = layout_plan("llama3-8b", Layout(dp=8, micro_batch=2, zero_stage=3, offload_activations=True), hardware="h100-sxm",
+                            global_batch=16, seq_len=4096)
+    assert offloaded.predicted.memory.total_bytes < kept.predicted.memory.total_bytes
+    assert predicted_memory_bytes(offloaded, platform="cpu") == predicted_memory_bytes(kept, platform="cpu")
+    assert "memory per device is checked" in offload_not_checked(offloaded)

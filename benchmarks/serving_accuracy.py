@@ -189,20 +189,23 @@ def load_skip_reason(row: dict[str, str]) -> str | None:
         return "lengths or layout not published"
     if row["preset"] not in PRESETS or row["precision"] not in COMPUTE_PRECISIONS or row["weight_dtype"] not in WEIGHT_DTYPES:
         return f"no preset or precision for {row['model']}"
-    if not row["concurrency"] and row["request_rate_per_s"] == "inf" and not row["batch"]:
+    if not row["concurrency"] and row["request_rate_per_s"] == "inf" and not (row["requests"] or row["batch"]):
         return "all requests at once without a stated count"
     return None
 
 
 def serve_config(row: dict[str, str]) -> ServeConfig:
     """The load a row was measured under: its clients in a closed loop, its Poisson rate, or (rate
-    ``inf``) its requests all arriving at once; fixed lengths at the row's (mean) lengths."""
+    ``inf``) its ``requests`` all arriving at once, at most its ``batch`` running together (the
+    server's slots); fixed lengths at the row's (mean) lengths."""
     lengths = {"input_len": LengthDistribution(fixed=int(row["input_len"])), "output_len": LengthDistribution(fixed=int(row["output_len"]))}
     if row["concurrency"]:
         clients = int(row["concurrency"])
         return ServeConfig(concurrency=clients, requests=max(3 * clients, 60), **lengths)
     if row["request_rate_per_s"] == "inf":
-        return ServeConfig(arrivals_s=(0.0,) * int(row["batch"]), requests=int(row["batch"]), **lengths)
+        requests = int(row["requests"] or row["batch"])
+        slots = {"max_batch": int(row["batch"])} if row["batch"] else {}
+        return ServeConfig(arrivals_s=(0.0,) * requests, requests=requests, **slots, **lengths)
     return ServeConfig(rate_per_s=float(row["request_rate_per_s"]), requests=500, **lengths)
 
 

@@ -15,6 +15,7 @@ from benchmarks.serving_accuracy import (
     leave_one_source_out_host,
     main,
     predicted_metric,
+    serve_config,
     serving_estimate,
     skip_reason,
     source_family,
@@ -124,3 +125,11 @@ def test_every_row_under_load_is_simulated_or_skipped_with_why_and_a_closed_loop
     # from 100 to 250 clients).
     assert throughput[1] < throughput[5] < throughput[25] < throughput[50]
     assert max(throughput[c] for c in (150, 200, 250)) < 1.02 * min(throughput[c] for c in (150, 200, 250))
+
+
+def test_a_burst_row_issues_its_stated_requests_through_its_stated_slots():
+    rows = list(csv.DictReader(open(LOAD_DATA)))
+    burst = next(r for r in rows if r["request_rate_per_s"] == "inf" and r["requests"] and r["batch"] and r["input_len"])
+    config = serve_config(burst)
+    assert config.requests == len(config.arrivals_s) == int(burst["requests"]) and set(config.arrivals_s) == {0.0}
+    assert config.max_batch == int(burst["batch"])

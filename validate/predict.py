@@ -257,8 +257,7 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * F32_BYTES, calls=1,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data and reduces_over_data(plan):
-        grad_specs = zero_sharded_specs(model, plan.param_specs, data, {a.name: a.size for a in plan.mesh},
-                                        whole_layers=train.optimizer_in_backward)
+        grad_specs = zero_sharded_specs(model, plan.param_specs, data, {a.name: a.size for a in plan.mesh})
         out += region_collectives(plan, runs, params, grad_specs, platform=platform)
     elif data:
         out += data_parallel_collectives(plan, runs, params, experts_bytes)

@@ -13,8 +13,9 @@ step in JAX, with the stacked layers of `planner.programs.transformer`:
 - the embedding is stepped last (with a tied table, with the head's gradient added).
 
 At most one layer's gradients, or the head's, exist at a time. Only full recompute is lowered:
-keeping more of a layer than its input would need the backward to read saved tensors of
-layers already stepped, which `jax.checkpoint` leaves to the whole-model gradient.
+the forward runs undifferentiated and keeps each layer's input alone; keeping more would mean
+stacking each layer's backward residuals by hand (the plain step leaves that to ``lax.scan``'s
+own differentiation, which forms the whole model's gradients).
 
 >>> from costmodel.inputs.model_config import ModelConfig
 >>> from planner.programs.params import init_params

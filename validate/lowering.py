@@ -247,13 +247,19 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
         return one_f_one_b_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1:
         return gpipe_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
-    hooks = {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
-             "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh, scanned_weights=True)}
+    hooks = _forward_hooks(plan, mesh, scanned_weights=True)
     if reduces_over_data(plan):
         param_specs, opt_specs, _ = input_specs(plan)
         return data_parallel_loss_and_grads(plan, mesh, param_specs, opt_specs["m"], remat=REMAT_POLICY[lay.recompute], hooks=hooks)
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
                                attention=lay.stack.attention.value, hooks=hooks, loss_chunks=lay.stack.cross_entropy_chunks)
+
+
+def _forward_hooks(plan: Plan, mesh: Mesh, *, scanned_weights: bool) -> dict[str, Any]:
+    """`forward`'s hooks for ``plan`` on ``mesh``: its activation specs, vocab-parallel lookup, experts'
+    region and residual storage (``scanned_weights``: the layers are a scan over their stored weights)."""
+    return {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
+            "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh, scanned_weights=scanned_weights)}
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
@@ -295,8 +301,7 @@ def fused_train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
         raise UnsupportedError("the optimizer step in backward is lowered unpipelined, with full recompute and the layout's "
                                "shardings only", fix="validate the plan planned with --pp 1 --recompute full")
     on_cpu = mesh.devices.flat[0].platform == "cpu"
-    hooks = {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
-             "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh)}
+    hooks = _forward_hooks(plan, mesh, scanned_weights=False)
     param_specs, opt_specs = input_specs(plan)[:2]
 
     def pinned_like(specs: Any) -> Callable[[str, Any], Any]:

@@ -88,12 +88,11 @@ def make_fused_train_step(cfg: ModelConfig, train: TrainConfig, *, attention: st
         outer = {k: jax.tree.map(from_bits, w) for k, w in params.items() if k != "layers"}
 
         def apply(kind: str, keys: tuple[str, ...], grads: Params) -> None:
-            held = [{k: tree[k] for k in keys} for tree in (params, m, v)]
-            new = adamw_apply(*(jax.tree.map(from_bits, tree) for tree in held[:1]), shard_as_moments(kind, grads),
-                              *(jax.tree.map(from_bits, tree) for tree in held[1:]), count, opt)
-            new = (shard_as_weights(kind, new[0]), *new[1:])
-            for tree, was, part in zip((stepped, m, v), held, new):
-                tree.update(jax.tree.map(_stored_as, was, part))
+            m_keys, v_keys = ({k: jax.tree.map(from_bits, tree[k]) for k in keys} for tree in (m, v))
+            weights, m_keys, v_keys = adamw_apply({k: outer[k] for k in keys}, shard_as_moments(kind, grads), m_keys, v_keys,
+                                                  count, opt)
+            for tree, part in zip((stepped, m, v), (shard_as_weights(kind, weights), m_keys, v_keys)):
+                tree.update({k: jax.tree.map(_stored_as, tree[k], part[k]) for k in keys})
 
         with jax.named_scope("embed"):
             x_BxSxD, embed_backward = jax.vjp(
@@ -119,13 +118,13 @@ def make_fused_train_step(cfg: ModelConfig, train: TrainConfig, *, attention: st
         def backward(carry: tuple[Any, ...], xs: tuple[jax.Array, jax.Array]) -> tuple[tuple[Any, ...], None]:
             g_BxSxD, *stacks = carry
             i, saved_BxSxD = xs
-            one = jax.tree.map(lambda stack: from_bits(stack[i]), stacks)
-            one = (shard_as_weights("layers", one[0]), *(shard_as_moments("layers", moment) for moment in one[1:]))
-            _, layer_backward = jax.vjp(layer, from_bits(saved_BxSxD), one[0])
+            weights, m_i, v_i = jax.tree.map(lambda stack: from_bits(stack[i]), stacks)
+            weights, m_i, v_i = shard_as_weights("layers", weights), shard_as_moments("layers", m_i), shard_as_moments("layers", v_i)
+            _, layer_backward = jax.vjp(layer, from_bits(saved_BxSxD), weights)
             g_BxSxD, grads = layer_backward((g_BxSxD, aux_cotangent))
             with jax.named_scope("optimizer"):
-                new = adamw_apply(one[0], shard_as_moments("layers", grads), *one[1:], count, opt)
-            new = (shard_as_weights("layers", new[0]), *new[1:])
+                weights, m_i, v_i = adamw_apply(weights, shard_as_moments("layers", grads), m_i, v_i, count, opt)
+            new = (shard_as_weights("layers", weights), m_i, v_i)
             stacks = jax.tree.map(lambda stack, x: stack.at[i].set(_stored_as(stack, x)), tuple(stacks), new)
             return (g_BxSxD, *stacks), None
 

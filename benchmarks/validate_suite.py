@@ -84,6 +84,9 @@ CASES = (
     # Issue 35's must-show: each ZeRO stage pinned, the rest planned.
     *(Case(name=f"llama3-8b-zero{z}", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=64, seq_len=2048,
            pins=LayoutPins(zero_stage=z, micro_batch=2)) for z in (0, 1, 2, 3)),
+    # The same beside tensor axes: each replica's gradients formed on its own devices, reduced as ZeRO needs.
+    *(Case(name=f"llama3-8b-tp-zero{z}", model="llama3-8b", mesh="data=2,tensor=4", hardware="h100-sxm", global_batch=32, seq_len=2048,
+           pins=LayoutPins(zero_stage=z, micro_batch=2)) for z in (0, 1, 2)),
     # The search planners, and the workloads other than pretraining.
     Case(name="gpt2-medium-anneal", model="gpt2-medium", mesh="data=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=1024,
          planner="anneal"),

@@ -6,9 +6,10 @@ with the plan's recompute policy and micro-batches (gradient accumulation), its 
 carrying ``NamedSharding``s of the plan's ``PartitionSpec``s, the plan's activation specs
 as sharding constraints and a vocab-parallel embedding. ZeRO: with stage ≥ 1 the Adam
 moments are split over the data axes and the accumulated gradients constrained to that
-split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). XLA still
-all-reduces each micro-batch's gradients inside the accumulation loop, where the partial
-sums appear; `validate.predict` counts them there. Pipeline plans run the 1F1B schedule of
+split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). The jax stack's
+gradients are reduced as ZeRO needs (`validate.data_parallel_region`); elsewhere (pipelines,
+context or expert axes, ZeRO 3 beside tensor axes) XLA all-reduces each micro-batch's gradients
+inside the accumulation loop, where the partial sums appear; `validate.predict` counts them there. Pipeline plans run the 1F1B schedule of
 `validate.one_f_one_b` (plain or interleaved), or for schedule "gpipe" the GPipe one of `validate.gpipe`.
 
 Each workload lowers by its entry in `WORKLOAD_PROGRAMS`. A LoRA plan takes ``(frozen, adapters, opt_state,
@@ -45,7 +46,7 @@ from planner.programs.prefill import abstract_prefill_inputs
 from planner.programs.residuals import to_bits
 from planner.programs.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_loss_and_grads
 from planner.shardings import entry_axes, partition_spec_tree, split_over_data, zero_sharded_specs
-from validate.data_parallel_region import data_parallel_loss_and_grads, reduces_over_data
+from validate.data_parallel_region import data_parallel_loss_and_grads, reduces_over_data, replica_loss_and_grads
 from validate.gpipe import gpipe_loss_and_grads
 from validate.intraop_program import constrained, intra_op_program
 from validate.mesh_hooks import (
@@ -247,19 +248,23 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
         return one_f_one_b_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1:
         return gpipe_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
-    hooks = _forward_hooks(plan, mesh, scanned_weights=True)
+    per_replica = reduces_over_data(plan) and lay.zero_stage < 3
+    hooks = _forward_hooks(plan, mesh, scanned_weights=True, per_replica=per_replica)
     if reduces_over_data(plan):
         param_specs, opt_specs, _ = input_specs(plan)
-        return data_parallel_loss_and_grads(plan, mesh, param_specs, opt_specs["m"], remat=REMAT_POLICY[lay.recompute], hooks=hooks)
+        region = replica_loss_and_grads if per_replica else data_parallel_loss_and_grads
+        return region(plan, mesh, param_specs, opt_specs["m"], remat=REMAT_POLICY[lay.recompute], hooks=hooks)
     return make_loss_and_grads(plan.model, plan.train, remat=REMAT_POLICY[lay.recompute], micro_batches=lay.micro_batches(plan.train),
                                attention=lay.stack.attention.value, hooks=hooks, loss_chunks=lay.stack.cross_entropy_chunks)
 
 
-def _forward_hooks(plan: Plan, mesh: Mesh, *, scanned_weights: bool) -> dict[str, Any]:
+def _forward_hooks(plan: Plan, mesh: Mesh, *, scanned_weights: bool, per_replica: bool = False) -> dict[str, Any]:
     """`forward`'s hooks for ``plan`` on ``mesh``: its activation specs, vocab-parallel lookup, experts'
-    region and residual storage (``scanned_weights``: the layers are a scan over their stored weights)."""
-    return {"constrain": activation_constraint(plan, mesh), "lookup": embedding_lookup(plan, mesh),
-            "experts": expert_region(plan, mesh), "keep_residuals": residual_storage(mesh, scanned_weights=scanned_weights)}
+    region and residual storage (``scanned_weights``: the layers are a scan over their stored weights;
+    ``per_replica``: the forward is vmapped over the data replicas, `validate.data_parallel_region`)."""
+    return {"constrain": activation_constraint(plan, mesh, per_replica=per_replica),
+            "lookup": embedding_lookup(plan, mesh, per_replica=per_replica), "experts": expert_region(plan, mesh),
+            "keep_residuals": residual_storage(mesh, scanned_weights=scanned_weights)}
 
 
 def train_step(plan: Plan, mesh: Mesh) -> Callable[..., Any]:

@@ -66,25 +66,29 @@ def region_mesh(mesh: Mesh) -> Any:
     return context if context.axis_names else mesh
 
 
-def without_manual(spec: PartitionSpec) -> PartitionSpec:
+def without_manual(spec: PartitionSpec, mapped: tuple[str, ...] = ()) -> PartitionSpec:
     """``spec`` without the axes the enclosing region is manual over (the data axes of
-    `validate.data_parallel_region`): there each device holds its own slice along them."""
-    manual = set(jax.sharding.get_abstract_mesh().manual_axes)
-    if not manual:
+    `validate.data_parallel_region`), where each device holds its own slice along them, nor the
+    ``mapped`` axes, which a ``jax.vmap(..., spmd_axis_name=mapped)`` around the caller puts on its
+    mapped dimension."""
+    dropped = set(jax.sharding.get_abstract_mesh().manual_axes) | set(mapped)
+    if not dropped:
         return spec
 
     def kept(dim: Any) -> Any:
-        axes = tuple(a for a in entry_axes(dim) if a not in manual)
+        axes = tuple(a for a in entry_axes(dim) if a not in dropped)
         return axes[0] if len(axes) == 1 else axes or None
 
     return PartitionSpec(*(kept(d) for d in spec))
 
 
-def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], jax.Array]:
+def activation_constraint(plan: Plan, mesh: Mesh, *, per_replica: bool = False) -> Callable[[str, jax.Array], jax.Array]:
     """``constrain(name, x)`` for the reference model: pins the activations the plan names to
     its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather
     than by its own propagation. K/V heads follow the query heads' spec when the tensor
-    axes divide the KV heads, and stay whole otherwise, as the plan's ``wk`` does."""
+    axes divide the KV heads, and stay whole otherwise, as the plan's ``wk`` does.
+    ``per_replica``: the forward runs vmapped over the data replicas (`validate.data_parallel_region`),
+    whose data axes the vmap places."""
     specs = {name: PartitionSpec(*spec) for name, spec in plan.activation_specs.items()}
     heads = plan.activation_specs.get("attention_heads_BxSxNxH")
     if heads is not None:
@@ -94,7 +98,11 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
         # both sequences: left free, XLA split the backward's over the sequence and moved it with all-to-alls.
         specs["scores_BxKxGxSxS"] = PartitionSpec(heads[0], heads[2] if kv_split else None, None if kv_split else heads[2], None, None)
 
+    residual = plan.activation_specs.get("residual_BxSxD")
+    if residual is not None and residual[1] is not None:  # sequence parallel: a row-parallel output's gradient gathered once
+        specs["row_output_grad_BxSxD"] = PartitionSpec(residual[0], None, residual[2])
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    mapped = plan.axes_of("dp") if per_replica else ()
 
     def divides(dim: Any, n: int) -> bool:
         return n % math.prod(sizes[a] for a in entry_axes(dim)) == 0
@@ -104,24 +112,25 @@ def activation_constraint(plan: Plan, mesh: Mesh) -> Callable[[str, jax.Array], 
         if spec is None:
             return x
         # A dimension its axes do not divide (an unpadded vocabulary, vocab_multiple=1) stays whole, as its weight does.
-        spec = without_manual(PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape))))
+        spec = without_manual(PartitionSpec(*(d if divides(d, n) else None for d, n in zip(spec, x.shape))), mapped)
         return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh(mesh), spec))
 
     return constrain
 
 
-def embedding_lookup(plan: Plan, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
+def embedding_lookup(plan: Plan, mesh: Mesh, *, per_replica: bool = False) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """Megatron's vocab-parallel embedding when the plan splits the table's vocabulary: each
     device looks up the tokens its vocabulary slice holds (zeros elsewhere) and a sum over the
     vocabulary axes completes the rows; a table ZeRO-3 also splits over the data axes is
     gathered whole over them first, as FSDP gathers any weight. Left to XLA, the gather of a
     vocabulary-sharded table became all-gathers of tokens, an all-reduce over every axis and
-    an all-to-all of the gradient, and under ZeRO-3 exchanges of row slices over both axes."""
+    an all-to-all of the gradient, and under ZeRO-3 exchanges of row slices over both axes.
+    ``per_replica``: as `activation_constraint`'s."""
     vocab, _ = plan.param_specs["embed/tokens"]
     if vocab is None:
         return lambda table_VxD, tokens_BxS: jnp.take(table_VxD, tokens_BxS, axis=0)
     vocab_axes = (vocab,) if isinstance(vocab, str) else tuple(vocab)
-    tokens = token_spec(plan)
+    tokens = without_manual(token_spec(plan), plan.axes_of("dp") if per_replica else ())
 
     def local(table_vxD: jax.Array, tokens_BxS: jax.Array) -> jax.Array:
         start = jax.lax.axis_index(vocab_axes) * table_vxD.shape[0]

@@ -160,7 +160,7 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     if lay.pp > 1 and lay.micro_batches(plan.train) == 1 and not runs_one_f_one_b(plan):
         # The tick loop adds each of its M + S − 1 ticks' gradients into the accumulator, so
         # a single micro-batch holds a tick's gradient beside it as accumulation does.
-        total += micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.train, lay)
+        total += micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.model, plan.train, lay)
     if platform == "cpu":
         total += logits_bytes
         if _expert_region_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
@@ -197,7 +197,7 @@ def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, acc
     cotangents = micro * embedded * (1 + F32_BYTES / train.compute_dtype.bytes)
     change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + cotangents
     if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
-        change -= micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), train, lay)
+        change -= micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.model, train, lay)
     return change
 
 

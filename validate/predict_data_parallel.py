@@ -57,8 +57,10 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
 
     # On the CPU backend the head's weight gradient is reduced straight from the fp32 conversion of
     # its bf16 product (where no accumulator lies between): `validate.hlo` reads that as XLA:CPU's
-    # promotion of a bf16 reduction and counts it at bf16 bytes.
-    read_as_bf16 = {"lm_head/w"} if platform == "cpu" and (lay.zero_stage >= 2 or runs.outer_calls == 1) else set()
+    # promotion of a bf16 reduction and counts it at bf16 bytes. Split over tensor axes, a copy
+    # lies between (the per-replica program's layout change) and it is read as the fp32 it is.
+    straight = platform == "cpu" and (lay.zero_stage >= 2 or runs.outer_calls == 1) and lay.tp == 1
+    read_as_bf16 = {"lm_head/w"} if straight else set()
 
     def summed_bytes(name: str) -> float:  # a gradient as summed: in the stored dtype
         return e if name in read_as_bf16 else stored
@@ -183,10 +185,12 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
                                        "ZeRO: the used position rows' gradient"))
     layer_split = [n for n in split if n.startswith("layers/")]
     # With sequence parallelism XLA gathers again for full recompute's forward, but not the
-    # weights of the layer's last matmuls, whose recomputation is dead code.
+    # weights of the layer's last matmuls, whose recomputation is dead code, nor the attention's
+    # output projection, whose recompute and backward share one gather (its output's gradient is
+    # pinned, `planner.programs.transformer._gathered_gradient`).
     regathered = lay.sequence_parallel and lay.recompute is Recompute.FULL
     weights = [n for n in layer_split if not _is_bias(n)]
-    recomputed = [n for n in weights if regathered and not n.endswith(_LAST_MATMULS)]
+    recomputed = [n for n in weights if regathered and not n.endswith((*_LAST_MATMULS, "attn/wo"))]
     for names, calls, why in (
         (weights, 2, "ZeRO-3: a layer's weights gathered for its forward and again for its backward"),
         (recomputed, 1, "ZeRO-3: a layer's weights gathered once more for full recompute (sequence parallel)"),

@@ -165,7 +165,7 @@ def data_parallel_costs(
     layer_params = layers * layer_params_per_device(model, layout)
     # DeepSpeed's ZeRO-2 reduce-scatters after every micro-batch, not only the last.
     n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
-    if forms_gradients_locally(train, layout):
+    if forms_gradients_locally(model, train, layout):
         return _local_gradient_costs(model, train, layout, hw, params)
     if holds_master_weights(train, layout):
         # The JAX program all-reduces each gradient where its partial sums appear, inside the
@@ -241,7 +241,7 @@ def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     n_micro = layout.micro_batches(train)
     per_layer = layer_params_per_device(model, layout)
-    local = forms_gradients_locally(train, layout)
+    local = forms_gradients_locally(model, train, layout)
     if not train.workload.trains_base_weights:
         gather, other_gather = _lora_fsdp_bytes(model, train, layout)
         gather_s = all_gather_s(gather, group)

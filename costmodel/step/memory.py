@@ -212,7 +212,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
         frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) + fp8_copies
     n_micro = max(1, layout.micro_batches(train))
     # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
-    grad_split = gradient_split(train, layout)
+    grad_split = gradient_split(model, train, layout)
     grad_shards = 1 if n_micro > 1 and layout.stack.unsharded_grad_accumulation else grad_split
     grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
     grads = sharded(grad_shards) * grad_bytes + frozen_grad_bytes(model, train, layout, stage) / grad_shards
@@ -242,7 +242,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
 
     temporary = 0.0
     if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
-        temporary += micro_batch_gradient_bytes(n, train, layout, expert_params=experts)
+        temporary += micro_batch_gradient_bytes(n, model, train, layout, expert_params=experts)
     if dp > 1:
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)
@@ -257,7 +257,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
             gathered = layer_params * train.compute_dtype.bytes if train.workload.trains_base_weights else \
                 frozen_layer_bytes(model, train, layout) + trained_layer * train.compute_dtype.bytes
             temporary += min(2, layers) * gathered
-            if forms_gradients_locally(train, layout):
+            if forms_gradients_locally(model, train, layout):
                 temporary += _held_outer_weights_bytes(model, train, layout)
     temporary += recompute_temporary
     if last:
@@ -284,20 +284,21 @@ def _held_outer_weights_bytes(model: ModelConfig, train: TrainConfig, layout: La
     return tables * train.param_dtype.bytes + head
 
 
-def gradient_split(train: TrainConfig, layout: Layout) -> int:
+def gradient_split(model: ModelConfig, train: TrainConfig, layout: Layout) -> int:
     """How many ways the accumulated gradients are split over dp: from ZeRO 2 (also where the
     gradients are formed locally, `forms_gradients_locally`: ZeRO 1 holds them whole until its one
     reduce-scatter); where XLA reduces fp32 master weights' gradients inside the loop, from ZeRO 1
     with the optimizer state, but a pipeline's tick loop sums a stage's gradients whole
     (`validate.one_f_one_b`), so there only ZeRO 3 splits them."""
-    if holds_master_weights(train, layout) and not forms_gradients_locally(train, layout):
+    if holds_master_weights(train, layout) and not forms_gradients_locally(model, train, layout):
         split_from = 1 if layout.pp == 1 else 3
     else:
         split_from = 2
     return layout.dp if layout.zero_stage >= split_from else 1
 
 
-def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout, *, expert_params: float = 0.0) -> float:
+def micro_batch_gradient_bytes(params: float, model: ModelConfig, train: TrainConfig, layout: Layout, *,
+                               expert_params: float = 0.0) -> float:
     """One micro-batch's gradient of ``params`` parameters, held beside the accumulator while it is
     added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer,
     but where the gradients are formed locally (`forms_gradients_locally`) only after the whole
@@ -305,13 +306,14 @@ def micro_batch_gradient_bytes(params: float, train: TrainConfig, layout: Layout
     ``expert_params`` among them split only over their expert-data-parallel group.
 
     >>> from costmodel.inputs.stack import stack_with
+    >>> model = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
     >>> train = TrainConfig(seq_len=1024, global_batch=8)
-    >>> [micro_batch_gradient_bytes(1e9, train, Layout(dp=4, zero_stage=1, stack=stack_with(s))) for s in ("jax", "megatron-core")]
+    >>> [micro_batch_gradient_bytes(1e9, model, train, Layout(dp=4, zero_stage=1, stack=stack_with(s))) for s in ("jax", "megatron-core")]
     [4000000000.0, 2000000000.0]
     """
     dtype = train.param_dtype if holds_master_weights(train, layout) else train.compute_dtype
-    whole = forms_gradients_locally(train, layout) and layout.zero_stage == 2
-    return spread_over_data(params, expert_params, 1 if whole else gradient_split(train, layout), layout.ep) * dtype.bytes
+    whole = forms_gradients_locally(model, train, layout) and layout.zero_stage == 2
+    return spread_over_data(params, expert_params, 1 if whole else gradient_split(model, train, layout), layout.ep) * dtype.bytes
 
 
 def frozen_grad_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int = 0) -> float:

@@ -124,6 +124,19 @@ def _project(equation: str, x: jax.Array, p: Params, name: str, dt: Any, lora_sc
     return y + jnp.einsum(f"{rows}{r},{r}{w_out}->{out}", down, p[f"{name}_lora_b"].astype(dt))
 
 
+def _gathered_gradient(constrain: Constrain, y_BxSxD: jax.Array) -> jax.Array:
+    """``y_BxSxD`` (a row-parallel matmul's output), its gradient pinned to ``row_output_grad_BxSxD``:
+    under sequence parallelism that gathers it over the sequence once, for both the matmul's input
+    gradient and its weight gradient (left free, XLA's partitioner gathered it once for each where
+    the step runs per data replica, `validate.data_parallel_region`)."""
+    @jax.custom_vjp
+    def pinned(y_BxSxD: jax.Array) -> jax.Array:
+        return y_BxSxD
+
+    pinned.defvjp(lambda y_BxSxD: (y_BxSxD, None), lambda _, g_BxSxD: (constrain("row_output_grad_BxSxD", g_BxSxD),))
+    return pinned(y_BxSxD)
+
+
 def _qkv(x_BxSxD: jax.Array, p: Params, cfg: ModelConfig, dt: Any, constrain: Constrain, lora_scale: float = 1.0,
          linear: Linear = _einsum_linear) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Queries grouped by the kv head they share ``[B, S, K, G, H]``, keys and values ``[B, S, K, H]``,
@@ -153,7 +166,7 @@ def _attend_and_project(q_BxSxKxGxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH:
     else:
         out_BxSxKxGxH = checkpoint_name(_materialized(q_BxSxKxGxH, k_BxSxKxH, v_BxSxKxH, cfg, dt, constrain), "attn_out_proj_input")
     out_BxSxNxH = constrain("attention_heads_BxSxNxH", out_BxSxKxGxH.reshape(b, s, cfg.num_heads, cfg.head_dim))
-    y_BxSxD = _project("bsnh,nhd->bsd", out_BxSxNxH, p, "wo", dt, lora_scale, linear)
+    y_BxSxD = _gathered_gradient(constrain, _project("bsnh,nhd->bsd", out_BxSxNxH, p, "wo", dt, lora_scale, linear))
     return y_BxSxD + p["bo"].astype(dt) if "bo" in p else y_BxSxD
 
 
@@ -218,7 +231,7 @@ def _dense_mlp(x: jax.Array, p: Params, cfg: ModelConfig, dt: Any, prefix: str =
     if "b_in" in p and not prefix:
         h = h + p["b_in"].astype(dt)
         gate = gate + p["b_gate"].astype(dt) if gate is not None else None
-    y = _project("...f,fd->...d", _activation(h, gate, cfg.mlp), p, f"{prefix}w_out", dt, lora_scale, linear)
+    y = _gathered_gradient(constrain, _project("...f,fd->...d", _activation(h, gate, cfg.mlp), p, f"{prefix}w_out", dt, lora_scale, linear))
     return y + p["b_out"].astype(dt) if "b_out" in p and not prefix else y
 
 

@@ -48,8 +48,9 @@ print(json.dumps({"loss": float(metrics["loss"]), "reference": float(reference_l
 
 @pytest.mark.parametrize("layout", [
     Layout(dp=2, tp=4, micro_batch=2, zero_stage=1, recompute="full"),
+    Layout(dp=2, tp=4, micro_batch=2, zero_stage=2, sequence_parallel=True),
     Layout(dp=8, micro_batch=1, recompute="selective"),
-], ids=["dp2-tp4-zero1-accumulate", "dp8"])
+], ids=["dp2-tp4-zero1-accumulate", "dp2-tp4-zero2-sp", "dp8"])
 def test_sharded_step_matches_the_single_device_loss(layout, model=LLAMA):
     plan = layout_plan(model, layout, hardware="a100-80gb", seq_len=16, global_batch=16)
     plan = plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype("float32")})})

@@ -44,3 +44,20 @@ def test_zero3_gathers_tensor_parallel_experts_in_the_dtype_their_region_compute
                        mesh="data=2,tensor=4", seq_len=512, global_batch=4)
     gather = next(c for c in checks(plan, compile_in_subprocess(plan)) if c.item == "all-gather bytes" and c.axis == "data")
     assert gather.ok, (gather.predicted, gather.actual)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2])
+def test_gradients_formed_per_replica_beside_tensor_axes_are_reduced_as_zero_needs(zero_stage):
+    # Each replica's gradient formed on its own devices: over the data axes only ZeRO's reductions (after
+    # the loop, or every micro-batch under ZeRO 2) and the updated weights' gather, all as predicted;
+    # under sequence parallelism each row-parallel output's gradient gathered once over the tensor axes.
+    # KV heads the tensor axes divide: fewer are replicated, and XLA reshards them beyond what `validate.predict` counts.
+    model = LLAMA.model_copy(update={"num_kv_heads": 4})
+    plan = layout_plan(model, Layout(dp=2, tp=4, micro_batch=1, zero_stage=zero_stage, sequence_parallel=True), mesh="data=2,tensor=4",
+                       hardware="h100-sxm", seq_len=128, global_batch=4)
+    found = [c for c in checks(plan, compile_in_subprocess(plan)) if c.item.endswith("bytes")]
+    assert all(c.ok for c in found), [(c.item, c.axis, c.predicted, c.actual) for c in found if not c.ok]
+    over_data = {c.item.split(" bytes")[0]: c.actual for c in found if c.axis == "data"}
+    assert over_data.get("all-reduce", 0) == (over_data["all-reduce"] if zero_stage == 0 else 4)  # ZeRO ≥ 1: only the loss
+    assert ("reduce-scatter" in over_data) == (zero_stage >= 1)
+    assert any(c.item.startswith("all-gather") and c.axis == "tensor" for c in found)

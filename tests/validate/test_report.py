@@ -102,7 +102,7 @@ def test_a_pipeline_holds_its_bubble_ticks_activations_and_with_one_micro_batch_
     plan = layout_plan(LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=8, schedule=Schedule.GPIPE), hardware="a100-80gb",
                        seq_len=64, global_batch=16)
     simulated = simulate(plan.model, plan.train, plan.layout, load_machine("a100-80gb")).memory
-    tick_gradient = micro_batch_gradient_bytes(stage_params_per_device(LLAMA, plan.layout), plan.train, plan.layout)
+    tick_gradient = micro_batch_gradient_bytes(stage_params_per_device(LLAMA, plan.layout), LLAMA, plan.train, plan.layout)
     assert tick_gradient == stage_params_per_device(LLAMA, plan.layout) * 4  # fp32, whole: the tick loop sums it unsplit
     bubble_ticks = (plan.layout.pp - 1) * (LLAMA.num_layers // 2) * activation_bytes_per_layer(LLAMA, plan.train, plan.layout)
     # Every stage also holds the embedding (the busiest, last stage's own end is the head).

@@ -6,7 +6,7 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import Attention, stack_with
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.step.kernels import KernelKind, head_forward_kernels, layer_forward_kernels
+from costmodel.step.kernels import KernelKind, forms_gradients_locally, head_forward_kernels, layer_forward_kernels
 
 GPT = ModelConfig(name="gpt", hidden_size=1024, num_layers=4, num_heads=16, ffn_size=4096, vocab_size=5000,
                   norm="layernorm", mlp="gelu", positions="learned", tie_embeddings=True)
@@ -215,3 +215,19 @@ def test_packed_documents_cut_the_flash_kernel_to_each_documents_causal_triangle
     whole = flops(TrainConfig(seq_len=4096))
     assert flops(TrainConfig(seq_len=4096, document_len=512)) == whole / 8
     assert flops(TrainConfig(seq_len=4096, document_len=4096)) == whole
+
+
+@pytest.mark.parametrize("layout, local", [
+    (Layout(dp=8, zero_stage=3), True),
+    (Layout(dp=2, tp=4, zero_stage=1), True),
+    (Layout(dp=2, tp=4, zero_stage=2), True),
+    (Layout(dp=2, tp=4, zero_stage=3), False),  # the data-axes region does not take tensor axes beside it
+    (Layout(dp=2, pp=4, zero_stage=1), False),
+    (Layout(dp=2, cp=4, zero_stage=1), False),
+    (Layout(dp=1, tp=8), False),
+])
+def test_the_jax_stack_forms_gradients_locally_beside_tensor_axes_up_to_zero_2(layout, local):
+    train = TrainConfig(seq_len=1024, global_batch=64)
+    assert forms_gradients_locally(LLAMA, train, layout) is local
+    moe = LLAMA.model_copy(update={"num_experts": 4, "experts_per_token": 2, "moe_ffn_size": 1024})
+    assert forms_gradients_locally(moe, train, layout) is (local and layout.tp == 1)

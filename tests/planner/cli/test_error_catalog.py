@@ -163,9 +163,8 @@ CATALOG = [
      "4,294,967,296 devices exceed the 16,777,216 this planner supports; fix: plan one replica group and scale data parallelism by hand"),
     ("mesh carries no consistent layout", ["--model", "llama3-70b", "--mesh", "256x256", "--global-batch", "256"], 4,
      "no layout of llama3-70b on 65536 devices is consistent: ZeRO over a data-parallel degree that does not divide the model width "
-     "is not lowered as planned yet (36), ZeRO without data parallelism (432), ZeRO-2 beside tensor, context, expert or "
-     "pipeline axes, or under LoRA, is not lowered as planned yet (12), global_batch=N is not divisible by dp·micro_batch = N·N (12), "
-     "interleaving needs pp > 1 and micro-batches divisible by pp (423), tensor parallel across nodes (48), uneven stages are not "
+     "is not lowered as planned yet (36), ZeRO without data parallelism (432), global_batch=N is not divisible by dp·micro_batch = N·N "
+     "(12), interleaving needs pp > 1 and micro-batches divisible by pp (423), tensor parallel across nodes (60), uneven stages are not "
      "lowered as planned yet (189); fix: use a mesh or device count whose factors divide num_heads=64, num_layers=80 and global_batch=256"),
     # hand-written layouts
     ("layout does not match the device count", ["simulate", "--model", "llama3-8b", "--devices", "8", "--dp", "2",

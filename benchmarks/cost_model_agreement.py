@@ -42,8 +42,10 @@ from validate.lowering import input_specs
 AGREE_WITHIN = 0.10
 # The rule-based layout is costed whether or not the op-level memory model fits it.
 _ANY_MEMORY_BYTES = 2.0**50
-# The reference program the intra-op planners shard materializes attention scores.
-_STACK = stack_with("jax", attention="materialized")
+# The reference program the intra-op planners shard materializes attention scores, and its
+# gradients are reduced where XLA puts them (`validate.intraop_program` pins every equation; the
+# per-replica region of `validate.data_parallel_region` is the layout planner's lowering).
+_STACK = stack_with("jax", attention="materialized", manual_data_parallel=False)
 
 
 class Case(BaseModel):

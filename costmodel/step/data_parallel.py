@@ -11,9 +11,10 @@ Where the step forms its gradients locally (``SoftwareStack.manual_data_parallel
 program unpipelined), the fp32 sums are reduced as ZeRO needs, after the micro-batch loop or
 after each micro-batch's backward, on the critical path (`_local_gradient_costs`). Where
 otherwise the weights are the fp32 master copy, cast per use (``SoftwareStack.fp32_weights``,
-the JAX program pipelined), each gradient is all-reduced where its partial sums appear, every
-micro-batch (a layer's in the compute dtype), also under ZeRO 1-2, and the updated fp32
-parameters are gathered; that gather ends the step unless ``SoftwareStack.overlap_param_gather``.
+the JAX program pipelined or beside context or expert axes), each gradient is reduced where its
+partial sums appear, every micro-batch (a layer's in the compute dtype; reduce-scattered into a
+ZeRO 1-2 split accumulator, all-reduced otherwise), and the updated fp32 parameters are gathered;
+that gather ends the step unless ``SoftwareStack.overlap_param_gather``.
 
 With overlap (``SoftwareStack.dp_overlap``), the reduction hides behind the backward of the last
 micro-batch (interleaved, with ``SoftwareStack.per_chunk_grad_reduce``: each chunk's share behind the
@@ -168,11 +169,16 @@ def data_parallel_costs(
     if forms_gradients_locally(model, train, layout):
         return _local_gradient_costs(model, train, layout, hw, params)
     if holds_master_weights(train, layout):
-        # The JAX program all-reduces each gradient where its partial sums appear, inside the
+        # The JAX program reduces each gradient where its partial sums appear, inside the
         # accumulation loop (every micro-batch) and before its cast back to fp32 (the layers' in
-        # the compute dtype), then slices it for ZeRO; the updated fp32 parameters are gathered
-        # whole (`validate.predict`, checked against the compiled HLO).
-        reduce_s = all_reduce_s(layer_params * param_bytes + (params - layer_params) * Dtype.FP32.bytes, group)
+        # the compute dtype); the updated fp32 parameters are gathered whole (`validate.predict`,
+        # checked against the compiled HLO). Where ZeRO splits the accumulator (unpipelined; a
+        # pipeline's tick loop sums a stage's gradients whole) the partitioner's all-reduce is
+        # sliced to the device's shard, which XLA's GPU compiler rewrites into a reduce-scatter
+        # (openxla/xla, xla/service/gpu/transforms/reduce_scatter_creator.cc); the CPU backend the
+        # validator compiles on keeps the all-reduce, and `validate.predict` counts it so.
+        reduce = reduce_scatter_s if layout.zero_stage >= 1 and layout.pp == 1 else all_reduce_s
+        reduce_s = reduce(layer_params * param_bytes + (params - layer_params) * Dtype.FP32.bytes, group)
         regather_s = all_gather_s(params * Dtype.FP32.bytes, group) if layout.zero_stage >= 1 else 0.0
         n_reductions = _reductions_in_loop(train, layout)
     elif layout.zero_stage == 0:

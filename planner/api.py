@@ -115,8 +115,12 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
         return _serving_plan(cfg, train, cluster, machine, mesh=request.mesh, n_devices=n_devices, splits=splits, pins=pins)
     _check_any_cluster_holds(cfg, train, machine)
     # An intra-op planner shards the reference program, which materializes attention
-    # scores: choose the layout (micro-batch, recompute) for that program's memory.
+    # scores: choose the layout (micro-batch, recompute) for that program's memory. Its
+    # gradients are reduced where XLA puts them (`validate.intraop_program` pins every equation),
+    # not as `validate.data_parallel_region` forms them.
     attention = request.attention or (Attention.MATERIALIZED if planner.shards_intra_op else software.attention)
+    if planner.shards_intra_op:
+        software = stack_with(software, manual_data_parallel=False)
     on_progress = (lambda done, total: progress("layout search", done, total)) if progress else None
     offload = request.offload
     unpinned = SearchSpace(splits=splits, expert_degrees=experts,

@@ -45,8 +45,8 @@ PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not 
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
 # There the program reduces inside its loop and keeps no split accumulator (`costmodel.step.kernels.forms_gradients_locally`).
-ZERO2_IN_LOOP_RULE = ("ZeRO-2 beside context, expert or pipeline axes, beside tensor axes in an MoE model, or under LoRA, "
-                      "is not lowered as planned yet")
+ZERO2_IN_LOOP_RULE = ("ZeRO-2 beside context, expert or pipeline axes, beside tensor axes in an MoE model, under LoRA or in an "
+                      "intra-op program is not lowered as planned yet")
 LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
 # `validate.intraop_program` pins an intra-op choice in a program without stages; a pipeline would lower by the Megatron rules.
 INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stages are not lowered as chosen yet"
@@ -207,7 +207,7 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if pp > 1 and model.num_layers % (pp * v) and space.lowered_only:
             pruned[UNEVEN_RULE] += 1
             continue
-        if zero == 2 and space.lowered_only and (pp > 1 or cp > 1 or ep > 1 or tp > 1 and model.is_moe
+        if zero == 2 and space.lowered_only and (pp > 1 or cp > 1 or ep > 1 or tp > 1 and model.is_moe or space.intra_op
                                                  or not train.workload.trains_base_weights):
             pruned[ZERO2_IN_LOOP_RULE] += 1
             continue

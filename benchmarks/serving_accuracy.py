@@ -197,8 +197,10 @@ def load_skip_reason(row: dict[str, str]) -> str | None:
 def serve_config(row: dict[str, str]) -> ServeConfig:
     """The load a row was measured under: its clients in a closed loop, its Poisson rate, or (rate
     ``inf``) its ``requests`` all arriving at once, at most its ``batch`` running together (the
-    server's slots); fixed lengths at the row's (mean) lengths."""
+    server's slots); fixed lengths at the row's (mean) lengths; its iteration's token budget where stated."""
     lengths = {"input_len": LengthDistribution(fixed=int(row["input_len"])), "output_len": LengthDistribution(fixed=int(row["output_len"]))}
+    if row["prefill_chunk_tokens"]:
+        lengths["prefill_chunk_tokens"] = int(row["prefill_chunk_tokens"])
     if row["concurrency"]:
         clients = int(row["concurrency"])
         return ServeConfig(concurrency=clients, requests=max(3 * clients, 60), **lengths)

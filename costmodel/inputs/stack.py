@@ -209,12 +209,12 @@ class SoftwareStack(BaseModel):
         "beside the fp32 master in the optimizer state, written once per step by the update, gradients split only from "
         "ZeRO 2 (Megatron-LM's mixed-precision optimizer, DeepSpeed, FSDP's MixedPrecision).")
     manual_data_parallel: bool = Field(
-        False, description="The step forms its gradients in a region manual over the data axes (``jax.shard_map``), "
-        "accumulating them locally in fp32 and reducing them as the ZeRO stage needs: once per step after the "
-        "micro-batch loop for ZeRO 0 (all-reduce) and 1 (reduce-scatter, the whole fp32 gradient held until then), "
-        "after each micro-batch's backward for ZeRO 2 (reduce-scatter), per layer for ZeRO 3 (the transpose of the "
-        "layer's compute-dtype gather); where data parallelism is the only parallelism (this project's JAX program: "
-        "validate/data_parallel_region.py). False: as `fp32_weights` and the other facts say.")
+        False, description="The step forms each data replica's gradients on its own devices, accumulating them locally "
+        "in fp32 and reducing them as the ZeRO stage needs: once per step after the micro-batch loop for ZeRO 0 "
+        "(all-reduce) and 1 (reduce-scatter, the whole fp32 gradient held until then), after each micro-batch's backward "
+        "for ZeRO 2 (reduce-scatter), per layer for ZeRO 3 (the transpose of the layer's compute-dtype gather); ZeRO 0-2 "
+        "beside tensor axes too (dense models), ZeRO 3 where data parallelism is the only parallelism (this project's "
+        "JAX program: validate/data_parallel_region.py). False: as `fp32_weights` and the other facts say.")
     moe_capacity_factor: float | None = Field(
         None, gt=0, description="MoE layers give each expert a buffer of this many times its even share of a sequence's "
         "routed tokens, computed and kept for backward whether filled or not (GShard / Switch Transformer capacity; this "

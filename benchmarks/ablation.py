@@ -85,6 +85,8 @@ MECHANISMS = (
     Mechanism(name="tensor-parallel overlap", off="no stack overlaps its tensor-parallel collectives (no async TP, userbuffers)",
               variant=_stack(tp_overlap=TpOverlap.NONE)),
     Mechanism(name="FSDP2 copy-out", off="FSDP2 computes on its all-gather buffer, as FSDP1 does", variant=_stack(fsdp_copy_out=False)),
+    Mechanism(name="ZeRO over context ranks", off="ZeRO and FSDP shard over the data ranks alone, beside context parallelism",
+              variant=_stack(zero_over_context=False)),
     Mechanism(name="reentrant recompute", off="recompute re-runs only what it dropped, never the whole layer",
               variant=_stack(reentrant_recompute=False)),
     Mechanism(name="pipeline overlap", off="interleaved pipelines block on their sends and reduce gradients after the last stage",

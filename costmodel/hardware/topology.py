@@ -73,13 +73,18 @@ class _Tiers(NamedTuple):
 
 def layout_groups(layout: Layout, *, devices_per_node: int, intra: Tier, inter: Tier, intra_pair: Tier | None = None,
                   inter_cross_rail: Tier | None = None) -> dict[str, Group]:
-    """The communicating group of each parallel dimension (tp, cp, dp, pp, ep)."""
+    """The communicating group of each parallel dimension (tp, cp, dp, pp, ep); ``dp_cp``, the data and
+    context ranks together, over which the gradients are summed (each context rank holds every weight,
+    its gradient from its own tokens); ``zero``, those ZeRO shards over (`Layout.zero_shards`)."""
     tiers = _Tiers(devices_per_node, intra, inter, intra_pair, inter_cross_rail)
     sizes = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
     groups, stride = {}, 1
     for axis in AXIS_ORDER:
         groups[axis] = tiers.group(sizes[axis], stride)
         stride *= sizes[axis]
+    # The context ranks sit inside the data ranks' stride: both together are one contiguous group.
+    groups["dp_cp"] = tiers.group(layout.dp * layout.cp, layout.tp)
+    groups["zero"] = groups["dp_cp"] if layout.zero_shards > layout.dp else groups["dp"]
     # Experts are spread over the fastest ep devices of the data(·context) group.
     groups["ep"] = tiers.group(layout.ep, layout.tp)
     return groups

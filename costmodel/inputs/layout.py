@@ -92,6 +92,17 @@ class Layout(BaseModel):
     def n_devices(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def zero_shards(self) -> int:
+        """Ways ZeRO splits what it shards: over the data ranks, and the context ranks too where the stack
+        shards over both (`SoftwareStack.zero_over_context`).
+
+        >>> from costmodel.inputs.stack import stack_with
+        >>> Layout(dp=4, cp=2, stack=stack_with("megatron-core")).zero_shards, Layout(dp=4, cp=2, stack=stack_with("jax")).zero_shards
+        (8, 4)
+        """
+        return self.dp * (self.cp if self.stack.zero_over_context else 1)
+
     def layers_on_stage(self, num_layers: int, stage: int) -> int:
         """Layers pipeline stage ``stage`` runs (the even split rounds up, as Megatron requires divisibility).
 

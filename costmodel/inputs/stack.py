@@ -90,6 +90,13 @@ class SoftwareStack(BaseModel):
     dropout: bool = Field(
         True, description="Trains a LayerNorm (GPT-2/Megatron-style) model with its dropout: fused dropout kernels after "
         "the attention probabilities and each block's output. False: no dropout (this project's JAX program has none).")
+    zero_over_context: bool = Field(
+        True, description="ZeRO and FSDP shard over the data and context-parallel ranks together, every rank of a "
+        "context group holding its own share (Megatron-Core's DDP and distributed optimizer over "
+        "get_data_parallel_group(with_context_parallel=True), megatron/training/training.py; torchtitan's FSDP over "
+        "the flattened dp_shard_cp mesh, docs/composability.md; DeepSpeed under EasyContext, whose ZeRO world is every "
+        "rank). False: over the data ranks only (this project's JAX program splits over the data axes, "
+        "planner/shardings.py). Either way the gradients are summed over both.")
     overlap_param_gather: bool = Field(
         True, description="With ZeRO 1-2, the all-gather of the updated parameters runs behind the next step's first "
         "forward (Megatron-Core's --overlap-param-gather, DeepSpeed's and FSDP's prefetch); False: it ends the step, "
@@ -233,6 +240,7 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
         name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fused_projections=False,
         fp32_weights=True, manual_data_parallel=True, dropout=False, overlap_param_gather=False, moe_capacity_factor=1.25,
+        zero_over_context=False,
         citation="This project's reference program (planner/programs): jax.jit with XLA fusion, jax.checkpoint "
         "remat, cuDNN's fused attention on a GPU (jax.nn.dot_product_attention) and a blockwise flash-style kernel "
         "elsewhere, gradients summed in a scan over micro-batches, one matmul per weight "

@@ -154,12 +154,14 @@ def frozen_stage_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, s
 def data_parallel_costs(
     model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts
 ) -> DataParallelCost:
-    """Data-parallel seconds of one step for ``layout`` (0 when dp = 1)."""
-    if layout.dp == 1:
+    """Data-parallel seconds of one step for ``layout`` (0 without data or context parallelism): the
+    gradients summed over the data and context ranks (``dp_cp``), ZeRO's gathers over those it shards over."""
+    if layout.dp * layout.cp == 1:
         return DataParallelCost(total_s=0.0, exposed_s=0.0)
     if layout.zero_stage == 3:
         return _fsdp_costs(model, train, layout, hw, layer)
-    group = hw.groups(layout)["dp"]
+    groups = hw.groups(layout)
+    group, gather_group = groups["dp_cp"], groups["zero"]
     grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     params = trainable_params_per_device(model, train, layout)
@@ -179,13 +181,13 @@ def data_parallel_costs(
         # validator compiles on keeps the all-reduce, and `validate.predict` counts it so.
         reduce = reduce_scatter_s if layout.zero_stage >= 1 and layout.pp == 1 else all_reduce_s
         reduce_s = reduce(layer_params * param_bytes + (params - layer_params) * Dtype.FP32.bytes, group)
-        regather_s = all_gather_s(params * Dtype.FP32.bytes, group) if layout.zero_stage >= 1 else 0.0
+        regather_s = all_gather_s(params * Dtype.FP32.bytes, gather_group) if layout.zero_stage >= 1 else 0.0
         n_reductions = _reductions_in_loop(train, layout)
     elif layout.zero_stage == 0:
         reduce_s, regather_s = all_reduce_s(params * grad_bytes, group), 0.0
     else:  # fp8 parameters gather as fp8 (`costmodel.step.fp8_memory`)
         gathered_bytes = layer_params * gathered_layer_param_bytes(train, layout) + (params - layer_params) * param_bytes
-        reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(gathered_bytes, group)
+        reduce_s, regather_s = reduce_scatter_s(params * grad_bytes, group), all_gather_s(gathered_bytes, gather_group)
     total_s = n_reductions * reduce_s + regather_s
     if not layout.stack.dp_overlap:
         return DataParallelCost(total_s=total_s, exposed_s=total_s)
@@ -241,8 +243,10 @@ def _reductions_in_loop(train: TrainConfig, layout: Layout) -> float:
 def _fsdp_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> DataParallelCost:
     """ZeRO 3: each micro-batch gathers every layer's parameters in forward and again in
     backward, and reduce-scatters its gradients; the embedding and head are gathered twice per
-    micro-batch, or where the gradients are formed locally once per step."""
-    group = hw.groups(layout)["dp"]
+    micro-batch, or where the gradients are formed locally once per step; over the ranks ZeRO shards
+    over (where those are the data ranks alone, beside context ranks, the reduce-scatter stands for
+    the reduction over both)."""
+    group = hw.groups(layout)["zero"]
     grad_bytes, param_bytes = train.grad_dtype.bytes, train.compute_dtype.bytes
     layers = max(layout.layers_on_stage(model.num_layers, s) for s in range(layout.pp))
     n_micro = layout.micro_batches(train)

@@ -97,4 +97,4 @@ def fp8_weight_copy_bytes(model: ModelConfig, train: TrainConfig, layout: Layout
     if not layout.stack.fp8_param_gather:
         return gathered * 2 * FP8_BYTES
     # The shard kept is fp8 (one byte less a parameter); the gathered layers are fp8 with a transpose.
-    return -layers * per_layer * (e - FP8_BYTES) / layout.dp + gathered * (2 * FP8_BYTES - e)
+    return -layers * per_layer * (e - FP8_BYTES) / layout.zero_shards + gathered * (2 * FP8_BYTES - e)

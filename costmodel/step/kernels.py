@@ -282,7 +282,7 @@ def weight_cast_kernel(model: ModelConfig, train: TrainConfig, layout: Layout) -
     matrices = model.params_per_layer - experts - norm_params_per_layer(model)
     params = matrices / layout.tp + experts / (layout.tp * layout.ep)
     if layout.zero_stage == 3:
-        params /= layout.dp
+        params /= layout.zero_shards
     n = _weight_matrices(model)
     return Kernel(name="weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=params * (4 + train.compute_dtype.bytes) / n,
                   count=n, backward_scale=0.0)
@@ -423,7 +423,7 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
         head, cross_entropy = (k.model_copy(update={"backward_scale": k.backward_scale + 1}) for k in (head, cross_entropy))
     kernels = [_memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e), head, cross_entropy]
     if holds_master_weights(train, layout):  # the head's weight cast, as `weight_cast_kernel`
-        held = v * model.hidden_size / (layout.dp if layout.zero_stage == 3 else 1)
+        held = v * model.hidden_size / (layout.zero_shards if layout.zero_stage == 3 else 1)
         kernels.append(Kernel(name="head_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=held * (4 + e), backward_scale=0.0))
     return kernels
 

@@ -191,7 +191,7 @@ def _largest_param(model: ModelConfig, layout: Layout, *, ends: bool) -> float:
 
 def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int, per_layer: float,
                   recompute_temporary: float, host_capacity_bytes: float | None = None) -> dict[str, object]:
-    dp, zero = layout.dp, layout.zero_stage
+    dp, zero = layout.zero_shards, layout.zero_stage  # the ways ZeRO shards
     first, last = stage == 0, stage == layout.pp - 1
     n = stage_trainable_params(model, train, layout, stage)
     mixed = train.param_dtype != train.compute_dtype
@@ -243,7 +243,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     temporary = 0.0
     if n_micro > 1 and not layout.stack.fused_grad_accumulation and not offloaded:  # offloaded: summed on the host
         temporary += micro_batch_gradient_bytes(n, model, train, layout, expert_params=experts)
-    if dp > 1:
+    if layout.dp * layout.cp > 1:  # gradients summed over data and context ranks
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)
         if grad_split > 1:
@@ -294,7 +294,7 @@ def gradient_split(model: ModelConfig, train: TrainConfig, layout: Layout) -> in
         split_from = 1 if layout.pp == 1 else 3
     else:
         split_from = 2
-    return layout.dp if layout.zero_stage >= split_from else 1
+    return layout.zero_shards if layout.zero_stage >= split_from else 1
 
 
 def micro_batch_gradient_bytes(params: float, model: ModelConfig, train: TrainConfig, layout: Layout, *,

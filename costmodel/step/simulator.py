@@ -187,7 +187,7 @@ def grad_accumulation_s(model: ModelConfig, train: TrainConfig, layout: Layout, 
     n_micro = layout.micro_batches(train)
     if layout.stack.fused_grad_accumulation or n_micro <= 1:
         return 0.0
-    params = trainable_params_per_device(model, train, layout) / (layout.dp if layout.zero_stage >= 2 else 1)
+    params = trainable_params_per_device(model, train, layout) / (layout.zero_shards if layout.zero_stage >= 2 else 1)
     bytes_per_param = train.compute_dtype.bytes + 2 * train.grad_dtype.bytes
     return hw.stream_s((n_micro - 1) * params * bytes_per_param)
 
@@ -235,9 +235,9 @@ def _offload(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     """The step's offload costs."""
     host = require_host(hw.host, hw.name)
     sharing = _devices_sharing_host(layout, hw)
-    partition = trainable_params_per_device(model, train, layout) / layout.dp
+    partition = trainable_params_per_device(model, train, layout) / layout.zero_shards
     if layout.offload is Offload.PARAMS:
-        shard_bytes = partition * train.param_dtype.bytes + frozen_stage_bytes(model, train, layout, 0) / layout.dp
+        shard_bytes = partition * train.param_dtype.bytes + frozen_stage_bytes(model, train, layout, 0) / layout.zero_shards
         return param_offload_times(partition, shard_bytes, train, micro_batches=layout.micro_batches(train),
                                    micro_batch_s=stage.forward_s + stage.backward_s, host=host, devices_sharing=sharing)
     check_offloadable(train)
@@ -265,7 +265,7 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     else:
         pipe = pipeline_step_estimate(times, n_microbatches=n_micro, schedule=layout.schedule)
     dp = data_parallel_costs(model, train, layout, hw, layer)
-    optimizer_params = trainable_params_per_device(model, train, layout) / (layout.dp if layout.zero_stage >= 1 else 1)
+    optimizer_params = trainable_params_per_device(model, train, layout) / (layout.zero_shards if layout.zero_stage >= 1 else 1)
     optimizer_bytes = optimizer_bytes_per_param(train) + (LOSS_SCALING_BYTES_PER_PARAM if train.loss_scaled else 0)
     optimizer_s = hw.stream_s(optimizer_params * optimizer_bytes)
     accumulate_s = grad_accumulation_s(model, train, layout, hw)

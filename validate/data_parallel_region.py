@@ -205,8 +205,9 @@ def replica_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, grad_spe
 
     def loss_and_grads(params: Params, batch: Batch) -> tuple[jax.Array, Params]:
         # [micro-batches, replicas, sequences, ...]: a replica's sequences are the ones its devices hold.
-        batch_MxR = jax.tree.map(lambda v: v.reshape(v.shape[0], replicas, -1, *v.shape[2:]), micro_batched(batch, micro_batches))
-        batch_MxR = jax.tree.map(lambda v: by_replica(v.swapaxes(0, 1), PartitionSpec()).swapaxes(0, 1), batch_MxR)
+        by_replica_MxR = NamedSharding(mesh, PartitionSpec(None, data_axes))
+        batch_MxR = jax.tree.map(lambda v: jax.lax.with_sharding_constraint(v.reshape(v.shape[0], replicas, -1, *v.shape[2:]),
+                                                                            by_replica_MxR), micro_batched(batch, micro_batches))
 
         def accumulate(carry: tuple[jax.Array, Params], mb: Batch) -> tuple[tuple[jax.Array, Params], None]:
             loss_R, grads_R = per_replica(params, mb, None)

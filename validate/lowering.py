@@ -8,8 +8,9 @@ as sharding constraints and a vocab-parallel embedding. ZeRO: with stage ≥ 1 t
 moments are split over the data axes and the accumulated gradients constrained to that
 split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). The jax stack's
 gradients are reduced as ZeRO needs (`validate.data_parallel_region`); elsewhere (pipelines,
-context or expert axes, ZeRO 3 beside tensor axes) XLA all-reduces each micro-batch's gradients
-inside the accumulation loop, where the partial sums appear; `validate.predict` counts them there. Pipeline plans run the 1F1B schedule of
+context or expert axes, ZeRO 3 or an MoE model beside tensor axes, LoRA) XLA all-reduces each
+micro-batch's gradients inside the accumulation loop, where the partial sums appear;
+`validate.predict` counts them there. Pipeline plans run the 1F1B schedule of
 `validate.one_f_one_b` (plain or interleaved), or for schedule "gpipe" the GPipe one of `validate.gpipe`.
 
 Each workload lowers by its entry in `WORKLOAD_PROGRAMS`. A LoRA plan takes ``(frozen, adapters, opt_state,

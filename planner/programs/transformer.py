@@ -128,7 +128,8 @@ def _gathered_gradient(constrain: Constrain, y_BxSxD: jax.Array) -> jax.Array:
     """``y_BxSxD`` (a row-parallel matmul's output), its gradient pinned to ``row_output_grad_BxSxD``:
     under sequence parallelism that gathers it over the sequence once, for both the matmul's input
     gradient and its weight gradient (left free, XLA's partitioner gathered it once for each where
-    the step runs per data replica, `validate.data_parallel_region`)."""
+    the step runs per data replica, `validate.data_parallel_region`; under ZeRO 3 full recompute and
+    the backward then also share the attention output projection's gathered weight)."""
     @jax.custom_vjp
     def pinned(y_BxSxD: jax.Array) -> jax.Array:
         return y_BxSxD

@@ -11,8 +11,9 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   which only feeds the layer's output and is dead code in the recomputation.
 - Vocabulary-parallel embedding (fp32 rows summed over the vocabulary axes) and head
   (fp32 input gradient, four ``[tokens]`` softmax/loss reductions).
-- Data parallel alone: what each ZeRO stage needs of the data-parallel region
-  (`validate.predict_data_parallel.region_collectives`). Beside other axes: gradients are
+- Where the gradients are formed per data replica (`validate.data_parallel_region`: ZeRO 0–2,
+  beside tensor axes too; ZeRO 3 under data parallelism alone): what each ZeRO stage needs
+  (`validate.predict_data_parallel.region_collectives`). Elsewhere: gradients are
   reduced once per micro-batch (the reduction happens inside the accumulation loop, where
   the partial sums appear), layer weights in the compute dtype, fp32 for what is used in
   fp32 (norms, the embedding table, the fp32-output head). With ZeRO ≥ 1 the updated fp32
@@ -59,7 +60,7 @@ parallelism (`validate.gpipe.runs_outer_whole`) or with MoE layers and tensor pa
 >>> for c in predicted_collectives(p):
 ...     by_kind[c.kind] = by_kind.get(c.kind, 0) + c.total_bytes
 >>> {k: round(v / 2**20) for k, v in sorted(by_kind.items())}
-{'all-gather': 7659, 'all-reduce': 16982}
+{'all-gather': 7659, 'all-reduce': 8320, 'reduce-scatter': 7659}
 """
 
 from __future__ import annotations

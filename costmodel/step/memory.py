@@ -3,8 +3,9 @@
 Mixed-precision accounting (Megatron-LM's, 18 bytes per parameter without ZeRO):
 ``params`` is the compute-dtype copy the kernels read (2 B); ``grads`` the gradients as
 reduced (fp32, 4 B); ``optimizer`` the fp32 master copy and Adam's two moments (12 B).
-ZeRO 1 shards the optimizer state over dp, ZeRO 2 also the gradients, ZeRO 3 (FSDP) also
-the parameters. With ``param_dtype == compute_dtype`` there is no separate master copy.
+ZeRO 1 shards the optimizer state over dp (and the context ranks where the stack does,
+`Layout.zero_shards`), ZeRO 2 also the gradients, ZeRO 3 (FSDP) also the parameters.
+With ``param_dtype == compute_dtype`` there is no separate master copy.
 Where the weights are held in fp32 and cast where used (`SoftwareStack.fp32_weights`, the
 JAX program) they are the master copy (4 B, 16 bytes per parameter without ZeRO); their fp32
 gradients are split from ZeRO 2 where the step forms them locally, from ZeRO 1 where XLA reduces
@@ -191,7 +192,7 @@ def _largest_param(model: ModelConfig, layout: Layout, *, ends: bool) -> float:
 
 def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int, per_layer: float,
                   recompute_temporary: float, host_capacity_bytes: float | None = None) -> dict[str, object]:
-    dp, zero = layout.zero_shards, layout.zero_stage  # the ways ZeRO shards
+    shards, zero = layout.zero_shards, layout.zero_stage  # the ways ZeRO shards
     first, last = stage == 0, stage == layout.pp - 1
     n = stage_trainable_params(model, train, layout, stage)
     mixed = train.param_dtype != train.compute_dtype
@@ -203,13 +204,13 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     def sharded(shards: int) -> float:  # the stage's trained parameters split ``shards`` ways over data
         return spread_over_data(n, experts, shards, layout.ep)
 
-    params = sharded(dp if zero >= 3 else 1) * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes)
+    params = sharded(shards if zero >= 3 else 1) * (train.compute_dtype.bytes if separate_master else train.param_dtype.bytes)
     fp8_copies = fp8_weight_copy_bytes(model, train, layout, stage, layer_params=layer_params_per_device(model, layout))
     if train.workload.trains_base_weights:
         frozen = 0.0
         params += fp8_copies
     else:  # the fp8 copies are of the frozen weights, not of the adapters
-        frozen = frozen_stage_bytes(model, train, layout, stage) / (dp if zero >= 3 else 1) + fp8_copies
+        frozen = frozen_stage_bytes(model, train, layout, stage) / (shards if zero >= 3 else 1) + fp8_copies
     n_micro = max(1, layout.micro_batches(train))
     # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
     grad_split = gradient_split(model, train, layout)
@@ -218,14 +219,14 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     grads = sharded(grad_shards) * grad_bytes + frozen_grad_bytes(model, train, layout, stage) / grad_shards
     if train.optimizer_in_backward:  # each gradient applied and freed as it is formed: the largest weight's at most
         grads = min(grads, _largest_param(model, layout, ends=first or last) * grad_bytes / grad_split)
-    optimizer = sharded(dp if zero >= 1 else 1) * optimizer_per_param
+    optimizer = sharded(shards if zero >= 1 else 1) * optimizer_per_param
     offloaded = layout.offload is not Offload.NONE
     host = None
     if layout.offload is Offload.OPTIMIZER:  # ZeRO-Offload: state and fp32 gradients on the host, a bucket on the device
         grads, optimizer = device_grad_bytes(n, _largest_param(model, layout, ends=first or last), train), 0.0
-        host = host_memory(sharded(dp), train, micro_batches=n_micro, capacity_bytes=host_capacity_bytes)
+        host = host_memory(sharded(shards), train, micro_batches=n_micro, capacity_bytes=host_capacity_bytes)
     elif layout.offload is Offload.PARAMS:  # every shard and the optimizer on the host; units on the device while gathered
-        host = param_host_memory(sharded(dp), frozen, train, capacity_bytes=host_capacity_bytes)
+        host = param_host_memory(sharded(shards), frozen, train, capacity_bytes=host_capacity_bytes)
         params, frozen, grads, optimizer = 0.0, 0.0, 0.0, 0.0
 
     layers = layout.layers_on_stage(model.num_layers, stage)

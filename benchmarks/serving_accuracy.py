@@ -198,17 +198,17 @@ def serve_config(row: dict[str, str]) -> ServeConfig:
     """The load a row was measured under: its clients in a closed loop, its Poisson rate, or (rate
     ``inf``) its ``requests`` all arriving at once, at most its ``batch`` running together (the
     server's slots); fixed lengths at the row's (mean) lengths; its iteration's token budget where stated."""
-    lengths = {"input_len": LengthDistribution(fixed=int(row["input_len"])), "output_len": LengthDistribution(fixed=int(row["output_len"]))}
+    common = {"input_len": LengthDistribution(fixed=int(row["input_len"])), "output_len": LengthDistribution(fixed=int(row["output_len"]))}
     if row["prefill_chunk_tokens"]:
-        lengths["prefill_chunk_tokens"] = int(row["prefill_chunk_tokens"])
+        common["prefill_chunk_tokens"] = int(row["prefill_chunk_tokens"])
     if row["concurrency"]:
         clients = int(row["concurrency"])
-        return ServeConfig(concurrency=clients, requests=max(3 * clients, 60), **lengths)
+        return ServeConfig(concurrency=clients, requests=max(3 * clients, 60), **common)
     if row["request_rate_per_s"] == "inf":
         requests = int(row["requests"] or row["batch"])
         slots = {"max_batch": int(row["batch"])} if row["batch"] else {}
-        return ServeConfig(arrivals_s=(0.0,) * requests, requests=requests, **slots, **lengths)
-    return ServeConfig(rate_per_s=float(row["request_rate_per_s"]), requests=500, **lengths)
+        return ServeConfig(arrivals_s=(0.0,) * requests, requests=requests, **slots, **common)
+    return ServeConfig(rate_per_s=float(row["request_rate_per_s"]), requests=500, **common)
 
 
 def evaluate_load(rows: list[dict[str, str]]) -> list[dict[str, object]]:

@@ -32,6 +32,7 @@ from costmodel.inputs.layout import Layout, Offload, Recompute, Schedule, check_
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.estimate import StepEstimate
+from costmodel.step.kernels import lowers_local_gradients
 from costmodel.step.simulator import balanced_layout, simulate
 
 _GIB = 2**30
@@ -44,7 +45,7 @@ PIPELINE_ZERO3_TP_RULE = "pipelines with ZeRO-3 and tensor parallelism are not l
 PIPELINE_MOE_TP_RULE = "pipelines of MoE layers with tensor parallelism are not lowered as planned yet"
 # XLA splits a whole head's weight gradient over the data and tensor axes (with permutes) there.
 UNSPLIT_VOCAB_ZERO_TP_RULE = "ZeRO with tensor parallelism over a vocabulary it does not divide is not lowered as planned yet"
-# There the program reduces inside its loop and keeps no split accumulator (`costmodel.step.kernels.forms_gradients_locally`).
+# There the program reduces inside its loop and keeps no split accumulator (`costmodel.step.kernels.lowers_local_gradients`).
 ZERO2_IN_LOOP_RULE = ("ZeRO-2 beside context, expert or pipeline axes, beside tensor axes in an MoE model, under LoRA or in an "
                       "intra-op program is not lowered as planned yet")
 LORA_PIPELINE_RULE = "LoRA with pipeline stages is not lowered to JAX yet"
@@ -207,8 +208,8 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
         if pp > 1 and model.num_layers % (pp * v) and space.lowered_only:
             pruned[UNEVEN_RULE] += 1
             continue
-        if zero == 2 and space.lowered_only and (pp > 1 or cp > 1 or ep > 1 or tp > 1 and model.is_moe or space.intra_op
-                                                 or not train.workload.trains_base_weights):
+        if zero == 2 and space.lowered_only and (space.intra_op or not lowers_local_gradients(
+                model, train, space.stack.model_copy(update={"dp": dp, "tp": tp, "pp": pp, "cp": cp, "ep": ep, "zero_stage": zero}))):
             pruned[ZERO2_IN_LOOP_RULE] += 1
             continue
         if pp > 1 and tp > 1 and zero >= 3 and space.lowered_only:

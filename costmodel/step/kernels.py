@@ -198,17 +198,23 @@ def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
 
 
 def forms_gradients_locally(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
-    """Whether the step accumulates its gradients locally and reduces them as ZeRO needs
-    (`SoftwareStack.manual_data_parallel`): the base weights trained over data parallelism, beside
-    tensor parallelism under ZeRO 0–2 (each data replica's gradient formed on its own devices, the
-    reductions after the loop). Not under ZeRO 3 beside tensor axes, nor with context or expert axes,
-    nor in pipelines: in a region manual over only some axes, XLA replicates a gather's or
-    reduce-scatter's operand over the others first (jax 0.10.2), so those plans keep XLA's
-    reductions inside the loop. Nor for an MoE model beside tensor axes, whose experts' region
-    failed to trace inside the per-replica map (jax 0.10.2)."""
+    """Whether the step accumulates its gradients locally and reduces them as ZeRO needs: a stack
+    that does so (`SoftwareStack.manual_data_parallel`) on a layout the JAX program lowers so
+    (`lowers_local_gradients`)."""
+    return layout.stack.manual_data_parallel and lowers_local_gradients(model, train, layout)
+
+
+def lowers_local_gradients(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
+    """Whether the JAX program can form ``layout``'s gradients locally, whatever the stack: the base
+    weights trained over data parallelism, beside tensor parallelism under ZeRO 0–2 (each data
+    replica's gradient formed on its own devices, the reductions after the loop). Not under ZeRO 3
+    beside tensor axes, nor with context or expert axes, nor in pipelines: in a region manual over
+    only some axes, XLA replicates a gather's or reduce-scatter's operand over the others first
+    (jax 0.10.2), so those plans keep XLA's reductions inside the loop. Nor for an MoE model beside
+    tensor axes, whose experts' region failed to trace inside the per-replica map (jax 0.10.2)."""
     lay = layout
-    return (lay.stack.manual_data_parallel and train.workload.trains_base_weights and lay.dp > 1
-            and lay.pp == lay.cp == lay.ep == 1 and (lay.tp == 1 or lay.zero_stage < 3 and not model.is_moe))
+    return (train.workload.trains_base_weights and lay.dp > 1 and lay.pp == lay.cp == lay.ep == 1
+            and (lay.tp == 1 or lay.zero_stage < 3 and not model.is_moe))
 
 
 def mlp_rows_per_token(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:

@@ -166,8 +166,10 @@ def data_parallel_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, gr
 
 def replica_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, grad_specs: Params, *, remat: str,
                            hooks: dict[str, Any]) -> Callable[[Params, Batch], tuple[jax.Array, Params]]:
-    """ZeRO 0–2: ``(params, batch) -> (mean loss, gradients in the parameters' dtype)``, each data
-    replica's formed on its own devices and reduced as the ZeRO stage needs (module doc).
+    """ZeRO 0–2: ``(params, batch) -> (mean loss, gradients)``, each data replica's formed on its
+    own devices, summed in the master weights' dtype (fp32 in mixed precision) and reduced as the ZeRO
+    stage needs (module doc). The parameters are the fp32 master weights, or under ZeRO 1–2 their
+    compute-dtype copy (`costmodel.step.kernels.keeps_compute_copy`).
 
     ``param_specs`` and ``grad_specs`` are the ``PartitionSpec`` trees of the parameters and of
     the gradients the optimizer takes (its moments' split); ``hooks`` are the forward's, built per
@@ -183,7 +185,7 @@ def replica_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, grad_spe
     value_and_grad = make_value_and_grad(plan.model, train, remat=remat, attention=lay.stack.attention.value, hooks=hooks,
                                          loss_chunks=lay.stack.cross_entropy_chunks)
     per_replica = jax.vmap(value_and_grad, in_axes=(None, 0, None), spmd_axis_name=data_axes)
-    # Gradients are summed in the parameters' dtype: the fp32 master weights', or bf16 in pure-bf16 training.
+    # Gradients are summed in the master weights' dtype (a compute copy's are cast up): fp32, or bf16 in pure-bf16 training.
     stored = jnp.dtype(train.param_dtype.value)
 
     def reduce(g_R: jax.Array, spec: PartitionSpec, reduced: PartitionSpec) -> jax.Array:

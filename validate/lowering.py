@@ -6,7 +6,10 @@ with the plan's recompute policy and micro-batches (gradient accumulation), its 
 carrying ``NamedSharding``s of the plan's ``PartitionSpec``s, the plan's activation specs
 as sharding constraints and a vocab-parallel embedding. ZeRO: with stage ≥ 1 the Adam
 moments are split over the data axes and the accumulated gradients constrained to that
-split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). The jax stack's
+split; stage 3 also splits the parameters (the plan's ``param_specs`` say how). Where ZeRO 1–2
+gradients are formed per replica, the parameters are a compute-dtype copy and the fp32 master
+is split with the moments (`costmodel.step.kernels.keeps_compute_copy`), so the updated copy is
+gathered in the compute dtype. The jax stack's
 gradients are reduced as ZeRO needs (`validate.data_parallel_region`); elsewhere (pipelines,
 context or expert axes, ZeRO 3 or an MoE model beside tensor axes, LoRA) XLA all-reduces each
 micro-batch's gradients inside the accumulation loop, where the partial sums appear;
@@ -37,6 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from costmodel.errors import InvalidPlanError, UnsupportedError
 from costmodel.inputs.layout import Recompute
+from costmodel.step.kernels import keeps_compute_copy
 from planner.intraop.pinned import to_partition_spec
 from planner.plan_schema import Plan
 from planner.programs.decode import abstract_decode_inputs
@@ -45,7 +49,7 @@ from planner.programs.lora import adapter_shapes, adapter_specs, adapter_tree, i
 from planner.programs.params import abstract_params, init_params
 from planner.programs.prefill import abstract_prefill_inputs
 from planner.programs.residuals import to_bits
-from planner.programs.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_loss_and_grads
+from planner.programs.train_step import abstract_train_inputs, adamw_update, init_opt_state, make_loss_and_grads, with_master
 from planner.shardings import entry_axes, partition_spec_tree, split_over_data, zero_sharded_specs
 from validate.data_parallel_region import data_parallel_loss_and_grads, reduces_over_data, replica_loss_and_grads
 from validate.gpipe import gpipe_loss_and_grads
@@ -128,7 +132,15 @@ def _train_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tu
                                                                      whole_layers=plan.train.optimizer_in_backward))
     tokens = token_spec(plan)
     opt_specs = {"m": moment_specs, "v": moment_specs, "step": PartitionSpec()}
+    if _keeps_compute_copy(plan):  # the fp32 master split as the moments are
+        opt_specs["master"] = moment_specs
     return param_specs, opt_specs, {"tokens": tokens, "targets": tokens}
+
+
+def _keeps_compute_copy(plan: Plan) -> bool:
+    """Whether the step holds a compute-dtype copy of the weights and the fp32 master in the optimizer state
+    (`costmodel.step.kernels.keeps_compute_copy`: ZeRO 1–2 where the gradients are formed per replica)."""
+    return keeps_compute_copy(plan.model, plan.train, plan.layout)
 
 
 def _serving_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
@@ -173,7 +185,7 @@ def _state_as_bits(plan: Plan, mesh: Mesh) -> bool:
 
 
 def _abstract_train_inputs(plan: Plan) -> tuple[Any, ...]:
-    return abstract_train_inputs(plan.model, plan.train)
+    return abstract_train_inputs(plan.model, plan.train, compute_copy=_keeps_compute_copy(plan))
 
 
 def _abstract_serving_inputs(plan: Plan) -> tuple[Any, ...]:
@@ -199,7 +211,10 @@ def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, 
 
 def _initial_train_values(plan: Plan, seed: int, batch: dict[str, Any]) -> tuple[Any, ...]:
     params = init_params(plan.model, jax.random.key(seed), dtype=np.dtype(plan.train.param_dtype.value))
-    return params, init_opt_state(params, np.dtype(plan.train.optimizer_dtype.value)), batch
+    opt_state = init_opt_state(params, np.dtype(plan.train.optimizer_dtype.value))
+    if not _keeps_compute_copy(plan):
+        return params, opt_state, batch
+    return jax.tree.map(lambda p: p.astype(plan.train.compute_dtype.value), params), with_master(opt_state, params), batch
 
 
 def _initial_lora_values(plan: Plan, seed: int, batch: dict[str, Any]) -> tuple[Any, ...]:

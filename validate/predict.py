@@ -60,7 +60,7 @@ parallelism (`validate.gpipe.runs_outer_whole`) or with MoE layers and tensor pa
 >>> for c in predicted_collectives(p):
 ...     by_kind[c.kind] = by_kind.get(c.kind, 0) + c.total_bytes
 >>> {k: round(v / 2**20) for k, v in sorted(by_kind.items())}
-{'all-gather': 7659, 'all-reduce': 8320, 'reduce-scatter': 7659}
+{'all-gather': 3830, 'all-reduce': 8320, 'reduce-scatter': 7659}
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ from costmodel.inputs.model_config import ModelConfig, Norm
 from costmodel.inputs.stack import Attention
 from costmodel.step.activations import activation_table
 from costmodel.step.data_parallel import layer_params_per_device, stage_params, stage_params_per_device
+from costmodel.step.kernels import keeps_compute_copy
 from costmodel.step.lockstep import in_flight_slots
 from costmodel.step.memory import MemoryBreakdown, activation_bytes_per_layer, micro_batch_gradient_bytes
 from costmodel.step.simulator import simulate
@@ -131,6 +132,9 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     The CPU backend's dot also takes its operands in row-major order only, so the head's
     weight gradient (hidden × tokens · tokens × vocabulary) reads a transposed copy of the
     fp32 logits gradient, one more logits-sized buffer beside the logits and their gradient.
+    And where the step keeps a compute-dtype copy of the weights (ZeRO 1–2,
+    `costmodel.step.kernels.keeps_compute_copy`), a micro-batch's gradient of it, written by the
+    layer loop in 16 bits on a GPU, is fp32 there.
     """
     lay = plan.layout
     memory = plan.predicted.memory
@@ -164,6 +168,10 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
         total += micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.model, plan.train, lay)
     if platform == "cpu":
         total += logits_bytes
+        if keeps_compute_copy(plan.model, plan.train, lay) and lay.micro_batches(plan.train) > 1:
+            # The copy's gradient of a micro-batch, a loop's 16-bit output, is written as fp32 there.
+            held = micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.model, plan.train, lay)
+            total += held * (F32_BYTES / plan.train.compute_dtype.bytes - 1)
         if _expert_region_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
             # The experts' tensor-parallel region computes in fp32 there: what it keeps is fp32.
             kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)

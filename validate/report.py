@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Offload
 from costmodel.inputs.workload import FrozenDtype
+from costmodel.step.kernels import keeps_compute_copy
 from planner.plan_schema import Plan
 from planner.shardings import zero_sharded_specs
 from validate import intraop_predict
@@ -100,7 +101,9 @@ class Check(BaseModel):
 
 def predicted_argument_bytes(plan: Plan) -> float:
     """What the step takes as input on one device: master parameters (as the plan's specs
-    split them), Adam moments (also split over the data axes with ZeRO ≥ 1), the batch."""
+    split them), Adam moments (also split over the data axes with ZeRO ≥ 1), the batch; where
+    the step keeps a compute-dtype copy (`costmodel.step.kernels.keeps_compute_copy`), that copy
+    and the master split as the moments."""
     return workload_predictions(plan).argument_bytes(plan)
 
 
@@ -111,7 +114,10 @@ def _train_argument_bytes(plan: Plan) -> float:
     if lay.zero_stage >= 1:  # as `validate.lowering` splits them (an expert's over the data axes its expert axes leave)
         moment_specs = zero_sharded_specs(plan.model, plan.param_specs, plan.axes_of("dp"), {a.name: a.size for a in plan.mesh},
                                           whole_layers=plan.train.optimizer_in_backward)
-    moments = sum(el for el, _, _ in param_shards(plan, moment_specs).values()) * 2 * train.optimizer_dtype.bytes
+    moment_elements = sum(el for el, _, _ in param_shards(plan, moment_specs).values())
+    moments = moment_elements * 2 * train.optimizer_dtype.bytes
+    if keeps_compute_copy(plan.model, train, lay):
+        params = parameters_per_device(plan) * train.compute_dtype.bytes + moment_elements * train.param_dtype.bytes
     batch = 2 * train.global_batch * train.seq_len * 4 / (lay.dp * lay.cp)  # int32 tokens and targets
     return params + moments + batch
 

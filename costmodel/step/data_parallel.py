@@ -170,7 +170,7 @@ def data_parallel_costs(
     n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
     if forms_gradients_locally(model, train, layout):
         return _local_gradient_costs(model, train, layout, hw, params)
-    if holds_master_weights(train, layout):
+    if holds_master_weights(model, train, layout):
         # The JAX program reduces each gradient where its partial sums appear, inside the
         # accumulation loop (every micro-batch) and before its cast back to fp32 (the layers' in
         # the compute dtype); the updated fp32 parameters are gathered whole (`validate.predict`,
@@ -209,17 +209,18 @@ def data_parallel_costs(
 
 def _local_gradient_costs(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, params: float) -> DataParallelCost:
     """ZeRO 0-2 where the step forms its gradients locally (`SoftwareStack.manual_data_parallel`):
-    the fp32 sums all-reduced (ZeRO 0) or reduce-scattered (1) once after the micro-batch loop,
-    or each micro-batch's reduce-scattered after its backward (2); then the updated parameters
-    gathered from their data shards. None of it overlaps: the loop's compute is over before
-    the reduction starts, and a micro-batch's reduction waits for its whole backward."""
+    the sums, in the master weights' dtype, all-reduced (ZeRO 0) or reduce-scattered (1) once
+    after the micro-batch loop, or each micro-batch's reduce-scattered after its backward (2);
+    then the updated parameters gathered from their data shards in the compute dtype
+    (`keeps_compute_copy`). None of it overlaps: the loop's compute is over before the reduction
+    starts, and a micro-batch's reduction waits for its whole backward."""
     group = hw.groups(layout)["dp"]
-    fp32_bytes = params * Dtype.FP32.bytes
+    summed_bytes = params * train.param_dtype.bytes  # summed as the master weights are held
     if layout.zero_stage == 0:
-        total_s = all_reduce_s(fp32_bytes, group)
+        total_s = all_reduce_s(summed_bytes, group)
     else:
         reductions = layout.micro_batches(train) if layout.zero_stage == 2 else 1
-        total_s = reductions * reduce_scatter_s(fp32_bytes, group) + all_gather_s(params * train.param_dtype.bytes, group)
+        total_s = reductions * reduce_scatter_s(summed_bytes, group) + all_gather_s(params * train.compute_dtype.bytes, group)
     return DataParallelCost(total_s=total_s, exposed_s=total_s)
 
 

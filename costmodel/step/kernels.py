@@ -189,12 +189,31 @@ def uses_dropout(model: ModelConfig, layout: Layout) -> bool:
     return model.norm is Norm.LAYERNORM and layout.stack.dropout
 
 
-def holds_master_weights(train: TrainConfig, layout: Layout) -> bool:
+def holds_master_weights(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
     """Whether the trained weights are themselves the fp32 master copy (`SoftwareStack.fp32_weights`,
     with a compute dtype other than fp32). LoRA's few adapter weights keep the mixed-precision
-    accounting, and an offloaded optimizer its master copy on the host (ZeRO-Offload)."""
+    accounting, an offloaded optimizer its master copy on the host (ZeRO-Offload), and ZeRO 1–2
+    with locally formed gradients a compute-dtype copy (`keeps_compute_copy`)."""
     return (layout.stack.fp32_weights and train.param_dtype != train.compute_dtype and train.workload.trains_base_weights
-            and layout.offload is not Offload.OPTIMIZER)
+            and layout.offload is not Offload.OPTIMIZER and not keeps_compute_copy(model, train, layout))
+
+
+def keeps_compute_copy(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
+    """Whether a stack whose weights are otherwise the fp32 master (`SoftwareStack.fp32_weights`)
+    holds them as a compute-dtype copy beside an fp32 master split over data with Adam's moments,
+    as Megatron's distributed optimizer does: under ZeRO 1–2 where the step forms its gradients
+    locally (`forms_gradients_locally`). The update steps the master's shard, casts it, and gathers
+    the copy in the compute dtype (half the fp32 gather); each device keeps 2 bytes per weight
+    where the master would take 4 (this project's JAX program: `validate.lowering`).
+
+    >>> from costmodel.inputs.stack import stack_with
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> t = TrainConfig(seq_len=1024, global_batch=8)
+    >>> [keeps_compute_copy(m, t, Layout(dp=4, zero_stage=z, stack=stack_with("jax"))) for z in (0, 1, 2, 3)]
+    [False, True, True, False]
+    """
+    return (layout.stack.fp32_weights and layout.zero_stage in (1, 2) and train.param_dtype != train.compute_dtype
+            and not train.optimizer_in_backward and layout.offload is Offload.NONE and forms_gradients_locally(model, train, layout))
 
 
 def forms_gradients_locally(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
@@ -256,7 +275,7 @@ def layer_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout
         *_mlp(model, tokens, layout, train=train),
         _memory("mlp_residual", residual_tokens * h, residual_passes, elem_bytes=e),
     ]
-    if holds_master_weights(train, layout):
+    if holds_master_weights(model, train, layout):
         kernels.append(weight_cast_kernel(model, train, layout))
     return lora_kernels(kernels, model, train, layout)
 
@@ -428,7 +447,7 @@ def head_forward_kernels(model: ModelConfig, train: TrainConfig, layout: Layout)
     if layout.stack.cross_entropy_chunks > 1:  # the backward forms each piece's logits again
         head, cross_entropy = (k.model_copy(update={"backward_scale": k.backward_scale + 1}) for k in (head, cross_entropy))
     kernels = [_memory("final_norm", tokens * model.hidden_size, _passes(model.norm, layout), elem_bytes=e), head, cross_entropy]
-    if holds_master_weights(train, layout):  # the head's weight cast, as `weight_cast_kernel`
+    if holds_master_weights(model, train, layout):  # the head's weight cast, as `weight_cast_kernel`
         held = v * model.hidden_size / (layout.zero_shards if layout.zero_stage == 3 else 1)
         kernels.append(Kernel(name="head_weight_cast", kind=KernelKind.MEMORY, flops=0, bytes=held * (4 + e), backward_scale=0.0))
     return kernels

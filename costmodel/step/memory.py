@@ -196,7 +196,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     first, last = stage == 0, stage == layout.pp - 1
     n = stage_trainable_params(model, train, layout, stage)
     mixed = train.param_dtype != train.compute_dtype
-    master_weights = holds_master_weights(train, layout)
+    master_weights = holds_master_weights(model, train, layout)
     separate_master = mixed and not master_weights
     optimizer_per_param = (train.param_dtype.bytes if separate_master else 0) + train.moment_bytes_per_param
     experts = stage_expert_params(model, train, layout, stage)
@@ -291,7 +291,7 @@ def gradient_split(model: ModelConfig, train: TrainConfig, layout: Layout) -> in
     reduce-scatter); where XLA reduces fp32 master weights' gradients inside the loop, from ZeRO 1
     with the optimizer state, but a pipeline's tick loop sums a stage's gradients whole
     (`validate.one_f_one_b`), so there only ZeRO 3 splits them."""
-    if holds_master_weights(train, layout) and not forms_gradients_locally(model, train, layout):
+    if holds_master_weights(model, train, layout) and not forms_gradients_locally(model, train, layout):
         split_from = 1 if layout.pp == 1 else 3
     else:
         split_from = 2
@@ -309,10 +309,10 @@ def micro_batch_gradient_bytes(params: float, model: ModelConfig, train: TrainCo
     >>> from costmodel.inputs.stack import stack_with
     >>> model = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
     >>> train = TrainConfig(seq_len=1024, global_batch=8)
-    >>> [micro_batch_gradient_bytes(1e9, model, train, Layout(dp=4, zero_stage=1, stack=stack_with(s))) for s in ("jax", "megatron-core")]
+    >>> [micro_batch_gradient_bytes(1e9, model, train, Layout(dp=4, stack=stack_with(s))) for s in ("jax", "megatron-core")]
     [4000000000.0, 2000000000.0]
     """
-    dtype = train.param_dtype if holds_master_weights(train, layout) else train.compute_dtype
+    dtype = train.param_dtype if holds_master_weights(model, train, layout) else train.compute_dtype
     whole = forms_gradients_locally(model, train, layout) and layout.zero_stage == 2
     return spread_over_data(params, expert_params, 1 if whole else gradient_split(model, train, layout), layout.ep) * dtype.bytes
 

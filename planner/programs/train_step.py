@@ -1,9 +1,9 @@
 """The reference training step: loss, gradients and an AdamW update, mixed precision.
 
-fp32 master parameters and optimizer moments, bf16 compute (weights cast on use), fp32
-logits and loss. `make_train_step` gives a function of ``(params, opt_state, batch)`` for
-``jax.jit``; `abstract_train_inputs` gives its inputs as ``jax.ShapeDtypeStruct``s at any
-size without allocating.
+fp32 master parameters and optimizer moments, bf16 compute (weights cast on use, or a bf16 copy
+of them beside the master, `with_master`), fp32 logits and loss. `make_train_step` gives a
+function of ``(params, opt_state, batch)`` for ``jax.jit``; `abstract_train_inputs` gives its
+inputs as ``jax.ShapeDtypeStruct``s at any size without allocating.
 
 LoRA fine-tuning (``--workload finetune-lora``, `costmodel.workloads.lora`): the step is a function of
 ``(frozen, adapters, opt_state, batch)`` returning ``(adapters, opt_state, metrics)``. Only
@@ -144,11 +144,29 @@ def init_opt_state(params: Params, dtype: Any = jnp.float32) -> dict[str, Any]:
     return {"m": zeros, "v": jax.tree.map(jnp.copy, zeros), "step": jnp.zeros((), jnp.int32)}
 
 
+def with_master(opt_state: dict[str, Any], master: Params) -> dict[str, Any]:
+    """AdamW state that also holds the fp32 master weights, the step's parameters being their
+    compute-dtype copy (`adamw_update`; Megatron's distributed optimizer, ZeRO 1–2)."""
+    return {**opt_state, "master": master}
+
+
 def adamw_update(params: Params, grads: Params, opt_state: dict[str, Any], opt: AdamW) -> tuple[Params, dict[str, Any]]:
-    """Bias-corrected AdamW (`adamw_apply`) on every parameter, the step count advanced."""
+    """Bias-corrected AdamW (`adamw_apply`) on every parameter, the step count advanced. Where the
+    state holds the master weights (`with_master`) the update steps them and ``params`` become
+    their copy in ``params``' dtype.
+
+    >>> p = {"w": jnp.ones((2,), jnp.bfloat16)}
+    >>> state = with_master(init_opt_state(p), {"w": jnp.ones((2,))})
+    >>> new, state = adamw_update(p, {"w": jnp.ones((2,))}, state, AdamW(weight_decay=0.0, learning_rate=1e-3))
+    >>> new["w"].dtype, round(float(state["master"]["w"][0]), 6)
+    (dtype(bfloat16), 0.999)
+    """
     step = opt_state["step"] + 1
-    params, m, v = adamw_apply(params, grads, opt_state["m"], opt_state["v"], step, opt)
-    return params, {"m": m, "v": v, "step": step}
+    if "master" not in opt_state:
+        params, m, v = adamw_apply(params, grads, opt_state["m"], opt_state["v"], step, opt)
+        return params, {"m": m, "v": v, "step": step}
+    master, m, v = adamw_apply(opt_state["master"], grads, opt_state["m"], opt_state["v"], step, opt)
+    return jax.tree.map(lambda p, w: w.astype(p.dtype), params, master), {"m": m, "v": v, "step": step, "master": master}
 
 
 def adamw_apply(params: Params, grads: Params, m: Params, v: Params, step: jax.Array, opt: AdamW) -> tuple[Params, Params, Params]:
@@ -261,13 +279,18 @@ def make_train_step(cfg: ModelConfig, train: TrainConfig, *, remat: str = "none"
     return train_step
 
 
-def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: int | None = None) -> tuple[Any, ...]:
+def abstract_train_inputs(cfg: ModelConfig, train: TrainConfig, *, micro_batch: int | None = None,
+                          compute_copy: bool = False) -> tuple[Any, ...]:
     """``(params, opt_state, batch)`` as ``jax.ShapeDtypeStruct`` trees, allocating nothing;
-    under LoRA ``(frozen, adapters, opt_state, batch)``."""
+    under LoRA ``(frozen, adapters, opt_state, batch)``. With ``compute_copy`` the parameters are in
+    the compute dtype and the optimizer state holds the master weights (`with_master`)."""
     tokens = jax.ShapeDtypeStruct((micro_batch or train.global_batch, train.seq_len), jnp.int32)
     batch = {"tokens": tokens, "targets": tokens}
     if not train.workload.trains_base_weights:
         adapters = abstract_adapters(cfg, train.workload.lora, dtype=jnp.dtype(train.param_dtype.value))
         return abstract_frozen(cfg, train), adapters, jax.eval_shape(init_opt_state, adapters), batch
-    params = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
-    return params, jax.eval_shape(lambda p: init_opt_state(p, jnp.dtype(train.optimizer_dtype.value)), params), batch
+    master = abstract_params(cfg, dtype=jnp.dtype(train.param_dtype.value))
+    opt_state = jax.eval_shape(lambda p: init_opt_state(p, jnp.dtype(train.optimizer_dtype.value)), master)
+    if not compute_copy:
+        return master, opt_state, batch
+    return abstract_params(cfg, dtype=jnp.dtype(train.compute_dtype.value)), with_master(opt_state, master), batch

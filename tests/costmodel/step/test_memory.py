@@ -26,11 +26,23 @@ def test_mixed_precision_adam_holds_16_to_18_bytes_per_parameter():
 
 
 def test_zero_stages_shard_states_over_data_parallel():
-    dp = 8
-    stage = {z: memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z)) for z in range(4)}
+    dp, megatron = 8, stack_with("megatron-core")
+    stage = {z: memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z, stack=megatron)) for z in range(4)}
     assert stage[1].optimizer_bytes == pytest.approx(stage[0].optimizer_bytes / dp)
     assert stage[2].grads_bytes == pytest.approx(stage[0].grads_bytes / dp)
     assert stage[3].params_bytes == pytest.approx(stage[0].params_bytes / dp)
+
+
+def test_the_jax_program_holds_a_bf16_copy_beside_the_split_master_under_zero_1_2():
+    # `keeps_compute_copy`: ZeRO 0 and 3 step the fp32 weights themselves; ZeRO 1-2 a bf16 copy,
+    # the fp32 master split over data with the moments, as Megatron's distributed optimizer.
+    dp, n = 8, MODEL.total_params
+    stage = {z: memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z)) for z in range(4)}
+    assert stage[0].params_bytes == pytest.approx(4 * n) and stage[0].optimizer_bytes == pytest.approx(8 * n)
+    for z in (1, 2):
+        assert stage[z].params_bytes == pytest.approx(2 * n)
+        assert stage[z].optimizer_bytes == pytest.approx((4 + 8) * n / dp)
+    assert stage[3].params_bytes == pytest.approx(4 * n / dp)
 
 
 @settings(derandomize=True, database=None, deadline=None, max_examples=60)
@@ -114,10 +126,11 @@ def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumul
     assert fp32[8] - fp32[32] == pytest.approx(4 * MODEL.total_params)
     zero1 = {mb: extra_temporary_bytes(mb, fp32_weights=True, dp=4, zero_stage=1) for mb in (2, 8)}
     assert zero1[2] - zero1[8] == pytest.approx(4 * MODEL.total_params / 4)
-    # Formed locally (the JAX program): whole until reduced, after the loop (ZeRO 1) or the micro-batch's backward (ZeRO 2).
+    # Formed locally (the JAX program): whole until reduced, after the loop (ZeRO 1) or the micro-batch's backward
+    # (ZeRO 2), and the gradient of the weights' bf16 copy (`keeps_compute_copy`).
     for zero in (1, 2):
         local = {mb: extra_temporary_bytes(mb, fp32_weights=True, manual=True, dp=4, zero_stage=zero) for mb in (2, 8)}
-        assert local[2] - local[8] == pytest.approx(4 * MODEL.total_params)
+        assert local[2] - local[8] == pytest.approx(2 * MODEL.total_params)
     # GEMMs that add into the accumulator themselves leave no micro-batch gradient behind.
     assert extra_temporary_bytes(8, fused=True) == pytest.approx(extra_temporary_bytes(32))
 
@@ -267,7 +280,8 @@ MOE = ModelConfig(name="moe", hidden_size=1024, num_layers=8, num_heads=16, ffn_
 def test_expert_state_shards_over_the_expert_data_group_so_zero_memory_is_ep_blind(zero):
     # ZeRO splits each expert's state over the dp / ep devices holding that expert (Megatron's distributed
     # optimizer, MaxText): per device every parameter's state is 1 / dp of it, whatever ep is.
-    dense_ep, spread = (memory_breakdown(MOE, TRAIN, Layout(dp=8, ep=ep, zero_stage=zero)) for ep in (1, 8))
+    in_loop = stack_with("jax", manual_data_parallel=False)  # the fp32 weights stepped themselves, whatever ep
+    dense_ep, spread = (memory_breakdown(MOE, TRAIN, Layout(dp=8, ep=ep, zero_stage=zero, stack=in_loop)) for ep in (1, 8))
     assert spread.optimizer_bytes == pytest.approx(dense_ep.optimizer_bytes)
     assert spread.optimizer_bytes == pytest.approx(MOE.total_params * TRAIN.moment_bytes_per_param / 8, rel=1e-6)
 

@@ -212,7 +212,9 @@ class SoftwareStack(BaseModel):
         "ZeRO-3 XLA casts the shard before gathering it); unless `manual_data_parallel`, their gradients are all-reduced "
         "where their partial sums appear, inside the accumulation loop (every micro-batch; a layer's in the compute "
         "dtype), and accumulated in fp32, with ZeRO >= 1 in the optimizer state's data split (this project's JAX "
-        "program: `p.astype(dtype)`, planner/programs/train_step.py, validate/lowering.py). False: compute-dtype weights "
+        "program: `p.astype(dtype)`, planner/programs/train_step.py, validate/lowering.py). Not under ZeRO 1-2 where "
+        "`manual_data_parallel` forms the gradients locally: there a compute-dtype copy beside the master split with the "
+        "moments, gathered in the compute dtype (`costmodel.step.kernels.keeps_compute_copy`). False: compute-dtype weights "
         "beside the fp32 master in the optimizer state, written once per step by the update, gradients split only from "
         "ZeRO 2 (Megatron-LM's mixed-precision optimizer, DeepSpeed, FSDP's MixedPrecision).")
     manual_data_parallel: bool = Field(

@@ -47,7 +47,8 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
     data = plan.axes_of("dp")
     sizes = {a.name: a.size for a in plan.mesh}
     e, stored = train.compute_dtype.bytes, train.param_dtype.bytes  # stored: fp32 master weights, or bf16 ones
-    held = e if keeps_compute_copy(plan.model, train, lay) else stored  # ZeRO 1-2's weights: the master, or its compute copy
+    copy = keeps_compute_copy(plan.model, train, lay)
+    held = e if copy else stored  # ZeRO 1-2's weights: the master, or its compute copy
     whole = {n: el * _data_split(spec, data, sizes) for n, (el, spec, _) in params.items()}
     gathered = {n for n, (_, spec, _) in params.items() if lay.zero_stage == 3 and _data_split(spec, data, sizes) > 1}
     split = {n for n in whole if lay.zero_stage >= 1 and _data_split(grad_specs[n], data, sizes) > 1}
@@ -63,7 +64,7 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
     # lies between (the per-replica program's layout change) and it is read as the fp32 it is.
     straight = platform == "cpu" and (lay.zero_stage >= 2 or runs.outer_calls == 1) and lay.tp == 1
     read_as_bf16 = {"lm_head/w"} if straight else set()
-    if platform == "cpu" and lay.zero_stage == 2 and held == e:
+    if platform == "cpu" and lay.zero_stage == 2 and copy:
         # So is every gradient of a compute copy (`keeps_compute_copy`) under ZeRO 2, converted to fp32 just before
         # its reduce-scatter, but an untied table's, which the lookup's transpose scatters in fp32 there.
         read_as_bf16 |= {n for n in split if n != "embed/tokens" or plan.model.tie_embeddings}

@@ -101,6 +101,7 @@ def activation_constraint(plan: Plan, mesh: Mesh, *, per_replica: bool = False) 
     residual = plan.activation_specs.get("residual_BxSxD")
     if residual is not None and residual[1] is not None:  # sequence parallel: a row-parallel output's gradient gathered once
         specs["row_output_grad_BxSxD"] = PartitionSpec(residual[0], None, residual[2])
+        specs["positions_SxD"] = PartitionSpec(None, None)  # the learned positions a step uses, whole (`embed`)
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     mapped = plan.axes_of("dp") if per_replica else ()
 

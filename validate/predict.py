@@ -68,7 +68,7 @@ from __future__ import annotations
 from costmodel.hardware.machine import machine_for
 from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.layout import Recompute, Schedule
-from costmodel.inputs.model_config import ModelConfig, Norm
+from costmodel.inputs.model_config import ModelConfig, Norm, Positions
 from costmodel.inputs.stack import Attention
 from costmodel.step.activations import activation_table
 from costmodel.step.data_parallel import layer_params_per_device, stage_params, stage_params_per_device
@@ -342,6 +342,10 @@ def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, exper
                             why="sequence parallel: the head's input gathered (forward, weight gradient, output gradient)"),
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=norm_bytes, calls=runs.head_calls,
                             why="sequence parallel: the final norm's weight gradient (fp32)"),
+        *([PredictedCollective(kind="all-gather", axes=tensor, calls=runs.outer_calls,
+                               bytes_per_call=plan.train.seq_len / plan.layout.cp * model.hidden_size * plan.train.compute_dtype.bytes,
+                               why="sequence parallel: the learned positions' rows, used whole, get their gradient gathered from "
+                               "the split sequence")] if model.positions is Positions.LEARNED else []),
     ]
 
 

@@ -380,7 +380,10 @@ def embed(params: Params, tokens_BxS: jax.Array, cfg: ModelConfig, *, compute_dt
     with jax.named_scope("embed"):
         x_BxSxD = lookup(params["embed"]["tokens"], tokens_BxS).astype(compute_dtype)
         if cfg.positions is Positions.LEARNED:
-            x_BxSxD = x_BxSxD + params["embed"]["positions"][: tokens_BxS.shape[1]].astype(compute_dtype)
+            # The rows this sequence uses, pinned whole before they meet a sequence-split residual: sliced from a
+            # table split like that residual, the partitioner's slice moves rows between the sequence's devices.
+            positions_SxD = constrain("positions_SxD", params["embed"]["positions"][: tokens_BxS.shape[1]])
+            x_BxSxD = x_BxSxD + positions_SxD.astype(compute_dtype)
         return constrain("residual_BxSxD", x_BxSxD)
 
 

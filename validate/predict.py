@@ -320,7 +320,9 @@ def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, exper
     forward, and in the backward the two gathers of the inputs the weight gradients need and
     the two of the output gradients (the transposes of the slices). The head's input is
     gathered likewise (forward, its weight gradient, the output gradient's transpose). Each
-    norm's weight gradient is a sum over the split sequence: an fp32 all-reduce.
+    norm's weight gradient is a sum over the split sequence: an fp32 all-reduce. Learned
+    positions are added whole (`planner.programs.transformer.embed`): their rows' gradient is
+    gathered from the split sequence, once per micro-batch.
     """
     model, tensor = plan.model, plan.axes_of("tp")
     # Full recompute gathers again what the weight gradients need; otherwise the backward gathers

@@ -109,17 +109,17 @@ def predicted_argument_bytes(plan: Plan) -> float:
 
 def _train_argument_bytes(plan: Plan) -> float:
     lay, train = plan.layout, plan.train
-    params = parameters_per_device(plan) * train.param_dtype.bytes
+    copy = keeps_compute_copy(plan.model, train, lay)  # the weights held in the compute dtype, the master split as the moments
+    params = parameters_per_device(plan) * (train.compute_dtype if copy else train.param_dtype).bytes
     moment_specs = plan.param_specs
     if lay.zero_stage >= 1:  # as `validate.lowering` splits them (an expert's over the data axes its expert axes leave)
         moment_specs = zero_sharded_specs(plan.model, plan.param_specs, plan.axes_of("dp"), {a.name: a.size for a in plan.mesh},
                                           whole_layers=plan.train.optimizer_in_backward)
     moment_elements = sum(el for el, _, _ in param_shards(plan, moment_specs).values())
     moments = moment_elements * 2 * train.optimizer_dtype.bytes
-    if keeps_compute_copy(plan.model, train, lay):
-        params = parameters_per_device(plan) * train.compute_dtype.bytes + moment_elements * train.param_dtype.bytes
+    master = moment_elements * train.param_dtype.bytes if copy else 0.0
     batch = 2 * train.global_batch * train.seq_len * 4 / (lay.dp * lay.cp)  # int32 tokens and targets
-    return params + moments + batch
+    return params + master + moments + batch
 
 
 def offload_not_checked(plan: Plan) -> str | None:

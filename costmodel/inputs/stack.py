@@ -122,7 +122,8 @@ class SoftwareStack(BaseModel):
         "gradient-accumulation fusion); False: each micro-batch's gradient is written, then added by an HBM-bound kernel.")
     reduce_every_micro_batch: bool = Field(
         False, description="With ZeRO-2, gradients are reduce-scattered after every micro-batch's backward, not only the "
-        "last (DeepSpeed; ZeRO-3 always does).")
+        "last (DeepSpeed; ZeRO-3 always does). False: after the last only, so several micro-batches' gradients are summed "
+        "whole, as under ZeRO 1 (Megatron's distributed optimizer: one whole gradient buffer).")
     overlap_p2p: bool = Field(
         False, description="In the interleaved pipeline schedule, each stage-to-stage send and receive is posted "
         "asynchronously and waited on only where the next chunk needs it, so it runs behind the micro-step beside it "

@@ -9,7 +9,8 @@ With ``param_dtype == compute_dtype`` there is no separate master copy.
 Where the weights are held in fp32 and cast where used (`SoftwareStack.fp32_weights`, the
 JAX program) they are the master copy (4 B, 16 bytes per parameter without ZeRO); their fp32
 gradients are split from ZeRO 2 where the step forms them locally, from ZeRO 1 where XLA reduces
-them inside the loop (`gradient_split`).
+them inside the loop (`gradient_split`). A ZeRO-2 stack that reduces only after the last
+micro-batch holds them whole until then (`accumulates_whole_gradients`).
 
 Activations are `costmodel.step.activations` per layer times the layers a stage holds times
 the micro-batches in flight on the first stage (GPipe all m; 1F1B min(p, m);
@@ -212,9 +213,10 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     else:  # the fp8 copies are of the frozen weights, not of the adapters
         frozen = frozen_stage_bytes(model, train, layout, stage) / (shards if zero >= 3 else 1) + fp8_copies
     n_micro = max(1, layout.micro_batches(train))
-    # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
     grad_split = gradient_split(model, train, layout)
-    grad_shards = 1 if n_micro > 1 and layout.stack.unsharded_grad_accumulation else grad_split
+    # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
+    unsplit = n_micro > 1 and layout.stack.unsharded_grad_accumulation or accumulates_whole_gradients(model, train, layout)
+    grad_shards = 1 if unsplit else grad_split
     grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
     grads = sharded(grad_shards) * grad_bytes + frozen_grad_bytes(model, train, layout, stage) / grad_shards
     if train.optimizer_in_backward:  # each gradient applied and freed as it is formed: the largest weight's at most
@@ -247,7 +249,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     if layout.dp * layout.cp > 1:  # gradients summed over data and context ranks
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)
-        if grad_split > 1:
+        if grad_split > 1 and not accumulates_whole_gradients(model, train, layout):
             # One layer's full gradient exists until it is reduce-scattered (or reduced and sliced).
             temporary += trained_layer * train.grad_dtype.bytes + frozen_grad_bytes(model, train, layout, stage) / max(1, layers)
         elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends
@@ -298,12 +300,32 @@ def gradient_split(model: ModelConfig, train: TrainConfig, layout: Layout) -> in
     return layout.zero_shards if layout.zero_stage >= split_from else 1
 
 
+def accumulates_whole_gradients(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
+    """Whether ZeRO 2 sums several micro-batches' gradients whole, as ZeRO 1 does, because the stack
+    reduce-scatters them after the last micro-batch only (no `SoftwareStack.reduce_every_micro_batch`;
+    Megatron's distributed optimizer, whose gradient buffer is whole): a sum split before it is
+    reduced would drop the other ranks' shares. The JAX program's own reductions (`gradient_split`)
+    run every micro-batch; FSDP1's no_sync is `SoftwareStack.unsharded_grad_accumulation`.
+
+    >>> from costmodel.inputs.stack import stack_with
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> t = TrainConfig(seq_len=1024, global_batch=8)  # two micro-batches of one sequence per replica
+    >>> stacks = [stack_with(s) for s in ("megatron-core", "deepspeed", "jax")]
+    >>> [accumulates_whole_gradients(m, t, Layout(dp=4, zero_stage=2, micro_batch=1, stack=s)) for s in stacks]
+    [True, False, False]
+    """
+    if layout.zero_stage != 2 or layout.stack.reduce_every_micro_batch or layout.micro_batches(train) <= 1:
+        return False
+    return not (holds_master_weights(model, train, layout) or forms_gradients_locally(model, train, layout))
+
+
 def micro_batch_gradient_bytes(params: float, model: ModelConfig, train: TrainConfig, layout: Layout, *,
                                expert_params: float = 0.0) -> float:
     """One micro-batch's gradient of ``params`` parameters, held beside the accumulator while it is
     added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer,
     but where the gradients are formed locally (`forms_gradients_locally`) only after the whole
-    backward): fp32 where the weights are the master copy, else in the compute dtype. The
+    backward; whole beside a whole accumulator, `accumulates_whole_gradients`): fp32 where the
+    weights are the master copy, else in the compute dtype. The
     ``expert_params`` among them split only over their expert-data-parallel group.
 
     >>> from costmodel.inputs.stack import stack_with
@@ -313,7 +335,7 @@ def micro_batch_gradient_bytes(params: float, model: ModelConfig, train: TrainCo
     [4000000000.0, 2000000000.0]
     """
     dtype = train.param_dtype if holds_master_weights(model, train, layout) else train.compute_dtype
-    whole = forms_gradients_locally(model, train, layout) and layout.zero_stage == 2
+    whole = (forms_gradients_locally(model, train, layout) and layout.zero_stage == 2) or accumulates_whole_gradients(model, train, layout)
     return spread_over_data(params, expert_params, 1 if whole else gradient_split(model, train, layout), layout.ep) * dtype.bytes
 
 

@@ -29,8 +29,22 @@ def test_zero_stages_shard_states_over_data_parallel():
     dp, megatron = 8, stack_with("megatron-core")
     stage = {z: memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z, stack=megatron)) for z in range(4)}
     assert stage[1].optimizer_bytes == pytest.approx(stage[0].optimizer_bytes / dp)
-    assert stage[2].grads_bytes == pytest.approx(stage[0].grads_bytes / dp)
     assert stage[3].params_bytes == pytest.approx(stage[0].params_bytes / dp)
+    deepspeed = memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=2, stack=stack_with("deepspeed")))
+    assert deepspeed.grads_bytes == pytest.approx(stage[0].grads_bytes / dp)
+
+
+def test_zero_2_reducing_after_the_last_micro_batch_only_accumulates_whole_gradients():
+    # Megatron's distributed optimizer reduces once a step: its ZeRO 2 holds what its ZeRO 1 does.
+    # DeepSpeed reduce-scatters every micro-batch, so its accumulator is the shard.
+    dp, micro = 8, Layout(dp=8, micro_batch=1).micro_batches(TRAIN)
+    assert micro > 1
+    for name, split in (("megatron-core", 1), ("deepspeed", dp)):
+        one, two = (memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z, micro_batch=1, stack=stack_with(name))) for z in (1, 2))
+        assert two.grads_bytes == pytest.approx(one.grads_bytes / split)
+    megatron = [memory_breakdown(MODEL, TRAIN, Layout(dp=dp, zero_stage=z, micro_batch=1, stack=stack_with("megatron-core")))
+                for z in (1, 2)]
+    assert megatron[0].total_bytes == pytest.approx(megatron[1].total_bytes)
 
 
 def test_the_jax_program_holds_a_bf16_copy_beside_the_split_master_under_zero_1_2():
@@ -111,9 +125,10 @@ def test_full_recompute_keeps_the_same_activations_for_either_kernel():
 
 
 def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumulator():
-    def extra_temporary_bytes(micro_batch, fused=False, fp32_weights=False, manual=False, **layout):
+    def extra_temporary_bytes(micro_batch, fused=False, fp32_weights=False, manual=False, every=True, **layout):
         """Temporaries beyond one micro-batch's logits and their gradient."""
-        stack = stack_with("jax", fused_grad_accumulation=fused, fp32_weights=fp32_weights, manual_data_parallel=manual)
+        stack = stack_with("jax", fused_grad_accumulation=fused, fp32_weights=fp32_weights, manual_data_parallel=manual,
+                           reduce_every_micro_batch=every)
         mem = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=micro_batch, stack=stack, **layout))
         return mem.temporary_bytes - 2 * micro_batch * TRAIN.seq_len * MODEL.vocab_size * 4
 
@@ -121,6 +136,9 @@ def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumul
     assert extra_temporary_bytes(8) - extra_temporary_bytes(32) == pytest.approx(2 * MODEL.total_params)
     zero2 = {mb: extra_temporary_bytes(mb, dp=4, zero_stage=2) for mb in (2, 8)}
     assert zero2[2] - zero2[8] == pytest.approx(2 * MODEL.total_params / 4)
+    # Reduced after the last micro-batch only: summed whole, so added whole, as under ZeRO 1.
+    once = {z: extra_temporary_bytes(2, every=False, dp=4, zero_stage=z) for z in (1, 2)}
+    assert once[2] == once[1] > zero2[2] + 2 * MODEL.total_params / 2
     # fp32 weights reduced where XLA puts it: an fp32 gradient, split with the optimizer state from ZeRO 1.
     fp32 = {mb: extra_temporary_bytes(mb, fp32_weights=True) for mb in (8, 32)}
     assert fp32[8] - fp32[32] == pytest.approx(4 * MODEL.total_params)

@@ -27,7 +27,7 @@ from costmodel.step.run_overheads import RunSettings, run_overheads
 from costmodel.step.simulator import simulate
 from planner.batch import BatchChoice, devices_batch, given_batch, planned_batch, starved_warning
 from planner.config import default_seq_len, load_model, model_notes, positions_note, train_config
-from planner.mesh_assign import AXIS_NAMES, KINDS, assignments, carrying, degrees, expert_degree
+from planner.mesh_assign import AXIS_NAMES, KINDS, TENSOR_EMBED, assignments, carrying, degrees, expert_degree
 from planner.plan_schema import Alternative, IntraOpInfo, MeshAxis, Plan, SolverInfo
 from planner.request import PlannerName, PlanRequest, plan_request
 from planner.shardings import logical_rules, param_specs
@@ -287,7 +287,10 @@ def plan_of_layout(layout: Layout, predicted: StepEstimate, *, model: ModelConfi
     """
     wanted = (layout.dp, layout.tp, layout.pp, layout.cp)
     if mesh is None:
-        mesh_spec, kinds = _derived_mesh(*wanted, layout.ep)
+        mesh_spec, kinds = _derived_mesh(*wanted, layout.ep, tp_embed=layout.tp_embed)
+    elif layout.tp_embed > 1:
+        raise InvalidConfigError(f"a 2D weight-stationary layout ({layout.degrees_text}) runs on the mesh the planner derives, "
+                                 f"not on {mesh}", fix="leave --mesh out (give --devices)")
     else:
         mesh_spec = parse_mesh(mesh)
         kinds = next((k for k in assignments(mesh_spec, max_cp=layout.cp) if degrees(mesh_spec, k) == wanted
@@ -360,11 +363,16 @@ def _mesh_axes(mesh_spec: MeshSpec, kinds: tuple[str, ...], cluster: ClusterSpec
 
 
 def _axes_by_kind(axes: tuple[MeshAxis, ...]) -> dict[str, tuple[str, ...]]:
-    return {k: tuple(a.name for kind in carrying(k) for a in axes if a.parallelism == kind and a.size > 1) for k in KINDS}
+    return {k: tuple(a.name for kind in carrying(k) for a in axes if a.parallelism == kind and a.size > 1)
+            for k in (*KINDS, TENSOR_EMBED)}
 
 
 def _activation_specs(lay: Layout, by_kind: dict[str, tuple[str, ...]]) -> dict[str, tuple]:
-    data, tensor = by_kind["dp"] or None, by_kind["tp"] or None
+    data, tensor, embed = by_kind["dp"] or None, by_kind["tp"] or None, by_kind[TENSOR_EMBED]
+    if embed:  # 2D weight-stationary: the residual stream's model dimension over the embed axes, the vocabulary over all
+        return {"residual_BxSxD": (data, None, embed), "attention_heads_BxSxNxH": (data, None, tensor, None),
+                "mlp_hidden_BxSxF": (data, None, tensor), "head_input_BxSxD": (data, None, None),
+                "logits_BxSxV": (data, None, (*(tensor or ()), *embed))}
     return {
         "residual_BxSxD": (data, tensor if lay.sequence_parallel else None, None),
         "attention_heads_BxSxNxH": (data, None, tensor, None),
@@ -373,9 +381,9 @@ def _activation_specs(lay: Layout, by_kind: dict[str, tuple[str, ...]]) -> dict[
     }
 
 
-def _derived_mesh(dp: int, tp: int, pp: int, cp: int, ep: int) -> tuple[MeshSpec, tuple[str, ...]]:
-    sizes = {"pp": pp, "dp": dp // ep, "cp": cp, "ep": ep, "tp": tp}
-    kinds = tuple(k for k in ("pp", "dp", "cp", "ep", "tp") if sizes[k] > 1) or ("dp",)
+def _derived_mesh(dp: int, tp: int, pp: int, cp: int, ep: int, *, tp_embed: int = 1) -> tuple[MeshSpec, tuple[str, ...]]:
+    sizes = {"pp": pp, "dp": dp // ep, "cp": cp, "ep": ep, TENSOR_EMBED: tp_embed, "tp": tp // tp_embed}
+    kinds = tuple(k for k in ("pp", "dp", "cp", "ep", TENSOR_EMBED, "tp") if sizes[k] > 1) or ("dp",)
     return MeshSpec(axis_names=tuple(AXIS_NAMES[k] for k in kinds), axis_sizes=tuple(sizes[k] for k in kinds)), kinds
 
 

@@ -27,7 +27,10 @@ PINNED_NAMES = {
     "pipeline": "pp", "pp": "pp", "stage": "pp", "context": "cp", "cp": "cp", "sequence": "cp",
     "expert": "ep", "ep": "ep",
 }
-AXIS_NAMES = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert"}
+AXIS_NAMES = {"dp": "data", "tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert", "tpe": "embed"}
+TENSOR_EMBED = "tpe"
+"""The kind of a mesh axis splitting the weights' model dimension in a 2D weight-stationary decode layout
+(`Layout.tp_embed`): never assigned to a given mesh's axes, only on the mesh a serving plan derives."""
 MAX_MESH_AXES = 16
 
 

@@ -36,7 +36,8 @@ class MeshAxis(BaseModel):
     name: str = Field(description="Axis name as given (or axis0, axis1, ... for '8x4').")
     size: int = Field(description="Devices along the axis.")
     parallelism: str = Field(description="dp, tp, pp, cp or ep (expert parallel: splits the experts, and the batch as data "
-                             "parallelism does).")
+                             "parallelism does); tpe, the tensor axes splitting the model dimension of a 2D weight-stationary "
+                             "decode layout (`Layout.tp_embed`).")
     links: tuple[str, ...] = Field(description="Link tiers its groups cross, e.g. ('nvlink4',).")
     nodes_spanned: int = Field(description="Nodes (TPU slices) one group along this axis spans.")
 

@@ -34,8 +34,10 @@ def logical_rules(layout: Layout, axes: dict[str, tuple[str, ...]], model: Model
     rules: Rules = {axis: () for axis in LogicalAxis} | {LogicalAxis.EXPERTS: axes.get("ep", ())}
     for axis in (LogicalAxis.HEADS, LogicalAxis.MLP, LogicalAxis.VOCAB):
         rules[axis] = tensor
-    if model.num_kv_heads % layout.tp == 0:
+    if model.num_kv_heads % (layout.tp // layout.tp_embed) == 0:
         rules[LogicalAxis.KV_HEADS] = tensor
+    if embed := axes.get("tpe", ()):  # 2D weight-stationary: the model dimension over its own axes, the vocabulary over all
+        rules[LogicalAxis.EMBED], rules[LogicalAxis.VOCAB] = embed, (*tensor, *embed)
     if layout.zero_stage == 3:
         rules[LogicalAxis.EMBED] = data
     rules[LogicalAxis.LAYERS] = pipeline
@@ -66,11 +68,11 @@ def param_specs(model: ModelConfig, rules: Rules, mesh_shape: dict[str, int]) ->
     specs = {}
     for (path, leaf), names in zip(flat_shapes, flat_axes):
         used: set[str] = set()
-        dims = []
-        for size, name in zip(leaf.shape, names):
-            spec = _dim_spec(size, tuple(a for a in rules[name] if a not in used), mesh_shape)
-            used.update(entry_axes(spec))
-            dims.append(spec)
+        dims: list[Any] = [None] * len(names)
+        # The vocabulary claims its axes first: under a 2D split they include the model dimension's.
+        for i in sorted(range(len(names)), key=lambda i: names[i] != LogicalAxis.VOCAB):
+            dims[i] = _dim_spec(leaf.shape[i], tuple(a for a in rules[names[i]] if a not in used), mesh_shape)
+            used.update(entry_axes(dims[i]))
         specs["/".join(str(p.key) for p in path)] = tuple(dims)
     return specs
 

@@ -1,7 +1,8 @@
 """Choose a serving layout: tensor, pipeline and data (replica) degrees for prefill or decode.
 
 Every split of the mesh (or of the device count) into ``dp · tp · pp`` is simulated
-(`costmodel.step.inference`); of the layouts that fit in HBM, the objective depends on the batch:
+(`costmodel.step.inference`), a decode step's tensor devices without a given mesh also as each 2D
+weight-stationary split (`Layout.tp_embed`) the model and batch divide; of the layouts that fit in HBM, the objective depends on the batch:
 
 - Latency, when a replica's step runs fewer tokens than the device needs to be compute-bound
   (`compute_bound_tokens`: the linear layers' peak FLOP/s over HBM bytes/s, times the bytes
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 from costmodel.errors import InfeasibleError, InvalidPlanError, UnsupportedError
 from costmodel.hardware.machine import Machine
-from costmodel.inputs.layout import Layout
+from costmodel.inputs.layout import Layout, check_tensor_2d
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.estimate import StepEstimate
@@ -47,6 +48,7 @@ from costmodel.step.inference import simulate_inference
 
 _GIB = 2**30
 RUNNERS_UP = 4
+_UNEVEN_2D = "2D weight-stationary split that does not divide the model dimension, KV heads, MLP width or batch"
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,22 @@ class ServingChoice:
 def _splits_of(n_devices: int) -> list[tuple[int, int, int, int]]:
     return [(n_devices // (tp * pp), tp, pp, 1) for tp in range(1, n_devices + 1) if n_devices % tp == 0
             for pp in range(1, n_devices // tp + 1) if (n_devices // tp) % pp == 0]
+
+
+def _two_d_layouts(model: ModelConfig, train: TrainConfig, dp: int, tp: int, pp: int, pruned: dict[str, int]) -> list[Layout]:
+    """The 2D weight-stationary splits of ``tp`` devices a decode step can run (`Layout.tp_embed`); the
+    splits the model's sizes or the batch refuse are counted in ``pruned`` under one rule."""
+    if train.workload.kind != "decode" or tp == 1:
+        return []
+    candidates = [Layout(dp=dp, tp=tp, pp=pp, tp_embed=x) for x in range(2, tp + 1) if tp % x == 0]
+    kept = []
+    for layout in candidates:
+        try:
+            check_tensor_2d(layout, model, train.model_copy(update={"global_batch": train.global_batch * dp}))
+            kept.append(layout)
+        except InvalidPlanError:
+            pruned[_UNEVEN_2D] = pruned.get(_UNEVEN_2D, 0) + 1
+    return kept
 
 
 def compute_bound_tokens(train: TrainConfig, machine: Machine) -> float:
@@ -98,10 +116,11 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
     for dp, tp, pp, cp in splits or _splits_of(n_devices):
         if cp > 1:
             continue
-        try:
-            estimates.append(simulate_inference(model, train, Layout(dp=dp, tp=tp, pp=pp), machine))
-        except (InvalidPlanError, UnsupportedError) as err:
-            pruned[str(err).split(";")[0]] = pruned.get(str(err).split(";")[0], 0) + 1
+        for layout in [Layout(dp=dp, tp=tp, pp=pp), *(_two_d_layouts(model, train, dp, tp, pp, pruned) if splits is None else ())]:
+            try:
+                estimates.append(simulate_inference(model, train, layout, machine))
+            except (InvalidPlanError, UnsupportedError) as err:
+                pruned[str(err).split(";")[0]] = pruned.get(str(err).split(";")[0], 0) + 1
     if not estimates:
         raise InfeasibleError(f"no split of {n_devices} devices can serve {model.name} at batch {train.global_batch}",
                               fix="use a batch that the data-parallel degree divides, or another mesh")
@@ -110,7 +129,7 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
         least = min(estimates, key=lambda e: e.memory.total_bytes)
         raise InfeasibleError(
             f"{model.name} does not fit for {train.workload.kind} on {n_devices}× {machine.name}: the least memory per device, "
-            f"{least.memory.total_bytes / _GIB:.1f} GiB (dp{least.layout.dp} tp{least.layout.tp} pp{least.layout.pp}, KV cache "
+            f"{least.memory.total_bytes / _GIB:.1f} GiB ({least.layout.degrees_text}, KV cache "
             f"{least.memory.kv_cache_bytes / _GIB:.1f} GiB), exceeds {least.memory.limit_text()}",
             fix="use more devices, a smaller --batch or --context-len, or --frozen-dtype int8 / int4")
     bound_ms = train.workload.serving.max_token_latency_ms
@@ -119,8 +138,8 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
         quickest = min(fitting, key=lambda e: _latency_s(e, train))
         raise InfeasibleError(
             f"no layout of {n_devices}× {machine.name} decodes {model.name} at batch {train.global_batch} within {bound_ms:g} ms "
-            f"per output token: the best reachable is {_latency_s(quickest, train) * 1e3:.2f} ms (dp{quickest.layout.dp} "
-            f"tp{quickest.layout.tp} pp{quickest.layout.pp})",
+            f"per output token: the best reachable is {_latency_s(quickest, train) * 1e3:.2f} ms "
+            f"({quickest.layout.degrees_text})",
             fix=f"raise --max-token-latency-ms to {_latency_s(quickest, train) * 1e3:.2f} or more, "
                 "or use a smaller --batch or more devices")
 
@@ -154,7 +173,7 @@ def _objective(best: StepEstimate, runners_up: list[tuple[StepEstimate, str]], t
     rival = next((e for e, _ in runners_up if e.fits and e.tokens_per_s > best.tokens_per_s), None)
     if rival is None:
         return f"throughput: the most {tokens} tokens/s of the layouts that fit, within {bound_ms:g} ms per token"
-    return (f"latency-bound: dp{rival.layout.dp} tp{rival.layout.tp} pp{rival.layout.pp} would serve more tokens/s "
+    return (f"latency-bound: {rival.layout.degrees_text} would serve more tokens/s "
             f"but takes {_latency_s(rival, train) * 1e3:.2f} ms per token, over the {bound_ms:g} ms bound")
 
 

@@ -42,6 +42,7 @@ import math
 
 import jax.numpy as jnp
 
+from costmodel.inputs.model_config import Norm
 from costmodel.inputs.stack import Attention
 from costmodel.step.inference import padded_context
 from costmodel.step.serving_kernels import kv_element_bytes
@@ -67,13 +68,17 @@ def _ticks_and_micro_batch(plan: Plan) -> tuple[int, int]:
     return micro + plan.layout.pp - 1, plan.train.global_batch // micro
 
 
+def _axes_size(plan: Plan, kind: str) -> int:
+    return math.prod(a.size for a in plan.mesh if a.name in plan.axes_of(kind))
+
+
 def _cache_elements_per_device(plan: Plan) -> float:
-    """Elements of the K and V caches one device holds."""
+    """Elements of the K and V caches one device holds (a 2D plan's sequences split over its model-dimension axes)."""
     model = plan.model
-    tensor = math.prod(a.size for a in plan.mesh if a.name in plan.axes_of("tp"))
     kv_split = plan.param_specs["layers/attn/wk"][2] is not None
-    kv_heads = model.num_kv_heads / tensor if kv_split else model.num_kv_heads
-    return 2 * model.num_layers / plan.layout.pp * plan.train.global_batch * padded_context(plan.train) * kv_heads * model.head_dim
+    kv_heads = model.num_kv_heads / _axes_size(plan, "tp") if kv_split else model.num_kv_heads
+    sequences = plan.train.global_batch / _axes_size(plan, "tpe")
+    return 2 * model.num_layers / plan.layout.pp * sequences * padded_context(plan.train) * kv_heads * model.head_dim
 
 
 def serving_argument_bytes(plan: Plan) -> float:
@@ -131,12 +136,42 @@ def serving_collectives(plan: Plan) -> list[PredictedCollective]:
         out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=micro_bytes,
                                        calls=2 * model.num_layers // plan.layout.pp * ticks,
                                        why="row-parallel attention output and MLP down projection, summed over the tensor axes"))
-    if tensor and plan.param_specs["embed/tokens"][0] is not None:
-        out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=plan.train.global_batch * n * model.hidden_size * e,
+    if plan.axes_of("tpe"):
+        out = _two_d_collectives(plan)
+    vocab = (*tensor, *plan.axes_of("tpe"))
+    if vocab and plan.param_specs["embed/tokens"][0] is not None:
+        out.append(PredictedCollective(kind="all-reduce", axes=vocab, bytes_per_call=plan.train.global_batch * n * model.hidden_size * e,
                                        calls=1, why="vocab-parallel embedding rows summed over the vocabulary split"))
     if pipeline:
         out += [PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=micro_bytes, calls=ticks,
                                     why="a micro-batch's activation handed to the next stage, every tick"),
                 PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=plan.train.global_batch * model.hidden_size * e,
                                     calls=1, why="the last stage's outputs (last tokens) handed to every pipeline group")]
+    return out
+
+
+def _two_d_collectives(plan: Plan) -> list[PredictedCollective]:
+    """A 2D weight-stationary decode step's collectives over its heads (``tp``) and model-dimension
+    (``tpe``) axes, per layer and once around the head (`costmodel.step.inference.tensor_parallel_s`;
+    XLA combines the q, k, v partial sums into one all-reduce, and the MLP input and gate's)."""
+    model, e, b = plan.model, plan.train.compute_dtype.bytes, plan.train.global_batch
+    heads_axes, embed_axes = plan.axes_of("tp"), plan.axes_of("tpe")
+    y, x, hd, layers = _axes_size(plan, "tp"), _axes_size(plan, "tpe"), model.head_dim, model.num_layers
+    q, kv = model.num_heads // y * hd, model.num_kv_heads // y * hd
+    mlp = (2 if model.mlp.gated else 1) * model.ffn_size // y
+    stats = 2 if model.norm is Norm.LAYERNORM else 1
+    out = [PredictedCollective(kind="all-reduce", axes=embed_axes, bytes_per_call=b * 4, calls=2 * layers * stats,
+                               why="each layer norm's fp32 statistics over the model dimension's split"),
+           PredictedCollective(kind="all-reduce", axes=embed_axes, bytes_per_call=b * (q + 2 * kv) * e, calls=layers,
+                               why="the q, k and v projections' partial sums over the model dimension"),
+           PredictedCollective(kind="all-gather", axes=embed_axes, bytes_per_call=b * q * e, calls=layers,
+                               why="the attention output gathered from the cache's sequence split"),
+           PredictedCollective(kind="all-reduce", axes=embed_axes, bytes_per_call=b * mlp * e, calls=layers,
+                               why="the MLP input projections' partial sums over the model dimension"),
+           PredictedCollective(kind="all-gather", axes=embed_axes, bytes_per_call=b * model.hidden_size * e, calls=1,
+                               why="the last hidden state gathered whole for the final norm and the vocabulary-split head")]
+    if heads_axes:
+        out.append(PredictedCollective(kind="all-reduce", axes=heads_axes, bytes_per_call=b * model.hidden_size / x * e,
+                                       calls=2 * layers, why="row-parallel attention output and MLP down projection, summed "
+                                       "over the heads' split"))
     return out

@@ -87,6 +87,9 @@ def layout_groups(layout: Layout, *, devices_per_node: int, intra: Tier, inter: 
     groups["zero"] = groups["dp_cp"] if layout.zero_shards > layout.dp else groups["dp"]
     # Experts are spread over the fastest ep devices of the data(·context) group.
     groups["ep"] = tiers.group(layout.ep, layout.tp)
+    # 2D weight-stationary (`Layout.tp_embed`): the head/MLP-width split innermost, the model-dimension split around it.
+    heads = layout.tp // layout.tp_embed
+    groups["tp_heads"], groups["tp_embed"] = tiers.group(heads, 1), tiers.group(layout.tp_embed, heads)
     return groups
 
 

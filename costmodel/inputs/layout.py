@@ -66,6 +66,10 @@ class Layout(BaseModel):
 
     dp: PositiveInt = Field(1, description="Data-parallel degree (replicas, or FSDP shards with zero_stage=3).")
     tp: PositiveInt = Field(1, description="Tensor-parallel degree (Megatron column/row split).")
+    tp_embed: PositiveInt = Field(
+        1, description="Of the tp devices, how many ways each layer weight's model dimension is split too (decode only): 1, "
+        "the 1D layout (heads, MLP width and vocabulary over tp); t > 1, 2D weight-stationary (Pope et al. 2022, section "
+        "3.2.2): the model dimension over t devices, heads and MLP width over tp / t, the KV cache's sequences over the t.")
     pp: PositiveInt = Field(1, description="Pipeline stages.")
     cp: PositiveInt = Field(1, description="Context-parallel degree (sequence split in attention).")
     ep: PositiveInt = Field(1, description="Expert-parallel degree; divides dp·cp, MoE only.")
@@ -115,10 +119,11 @@ class Layout(BaseModel):
     def degrees_text(self) -> str:
         """The parallel degrees in one word each, context and expert only where used.
 
-        >>> Layout(dp=16, tp=4, ep=8).degrees_text
-        'dp16 tp4 pp1 ep8'
+        >>> Layout(dp=16, tp=4, ep=8).degrees_text, Layout(tp=64, tp_embed=8).degrees_text
+        ('dp16 tp4 pp1 ep8', 'dp1 tp64=8x8 pp1')
         """
-        return (f"dp{self.dp} tp{self.tp} pp{self.pp}" + (f" cp{self.cp}" if self.cp > 1 else "")
+        tensor = f"tp{self.tp}" + (f"={self.tp_embed}x{self.tp // self.tp_embed}" if self.tp_embed > 1 else "")
+        return (f"dp{self.dp} {tensor} pp{self.pp}" + (f" cp{self.cp}" if self.cp > 1 else "")
                 + (f" ep{self.ep}" if self.ep > 1 else ""))
 
     def micro_batches(self, train: TrainConfig) -> int:
@@ -158,10 +163,12 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
             f"dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.n_devices} but devices={n_devices}",
             fix="choose degrees whose product is the device count",
         )
-    if model.num_heads % layout.tp:
+    check_tensor_2d(layout, model, train)  # a 2D split's heads ride only tp / tp_embed devices, checked there
+    one_d = layout.tp_embed == 1
+    if one_d and model.num_heads % layout.tp:
         raise InvalidPlanError(f"num_heads={model.num_heads} is not divisible by tp={layout.tp}",
                                fix=f"use a tp that divides {model.num_heads}")
-    if model.num_kv_heads % layout.tp and layout.tp % model.num_kv_heads:
+    if one_d and model.num_kv_heads % layout.tp and layout.tp % model.num_kv_heads:
         raise InvalidPlanError(
             f"num_kv_heads={model.num_kv_heads} and tp={layout.tp}: neither divides the other",
             fix=f"use a tp that divides or is a multiple of {model.num_kv_heads}",
@@ -198,6 +205,36 @@ def check_layout(layout: Layout, model: ModelConfig, train: TrainConfig, *, n_de
         raise InvalidPlanError(
             f"stage_layers={list(layout.stage_layers)} must give each of the pp={layout.pp} stages its layers, "
             f"{model.num_layers} in all, without interleaving", fix="drop stage_layers for an even split")
+
+
+def check_tensor_2d(layout: Layout, model: ModelConfig, train: TrainConfig) -> None:
+    """Refuse a 2D weight-stationary split (`Layout.tp_embed`) that cannot run: outside a decode
+    step, or with degrees that do not divide the model dimension, the KV heads (so the query heads),
+    the MLP width or a replica's sequences (each of the ``tp_embed`` devices keeps the cache of its
+    share of them).
+
+    >>> m = ModelConfig(name="m", hidden_size=64, num_layers=4, num_heads=4, ffn_size=256, vocab_size=128)
+    >>> check_tensor_2d(Layout(tp=4, tp_embed=2), m, TrainConfig(global_batch=8))
+    Traceback (most recent call last):
+    costmodel.errors.InvalidPlanError: tp_embed=2 (2D weight-stationary) is a decode layout, not a pretrain one; fix: use tp_embed=1
+    """
+    t = layout.tp_embed
+    if t == 1:
+        return
+    if train.workload.kind != "decode":
+        raise InvalidPlanError(f"tp_embed={t} (2D weight-stationary) is a decode layout, not a {train.workload.kind} one",
+                               fix="use tp_embed=1")
+    heads = layout.tp // t if layout.tp % t == 0 else 0
+    sizes = {"hidden_size": model.hidden_size, "num_heads": model.num_heads * heads, "ffn_size": model.ffn_size * heads,
+             "batch per replica": train.global_batch // layout.dp}
+    if (not heads or any(n % t for n in sizes.values()) or model.num_kv_heads % heads or model.ffn_size % heads
+            or model.is_moe):
+        raise InvalidPlanError(f"tp={layout.tp} as tp_embed={t} × {heads or '?'} does not divide {model.name}'s model dimension "
+                               f"({model.hidden_size}), KV heads ({model.num_kv_heads}), MLP width ({model.ffn_size}) and the "
+                               f"{train.global_batch // layout.dp} sequences per replica (a dense model)",
+                               fix="use tp_embed=1 or another split")
+    if layout.pp > 1:
+        raise InvalidPlanError(f"tp_embed={t} with {layout.pp} pipeline stages is not modelled", fix="use pp=1 or tp_embed=1")
 
 
 def check_optimizer_state(layout: Layout, train: TrainConfig) -> None:

@@ -60,7 +60,10 @@ class ServingTimes(Record):
     decode_compute_s: NonNegativeFloat = Field(description="Decode: matmul and attention kernels at the achievable compute peak.")
     decode_hbm_s: NonNegativeFloat = Field(description="Decode: every weight byte and the whole KV cache read once, at the "
                                            "achievable HBM bandwidth.")
-    decode_tp_comm_s: NonNegativeFloat = Field(description="Decode: tensor-parallel all-reduces, two per layer of batch × hidden.")
+    decode_tp_comm_s: NonNegativeFloat = Field(description="Decode: tensor-parallel collectives, two all-reduces per layer of "
+                                               "batch × hidden (1D), or those of `costmodel.step.inference.tensor_parallel_s` (2D).")
+    decode_tp_embed_comm_s: NonNegativeFloat = Field(0.0, description="Decode: of decode_tp_comm_s, the collectives over the "
+                                                     "axes splitting the model dimension (2D weight-stationary; 0 in 1D).")
     decode_pp_handoff_s: NonNegativeFloat = Field(description="Decode: activations passed between pipeline stages.")
     decode_bound: str = Field(description="What limits the decode kernels: 'hbm' (bandwidth) or 'compute'.")
     hbm_lower_bound_s: NonNegativeFloat = Field(description="Decode per-token floor: the busiest device's weight and KV-cache "

@@ -19,6 +19,18 @@ included.
 - KV cache in ``InferenceConfig.kv_cache_dtype`` (the compute dtype, or fp8: one byte).
 - Tensor parallelism: two all-reduces per layer of ``tokens × hidden`` (after the attention
   output and the MLP down projections), on the critical path.
+- 2D weight-stationary decode (``Layout.tp_embed`` = X > 1 of tp = X·Y; Pope et al. 2022's
+  layout): every layer weight splits its model dimension over X devices and its heads or MLP
+  width over Y, the residual stream its model dimension over X, the KV cache its sequences over
+  X and its heads over Y. Per layer, over the X axes (`tensor_parallel_s`): each norm's
+  statistics (fp32, one per token for RMSNorm, two for LayerNorm), the q, k and v projections'
+  partial sums (one all-reduce of ``tokens × (heads + 2·kv_heads)/Y × head_dim``), the attention
+  output gathered back from the sequences' split (``tokens × heads/Y × head_dim``) and the MLP
+  input projections' partial sums (``tokens × ffn/Y``, twice gated); over the Y axes the two
+  row-parallel outputs' (``tokens × hidden/X`` each); before the head the last hidden state is
+  gathered over X. The weights a device reads and the FLOPs it runs are the 1D layout's with
+  the same tp; the bytes moved shrink with Y and X instead of staying ``tokens × hidden``, for
+  more (and smaller) collectives: the latency terms decide at small batches.
 - Pipeline parallelism: a replica's sequences are split into as many micro-batches as
   stages (at most one per sequence, a divisor of the replica's batch); a token passes every
   stage in turn, so the time per output token is the sum over stages plus the hand-offs,
@@ -53,10 +65,10 @@ from costmodel.errors import UnsupportedError
 from costmodel.hardware.machine import Machine
 from costmodel.hardware.topology import link_between_stages
 from costmodel.inputs.layout import Layout, check_layout
-from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.model_config import ModelConfig, Norm
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.inputs.workload import norm_params_per_layer
-from costmodel.step.collectives import all_reduce_s, p2p_s
+from costmodel.step.collectives import all_gather_s, all_reduce_s, p2p_s
 from costmodel.step.data_parallel import layer_params_per_device, stage_params
 from costmodel.step.estimate import ServingTimes, StepEstimate, TimeBreakdown
 from costmodel.step.kernels import Kernel, KernelKind
@@ -106,11 +118,48 @@ def micro_batches(train: TrainConfig, layout: Layout) -> int:
     return max(d for d in range(1, min(layout.pp, b) + 1) if b % d == 0)
 
 
+def device_kv_heads(model: ModelConfig, layout: Layout) -> float:
+    """KV heads' worth of every sequence's cache one device holds: `kv_heads_per_device` over the
+    tensor devices, and under a 2D split (`Layout.tp_embed`) over the heads axis, a 1/tp_embed
+    share of the sequences."""
+    return kv_heads_per_device(model, layout.tp // layout.tp_embed) / layout.tp_embed
+
+
 def kv_cache_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, *, stage: int = 0) -> float:
     """KV-cache bytes one device of pipeline stage ``stage`` holds (module docstring)."""
-    per_token_layer = 2 * kv_heads_per_device(model, layout.tp) * model.head_dim * kv_element_bytes(train)
+    per_token_layer = 2 * device_kv_heads(model, layout) * model.head_dim * kv_element_bytes(train)
     layers = layout.layers_on_stage(model.num_layers, stage)
     return per_token_layer * layers * replica_batch(train, layout) * cached_tokens(model, train)
+
+
+def tensor_parallel_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, tokens: int, layers: int,
+                      last_stage: bool) -> tuple[float, float]:
+    """(seconds over the tensor axes that split heads and MLP width, seconds over those that split
+    the model dimension) of ``layers`` layers' tensor-parallel collectives over ``tokens`` new
+    tokens, on ``last_stage`` the gather before the head too (module docstring; 1D: the second is 0).
+
+    >>> from costmodel.hardware.machine import load_machine
+    >>> from costmodel.inputs.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=4096, num_layers=8, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=1000)
+    >>> train, hw = TrainConfig(workload="decode", global_batch=256, seq_len=1024), load_machine("tpu-v5p")
+    >>> one, two = (tensor_parallel_s(m, train, Layout(tp=16, tp_embed=x), hw, tokens=256, layers=8, last_stage=True) for x in (1, 4))
+    >>> one[1], sum(two) < sum(one)  # 2D moves fewer bytes: cheaper at a batch this large
+    (0.0, True)
+    """
+    if layout.tp == 1:
+        return 0.0, 0.0
+    e, d, groups, x = train.compute_dtype.bytes, model.hidden_size, hw.groups(layout), layout.tp_embed
+    if x == 1:
+        return 2 * layers * all_reduce_s(tokens * d * e, groups["tp"]), 0.0
+    y, hd = layout.tp // x, model.head_dim
+    q, kv = model.num_heads // y * hd, model.num_kv_heads // y * hd
+    mlp = (2 if model.mlp.gated else 1) * model.ffn_size // y
+    stats = 2 if model.norm is Norm.LAYERNORM else 1  # fp32 statistics per token and norm
+    embed = groups["tp_embed"]
+    over_embed = (2 * stats * all_reduce_s(tokens * _F32, embed) + all_reduce_s(tokens * (q + 2 * kv) * e, embed)
+                  + all_gather_s(tokens * q * e, embed) + all_reduce_s(tokens * mlp * e, embed))
+    head_s = all_gather_s(tokens * d * e, embed) if last_stage else 0.0
+    return 2 * layers * all_reduce_s(tokens * d / x * e, groups["tp_heads"]), layers * over_embed + head_s
 
 
 def layer_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
@@ -142,18 +191,18 @@ def _split_s(kernels: list[Kernel], hw: Machine) -> tuple[float, float, float]:
 
 
 def _stage_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, stage: int, *, sequences: int,
-             new_tokens: int) -> tuple[float, float, float, float]:
-    """(total, compute-limited, HBM-limited, tensor-parallel comm) seconds of one stage's pass over ``sequences``."""
-    layers = layout.layers_on_stage(model.num_layers, stage)
+             new_tokens: int) -> tuple[float, float, float, float, float]:
+    """(total, compute-limited, HBM-limited, tensor-parallel comm, of it over the model-dimension axes) seconds of
+    one stage's pass over ``sequences``."""
+    layers, last = layout.layers_on_stage(model.num_layers, stage), stage == layout.pp - 1
     per_layer = layer_kernels(model, train, layout, sequences=sequences, new_tokens=new_tokens,
-                              kv_heads=kv_heads_per_device(model, layout.tp), cache_tokens=cached_tokens(model, train))
+                              kv_heads=device_kv_heads(model, layout), cache_tokens=cached_tokens(model, train))
     kernels = [k.scaled(layers) for k in per_layer]
-    if stage == layout.pp - 1:
+    if last:
         kernels.append(head_kernel(model, train, layout, sequences))
     total, compute, memory = _split_s(kernels, hw)
-    tp_bytes = sequences * new_tokens * model.hidden_size * train.compute_dtype.bytes
-    comm = 2 * layers * all_reduce_s(tp_bytes, hw.groups(layout)["tp"]) if layout.tp > 1 else 0.0
-    return total + comm, compute, memory, comm
+    heads_s, embed_s = tensor_parallel_s(model, train, layout, hw, tokens=sequences * new_tokens, layers=layers, last_stage=last)
+    return total + heads_s + embed_s, compute, memory, heads_s + embed_s, embed_s
 
 
 def _handoff_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, tokens: int) -> float:
@@ -181,9 +230,9 @@ def iteration_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
     >>> abs(t - simulate_inference(m, train, Layout(), hw).time_per_output_token_s) < 1e-12
     True
     """
-    if layout.pp > 1:
-        raise UnsupportedError("continuous batching over pipeline stages is not modelled",
-                               fix="serve with tensor parallelism and replicas (--pp 1)")
+    if layout.pp > 1 or layout.tp_embed > 1:
+        raise UnsupportedError("continuous batching over pipeline stages or a 2D weight-stationary split is not modelled",
+                               fix="serve with 1D tensor parallelism and replicas (--pp 1)")
     kernels = [k.scaled(model.num_layers) for k in iteration_layer_kernels(
         model, train, layout, decode_sequences=decode_sequences, tokens_per_sequence=tokens_per_sequence,
         cached_tokens=cached_tokens, kv_heads=kv_heads_per_device(model, layout.tp), prompt_tokens=prompt_tokens)]
@@ -228,7 +277,7 @@ def inference_memory(model: ModelConfig, train: TrainConfig, layout: Layout, *, 
 class _Phase(NamedTuple):
     """One serving phase as `simulate_inference` costs it; the workload's step is one of the two (`ServingWorkload.of_step`)."""
 
-    stages: list[tuple[float, float, float, float]]
+    stages: list[tuple[float, float, float, float, float]]
     repeats: int
     step_s: float
     pp_s: float
@@ -254,7 +303,8 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
                   + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
     serving = ServingTimes(
         decode_compute_s=sum(t[1] for t in decode), decode_hbm_s=sum(t[2] for t in decode),
-        decode_tp_comm_s=sum(t[3] for t in decode), decode_pp_handoff_s=chain_s - sum(t[0] for t in decode),
+        decode_tp_comm_s=sum(t[3] for t in decode), decode_tp_embed_comm_s=sum(t[4] for t in decode),
+        decode_pp_handoff_s=chain_s - sum(t[0] for t in decode),
         decode_bound="hbm" if sum(t[2] for t in decode) >= sum(t[1] for t in decode) else "compute",
         hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
         prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
@@ -264,7 +314,7 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1),
         prefill=_Phase(stages=prefill, repeats=1, step_s=ttft_s, pp_s=hops_s, new_tokens=prompt))
     busiest = max(step.stages, key=lambda t: t[0])
-    compute_s, memory_s, tp_s = (step.repeats * x for x in busiest[1:])
+    compute_s, memory_s, tp_s, tp_embed_s = (step.repeats * x for x in busiest[1:])
     step_s = step.step_s
     model_flops = train.workload.model_flops(model, tokens=lay.dp * train.global_batch * step.new_tokens, seq_len=train.seq_len)
     utilisation = model_flops / (step_s * lay.n_devices * hw.peak_flops_per_s)
@@ -275,6 +325,6 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         model_flops=model_flops, memory=memory, fits=memory.fits,
         breakdown=TimeBreakdown(compute_s=compute_s, memory_bound_s=memory_s, recompute_s=0.0, exposed_comm_s=tp_s,
                                 bubble_s=max(0.0, step_s - compute_s - memory_s - tp_s), optimizer_s=0.0,
-                                comm_s_by_axis={"tp": tp_s, "pp": step.pp_s}),
+                                comm_s_by_axis={"tp": tp_s - tp_embed_s, "tp_embed": tp_embed_s, "pp": step.pp_s}),
         time_per_output_token_s=tpot_s, time_to_first_token_s=ttft_s, serving=serving,
     )

@@ -106,6 +106,11 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
                                   f"{srv.hbm_lower_bound_s * 1e3:.2f} ms; {srv.micro_batches} micro-batch(es) per replica)"),
         ("  compute / HBM / tp all-reduce / pp hand-off", f"{srv.decode_compute_s * 1e3:.2f} / {srv.decode_hbm_s * 1e3:.2f} / "
                                                        f"{srv.decode_tp_comm_s * 1e3:.2f} / {srv.decode_pp_handoff_s * 1e3:.2f} ms"),
+        *([("  tp: heads axis / model-dimension axis", f"{(srv.decode_tp_comm_s - srv.decode_tp_embed_comm_s) * 1e3:.2f} / "
+                                                      f"{srv.decode_tp_embed_comm_s * 1e3:.2f} ms   (2D weight-stationary: "
+                                                      f"heads over {lay.tp // lay.tp_embed}, model dimension over "
+                                                      f"{lay.tp_embed})")]
+          if lay.tp_embed > 1 else []),
         *([("  host dispatch per step", f"{srv.host_ops:,} operators × {srv.host_s_per_op * 1e6:.0f} µs = "
                                           f"{srv.host_step_s * 1e3:.2f} ms ({train.workload.serving.serving_stack}: "
                                           "each operator dispatched from Python; a step takes at least this)")]

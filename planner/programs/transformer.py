@@ -420,7 +420,7 @@ def head(x_BxSxD: jax.Array, params: Params, cfg: ModelConfig, *, constrain: Con
     """Final norm and the vocabulary projection: fp32 logits over the padded vocabulary
     (`ModelConfig.padded_vocab_size`), the padded columns masked (`mask_padded_logits`)."""
     with jax.named_scope("head"):
-        h_BxSxD = _norm(x_BxSxD, params["final_norm"], cfg)
+        h_BxSxD = _norm(constrain("head_input_BxSxD", x_BxSxD), params["final_norm"], cfg)
         w_DxV = params["embed"]["tokens"].T if cfg.tie_embeddings else params["lm_head"]["w"]
         logits_BxSxV = constrain("logits_BxSxV", jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(x_BxSxD.dtype),
                                                             preferred_element_type=jnp.float32))

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, help_text in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"), ("--cp", "context parallel"),
                             ("--ep", "expert parallel")):
         parser.add_argument(flag, type=positive_int, default=1, help=f"{help_text} degree (default 1)")
+    parser.add_argument("--tp-embed", type=positive_int, default=1,
+                        help="decode only: of the --tp devices, how many also split each weight's model dimension (2D "
+                             "weight-stationary; default 1, the 1D layout)")
     parser.add_argument("--dp", type=positive_int, help="data parallel degree (default: devices / (tp·pp·cp))")
     parser.add_argument("--global-batch", type=positive_int, help="sequences per step (training workloads; serving takes --batch)")
     parser.add_argument("--micro-batch", type=positive_int_or_auto, default=1,
@@ -86,7 +89,8 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
     stack = stack_from_args(args)
     try:
         return Layout(
-            dp=args.dp or args.devices // rest, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, micro_batch=stated.get("micro_batch", 1),
+            dp=args.dp or args.devices // rest, tp=args.tp, tp_embed=args.tp_embed, pp=args.pp, cp=args.cp, ep=args.ep,
+            micro_batch=stated.get("micro_batch", 1),
             interleave=interleave, schedule=schedule, recompute=stack_recompute(stated.get("recompute", "none"), stack),
             sequence_parallel=stated.get("sequence_parallel", "no") == "yes", zero_stage=args.zero, stack=stack, offload=args.offload,
             offload_activations=args.offload_activations,

@@ -41,7 +41,8 @@ class Case(BaseModel):
 
     name: str = Field(description="Short label.")
     model: str = Field(description="Preset name or config path.")
-    mesh: str = Field(description="Mesh, as --mesh takes it.")
+    mesh: str | None = Field(description="Mesh, as --mesh takes it; None: the planner shapes one for `devices`.")
+    devices: int | None = Field(None, description="Devices, as --devices takes them, where no mesh is given.")
     hardware: str = Field(description="Hardware profile.")
     seq_len: int | None = Field(None, description="Sequence length (the model's default when None).")
     global_batch: int | None = Field(256, description="Sequences per step (None: planned, as `plan` does with no --global-batch).")
@@ -100,6 +101,9 @@ CASES = (
          workload="prefill"),
     Case(name="llama3-70b-decode", model="llama3-70b", mesh="8", hardware="h100-sxm", global_batch=32, seq_len=4096,
          workload="decode"),
+    # A mesh the planner shapes: it chooses a 2D weight-stationary split (embed 4 × tensor 8) over 1D tp32.
+    Case(name="llama3-405b-decode-2d", model="llama3-405b", mesh=None, devices=32, hardware="tpu-v5p", global_batch=64,
+         seq_len=2048, workload="decode"),
     # Options a user passes: the loss in pieces.
     # Pure bf16 (weights, gradients and moments in bf16, no master copy), ZeRO 3 pinned.
     Case(name="llama3-8b-pure-bf16", model="llama3-8b", mesh="data=8", hardware="h100-sxm", global_batch=16, seq_len=2048,
@@ -128,11 +132,12 @@ def _worst(found: list[Check], prefix: str) -> tuple[float | None, bool | None]:
 
 def run_case(case: Case) -> dict[str, Any]:
     """Plan ``case`` as `plan` does, compile the plan, and summarise the checks."""
-    row: dict[str, Any] = {"case": case.name, "model": case.model, "mesh": case.mesh, "hardware": case.hardware,
+    row: dict[str, Any] = {"case": case.name, "model": case.model, "mesh": case.mesh or f"{case.devices} devices",
+                           "hardware": case.hardware,
                            "planner": case.planner.value}
     start = time.perf_counter()
     try:
-        chosen = plan(PlanRequest(model=case.model, mesh=case.mesh, hardware=case.hardware, seq_len=case.seq_len,
+        chosen = plan(PlanRequest(model=case.model, mesh=case.mesh, devices=case.devices, hardware=case.hardware, seq_len=case.seq_len,
                                   global_batch=case.global_batch, planner=case.planner, workload=case.workload, pins=case.pins,
                                   stack=stack_with("jax", **case.stack_facts), optimizer_state=case.optimizer_state,
                                   optimizer_in_backward=case.optimizer_in_backward))

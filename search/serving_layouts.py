@@ -1,8 +1,10 @@
 """Choose a serving layout: tensor, pipeline and data (replica) degrees for prefill or decode.
 
 Every split of the mesh (or of the device count) into ``dp · tp · pp`` is simulated
-(`costmodel.step.inference`), a decode step's tensor devices without a given mesh also as each 2D
-weight-stationary split (`Layout.tp_embed`) the model and batch divide; of the layouts that fit in HBM, the objective depends on the batch:
+(`costmodel.step.inference`); on a TPU slice's torus, without a given mesh, a decode step's tensor
+devices also as each 2D weight-stationary split (`Layout.tp_embed`) the model and batch divide (Pope
+et al.'s layout for TPU ICI; on GPUs NCCL's small-message algorithms, which the collective model
+does not have, would decide, so only `plan simulate --tp-embed` costs one there); of the layouts that fit in HBM, the objective depends on the batch:
 
 - Latency, when a replica's step runs fewer tokens than the device needs to be compute-bound
   (`compute_bound_tokens`: the linear layers' peak FLOP/s over HBM bytes/s, times the bytes
@@ -116,7 +118,8 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
     for dp, tp, pp, cp in splits or _splits_of(n_devices):
         if cp > 1:
             continue
-        for layout in [Layout(dp=dp, tp=tp, pp=pp), *(_two_d_layouts(model, train, dp, tp, pp, pruned) if splits is None else ())]:
+        two_d = splits is None and bool(machine.intra.torus_dims)
+        for layout in [Layout(dp=dp, tp=tp, pp=pp), *(_two_d_layouts(model, train, dp, tp, pp, pruned) if two_d else ())]:
             try:
                 estimates.append(simulate_inference(model, train, layout, machine))
             except (InvalidPlanError, UnsupportedError) as err:

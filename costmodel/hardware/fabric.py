@@ -103,7 +103,8 @@ class IntraNodeFabric(BaseModel):
     def tier(self, *, pair: bool = False) -> Tier:
         """The collective model's view of `link_for` (torus rings run both ways)."""
         link = self.link_for(pair=pair)
-        return Tier(bytes_per_s=link.bytes_per_s * link.efficiency, latency_s=link.latency_s, bidirectional_ring=self.wraparound)
+        return Tier(bytes_per_s=link.bytes_per_s * link.efficiency, latency_s=link.latency_s, bidirectional_ring=self.wraparound,
+                    torus_dims=self.torus_dims)
 
     @property
     def unit(self) -> str:

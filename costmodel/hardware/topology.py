@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from costmodel.inputs.layout import Layout
-from costmodel.step.collectives import Group, Tier
+from costmodel.step.collectives import Group, Tier, torus_ring_steps
 
 # Mesh axes from fastest to slowest varying.
 AXIS_ORDER = ("tp", "cp", "dp", "pp")
@@ -68,7 +68,8 @@ class _Tiers(NamedTuple):
         where = placement(size, stride, self.devices_per_node)
         intra = self.intra_pair if where.pair and self.intra_pair else self.intra
         inter = self.inter if where.rail_aligned or self.inter_cross_rail is None else self.inter_cross_rail
-        return Group(n=size, n_nodes=where.n_nodes, intra=intra, inter=inter)
+        steps = torus_ring_steps(size, stride, intra.torus_dims) if intra.torus_dims and where.n_nodes == 1 else None
+        return Group(n=size, n_nodes=where.n_nodes, intra=intra, inter=inter, ring_steps=steps)
 
 
 def layout_groups(layout: Layout, *, devices_per_node: int, intra: Tier, inter: Tier, intra_pair: Tier | None = None,

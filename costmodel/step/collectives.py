@@ -17,6 +17,7 @@ for reduce-scatter the input, for all-reduce the buffer reduced.
 
 from __future__ import annotations
 
+import functools
 import math
 from enum import StrEnum
 from typing import Sequence
@@ -49,6 +50,9 @@ class Tier(BaseModel):
     bytes_per_s: PositiveFloat = Field(description="Bandwidth one device gets on this tier, per direction.")
     latency_s: NonNegativeFloat = Field(description="Per-message latency (alpha).")
     bidirectional_ring: bool = Field(False, description="A torus dimension with wrap-around: rings run both ways.")
+    torus_dims: tuple[PositiveInt, ...] = Field((), description="A TPU slice's ICI torus shape, the fastest-varying device "
+                                                "coordinate first: a group's collective runs one ring per torus dimension it "
+                                                "spans (`torus_ring_steps`); empty: one ring over the whole group.")
 
 
 class Group(BaseModel):
@@ -60,6 +64,8 @@ class Group(BaseModel):
     n_nodes: PositiveInt = Field(description="Nodes (or slices) the group spans.")
     intra: Tier = Field(description="Link between members in the same node.")
     inter: Tier = Field(description="Link between members in different nodes.")
+    ring_steps: PositiveInt | None = Field(None, description="Latency steps of one pass over the members in a node: "
+                                           "members − 1 on one ring (None), fewer on a torus (`torus_ring_steps`).")
 
     @property
     def per_node(self) -> int:
@@ -77,20 +83,41 @@ def combined(groups: Sequence[Group]) -> Group:
     (32, 4, 8)
     """
     n = math.prod(g.n for g in groups)
-    return Group(n=n, n_nodes=min(n, math.prod(g.n_nodes for g in groups)), intra=groups[0].intra, inter=groups[0].inter)
+    steps = sum(g.ring_steps or g.per_node - 1 for g in groups) if any(g.ring_steps for g in groups) else None
+    return Group(n=n, n_nodes=min(n, math.prod(g.n_nodes for g in groups)), intra=groups[0].intra, inter=groups[0].inter,
+                 ring_steps=steps or None)
 
 
-def _ring_s(size_bytes: float, n: int, tier: Tier, *, passes: int) -> float:
-    """``passes`` ring phases (1 for gather/scatter, 2 for all-reduce) of ``size_bytes`` over n."""
+@functools.lru_cache(maxsize=4096)
+def torus_ring_steps(size: int, stride: int, dims: tuple[int, ...]) -> int:
+    """Latency steps of one collective pass over ``size`` devices ``stride`` apart on a torus of
+    ``dims`` (devices numbered with the first dimension fastest): a ring along each dimension the
+    group spans, one after another (XLA's collectives on a TPU torus), so the extents' sum less one
+    each, not ``size − 1`` as on one ring through every member.
+
+    >>> torus_ring_steps(64, 1, (4, 4, 4)), torus_ring_steps(8, 1, (4, 4, 4)), torus_ring_steps(8, 8, (4, 4, 4))
+    (9, 4, 4)
+    """
+    steps, block = 0, 1
+    for d in dims:
+        coordinates = {(j * stride // block) % d for j in range(size)}
+        steps += len(coordinates) - 1
+        block *= d
+    return max(1, steps)
+
+
+def _ring_s(size_bytes: float, n: int, tier: Tier, *, passes: int, steps: int | None = None) -> float:
+    """``passes`` ring phases (1 for gather/scatter, 2 for all-reduce) of ``size_bytes`` over n, each
+    ``steps`` latencies (default n − 1)."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
     bandwidth = tier.bytes_per_s * (2 if tier.bidirectional_ring else 1)
-    return passes * ((n - 1) / n * size_bytes / bandwidth + (n - 1) * tier.latency_s)
+    return passes * ((n - 1) / n * size_bytes / bandwidth + (n - 1 if steps is None else steps) * tier.latency_s)
 
 
 def _hierarchical_s(size_bytes: float, group: Group, *, passes: int) -> float:
     g = group.per_node
-    intra = _ring_s(size_bytes, g, group.intra, passes=passes)
+    intra = _ring_s(size_bytes, g, group.intra, passes=passes, steps=group.ring_steps if g == group.n else None)
     # After the intra-node phase each member owns 1/g of the buffer and uses its own NIC.
     inter = _ring_s(size_bytes / g, group.n_nodes, group.inter, passes=passes)
     return intra + inter

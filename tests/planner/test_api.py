@@ -46,6 +46,16 @@ def test_tensor_parallel_plan_shards_heads_and_mlp_megatron_style():
     assert specs["embed/tokens"][0] == "tensor"  # vocabulary-parallel embedding
 
 
+def test_a_2d_decode_plan_splits_the_model_dimension_over_an_embed_axis_of_the_mesh_it_derives():
+    p = plan("llama3-405b", devices=32, hardware="tpu-v5p", workload="decode", global_batch=64, seq_len=2048)
+    assert p.layout.tp_embed == 4 and [(a.name, a.size, a.parallelism) for a in p.mesh] == [("embed", 4, "tpe"), ("tensor", 8, "tp")]
+    specs = p.param_specs
+    assert specs["layers/attn/wq"][1:3] == ("embed", "tensor") and specs["layers/mlp/w_out"][1:] == ("tensor", "embed")
+    assert specs["embed/tokens"][0] == ("tensor", "embed") and p.activation_specs["residual_BxSxD"][2] == ("embed",)
+    with pytest.raises(InvalidConfigError, match="2D weight-stationary"):
+        layout_plan("llama3-405b", p.layout, mesh="4x8", hardware="tpu-v5p", workload="decode", global_batch=64, seq_len=2048)
+
+
 def test_partition_specs_form_the_parameter_pytree():
     p = plan("gpt2", mesh="2x4", hardware="a100-80gb", global_batch=64)
     tree = partition_spec_tree(p.model, p.param_specs)

@@ -63,3 +63,14 @@ def test_a_model_too_large_for_the_devices_is_refused_with_its_least_memory():
         choose_serving_layout(load_model("llama3-70b"), _decode(1, 2048), H100, splits=None, n_devices=1)
     int4 = choose_serving_layout(load_model("llama3-70b"), _decode(1, 2048, weight_dtype="int4"), H100, splits=None, n_devices=1)
     assert int4.best.fits
+
+
+def test_a_405b_model_on_32_tpu_chips_costs_1d_and_2d_splits_and_takes_the_cheaper():
+    train = _decode(64, 2048)
+    choice = choose_serving_layout(load_model("llama3-405b"), train, load_machine("tpu-v5p"), splits=None, n_devices=32)
+    best, others = choice.best, [e for e, _ in choice.runners_up]
+    assert best.layout.tp_embed > 1 and any(e.layout.tp_embed == 1 for e in others)
+    assert all(e.time_per_output_token_s >= best.time_per_output_token_s for e in others)
+    # Given a mesh, the search keeps to the 1D split its tensor axes carry.
+    meshed = choose_serving_layout(load_model("llama3-405b"), train, load_machine("tpu-v5p"), splits=((1, 32, 1, 1),), n_devices=32)
+    assert meshed.best.layout.tp_embed == 1

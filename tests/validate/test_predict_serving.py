@@ -30,8 +30,12 @@ PROMPT = InferenceConfig(prompt_len=96)  # flash blocks of 96: one block pair
     (LLAMA, "decode", Layout(pp=2, tp=4), InferenceConfig()),
     (LLAMA, "decode", Layout(pp=4, dp=2), InferenceConfig()),
     (LLAMA, "prefill", Layout(pp=2, dp=2, tp=2), PROMPT),
+    # 2D weight-stationary: the model dimension over embed, heads and MLP width over tensor, the cache's sequences over embed.
+    (LLAMA, "decode", Layout(dp=2, tp=8, tp_embed=2), InferenceConfig()),
+    (GPT2, "decode", Layout(tp=8, tp_embed=4), InferenceConfig()),
 ], ids=["decode-dp-tp", "decode-tp-over-kv-heads", "decode-dp-tp-int8", "decode-dp-tp-fp8-weights-and-cache", "prefill-dp-tp-flash",
-        "prefill-dp-tp-materialized", "prefill-gpt2-tied", "decode-pp2-tp4", "decode-pp4-dp2", "prefill-pp2-dp2-tp2"])
+        "prefill-dp-tp-materialized", "prefill-gpt2-tied", "decode-pp2-tp4", "decode-pp4-dp2", "prefill-pp2-dp2-tp2",
+        "decode-2d-dp2", "decode-2d-gpt2-layernorm"])
 def test_serving_arguments_flops_and_collectives_match_the_compiled_module(model, workload, layout, inference):
     plan = layout_plan(model, layout, hardware="h100-sxm", seq_len=200, global_batch=8, workload=workload, inference=inference)
     assert features_not_predicted(plan) == []
@@ -39,6 +43,7 @@ def test_serving_arguments_flops_and_collectives_match_the_compiled_module(model
     assert all(c.ok for c in results.values()), {k: (c.predicted, c.actual) for k, c in results.items() if not c.ok}
     assert ("memory arguments", None) in results and ("flops", None) in results
     assert ("all-reduce bytes", "tensor") in results or layout.tp == 1
+    assert ("all-gather bytes", "embed") in results or layout.tp_embed == 1
     assert ("collective-permute bytes", "pipeline") in results or layout.pp == 1
 
 

@@ -14,6 +14,7 @@ from costmodel.step.collectives import (
     collective_s,
     p2p_s,
     reduce_scatter_s,
+    torus_ring_steps,
 )
 
 NVLINK = Tier(bytes_per_s=300e9, latency_s=5e-6)
@@ -46,6 +47,14 @@ def test_torus_wraparound_doubles_ring_bandwidth():
     assert all_gather_s(1e9, Group(n=4, n_nodes=1, intra=torus, inter=torus)) == pytest.approx(
         all_gather_s(1e9, Group(n=4, n_nodes=1, intra=line, inter=line)) / 2
     )
+
+
+def test_a_torus_group_pays_one_ring_latency_per_dimension_it_spans():
+    # 64 chips of a 4x4x4 slice: three rings of 4, 9 latency steps a pass, not one ring's 63.
+    torus = Tier(bytes_per_s=50e9, latency_s=1e-6, bidirectional_ring=True, torus_dims=(4, 4, 4))
+    assert [torus_ring_steps(n, stride, (4, 4, 4)) for n, stride in ((64, 1), (4, 1), (4, 4), (16, 4), (2, 32))] == [9, 3, 3, 6, 1]
+    ring, three_rings = (all_reduce_s(1e3, Group(n=64, n_nodes=1, intra=torus, inter=torus, ring_steps=s)) for s in (None, 9))
+    assert ring - three_rings == pytest.approx(2 * (63 - 9) * 1e-6)
 
 
 def test_trivial_cases_cost_nothing():

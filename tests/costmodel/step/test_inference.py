@@ -2,13 +2,13 @@
 
 import pytest
 
-from costmodel.errors import UnsupportedError
+from costmodel.errors import InvalidPlanError, UnsupportedError
 from costmodel.hardware.machine import load_machine, train_machine
 from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.step.inference import kv_cache_bytes, micro_batches, simulate_inference
+from costmodel.step.inference import kv_cache_bytes, micro_batches, simulate_inference, tensor_parallel_s
 from costmodel.step.kernels import KernelKind
 
 M = ModelConfig(name="m", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=128256)
@@ -152,3 +152,31 @@ def test_a_sliding_window_caps_the_decode_kv_cache_and_its_reads_at_the_window()
     assert kv_cache_bytes(windowed, short, Layout()) == kv_cache_bytes(full, short, Layout())
     hw = load_machine("h100-sxm")
     assert simulate_inference(windowed, decode, Layout(), hw).step_time_s < simulate_inference(full, decode, Layout(), hw).step_time_s
+
+
+def test_a_2d_weight_stationary_split_shards_the_cache_and_moves_fewer_bytes_in_smaller_groups():
+    tpu, train = load_machine("tpu-v5p"), _decode(64, 4096)
+    one, two = Layout(tp=32), Layout(tp=32, tp_embed=4)  # heads over 8, the model dimension over 4
+    # Each device: one of the 8 kv heads for a quarter of the sequences (1D tp32 keeps a head for every sequence).
+    assert kv_cache_bytes(M, train, two) == kv_cache_bytes(M, train, one) / 4
+    def comm_s(layout, tokens):
+        return tensor_parallel_s(M, train, layout, tpu, tokens=tokens, layers=32, last_stage=False)
+
+    assert all(s > 0 for s in comm_s(two, 64))
+    # More, smaller collectives: dearer at one token a step, where latency rules; cheaper where bytes do.
+    assert sum(comm_s(two, 1)) > sum(comm_s(one, 1)) and sum(comm_s(two, 512)) < sum(comm_s(one, 512))
+    one_est, two_est = (simulate_inference(M, train, lay, tpu) for lay in (one, two))
+    assert two_est.breakdown.comm_s_by_axis["tp_embed"] == pytest.approx(two_est.serving.decode_tp_embed_comm_s)
+    assert two_est.serving.decode_tp_embed_comm_s > 0
+    assert one_est.breakdown.comm_s_by_axis["tp_embed"] == 0
+    assert two_est.memory.params_bytes == pytest.approx(one_est.memory.params_bytes)  # the same weights a device holds
+
+
+@pytest.mark.parametrize("layout, train", [
+    (Layout(tp=8, tp_embed=2), TrainConfig(workload="prefill", global_batch=4, seq_len=1024)),  # decode only
+    (Layout(tp=32, tp_embed=2), _decode(4, 1024)),  # 16 heads' worth of devices for 8 kv heads
+    (Layout(tp=8, tp_embed=8), _decode(4, 1024)),  # 4 sequences cannot split 8 ways
+])
+def test_a_2d_split_the_model_or_workload_cannot_run_is_refused_in_one_line(layout, train):
+    with pytest.raises(InvalidPlanError, match="tp_embed"):
+        simulate_inference(M, train, layout, H100)

@@ -4,7 +4,8 @@ Every split of the mesh (or of the device count) into ``dp · tp · pp`` is simu
 (`costmodel.step.inference`); on a TPU slice's torus, without a given mesh, a decode step's tensor
 devices also as each 2D weight-stationary split (`Layout.tp_embed`) the model and batch divide (Pope
 et al.'s layout for TPU ICI; on GPUs NCCL's small-message algorithms, which the collective model
-does not have, would decide, so only `plan simulate --tp-embed` costs one there); of the layouts that fit in HBM, the objective depends on the batch:
+does not have, would decide, so only `plan simulate --tp-embed` costs one there). Of the layouts
+that fit in HBM, the objective depends on the batch:
 
 - Latency, when a replica's step runs fewer tokens than the device needs to be compute-bound
   (`compute_bound_tokens`: the linear layers' peak FLOP/s over HBM bytes/s, times the bytes
@@ -155,7 +156,11 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
     latency_bound = any(e.tokens_per_s > best.tokens_per_s for e in fitting if e not in within)
     runners_up = [(e, _why(e, best, train, for_latency=for_latency))
                   for e in sorted((e for e in estimates if e is not best), key=rank)]
-    return ServingChoice(best=best, runners_up=tuple(runners_up[:RUNNERS_UP]), evaluated=len(estimates), pruned=pruned,
+    shown = runners_up[:RUNNERS_UP]
+    # The best layout of the other tensor split (1D beside a chosen 2D one, or 2D beside 1D), when costed, is always shown.
+    if not any((e.layout.tp_embed > 1) != (best.layout.tp_embed > 1) for e, _ in shown):
+        shown += [r for r in runners_up if (r[0].layout.tp_embed > 1) != (best.layout.tp_embed > 1)][:1]
+    return ServingChoice(best=best, runners_up=tuple(shown), evaluated=len(estimates), pruned=pruned,
                          latency_bound=latency_bound, objective=_objective(best, runners_up, train, machine, for_latency=for_latency))
 
 

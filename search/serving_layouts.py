@@ -116,10 +116,10 @@ def choose_serving_layout(model: ModelConfig, train: TrainConfig, machine: Machi
     bound (module docstring);
     ``splits`` are the (dp, tp, pp, cp) degrees a given mesh can carry, None for any split of ``n_devices``."""
     estimates, pruned = [], {}
+    two_d = splits is None and bool(machine.intra.torus_dims)
     for dp, tp, pp, cp in splits or _splits_of(n_devices):
         if cp > 1:
             continue
-        two_d = splits is None and bool(machine.intra.torus_dims)
         for layout in [Layout(dp=dp, tp=tp, pp=pp), *(_two_d_layouts(model, train, dp, tp, pp, pruned) if two_d else ())]:
             try:
                 estimates.append(simulate_inference(model, train, layout, machine))

@@ -89,10 +89,11 @@ def _mlp_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, tokens:
 
 
 def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, sequences: int, new_tokens: int,
-                  kv_heads: int, cache_tokens: int) -> list[Kernel]:
+                  kv_heads: float, cache_tokens: int) -> list[Kernel]:
     """One layer's kernels on one device for ``sequences`` sequences each adding ``new_tokens``
     (1: a decode step against ``cache_tokens`` allocated tokens; the prompt: prefill, causal);
-    ``kv_heads`` the KV heads the device holds."""
+    ``kv_heads`` the KV heads' worth of every sequence's cache the device holds (a fraction where
+    a 2D split also divides the sequences, `costmodel.step.inference.device_kv_heads`)."""
     e, tp = train.compute_dtype.bytes, layout.tp
     d, hd = model.hidden_size, model.head_dim
     q, kv = model.num_heads // tp * hd, kv_heads * hd

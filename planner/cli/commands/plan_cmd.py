@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     plan_time_s = time.perf_counter() - start
     if result.batch and result.batch.warning:
         print(f"warning: {result.batch.warning}", file=sys.stderr)
+    if fmt in FORMAT_STACKS and result.layout.tp_embed > 1:
+        raise InvalidConfigError(f"--format {fmt}: {FORMAT_STACKS[fmt][0]} has no 2D weight-stationary split, which this plan "
+                                 f"chose ({result.layout.degrees_text})", fix="use --format specs or json (the JAX program's "
+                                 "shardings), or give --mesh (on a given mesh the split stays 1D)")
     page = _html(result, args) if fmt == "html" else None
     if args.out:
         try:

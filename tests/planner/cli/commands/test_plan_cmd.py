@@ -226,6 +226,17 @@ def test_decode_at_batch_1_takes_the_least_time_per_token_and_the_summary_prints
     assert "alternatives" not in capsys.readouterr().out  # one device: nothing to compare with
 
 
+def test_a_2d_decode_plan_prints_both_tensor_axes_and_refuses_a_launcher_export_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    serve = ("--model", "llama3-405b", "--devices", "32", "--hardware", "tpu-v5p", "--workload", "decode", "--batch", "64")
+    assert main(list(serve)) == 0
+    out = capsys.readouterr().out
+    assert "dp1 tp32=4x8 pp1" in out and "tp: heads axis / model-dimension axis" in out and "│ dp1 tp32 pp1" in out
+    assert main([*serve, "--format", "maxtext"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no 2D weight-stationary split" in err and "--format specs" in err
+
+
 @pytest.mark.parametrize("argv", [("--model", "gpt2", "--mesh", "2x4", "--global-batch", "64"),
                                   ("--model", "llama3-70b", "--devices", "8", "--workload", "decode", "--batch", "1")])
 def test_the_summary_fits_80_columns_without_cutting_a_word(capsys, monkeypatch, argv):

@@ -74,7 +74,7 @@ def _splits_of(n_devices: int) -> list[tuple[int, int, int, int]]:
 def _two_d_layouts(model: ModelConfig, train: TrainConfig, dp: int, tp: int, pp: int, pruned: dict[str, int]) -> list[Layout]:
     """The 2D weight-stationary splits of ``tp`` devices a decode step can run (`Layout.tp_embed`); the
     splits the model's sizes or the batch refuse are counted in ``pruned`` under one rule."""
-    if train.workload.kind != "decode" or tp == 1:
+    if not train.workload.splits_model_dimension or tp == 1:
         return []
     candidates = [Layout(dp=dp, tp=tp, pp=pp, tp_embed=x) for x in range(2, tp + 1) if tp % x == 0]
     kept = []

@@ -221,7 +221,7 @@ def check_tensor_2d(layout: Layout, model: ModelConfig, train: TrainConfig) -> N
     t = layout.tp_embed
     if t == 1:
         return
-    if train.workload.kind != "decode":
+    if not train.workload.splits_model_dimension:
         raise InvalidPlanError(f"tp_embed={t} (2D weight-stationary) is a decode layout, not a {train.workload.kind} one",
                                fix="use tp_embed=1")
     heads = layout.tp // t if layout.tp % t == 0 else 0

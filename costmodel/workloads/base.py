@@ -39,6 +39,8 @@ class WorkloadBase(Record):
     """Whether the workload takes LoRA's settings (rank, targets, frozen storage)."""
     latency_bounded: ClassVar[bool] = False
     """Whether a bound on the time per output token applies to its steps."""
+    splits_model_dimension: ClassVar[bool] = False
+    """Whether its step runs a 2D weight-stationary tensor split (`costmodel.inputs.layout.Layout.tp_embed`): decode only."""
     named_in_titles: ClassVar[bool] = True
     """Whether a title names the workload (pretraining, the default, goes unnamed)."""
     step_time_label: ClassVar[str] = "step time"

@@ -101,6 +101,7 @@ class Decode(ServingWorkload):
 
     step_time_label: ClassVar[str] = "per output token"
     latency_bounded: ClassVar[bool] = True
+    splits_model_dimension: ClassVar[bool] = True
 
     def of_step(self, *, decode: T, prefill: T) -> T:
         return decode

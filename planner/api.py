@@ -287,7 +287,10 @@ def plan_of_layout(layout: Layout, predicted: StepEstimate, *, model: ModelConfi
     """
     wanted = (layout.dp, layout.tp, layout.pp, layout.cp)
     if mesh is None:
-        mesh_spec, kinds = _derived_mesh(*wanted, layout.ep, tp_embed=layout.tp_embed)
+        # A serving step's tensor axis over more devices than KV heads splits in two: the KV heads over the
+        # first, each one's query heads over the second, so a device caches the one KV head it reads.
+        kv_heads = None if train.workload.runs_backward else model.num_kv_heads
+        mesh_spec, kinds = _derived_mesh(*wanted, layout.ep, tp_embed=layout.tp_embed, kv_heads=kv_heads)
     elif layout.tp_embed > 1:
         raise InvalidConfigError(f"a 2D weight-stationary layout ({layout.degrees_text}) runs on the mesh the planner derives, "
                                  f"not on {mesh}", fix="leave --mesh out (give --devices)")
@@ -381,10 +384,16 @@ def _activation_specs(lay: Layout, by_kind: dict[str, tuple[str, ...]]) -> dict[
     }
 
 
-def _derived_mesh(dp: int, tp: int, pp: int, cp: int, ep: int, *, tp_embed: int = 1) -> tuple[MeshSpec, tuple[str, ...]]:
+def _derived_mesh(dp: int, tp: int, pp: int, cp: int, ep: int, *, tp_embed: int = 1,
+                  kv_heads: int | None = None) -> tuple[MeshSpec, tuple[str, ...]]:
+    """One axis per parallelism, major first; with ``kv_heads`` (a serving plan) a 1D tensor axis over
+    more devices than KV heads as two, ``tensor`` over the KV heads and ``tensor_query`` over their query heads."""
     sizes = {"pp": pp, "dp": dp // ep, "cp": cp, "ep": ep, TENSOR_EMBED: tp_embed, "tp": tp // tp_embed}
     kinds = tuple(k for k in ("pp", "dp", "cp", "ep", TENSOR_EMBED, "tp") if sizes[k] > 1) or ("dp",)
-    return MeshSpec(axis_names=tuple(AXIS_NAMES[k] for k in kinds), axis_sizes=tuple(sizes[k] for k in kinds)), kinds
+    names, axis_sizes = [AXIS_NAMES[k] for k in kinds], [sizes[k] for k in kinds]
+    if kv_heads and tp_embed == 1 and tp > kv_heads and tp % kv_heads == 0:
+        names[-1:], axis_sizes[-1:], kinds = ["tensor", "tensor_query"], [kv_heads, tp // kv_heads], (*kinds, "tp")
+    return MeshSpec(axis_names=tuple(names), axis_sizes=tuple(axis_sizes)), kinds
 
 
 def _alternatives(runners_up: tuple[StepEstimate, ...], misses: tuple[StepEstimate, ...], best_s: float) -> tuple[Alternative, ...]:

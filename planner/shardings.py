@@ -34,8 +34,7 @@ def logical_rules(layout: Layout, axes: dict[str, tuple[str, ...]], model: Model
     rules: Rules = {axis: () for axis in LogicalAxis} | {LogicalAxis.EXPERTS: axes.get("ep", ())}
     for axis in (LogicalAxis.HEADS, LogicalAxis.MLP, LogicalAxis.VOCAB):
         rules[axis] = tensor
-    if model.num_kv_heads % (layout.tp // layout.tp_embed) == 0:
-        rules[LogicalAxis.KV_HEADS] = tensor
+    rules[LogicalAxis.KV_HEADS] = tensor  # over the longest run of them that divides the KV heads (`param_specs`)
     if embed := axes.get("tpe", ()):  # 2D weight-stationary: the model dimension over its own axes, the vocabulary over all
         rules[LogicalAxis.EMBED], rules[LogicalAxis.VOCAB] = embed, (*tensor, *embed)
     if layout.zero_stage == 3:
@@ -53,10 +52,15 @@ def entry_axes(entry: Any) -> tuple[str, ...]:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _dim_spec(size: int, mesh_axes: tuple[str, ...], mesh_shape: dict[str, int]) -> str | tuple[str, ...] | None:
-    if not mesh_axes or size % math.prod(mesh_shape[a] for a in mesh_axes):
+def _dim_spec(size: int, mesh_axes: tuple[str, ...], mesh_shape: dict[str, int], *,
+              prefix: bool = False) -> str | tuple[str, ...] | None:
+    """The mesh axes a dimension of ``size`` splits over: all of ``mesh_axes`` when they divide it,
+    else none; with ``prefix``, the longest leading run of them that divides it."""
+    runs = [mesh_axes[:k] for k in range(len(mesh_axes), 0, -1)] if prefix else [mesh_axes] if mesh_axes else []
+    axes = next((run for run in runs if size % math.prod(mesh_shape[a] for a in run) == 0), ())
+    if not axes:
         return None
-    return mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes
+    return axes[0] if len(axes) == 1 else axes
 
 
 def param_specs(model: ModelConfig, rules: Rules, mesh_shape: dict[str, int]) -> dict[str, tuple[Any, ...]]:
@@ -71,7 +75,8 @@ def param_specs(model: ModelConfig, rules: Rules, mesh_shape: dict[str, int]) ->
         dims: list[Any] = [None] * len(names)
         # The vocabulary claims its axes first: under a 2D split they include the model dimension's.
         for i in sorted(range(len(names)), key=lambda i: names[i] != LogicalAxis.VOCAB):
-            dims[i] = _dim_spec(leaf.shape[i], tuple(a for a in rules[names[i]] if a not in used), mesh_shape)
+            dims[i] = _dim_spec(leaf.shape[i], tuple(a for a in rules[names[i]] if a not in used), mesh_shape,
+                                prefix=names[i] == LogicalAxis.KV_HEADS)
             used.update(entry_axes(dims[i]))
         specs["/".join(str(p.key) for p in path)] = tuple(dims)
     return specs

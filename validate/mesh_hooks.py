@@ -86,18 +86,19 @@ def without_manual(spec: PartitionSpec, mapped: tuple[str, ...] = ()) -> Partiti
 def activation_constraint(plan: Plan, mesh: Mesh, *, per_replica: bool = False) -> Callable[[str, jax.Array], jax.Array]:
     """``constrain(name, x)`` for the reference model: pins the activations the plan names to
     its specs (``with_sharding_constraint``), so XLA partitions them the plan's way rather
-    than by its own propagation. K/V heads follow the query heads' spec when the tensor
-    axes divide the KV heads, and stay whole otherwise, as the plan's ``wk`` does.
+    than by its own propagation. K/V heads follow the plan's ``wk``: split over the tensor axes
+    that divide them (all, or on a serving plan's split tensor axis the major one), whole otherwise.
     ``per_replica``: the forward runs vmapped over the data replicas (`validate.data_parallel_region`),
     whose data axes the vmap places."""
     specs = {name: PartitionSpec(*spec) for name, spec in plan.activation_specs.items()}
     heads = plan.activation_specs.get("attention_heads_BxSxNxH")
     if heads is not None:
-        kv_split = plan.param_specs["layers/attn/wk"][2] is not None
-        specs["kv_heads_BxSxKxH"] = PartitionSpec(*(heads if kv_split else (heads[0], None, None, None)))
-        # A materialized score matrix is split like the heads (over KV heads, or their query groups), whole over
-        # both sequences: left free, XLA split the backward's over the sequence and moved it with all-to-alls.
-        specs["scores_BxKxGxSxS"] = PartitionSpec(heads[0], heads[2] if kv_split else None, None if kv_split else heads[2], None, None)
+        kv_entry = plan.param_specs["layers/attn/wk"][2]
+        groups = tuple(a for a in entry_axes(heads[2]) if a not in entry_axes(kv_entry))
+        specs["kv_heads_BxSxKxH"] = PartitionSpec(heads[0], None, kv_entry, None)
+        # A materialized score matrix is split like the heads (over KV heads, and their query groups over the rest),
+        # whole over both sequences: left free, XLA split the backward's over the sequence and moved it with all-to-alls.
+        specs["scores_BxKxGxSxS"] = PartitionSpec(heads[0], kv_entry, groups or None, None, None)
 
     residual = plan.activation_specs.get("residual_BxSxD")
     if residual is not None and residual[1] is not None:  # sequence parallel: a row-parallel output's gradient gathered once

@@ -49,6 +49,7 @@ from costmodel.step.serving_kernels import kv_element_bytes
 from planner.plan_schema import Plan
 from planner.programs.attention import block_pairs, block_size
 from planner.programs.decode import served_dtype_of
+from planner.shardings import entry_axes
 from validate.program_runs import PredictedCollective, param_shards
 from validate.serving import serving_micro_batches
 
@@ -75,8 +76,8 @@ def _axes_size(plan: Plan, kind: str) -> int:
 def _cache_elements_per_device(plan: Plan) -> float:
     """Elements of the K and V caches one device holds (a 2D plan's sequences split over its model-dimension axes)."""
     model = plan.model
-    kv_split = plan.param_specs["layers/attn/wk"][2] is not None
-    kv_heads = model.num_kv_heads / _axes_size(plan, "tp") if kv_split else model.num_kv_heads
+    sizes = {a.name: a.size for a in plan.mesh}
+    kv_heads = model.num_kv_heads / math.prod(sizes[a] for a in entry_axes(plan.param_specs["layers/attn/wk"][2]))
     sequences = plan.train.global_batch / _axes_size(plan, "tpe")
     return 2 * model.num_layers / plan.layout.pp * sequences * padded_context(plan.train) * kv_heads * model.head_dim
 

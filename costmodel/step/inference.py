@@ -163,9 +163,15 @@ def tensor_parallel_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw
 
 
 def layer_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:
-    """Bytes of one layer's weights on one device: matrices as stored, norms in the compute dtype."""
-    norms = norm_params_per_layer(model) / layout.tp
-    matrices = layer_params_per_device(model, layout) - norms
+    """Bytes of one layer's weights on one device: matrices as stored, norms whole in the compute dtype.
+    Where the heads axis has more devices than KV heads, each device holds the K and V projections
+    of the one KV head its query heads read (replicated over them, as vLLM does and the serving
+    program's split tensor axis lowers), not a 1/tp share of them."""
+    norms = norm_params_per_layer(model)  # whole on every device
+    heads_tp = layout.tp // layout.tp_embed
+    replicated_kv = kv_heads_per_device(model, heads_tp) - model.num_kv_heads / heads_tp
+    matrices = (layer_params_per_device(model, layout) - norms / layout.tp
+                + 2 * model.hidden_size * model.head_dim * replicated_kv / layout.tp_embed)
     return matrices * train.workload.frozen_dtype.bytes + norms * train.compute_dtype.bytes
 
 

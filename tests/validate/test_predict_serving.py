@@ -21,7 +21,8 @@ PROMPT = InferenceConfig(prompt_len=96)  # flash blocks of 96: one block pair
 
 @pytest.mark.parametrize("model, workload, layout, inference", [
     (LLAMA, "decode", Layout(dp=2, tp=4), InferenceConfig()),
-    (LLAMA, "decode", Layout(tp=8), InferenceConfig(kv_block_size=64)),  # tp > kv heads: the cache is replicated over pairs
+    # tp > kv heads: the tensor axis splits in two, a KV head (its cache and projections) on each pair
+    (LLAMA, "decode", Layout(tp=8), InferenceConfig(kv_block_size=64)),
     (LLAMA, "decode", Layout(dp=4, tp=2), InferenceConfig(weight_dtype="int8")),
     (LLAMA, "decode", Layout(dp=2, tp=4), InferenceConfig(weight_dtype="fp8", kv_cache_dtype="fp8")),
     (LLAMA, "prefill", Layout(dp=2, tp=4), PROMPT),
@@ -42,7 +43,7 @@ def test_serving_arguments_flops_and_collectives_match_the_compiled_module(model
     results = {(c.item, c.axis): c for c in checks(plan, compile_in_subprocess(plan))}
     assert all(c.ok for c in results.values()), {k: (c.predicted, c.actual) for k, c in results.items() if not c.ok}
     assert ("memory arguments", None) in results and ("flops", None) in results
-    assert ("all-reduce bytes", "tensor") in results or layout.tp == 1
+    assert any(item == "all-reduce bytes" and (axis or "").startswith("tensor") for item, axis in results) or layout.tp == 1
     assert ("all-gather bytes", "embed") in results or layout.tp_embed == 1
     assert ("collective-permute bytes", "pipeline") in results or layout.pp == 1
 
@@ -86,3 +87,12 @@ def test_mixture_of_experts_decode_is_refused_in_one_line():
     plan = layout_plan(moe, Layout(tp=2), seq_len=64, global_batch=2, workload="decode")
     with pytest.raises(UnsupportedError, match="a mixture-of-experts model, are not lowered yet"):
         compile_in_subprocess(plan)
+
+
+def test_a_serving_tensor_axis_over_more_devices_than_kv_heads_caches_one_kv_head_a_device_as_the_plan_predicts():
+    plan = layout_plan(LLAMA, Layout(tp=8), hardware="h100-sxm", seq_len=200, global_batch=8, workload="decode")
+    assert [(a.name, a.size) for a in plan.mesh] == [("tensor", 4), ("tensor_query", 2)]
+    assert plan.param_specs["layers/attn/wk"][2] == "tensor" and plan.param_specs["layers/attn/wq"][2] == ("tensor", "tensor_query")
+    memory = plan.predicted.memory
+    tokens_and_position = 8 * 4 + 4
+    assert serving_argument_bytes(plan) - tokens_and_position == pytest.approx(memory.params_bytes + memory.kv_cache_bytes, rel=1e-3)

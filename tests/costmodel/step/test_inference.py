@@ -112,9 +112,10 @@ def test_an_fp8_kv_cache_takes_one_byte_an_element():
     assert kv_cache_bytes(M, _decode(4, 4096, kv_cache_dtype="fp8"), Layout()) * 2 == kv_cache_bytes(M, _decode(4, 4096), Layout())
 
 
-def _mixtral_layer_params(experts_read):
+def _mixtral_layer_params(experts_read, tp=8):
+    """One layer's parameters a device of ``tp`` holds: attention, experts and router split, the two norms whole."""
     d, q, kv, f = 4096, 4096, 1024, 14336
-    return d * (q + 2 * kv) + q * d + experts_read * 3 * d * f + d * 8 + 2 * d  # attention, experts, router, two norms
+    return (d * (q + 2 * kv) + q * d + experts_read * 3 * d * f + d * 8) / tp + 2 * d
 
 
 @pytest.mark.parametrize("batch, experts_read", [(1, 2), (64, 8 * (1 - 0.75 ** 64))])
@@ -122,10 +123,10 @@ def test_mixtral_decode_reads_the_experts_its_tokens_touch(batch, experts_read):
     train = _decode(batch, 4096)
     est = simulate_inference(MIXTRAL, train, Layout(tp=8), H100)
     outer = 2 * 32000 * 4096 / 8 + 4096  # embedding and head split by tp, the final norm whole
-    weights_read = 2 * (32 * _mixtral_layer_params(experts_read) / 8 + outer)
+    weights_read = 2 * (32 * _mixtral_layer_params(experts_read) + outer)
     cache = 2 * 32 * 1 * 128 * 2 * batch * 4096  # one kv head per device
     assert est.serving.hbm_lower_bound_s == pytest.approx((weights_read + cache) / H100.hbm_bytes_per_s, rel=1e-9)
-    assert est.memory.params_bytes == pytest.approx(2 * (32 * _mixtral_layer_params(8) / 8 + outer))  # every expert held
+    assert est.memory.params_bytes == pytest.approx(2 * (32 * _mixtral_layer_params(8) + outer))  # every expert held
     # At the HBM bound, within the GEMMs' streaming efficiency, the launch floors and the tp all-reduces.
     kernels = 32 * 7 + 1  # qkv, attention, out, router, two expert GEMMs... per layer, and the head
     srv = est.serving
@@ -169,7 +170,9 @@ def test_a_2d_weight_stationary_split_shards_the_cache_and_moves_fewer_bytes_in_
     assert two_est.breakdown.comm_s_by_axis["tp_embed"] == pytest.approx(two_est.serving.decode_tp_embed_comm_s)
     assert two_est.serving.decode_tp_embed_comm_s > 0
     assert one_est.breakdown.comm_s_by_axis["tp_embed"] == 0
-    assert two_est.memory.params_bytes == pytest.approx(one_est.memory.params_bytes)  # the same weights a device holds
+    # The same weights but the K and V projections, which 1D tp32 replicates over each KV head's 4 devices.
+    kv_replicas = 2 * M.num_layers * M.hidden_size * M.head_dim * (1 - 8 / 32) * 2
+    assert one_est.memory.params_bytes - two_est.memory.params_bytes == pytest.approx(kv_replicas)
 
 
 @pytest.mark.parametrize("layout, train", [

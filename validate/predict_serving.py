@@ -26,7 +26,9 @@ a pipeline, where ``M = 1``).
   activation, and the all-reduce handing the last stage's ``B × hidden`` outputs (each
   sequence's last token) to every pipeline group, counted at the compute dtype (the float32
   sum of a bf16 value, as `validate.hlo` counts it). None over the data axes (replicas
-  are independent).
+  are independent). A 2D weight-stationary decode plan (an ``embed`` axis, kind ``tpe``) has
+  its own per-layer list over the heads and model-dimension axes (`_two_d_collectives`), and
+  its cache's sequences split over the model-dimension axes too.
 
 The compiled peak is not compared, for prefill as for decode: on the CPU backend XLA
 converts 16-bit weights to fp32 inside the layer loop, which says nothing about a GPU's
@@ -133,12 +135,12 @@ def serving_collectives(plan: Plan) -> list[PredictedCollective]:
     tensor, pipeline, n = plan.axes_of("tp"), plan.axes_of("pp"), _new_tokens(plan)
     micro_bytes = micro_batch * n * model.hidden_size * e
     out = []
-    if tensor:
+    if plan.axes_of("tpe"):
+        out = _two_d_collectives(plan)
+    elif tensor:
         out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=micro_bytes,
                                        calls=2 * model.num_layers // plan.layout.pp * ticks,
                                        why="row-parallel attention output and MLP down projection, summed over the tensor axes"))
-    if plan.axes_of("tpe"):
-        out = _two_d_collectives(plan)
     vocab = (*tensor, *plan.axes_of("tpe"))
     if vocab and plan.param_specs["embed/tokens"][0] is not None:
         out.append(PredictedCollective(kind="all-reduce", axes=vocab, bytes_per_call=plan.train.global_batch * n * model.hidden_size * e,

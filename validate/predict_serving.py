@@ -44,9 +44,8 @@ import math
 
 import jax.numpy as jnp
 
-from costmodel.inputs.model_config import Norm
 from costmodel.inputs.stack import Attention
-from costmodel.step.inference import padded_context
+from costmodel.step.inference import padded_context, two_d_collectives
 from costmodel.step.serving_kernels import kv_element_bytes
 from planner.plan_schema import Plan
 from planner.programs.attention import block_pairs, block_size
@@ -71,16 +70,12 @@ def _ticks_and_micro_batch(plan: Plan) -> tuple[int, int]:
     return micro + plan.layout.pp - 1, plan.train.global_batch // micro
 
 
-def _axes_size(plan: Plan, kind: str) -> int:
-    return math.prod(a.size for a in plan.mesh if a.name in plan.axes_of(kind))
-
-
 def _cache_elements_per_device(plan: Plan) -> float:
     """Elements of the K and V caches one device holds (a 2D plan's sequences split over its model-dimension axes)."""
     model = plan.model
     sizes = {a.name: a.size for a in plan.mesh}
     kv_heads = model.num_kv_heads / math.prod(sizes[a] for a in entry_axes(plan.param_specs["layers/attn/wk"][2]))
-    sequences = plan.train.global_batch / _axes_size(plan, "tpe")
+    sequences = plan.train.global_batch / math.prod(sizes[a] for a in plan.axes_of("tpe"))
     return 2 * model.num_layers / plan.layout.pp * sequences * padded_context(plan.train) * kv_heads * model.head_dim
 
 
@@ -155,26 +150,9 @@ def serving_collectives(plan: Plan) -> list[PredictedCollective]:
 
 def _two_d_collectives(plan: Plan) -> list[PredictedCollective]:
     """A 2D weight-stationary decode step's collectives over its heads (``tp``) and model-dimension
-    (``tpe``) axes, per layer and once around the head (`costmodel.step.inference.tensor_parallel_s`;
-    XLA combines the q, k, v partial sums into one all-reduce, and the MLP input and gate's)."""
-    model, e, b = plan.model, plan.train.compute_dtype.bytes, plan.train.global_batch
-    heads_axes, embed_axes = plan.axes_of("tp"), plan.axes_of("tpe")
-    y, x, hd, layers = _axes_size(plan, "tp"), _axes_size(plan, "tpe"), model.head_dim, model.num_layers
-    q, kv = model.num_heads // y * hd, model.num_kv_heads // y * hd
-    mlp = (2 if model.mlp.gated else 1) * model.ffn_size // y
-    stats = 2 if model.norm is Norm.LAYERNORM else 1
-    out = [PredictedCollective(kind="all-reduce", axes=embed_axes, bytes_per_call=b * 4, calls=2 * layers * stats,
-                               why="each layer norm's fp32 statistics over the model dimension's split"),
-           PredictedCollective(kind="all-reduce", axes=embed_axes, bytes_per_call=b * (q + 2 * kv) * e, calls=layers,
-                               why="the q, k and v projections' partial sums over the model dimension"),
-           PredictedCollective(kind="all-gather", axes=embed_axes, bytes_per_call=b * q * e, calls=layers,
-                               why="the attention output gathered from the cache's sequence split"),
-           PredictedCollective(kind="all-reduce", axes=embed_axes, bytes_per_call=b * mlp * e, calls=layers,
-                               why="the MLP input projections' partial sums over the model dimension"),
-           PredictedCollective(kind="all-gather", axes=embed_axes, bytes_per_call=b * model.hidden_size * e, calls=1,
-                               why="the last hidden state gathered whole for the final norm and the vocabulary-split head")]
-    if heads_axes:
-        out.append(PredictedCollective(kind="all-reduce", axes=heads_axes, bytes_per_call=b * model.hidden_size / x * e,
-                                       calls=2 * layers, why="row-parallel attention output and MLP down projection, summed "
-                                       "over the heads' split"))
-    return out
+    (``tpe``) axes, as the cost model lists them (`costmodel.step.inference.two_d_collectives`)."""
+    axes = {"heads": plan.axes_of("tp"), "embed": plan.axes_of("tpe")}
+    listed = two_d_collectives(plan.model, plan.train, plan.layout, tokens=plan.train.global_batch, layers=plan.model.num_layers,
+                               last_stage=True)
+    return [PredictedCollective(kind=c.kind.value, axes=axes[c.over], bytes_per_call=c.size_bytes, calls=c.calls, why=c.why)
+            for c in listed]

@@ -68,7 +68,7 @@ from costmodel.inputs.layout import Layout, check_layout
 from costmodel.inputs.model_config import ModelConfig, Norm
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.inputs.workload import norm_params_per_layer
-from costmodel.step.collectives import all_gather_s, all_reduce_s, p2p_s
+from costmodel.step.collectives import Collective, all_reduce_s, collective_s, p2p_s
 from costmodel.step.data_parallel import layer_params_per_device, stage_params
 from costmodel.step.estimate import ServingTimes, StepEstimate, TimeBreakdown
 from costmodel.step.kernels import Kernel, KernelKind
@@ -132,6 +132,53 @@ def kv_cache_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, *, st
     return per_token_layer * layers * replica_batch(train, layout) * cached_tokens(model, train)
 
 
+class TensorCollective(NamedTuple):
+    """One collective of a 2D weight-stationary decode step (`two_d_collectives`)."""
+
+    kind: Collective
+    over: str  # "heads": the axes splitting heads and MLP width; "embed": those splitting the model dimension
+    size_bytes: float
+    calls: int
+    why: str
+
+
+def two_d_collectives(model: ModelConfig, train: TrainConfig, layout: Layout, *, tokens: int, layers: int,
+                      last_stage: bool) -> list[TensorCollective]:
+    """The tensor-parallel collectives of ``layers`` layers of a 2D weight-stationary split
+    (`Layout.tp_embed` > 1) over ``tokens`` new tokens, on ``last_stage`` with the gather before the
+    head (module docstring). XLA combines the q, k and v partial sums into one all-reduce, and the
+    MLP input and gate's: `validate.predict_serving` checks the list against the compiled module.
+
+    >>> from costmodel.inputs.model_config import ModelConfig
+    >>> m = ModelConfig(name="m", hidden_size=4096, num_layers=8, num_heads=32, num_kv_heads=8, ffn_size=14336, vocab_size=1000)
+    >>> train = TrainConfig(workload="decode", global_batch=8, seq_len=1024)
+    >>> [(c.over, c.calls) for c in two_d_collectives(m, train, Layout(tp=32, tp_embed=4), tokens=8, layers=8, last_stage=False)]
+    [('embed', 16), ('embed', 8), ('embed', 8), ('embed', 8), ('heads', 16)]
+    """
+    e, d, x = train.compute_dtype.bytes, model.hidden_size, layout.tp_embed
+    y, hd = layout.tp // x, model.head_dim
+    q, kv = model.num_heads // y * hd, model.num_kv_heads // y * hd
+    mlp = (2 if model.mlp.gated else 1) * model.ffn_size // y
+    stats = 2 if model.norm is Norm.LAYERNORM else 1  # fp32 statistics per token and norm
+    out = [
+        TensorCollective(Collective.ALL_REDUCE, "embed", tokens * _F32, 2 * layers * stats,
+                         "each layer norm's fp32 statistics over the model dimension's split"),
+        TensorCollective(Collective.ALL_REDUCE, "embed", tokens * (q + 2 * kv) * e, layers,
+                         "the q, k and v projections' partial sums over the model dimension"),
+        TensorCollective(Collective.ALL_GATHER, "embed", tokens * q * e, layers,
+                         "the attention output gathered from the cache's sequence split"),
+        TensorCollective(Collective.ALL_REDUCE, "embed", tokens * mlp * e, layers,
+                         "the MLP input projections' partial sums over the model dimension"),
+    ]
+    if last_stage:
+        out.append(TensorCollective(Collective.ALL_GATHER, "embed", tokens * d * e, 1,
+                                    "the last hidden state gathered whole for the final norm and the vocabulary-split head"))
+    if y > 1:
+        out.append(TensorCollective(Collective.ALL_REDUCE, "heads", tokens * d / x * e, 2 * layers,
+                                    "row-parallel attention output and MLP down projection, summed over the heads' split"))
+    return out
+
+
 def tensor_parallel_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, *, tokens: int, layers: int,
                       last_stage: bool) -> tuple[float, float]:
     """(seconds over the tensor axes that split heads and MLP width, seconds over those that split
@@ -150,18 +197,13 @@ def tensor_parallel_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw
     """
     if layout.tp == 1:
         return 0.0, 0.0
-    e, d, groups, x = train.compute_dtype.bytes, model.hidden_size, hw.groups(layout), layout.tp_embed
-    if x == 1:
-        return 2 * layers * all_reduce_s(tokens * d * e, groups["tp"]), 0.0
-    y, hd = layout.tp // x, model.head_dim
-    q, kv = model.num_heads // y * hd, model.num_kv_heads // y * hd
-    mlp = (2 if model.mlp.gated else 1) * model.ffn_size // y
-    stats = 2 if model.norm is Norm.LAYERNORM else 1  # fp32 statistics per token and norm
-    embed = groups["tp_embed"]
-    over_embed = (2 * stats * all_reduce_s(tokens * _F32, embed) + all_reduce_s(tokens * (q + 2 * kv) * e, embed)
-                  + all_gather_s(tokens * q * e, embed) + all_reduce_s(tokens * mlp * e, embed))
-    head_s = all_gather_s(tokens * d * e, embed) if last_stage else 0.0
-    return 2 * layers * all_reduce_s(tokens * d / x * e, groups["tp_heads"]), layers * over_embed + head_s
+    groups = hw.groups(layout)
+    if layout.tp_embed == 1:
+        return 2 * layers * all_reduce_s(tokens * model.hidden_size * train.compute_dtype.bytes, groups["tp"]), 0.0
+    seconds = {"heads": 0.0, "embed": 0.0}
+    for c in two_d_collectives(model, train, layout, tokens=tokens, layers=layers, last_stage=last_stage):
+        seconds[c.over] += c.calls * collective_s(c.kind, c.size_bytes, groups[f"tp_{c.over}"])
+    return seconds["heads"], seconds["embed"]
 
 
 def layer_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -> float:

@@ -215,7 +215,8 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     n_micro = max(1, layout.micro_batches(train))
     grad_split = gradient_split(model, train, layout)
     # FSDP1's no_sync holds whole gradients until the step's last micro-batch reduce-scatters them.
-    unsplit = n_micro > 1 and layout.stack.unsharded_grad_accumulation or accumulates_whole_gradients(model, train, layout)
+    whole_sums = accumulates_whole_gradients(model, train, layout)
+    unsplit = n_micro > 1 and layout.stack.unsharded_grad_accumulation or whole_sums
     grad_shards = 1 if unsplit else grad_split
     grad_bytes = train.param_dtype.bytes if master_weights else train.grad_dtype.bytes
     grads = sharded(grad_shards) * grad_bytes + frozen_grad_bytes(model, train, layout, stage) / grad_shards
@@ -249,7 +250,7 @@ def _stage_memory(model: ModelConfig, train: TrainConfig, layout: Layout, stage:
     if layout.dp * layout.cp > 1:  # gradients summed over data and context ranks
         layer_params = layer_params_per_device(model, layout)
         trained_layer = layer_params if train.workload.trains_base_weights else train.workload.adapter_params_per_layer(model, tp=layout.tp)
-        if grad_split > 1 and not accumulates_whole_gradients(model, train, layout):
+        if grad_split > 1 and not whole_sums:
             # One layer's full gradient exists until it is reduce-scattered (or reduced and sliced).
             temporary += trained_layer * train.grad_dtype.bytes + frozen_grad_bytes(model, train, layout, stage) / max(1, layers)
         elif layout.stack.dp_overlap:  # buckets let the reduction start before the backward ends

@@ -64,7 +64,7 @@ from validate.mesh_hooks import (
     token_spec,
 )
 from validate.one_f_one_b import one_f_one_b_loss_and_grads, runs_one_f_one_b
-from validate.serving import serving_program
+from validate.serving import serves_stacked, serving_program
 
 
 def check_param_specs(plan: Plan) -> None:
@@ -144,11 +144,17 @@ def _keeps_compute_copy(plan: Plan) -> bool:
 
 
 def _serving_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any]:
-    """``PartitionSpec`` trees of a serving step's weights, KV cache and batch (prompts, or a token and its position)."""
+    """``PartitionSpec`` trees of a serving step's weights, KV cache and batch (prompts, or a token
+    and its position); the layers served per layer or stacked as `validate.serving.serves_stacked` says."""
     cache = kv_cache_spec(plan)
     batch = {"tokens": PartitionSpec(data_axes or None, None)}
     batch |= plan.train.workload.of_step(decode={"position": PartitionSpec()}, prefill={})
-    return param_specs, {"k": cache, "v": cache}, batch
+    if serves_stacked(plan):
+        return param_specs, {"k": cache, "v": cache}, batch
+    layers = plan.model.num_layers
+    one_layer = jax.tree.map(lambda spec: PartitionSpec(*spec[1:]), param_specs["layers"])
+    layer_cache = [PartitionSpec(*cache[1:])] * layers
+    return {**param_specs, "layers": [one_layer] * layers}, {"k": layer_cache, "v": layer_cache}, batch
 
 
 def _lora_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> tuple[Any, Any, Any, Any]:
@@ -190,7 +196,7 @@ def _abstract_train_inputs(plan: Plan) -> tuple[Any, ...]:
 
 def _abstract_serving_inputs(plan: Plan) -> tuple[Any, ...]:
     serving_inputs = plan.train.workload.of_step(decode=abstract_decode_inputs, prefill=abstract_prefill_inputs)
-    return serving_inputs(plan.model, plan.train, replicas=plan.layout.dp)
+    return serving_inputs(plan.model, plan.train, replicas=plan.layout.dp, stacked=serves_stacked(plan))
 
 
 def initial_inputs(plan: Plan, mesh: Mesh, *, seed: int = 0) -> tuple[Any, Any, Any]:

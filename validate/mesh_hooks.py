@@ -52,11 +52,12 @@ def token_spec(plan: Plan) -> PartitionSpec:
 
 
 def kv_cache_spec(plan: Plan) -> PartitionSpec:
-    """How a serving step's K (and V) cache ``[layers, batch, tokens, kv_heads, head_dim]`` is split:
-    by layer over the pipeline axes, by sequence over the data axes (and a 2D weight-stationary
-    plan's model-dimension axes, `costmodel.inputs.layout.Layout.tp_embed`), by KV head as the plan's ``wk``."""
+    """How a serving step's stacked K (and V) cache ``[layers, batch, kv_heads, tokens, head_dim]``
+    is split: by layer over the pipeline axes, by sequence over the data axes (and a 2D
+    weight-stationary plan's model-dimension axes, `costmodel.inputs.layout.Layout.tp_embed`), by
+    KV head as the plan's ``wk``. A layer's own cache (served per layer) drops the first entry."""
     kv_split = plan.param_specs["layers/attn/wk"][2]
-    return PartitionSpec(plan.axes_of("pp") or None, (*plan.axes_of("dp"), *plan.axes_of("tpe")) or None, None, kv_split, None)
+    return PartitionSpec(plan.axes_of("pp") or None, (*plan.axes_of("dp"), *plan.axes_of("tpe")) or None, kv_split, None, None)
 
 
 def region_mesh(mesh: Mesh) -> Any:

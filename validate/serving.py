@@ -1,11 +1,13 @@
 """A serving plan (``train.workload`` prefill or decode) as a JAX program: ``(params, kv_cache,
 batch) -> (logits_BxV, kv_cache)``, every replica's batch together.
 
-The weights come as served with the plan's ``param_specs``, the cache ``[layers, batch,
-tokens, kv_heads, head_dim]`` split over the pipeline axis by layer, over the data axes by
-sequence and over the tensor axes by KV head (whole where the tensor axes do not divide the
-KV heads, as the plan's ``wk`` is), and donated (`validate.lowering.kv_cache_spec`). The
-activations carry the plan's specs and the embedding is vocab-parallel, as in training.
+The weights come as served with the plan's ``param_specs``, one array a layer, and each layer's
+cache ``[batch, kv_heads, tokens, head_dim]`` is split over the data axes by sequence and over
+the tensor axes by KV head (whole where the tensor axes do not divide the KV heads, as the
+plan's ``wk`` is), and donated (`validate.mesh_hooks.kv_cache_spec`); pipelined, the layers and
+the cache come stacked and split over the pipeline axis by layer (`serves_stacked`,
+`planner.programs.decode`). The activations carry the plan's specs and the embedding is
+vocab-parallel, as in training.
 
 - Decode (`planner.programs.decode`): one token per sequence at ``batch["position"]``.
 - Prefill (`planner.programs.prefill`): the prompts ``[batch, prompt_len]`` through the
@@ -51,6 +53,12 @@ from validate.mesh_hooks import activation_constraint, embedding_lookup, kv_cach
 Step = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
 
 
+def serves_stacked(plan: Plan) -> bool:
+    """Whether the step takes its layers and caches stacked (a pipeline splits them over its
+    axis by layer), not one array a layer."""
+    return plan.layout.pp > 1
+
+
 def serving_micro_batches(plan: Plan) -> int:
     """Micro-batches per replica the program runs through the pipeline (module docstring)."""
     return plan.train.workload.of_step(decode=micro_batches, prefill=lambda train, layout: 1)(plan.train, plan.layout)
@@ -66,8 +74,8 @@ def serving_program(plan: Plan, mesh: Mesh) -> Step:
     >>> p = layout_plan("gpt2", Layout(), global_batch=2, seq_len=64, workload="prefill", inference={"prompt_len": 32})
     >>> mesh = device_mesh(p)
     >>> logits, cache = jax.eval_shape(serving_program(p, mesh), *abstract_inputs(p, mesh))
-    >>> logits.shape, cache["k"].shape  # logits over GPT-2's vocabulary padded to 50304, the padding masked
-    ((2, 50304), (12, 2, 64, 12, 64))
+    >>> logits.shape, len(cache["k"]), cache["k"][0].shape  # logits over GPT-2's vocabulary padded to 50304, the padding masked
+    ((2, 50304), 12, (2, 12, 64, 64))
     """
     lay = plan.layout
     if lay.pp > 1 and (plan.model.num_layers % lay.pp or (lay.stage_layers and len(set(lay.stage_layers)) > 1)):
@@ -79,7 +87,7 @@ def serving_program(plan: Plan, mesh: Mesh) -> Step:
     cache_spec = PartitionSpec(*(d for i, d in enumerate(kv_cache_spec(plan)) if i != 0))  # one layer's slice
 
     def constrain(name: str, x: jax.Array) -> jax.Array:
-        if name == "kv_cache_BxTxKxH":
+        if name == "kv_cache_BxKxTxH":
             return jax.lax.with_sharding_constraint(x, NamedSharding(region_mesh(mesh), cache_spec))
         return constrain_activation(name, x)
 

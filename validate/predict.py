@@ -261,8 +261,8 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
                                            why="vocab-parallel embedding rows (fp32)"))
         head = "embed/tokens" if model.tie_embeddings else "lm_head/w"
         if params[head][1][0 if model.tie_embeddings else 1] is not None:
-            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * F32_BYTES,
-                                           calls=1, why="vocab-parallel head input gradient (fp32)"))
+            out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=head_tokens * model.hidden_size * e,
+                                           calls=1, why="vocab-parallel head input gradient"))
             out.append(PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=4 * head_tokens * F32_BYTES, calls=1,
                                            why="softmax max and sum, target logit, over the vocabulary split"))
     if data and reduces_over_data(plan):

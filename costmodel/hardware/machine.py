@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFlo
 from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.hardware.catalog import CATALOG
 from costmodel.hardware.host import HostSpec
-from costmodel.hardware.profile import ClusterSpec, GradientTranspose, StepAllocator
+from costmodel.hardware.profile import ClusterSpec, DeviceKind, GradientTranspose, StepAllocator
 from costmodel.hardware.registry import load_hardware
 from costmodel.hardware.topology import layout_groups, mesh_groups
 from costmodel.inputs.layout import Layout
@@ -46,6 +46,9 @@ class Machine(BaseModel):
     inter_cross_rail: Tier | None = Field(None, description="Inter-node link between different rails (through the spine); "
                                                             "None: as inter.")
     host: HostSpec | None = Field(None, description="The node's host memory, CPU and device-to-host link; None: not described.")
+    launches_kernels: bool = Field(True, description="Whether the device launches each kernel from a stream (GPUs), so a "
+                                   "serving stack's side kernels each pay the launch floor; False on TPUs, where the side-kernel "
+                                   "counts measured on GPUs do not apply (`costmodel.step.serving_kernels.side_kernels`).")
 
     @property
     def memory_budget_bytes(self) -> float:
@@ -96,6 +99,7 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16", linear
         intra_pair=cluster.intra_tier(pair=True) if cluster.intra_node.pair_link else None,
         inter_cross_rail=cluster.inter_tier(rail_aligned=False),
         host=cluster.host,
+        launches_kernels=cluster.device.kind is not DeviceKind.TPU,
     )
 
 

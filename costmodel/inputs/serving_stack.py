@@ -1,12 +1,16 @@
 """Serving stacks: the host work the software serving a model adds to each step beside its kernels.
 
 A serving step's kernels are costed by `costmodel.step.inference`; the stack decides who launches
-them. A compiled step (a JAX executable, a CUDA graph replayed by vLLM or TensorRT-LLM) has its
-kernels queued by the device-side runtime: no host work per kernel beyond the launch floor each
-kernel is already costed with. An eager framework dispatches every operator from Python, one
-after another: the host then spends ``ops × seconds per op`` per step, and a step takes the longer
-of that and its kernels' time (the host runs ahead of the device until the step's end, where
-generation reads the sampled token back). Each preset names where its facts come from.
+them and how finely it splits a layer's small operations. A compiled step (a JAX executable, a
+CUDA graph replayed by vLLM or TensorRT-LLM) has its kernels queued by the device-side runtime:
+no host work per kernel beyond the launch floor each kernel is costed with. Beside a layer's
+GEMMs and attention, its norms, rotary embedding, KV-cache write and MLP activation run as
+``side_kernels_per_layer`` kernels, counted from the stack's code (or its profile) where known:
+each costs the part's launch floor, which at a decode step's few tokens is most of its time (on
+GPUs; a TPU runs its fusions back to back). An eager framework dispatches every operator from
+Python, one after another: the host then spends ``ops × seconds per op`` per step, and a step
+takes the longer of that and its kernels' time (the host runs ahead of the device until the
+step's end, where generation reads the sampled token back). Each preset names where its facts come from.
 
 >>> s = SERVING_STACKS["hf-eager"]
 >>> s.host_ops(num_layers=40), round(s.host_step_s(num_layers=40) * 1e3, 1)
@@ -32,6 +36,9 @@ class ServingStack(BaseModel):
                                               "final norm, head, sampling, stopping checks).")
     host_s_per_op: NonNegativeFloat = Field(0.0, description="Host seconds per dispatched operator (Python, the framework's "
                                             "dispatcher and the kernel launch call).")
+    side_kernels_per_layer: NonNegativeInt | None = Field(
+        None, description="Kernels a decoder layer launches beside its GEMMs and attention (norms with the residual adds, "
+        "rotary embedding, KV-cache write, MLP activation), counted from the stack's code; None: not counted (none costed).")
     source: str = Field(description="Where the facts come from (repository, file, commit), and what is fitted.")
 
     def host_ops(self, *, num_layers: int) -> int:
@@ -61,25 +68,40 @@ HF_EAGER_OPS_PER_STEP = 25
 # (`python -m benchmarks.serving_accuracy` fits it again leaving each source out and reports both).
 HF_EAGER_S_PER_OP = 25e-6
 
+# vllm-project/vllm @0035bdf vllm/model_executor/models/llama.py, LlamaDecoderLayer.forward: input_layernorm
+# and post_attention_layernorm (RMSNorm, the residual add fused in), rotary_emb, the attention
+# backend's cache write (reshape_and_cache) beside its attention kernel, SiluAndMul: 5.
+VLLM_SIDE_KERNELS_PER_LAYER = 5
+# The reference decode program on an H200 (benchmarks/data/gpu, profile of 2026-11-28, llama3-8b,
+# batch 1): per layer 4 reductions (two norms; the softmax's max and sum), 8 elementwise fusions
+# (rotary q and k, residual adds, the activation, score scaling and mask, casts) and 2 cache writes,
+# beside the scan's read of its layer's cache, which per-layer serving drops: 14.
+JAX_SIDE_KERNELS_PER_LAYER = 14
+
 SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
-    ServingStack(name="jax", source="The reference decode and prefill programs (planner.programs), one jitted executable a step: "
-                 "XLA launches its kernels from the device's stream."),
-    ServingStack(name="vllm",
+    ServingStack(name="jax", side_kernels_per_layer=JAX_SIDE_KERNELS_PER_LAYER,
+                 source="The reference decode and prefill programs (planner.programs), one jitted executable a step: "
+                 "XLA launches its kernels from the device's stream; 14 side kernels a layer counted in its H200 profile "
+                 "(JAX_SIDE_KERNELS_PER_LAYER)."),
+    ServingStack(name="vllm", side_kernels_per_layer=VLLM_SIDE_KERNELS_PER_LAYER,
                  source="vllm-project/vllm @587909c vllm/worker/model_runner.py: decode batches of up to 256 sequences "
-                        "(_BATCH_SIZES_TO_CAPTURE) run as captured CUDA graphs unless enforce_eager. Its scheduler's "
-                        "per-step Python is not modelled."),
+                        "(_BATCH_SIZES_TO_CAPTURE) run as captured CUDA graphs unless enforce_eager; @0035bdf "
+                        "vllm/model_executor/models/llama.py: 5 side kernels a layer (VLLM_SIDE_KERNELS_PER_LAYER). Its "
+                        "scheduler's per-step Python is not modelled."),
     ServingStack(name="torch-compile",
                  source="pytorch-labs/gpt-fast generate.py (@0055c42): decode_one_token compiled with "
-                        "torch.compile(mode='reduce-overhead', fullgraph=True), a CUDA graph replayed every step."),
+                        "torch.compile(mode='reduce-overhead', fullgraph=True), a CUDA graph replayed every step; how "
+                        "Inductor fuses a layer's small operations is not counted."),
     ServingStack(name="tensorrt-llm",
                  source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (assumed from that design, not "
-                        "counted from its code): no per-operator Python dispatch."),
+                        "counted from its code): no per-operator Python dispatch; its fused plugins' kernel count is not counted."),
     ServingStack(name="hf-eager", host_ops_per_layer=HF_EAGER_OPS_PER_LAYER, host_ops_per_step=HF_EAGER_OPS_PER_STEP,
                  host_s_per_op=HF_EAGER_S_PER_OP,
                  source="huggingface/transformers @0022728 src/transformers/models/llama/modeling_llama.py, eager "
                         "attention, DynamicCache (a contiguous cache grown by concatenation): 53 operators per decoder layer "
                         "and about 25 per step, counted from the code (HF_EAGER_OPS_PER_LAYER); seconds per operator "
-                        "fitted to published generate() latencies (HF_EAGER_S_PER_OP)."),
+                        "fitted to published generate() latencies (HF_EAGER_S_PER_OP). Host-bound: its kernels' "
+                        "launch floors are not counted beside the dispatch."),
 )}
 
 

@@ -77,6 +77,11 @@ class ServingTimes(Record):
     host_s_per_op: float = Field(0.0, description="The stack's host seconds per dispatched operator.")
     host_step_s: float = Field(0.0, description="Host seconds to dispatch one step (host_ops × host_s_per_op); a decode "
                                "step or a prefill takes the longer of this and its kernels' time.")
+    side_kernels_per_layer: int = Field(0, description="Side kernels a decoder layer launches beside its GEMMs and attention "
+                                        "(`costmodel.inputs.serving_stack.ServingStack.side_kernels_per_layer`; 0: not counted).")
+    side_kernel_floor_s: float = Field(0.0, description="The part's launch floor each side kernel pays.")
+    decode_side_kernels_s: float = Field(0.0, description="Decode: of the compute and HBM time, the side kernels' over every "
+                                         "layer (their launch floors and activation bytes).")
 
 
 class StepEstimate(BaseModel):

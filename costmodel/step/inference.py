@@ -79,6 +79,7 @@ from costmodel.step.serving_kernels import (
     iteration_layer_kernels,
     kv_element_bytes,
     layer_kernels,
+    side_kernels,
     untouched_expert_bytes,
 )
 
@@ -246,7 +247,7 @@ def _stage_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     one stage's pass over ``sequences``."""
     layers, last = layout.layers_on_stage(model.num_layers, stage), stage == layout.pp - 1
     per_layer = layer_kernels(model, train, layout, sequences=sequences, new_tokens=new_tokens,
-                              kv_heads=device_kv_heads(model, layout), cache_tokens=cached_tokens(model, train))
+                              kv_heads=device_kv_heads(model, layout), cache_tokens=cached_tokens(model, train), side=hw.launches_kernels)
     kernels = [k.scaled(layers) for k in per_layer]
     if last:
         kernels.append(head_kernel(model, train, layout, sequences))
@@ -285,7 +286,8 @@ def iteration_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Mach
                                fix="serve with 1D tensor parallelism and replicas (--pp 1)")
     kernels = [k.scaled(model.num_layers) for k in iteration_layer_kernels(
         model, train, layout, decode_sequences=decode_sequences, tokens_per_sequence=tokens_per_sequence,
-        cached_tokens=cached_tokens, kv_heads=kv_heads_per_device(model, layout.tp), prompt_tokens=prompt_tokens)]
+        cached_tokens=cached_tokens, kv_heads=kv_heads_per_device(model, layout.tp), prompt_tokens=prompt_tokens,
+        side=hw.launches_kernels)]
     kernels.append(head_kernel(model, train, layout, decode_sequences * tokens_per_sequence + (1 if prompt_tokens else 0)))
     tokens = decode_sequences * tokens_per_sequence + prompt_tokens
     comm_s = (2 * model.num_layers * all_reduce_s(tokens * model.hidden_size * train.compute_dtype.bytes, hw.groups(layout)["tp"])
@@ -359,6 +361,10 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
         prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
         host_ops=stack.host_ops(num_layers=model.num_layers), host_s_per_op=stack.host_s_per_op, host_step_s=host_s,
+        side_kernels_per_layer=(stack.side_kernels_per_layer or 0) if hw.launches_kernels else 0,
+        side_kernel_floor_s=hw.efficiency.kernel_floor_s,
+        decode_side_kernels_s=_split_s([k.scaled(model.num_layers) for k in side_kernels(
+            model, train, lay, tokens=b, kv_heads=device_kv_heads(model, lay))], hw)[0] if hw.launches_kernels else 0.0,
     )
     step = train.workload.of_step(
         decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1),

@@ -11,6 +11,10 @@
   compute dtype inside the GEMM (weight-only).
 - Attention against the KV cache (decode: the new token's query over the whole cache, read once
   in the cache's dtype; prefill: causal, quadratic) at the compute dtype's peak; the head too.
+- Side kernels (`side_kernels`): the norms with their residual adds, the rotary embedding, the
+  KV-cache write and the MLP activation, as many launches as the serving stack splits them into
+  (`costmodel.inputs.serving_stack.ServingStack.side_kernels_per_layer`), each reading and
+  writing its share of those activations once and paying a launch floor.
 - Mixture of experts: the router (a ``hidden × experts`` GEMM at the compute peak), then each
   token's top-k experts: ``2·k·expert params`` FLOPs a token, and the weights of every expert the
   step's tokens touch. Under uniform, independent routing (the load-balancing loss's aim; real
@@ -28,7 +32,7 @@
 from __future__ import annotations
 
 from costmodel.inputs.layout import Layout
-from costmodel.inputs.model_config import ModelConfig
+from costmodel.inputs.model_config import ModelConfig, Positions
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.fp8_memory import FP8_BYTES
 from costmodel.step.kernels import Kernel, KernelKind
@@ -89,11 +93,12 @@ def _mlp_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, tokens:
 
 
 def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, sequences: int, new_tokens: int,
-                  kv_heads: float, cache_tokens: int) -> list[Kernel]:
+                  kv_heads: float, cache_tokens: int, side: bool = True) -> list[Kernel]:
     """One layer's kernels on one device for ``sequences`` sequences each adding ``new_tokens``
     (1: a decode step against ``cache_tokens`` allocated tokens; the prompt: prefill, causal);
     ``kv_heads`` the KV heads' worth of every sequence's cache the device holds (a fraction where
-    a 2D split also divides the sequences, `costmodel.step.inference.device_kv_heads`)."""
+    a 2D split also divides the sequences, `costmodel.step.inference.device_kv_heads`); with
+    ``side``, the serving stack's side kernels (a device that launches kernels, `Machine.launches_kernels`)."""
     e, tp = train.compute_dtype.bytes, layout.tp
     d, hd = model.hidden_size, model.head_dim
     q, kv = model.num_heads // tp * hd, kv_heads * hd
@@ -109,16 +114,43 @@ def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, seq
     return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train),
             Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=attn_bytes),
             *linear_kernels("attn_out", tokens=tokens, d_in=q, d_out=d, train=train),
-            *_mlp_kernels(model, train, layout, tokens)]
+            *_mlp_kernels(model, train, layout, tokens),
+            *(side_kernels(model, train, layout, tokens=tokens, kv_heads=kv_heads) if side else [])]
+
+
+def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, tokens: float, kv_heads: float) -> list[Kernel]:
+    """A layer's side kernels over ``tokens`` tokens on one device (module docstring): per token
+    two norms reading and writing the residual stream and its normed copy (``8·hidden``), the
+    rotary embedding of the queries and keys (``2·(q + kv)``), the cache write of the keys and
+    values (``4·kv``) and the activation (``3·ffn`` gated, else ``2·ffn``; a mixture of experts'
+    over each token's experts), in the compute dtype; none where the stack's count is unknown.
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+    >>> # bf16: (8·1024 + 2·(1024 + 256) + 4·256 + 3·4096) · 2 bytes over the jax stack's 14 launches
+    >>> [(k.count, k.count * k.bytes) for k in side_kernels(m, TrainConfig(workload="decode"), Layout(), tokens=1, kv_heads=4)]
+    [(14.0, 48128.0)]
+    >>> side_kernels(m, TrainConfig(workload="decode", inference={"serving_stack": "tensorrt-llm"}), Layout(), tokens=1, kv_heads=4)
+    []
+    """
+    count = train.workload.serving.stack.side_kernels_per_layer
+    if not count:
+        return []
+    d, hd, tp = model.hidden_size, model.head_dim, layout.tp
+    q, kv = model.num_heads // tp * hd, kv_heads * hd
+    ffn = (model.moe_ffn_size * model.experts_per_token if model.is_moe else model.ffn_size) / tp
+    rotary = 2 * (q + kv) if model.positions is Positions.ROPE else 0
+    elements = 8 * d + rotary + 4 * kv + (3 if model.mlp.gated else 2) * ffn
+    return [Kernel(name="side_kernels", kind=KernelKind.MEMORY, flops=0, bytes=tokens * elements * train.compute_dtype.bytes / count,
+                   count=count)]
 
 
 def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, decode_sequences: int, tokens_per_sequence: int,
-                            cached_tokens: int, kv_heads: int, prompt_tokens: int) -> list[Kernel]:
+                            cached_tokens: int, kv_heads: int, prompt_tokens: int, side: bool = True) -> list[Kernel]:
     """One layer's kernels in one continuous-batching iteration on one device: ``decode_sequences``
     sequences each adding ``tokens_per_sequence`` (1; a speculative step verifies several) against
     ``cached_tokens`` cached tokens in all (read once, in the cache's dtype), beside one prompt
     chunk of ``prompt_tokens`` (causal among themselves). The linear layers run over every token
-    of the iteration at once, reading their weights once (vLLM's and TensorRT-LLM's mixed batches)."""
+    of the iteration at once, reading their weights once (vLLM's and TensorRT-LLM's mixed batches); ``side`` as in `layer_kernels`."""
     e, d, hd = train.compute_dtype.bytes, model.hidden_size, model.head_dim
     q, kv = model.num_heads // layout.tp * hd, kv_heads * hd
     new = decode_sequences * tokens_per_sequence
@@ -131,7 +163,8 @@ def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layo
         attention.append(Kernel(name="prefill_attention", kind=KernelKind.FLASH_ATTENTION, flops=2 * prompt_tokens**2 * q,
                                 bytes=prompt_tokens * (2 * q + 2 * kv) * e))
     return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train), *attention,
-            *linear_kernels("attn_out", tokens=tokens, d_in=q, d_out=d, train=train), *_mlp_kernels(model, train, layout, tokens)]
+            *linear_kernels("attn_out", tokens=tokens, d_in=q, d_out=d, train=train), *_mlp_kernels(model, train, layout, tokens),
+            *(side_kernels(model, train, layout, tokens=tokens, kv_heads=kv_heads) if side else [])]
 
 
 def head_kernel(model: ModelConfig, train: TrainConfig, layout: Layout, sequences: int) -> Kernel:

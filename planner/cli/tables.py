@@ -115,6 +115,11 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
                                           f"{srv.host_step_s * 1e3:.2f} ms ({train.workload.serving.serving_stack}: "
                                           "each operator dispatched from Python; a step takes at least this)")]
           if srv.host_ops else []),
+        *([("  side kernels", f"{srv.side_kernels_per_layer} a layer × {p.model.num_layers} layers, "
+                               f"{srv.side_kernel_floor_s * 1e6:.0f} µs launch floor each, with their bytes: "
+                               f"{srv.decode_side_kernels_s * 1e3:.2f} ms ({train.workload.serving.serving_stack}: norms, "
+                               "rotary, cache write, activation)")]
+          if srv.side_kernels_per_layer and decode else []),
         ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch} × "
                                 f"{train.prompt_len} tokens per replica)"),
         ("tokens/s", f"{est.tokens_per_s:,.0f} {'output' if decode else 'prompt'} tokens/s over {lay.dp} replica(s)"),

@@ -32,10 +32,24 @@ def test_an_eager_decode_step_takes_at_least_its_host_dispatch_and_a_compiled_on
     host_s = get_serving_stack("hf-eager").host_step_s(num_layers=MODEL.num_layers)
     assert compiled.serving.host_ops == 0 and compiled.time_per_output_token_s < host_s
     assert eager.time_per_output_token_s == pytest.approx(host_s) and eager.serving.host_step_s == pytest.approx(host_s)
-    # A step whose kernels outlast the dispatch is the kernels' time: host work overlaps them.
+    # A step whose kernels outlast the dispatch is the kernels' time: host work overlaps them (a compiled
+    # stack whose side kernels are not counted launches the same kernels).
     big = simulate_inference(MODEL, _decode("hf-eager", batch=512), Layout(), hw)
-    assert big.time_per_output_token_s == pytest.approx(simulate_inference(MODEL, _decode("jax", batch=512), Layout(), hw)
+    assert big.time_per_output_token_s == pytest.approx(simulate_inference(MODEL, _decode("tensorrt-llm", batch=512), Layout(), hw)
                                                         .time_per_output_token_s)
+
+
+def test_side_kernels_cost_a_launch_floor_each_on_gpus_and_are_itemized():
+    """The jax stack's 14 side kernels a layer each pay the GPU's launch floor; a TPU runs its fusions back to back."""
+    gpu = simulate_inference(MODEL, _decode("jax"), Layout(), load_machine("h100-sxm"))
+    uncounted = simulate_inference(MODEL, _decode("tensorrt-llm"), Layout(), load_machine("h100-sxm"))
+    srv = gpu.serving
+    assert srv.side_kernels_per_layer == 14 and uncounted.serving.side_kernels_per_layer == 0
+    floors_s = 14 * MODEL.num_layers * srv.side_kernel_floor_s
+    assert floors_s < srv.decode_side_kernels_s < 1.1 * floors_s  # at batch 1 the floors are nearly all of it
+    assert gpu.time_per_output_token_s == pytest.approx(uncounted.time_per_output_token_s + srv.decode_side_kernels_s)
+    tpu = simulate_inference(MODEL, _decode("jax"), Layout(), load_machine("tpu-v5p"))
+    assert tpu.serving.side_kernels_per_layer == 0 and tpu.serving.decode_side_kernels_s == 0
 
 
 def test_a_measured_per_operator_cost_replaces_the_fitted_one_also_in_continuous_batching():

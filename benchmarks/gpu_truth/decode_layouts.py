@@ -6,15 +6,18 @@ The H200 profile of 2026-11-28 put 57 % of a llama3-8b decode step (batch 1) in 
 once costs. This run asks which program shape removes them, timing one decode step of the same
 model and sizes four ways:
 
-- ``scan``: the reference program (`planner.programs.decode.decode_step`): a ``lax.scan`` over the
-  stacked layers, each iteration slicing its layer's weights and cache out of the stacks;
+- ``scan``: `planner.programs.decode.decode_step` on stacked layers (as a pipeline stage takes
+  them): a ``lax.scan``, each iteration slicing its layer's weights and cache out of the stacks;
 - ``unrolled``: the same stacked inputs, the layers a Python loop (static slices);
-- ``per-layer``: each layer's weights and cache its own arrays, cache ``[B, T, K, H]``;
-- ``per-layer-bkth``: as ``per-layer`` with the cache ``[B, K, T, H]``, so the score and output
-  products take it without a transpose.
+- ``per-layer``: each layer's weights and cache its own arrays, the cache ``[B, T, K, H]``, so the
+  score and output products transpose it;
+- ``served``: the reference program as it serves (`decode_step` on per-layer weights and caches
+  ``[B, K, T, H]``).
 
-Writes ``decode_layouts_<device>_<time>.csv`` (variant, batch, context, measured seconds). The
-CPU check: ``--backend cpu --quick`` (toy sizes).
+The CSV in benchmarks/data/gpu was measured at commit 0a9a0b1, before the program took the
+``served`` shape (its ``per-layer-bkth`` row is that shape); its ``scan`` and ``unrolled`` rows
+then had the cache ``[L, B, T, K, H]``. Writes ``decode_layouts_<device>_<time>.csv`` (variant,
+batch, context, measured seconds). The CPU check: ``--backend cpu --quick`` (toy sizes).
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("scan", "unrolled", "per-layer", "per-layer-bkth")
+VARIANTS = ("scan", "unrolled", "per-layer", "served")
 
 
-def _attend_own_cache(x_BxD: Any, p: Any, k_cache: Any, v_cache: Any, position: Any, cfg: Any, dt: Any, bkth: bool) -> tuple[Any, Any, Any]:
-    """One token's attention against one layer's own cache, ``[B, T, K, H]`` or (``bkth``) ``[B, K, T, H]``."""
+def _attend_btkh(x_BxD: Any, p: Any, k_BxTxKxH: Any, v_BxTxKxH: Any, position: Any, cfg: Any, dt: Any) -> tuple[Any, Any, Any]:
+    """One token's attention against one layer's own cache laid out ``[B, T, K, H]``."""
     import jax
     import jax.numpy as jnp
 
@@ -43,26 +46,24 @@ def _attend_own_cache(x_BxD: Any, p: Any, k_cache: Any, v_cache: Any, position: 
     k_BxKxH = _rope_at(jnp.einsum("bd,dkh->bkh", x_BxD, p["wk"].astype(dt)), position, cfg.rope_theta)
     v_BxKxH = jnp.einsum("bd,dkh->bkh", x_BxD, p["wv"].astype(dt))
     zero = jnp.zeros((), jnp.int32)
-    at, row, seq = ((zero, zero, position, zero), (slice(None), slice(None), None), "bkth") if bkth else \
-        ((zero, position, zero, zero), (slice(None), None), "btkh")
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k_BxKxH[row].astype(k_cache.dtype), at)
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v_BxKxH[row].astype(v_cache.dtype), at)
+    k_BxTxKxH = jax.lax.dynamic_update_slice(k_BxTxKxH, k_BxKxH[:, None].astype(k_BxTxKxH.dtype), (zero, position, zero, zero))
+    v_BxTxKxH = jax.lax.dynamic_update_slice(v_BxTxKxH, v_BxKxH[:, None].astype(v_BxTxKxH.dtype), (zero, position, zero, zero))
     q_BxKxGxH = q_BxNxH.reshape(b, cfg.num_kv_heads, group, cfg.head_dim)
-    scores_BxKxGxT = jnp.einsum(f"bkgh,{seq}->bkgt", q_BxKxGxH, k_cache.astype(dt)).astype(jnp.float32) / math.sqrt(cfg.head_dim)
+    scores_BxKxGxT = jnp.einsum("bkgh,btkh->bkgt", q_BxKxGxH, k_BxTxKxH.astype(dt)).astype(jnp.float32) / math.sqrt(cfg.head_dim)
     visible_T = jnp.arange(scores_BxKxGxT.shape[-1]) <= position
     probs_BxKxGxT = jax.nn.softmax(jnp.where(visible_T, scores_BxKxGxT, -jnp.inf), axis=-1).astype(dt)
-    out_BxNxH = jnp.einsum(f"bkgt,{seq}->bkgh", probs_BxKxGxT, v_cache.astype(dt)).reshape(b, cfg.num_heads, cfg.head_dim)
-    return jnp.einsum("bnh,nhd->bd", out_BxNxH, p["wo"].astype(dt)), k_cache, v_cache
+    out_BxNxH = jnp.einsum("bkgt,btkh->bkgh", probs_BxKxGxT, v_BxTxKxH.astype(dt)).reshape(b, cfg.num_heads, cfg.head_dim)
+    return jnp.einsum("bnh,nhd->bd", out_BxNxH, p["wo"].astype(dt)), k_BxTxKxH, v_BxTxKxH
 
 
 def _step(variant: str, cfg: Any, dt: Any) -> Any:
     """``(params, cache, batch) -> (logits, cache)`` of one variant."""
     import jax
 
-    from planner.programs.decode import _attend, _mlp, decode_embed, decode_step
-    from planner.programs.transformer import _norm, head
+    from planner.programs.decode import _attend, _mlp, decode_embed, decode_step, loop_served_layers
+    from planner.programs.transformer import _keep, _norm, head
 
-    if variant == "scan":
+    if variant in ("scan", "served"):
         return partial(decode_step, cfg=cfg, compute_dtype=dt)
 
     def step(params: Any, cache: Any, batch: Any) -> tuple[Any, Any]:
@@ -71,39 +72,44 @@ def _step(variant: str, cfg: Any, dt: Any) -> Any:
             k, v = cache["k"], cache["v"]
             for i in range(cfg.num_layers):
                 p = jax.tree.map(lambda a, i=i: a[i], params["layers"])
-                y_BxD, k, v = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k, v, i, position, cfg, dt, lambda _n, a: a)
+                y_BxD, k, v = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k, v, position, cfg, dt, _keep, i)
                 x_BxD = x_BxD + y_BxD
                 x_BxD = x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, dt)
             new_cache = {"k": k, "v": v}
         else:
-            new_cache = {"k": [], "v": []}
-            for p, k, v in zip(params["layers"], cache["k"], cache["v"]):
-                y_BxD, k, v = _attend_own_cache(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k, v, position, cfg, dt,
-                                                variant == "per-layer-bkth")
+            def layer(x_BxD: Any, p: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+                y_BxD, k, v = _attend_btkh(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k, v, position, cfg, dt)
                 x_BxD = x_BxD + y_BxD
-                x_BxD = x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, dt)
-                new_cache["k"].append(k)
-                new_cache["v"].append(v)
+                return x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, dt), k, v
+
+            x_BxD, new_cache = loop_served_layers(layer, x_BxD, params["layers"], cache)
         return head(x_BxD[:, None], params, cfg)[:, 0], new_cache
 
     return step
 
 
+def as_variant(variant: str, params: Any, cache: Any, num_layers: int) -> tuple[Any, Any]:
+    """The reference program's stacked ``(params, cache)`` as ``variant`` takes them."""
+    import jax.numpy as jnp
+
+    from planner.programs.decode import per_layer
+
+    if variant in ("scan", "unrolled"):
+        return params, cache
+    layout = (lambda c: jnp.swapaxes(c, 1, 2)) if variant == "per-layer" else (lambda c: c)  # [B, K, T, H] -> [B, T, K, H]
+    return per_layer(params), {name: [layout(c[i]) for i in range(num_layers)] for name, c in cache.items()}
+
+
 def _inputs(variant: str, cfg: Any, train: Any) -> tuple[Any, Any, Any]:
-    """Concrete inputs of a variant: the reference program's, restacked per layer where it asks."""
-    import jax
+    """Concrete inputs of a variant: the reference program's stacked ones, restacked where it asks."""
     import jax.numpy as jnp
 
     from benchmarks.gpu_truth.serving import _concrete
     from planner.programs.decode import abstract_decode_inputs
 
-    params, cache, batch = _concrete(abstract_decode_inputs(cfg, train))
+    params, cache, batch = _concrete(abstract_decode_inputs(cfg, train, stacked=True))
     batch["position"] = jnp.asarray(train.seq_len - 1, jnp.int32)
-    if variant.startswith("per-layer"):
-        params = {**params, "layers": [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(cfg.num_layers)]}
-        per_layer = (lambda c: jnp.swapaxes(c, 1, 2)) if variant == "per-layer-bkth" else (lambda c: c)
-        cache = {name: [per_layer(c[i]) for i in range(cfg.num_layers)] for name, c in cache.items()}
-    return params, cache, batch
+    return (*as_variant(variant, params, cache, cfg.num_layers), batch)
 
 
 def measure(variant: str, cfg: Any, train: Any) -> float:

@@ -129,7 +129,9 @@ def lora_collectives(plan: Plan, *, platform: str = "gpu") -> list[PredictedColl
     for c in predicted_collectives(_pretraining_twin(plan), platform=platform):
         if c.axes != tensor or not tensor:
             continue
-        if c.why.startswith("softmax max and sum"):
+        if c.why.startswith("vocab-parallel head input gradient"):
+            c = c.model_copy(update={"bytes_per_call": c.bytes_per_call * e / F32_BYTES, "why": "vocab-parallel head input gradient"})
+        elif c.why.startswith("softmax max and sum"):
             c = c.model_copy(update={"bytes_per_call": c.bytes_per_call * 3 / 4, "why": "softmax max and sum over the vocabulary split"})
         out.append(c)
     if tensor:

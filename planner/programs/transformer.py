@@ -417,17 +417,45 @@ def layer_body(cfg: ModelConfig, *, constrain: Constrain = _keep, attention: str
 
 
 def head(x_BxSxD: jax.Array, params: Params, cfg: ModelConfig, *, constrain: Constrain = _keep) -> jax.Array:
-    """Final norm and the vocabulary projection: fp32 logits over the padded vocabulary
-    (`ModelConfig.padded_vocab_size`), the padded columns masked (`mask_padded_logits`).
-
-    The projection rounds its output to the compute dtype before the fp32 cast, as MaxText and
-    Megatron-LM do: with an fp32 product the logits' gradient stays fp32 and both backward matrix
-    products ran as fp32 (TF32) GEMMs, the top kernels of the H200 profile of 2026-11-28."""
+    """Final norm and the vocabulary projection (`vocab_projection`): fp32 logits over the padded
+    vocabulary (`ModelConfig.padded_vocab_size`), the padded columns masked (`mask_padded_logits`)."""
     with jax.named_scope("head"):
         h_BxSxD = _norm(constrain("head_input_BxSxD", x_BxSxD), params["final_norm"], cfg)
         w_DxV = params["embed"]["tokens"].T if cfg.tie_embeddings else params["lm_head"]["w"]
-        logits_BxSxV = constrain("logits_BxSxV", jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV.astype(x_BxSxD.dtype)).astype(jnp.float32))
+        logits_BxSxV = constrain("logits_BxSxV", vocab_projection(h_BxSxD, w_DxV.astype(x_BxSxD.dtype)))
         return mask_padded_logits(logits_BxSxV, cfg.vocab_size)
+
+
+@jax.custom_vjp
+def vocab_projection(h_BxSxD: jax.Array, w_DxV: jax.Array) -> jax.Array:
+    """fp32 logits ``h @ w`` of compute-dtype operands, whose backward products take the logits'
+    gradient rounded to the compute dtype (their results fp32, then cast as autodiff casts them).
+
+    Left to autodiff, the fp32 gradient promoted the compute-dtype operands of both backward
+    products to fp32: TF32 GEMMs, the top kernels of the H200 training-step profile of 2026-11-28
+    (`sm90_xmma_gemm_f32f32_tf32f32`). MaxText and Megatron-LM round the logits themselves to bf16;
+    here the forward keeps them fp32 and only the backward's operand is rounded.
+
+    >>> h, w = jnp.ones((1, 2, 4), jnp.bfloat16), jnp.ones((4, 3), jnp.bfloat16)
+    >>> vocab_projection(h, w).dtype, jax.grad(lambda w: vocab_projection(h, w).sum())(w).dtype
+    (dtype('float32'), dtype(bfloat16))
+    """
+    return jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV, preferred_element_type=jnp.float32)
+
+
+def _vocab_projection_fwd(h_BxSxD: jax.Array, w_DxV: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return vocab_projection(h_BxSxD, w_DxV), (h_BxSxD, w_DxV)
+
+
+def _vocab_projection_bwd(saved: tuple[jax.Array, jax.Array], d_BxSxV: jax.Array) -> tuple[jax.Array, jax.Array]:
+    h_BxSxD, w_DxV = saved
+    d_BxSxV = d_BxSxV.astype(h_BxSxD.dtype)
+    dh_BxSxD = jnp.einsum("bsv,dv->bsd", d_BxSxV, w_DxV, preferred_element_type=jnp.float32)
+    dw_DxV = jnp.einsum("bsd,bsv->dv", h_BxSxD, d_BxSxV, preferred_element_type=jnp.float32)
+    return dh_BxSxD.astype(h_BxSxD.dtype), dw_DxV.astype(w_DxV.dtype)
+
+
+vocab_projection.defvjp(_vocab_projection_fwd, _vocab_projection_bwd)
 
 
 def mask_padded_logits(logits_BxSxV: jax.Array, vocab_size: int) -> jax.Array:

@@ -319,9 +319,7 @@ def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, exper
     all-gathers of the sequence-split activation: before the attention and MLP matmuls in the
     forward, and in the backward the two gathers of the inputs the weight gradients need and
     the two of the output gradients (the transposes of the slices). The head's input is
-    gathered likewise, twice: in the forward, where its weight gradient takes it again
-    (`planner.programs.transformer.vocab_projection`'s backward has the same bf16 operand, so XLA
-    gathers it once), and for the output gradient's transpose. Each
+    gathered likewise (forward, its weight gradient, the output gradient's transpose). Each
     norm's weight gradient is a sum over the split sequence: an fp32 all-reduce. Learned
     positions are added whole (`planner.programs.transformer.embed`): their rows' gradient is
     gathered from the split sequence, once per micro-batch.
@@ -342,9 +340,8 @@ def _sequence_parallel(plan: Plan, runs: ProgramRuns, act_bytes: float, *, exper
                             why="sequence parallel: the split activation gathered before the attention and MLP, forward and backward"),
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=2 * norm_bytes, calls=runs.layer_runs,
                             why="sequence parallel: the layer norms' weight gradients summed over the split sequence (fp32)"),
-        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=head_act_bytes, calls=2 * runs.head_calls,
-                            why="sequence parallel: the head's input gathered (forward, its weight gradient reusing it; output "
-                            "gradient)"),
+        PredictedCollective(kind="all-gather", axes=tensor, bytes_per_call=head_act_bytes, calls=3 * runs.head_calls,
+                            why="sequence parallel: the head's input gathered (forward, weight gradient, output gradient)"),
         PredictedCollective(kind="all-reduce", axes=tensor, bytes_per_call=norm_bytes, calls=runs.head_calls,
                             why="sequence parallel: the final norm's weight gradient (fp32)"),
         *([PredictedCollective(kind="all-gather", axes=tensor, calls=runs.outer_calls,

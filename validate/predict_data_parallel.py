@@ -60,16 +60,14 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
 
     # On the CPU backend the head's weight gradient is reduced straight from the fp32 conversion of
     # its bf16 product (where no accumulator lies between): `validate.hlo` reads that as XLA:CPU's
-    # promotion of a bf16 reduction and counts it at bf16 bytes. Split over tensor axes and summed
-    # once a step, a copy lies between (the per-replica program's layout change) and it is read as
-    # the fp32 it is; reduced every micro-batch (ZeRO 2-3) it is not.
-    straight = platform == "cpu" and (lay.zero_stage >= 2 or (runs.outer_calls == 1 and lay.tp == 1))
+    # promotion of a bf16 reduction and counts it at bf16 bytes. Split over tensor axes, a copy
+    # lies between (the per-replica program's layout change) and it is read as the fp32 it is.
+    straight = platform == "cpu" and (lay.zero_stage >= 2 or runs.outer_calls == 1) and lay.tp == 1
     read_as_bf16 = {"lm_head/w"} if straight else set()
     if platform == "cpu" and lay.zero_stage == 2 and copy:
         # So is every gradient of a compute copy (`keeps_compute_copy`) under ZeRO 2, converted to fp32 just before
-        # its reduce-scatter, an untied table's too since the head's backward rounds its operand
-        # (`planner.programs.transformer.vocab_projection`).
-        read_as_bf16 |= split
+        # its reduce-scatter, but an untied table's, which the lookup's transpose scatters in fp32 there.
+        read_as_bf16 |= {n for n in split if n != "embed/tokens" or plan.model.tie_embeddings}
 
     def summed_bytes(name: str) -> float:  # a gradient as summed: in the master weights' dtype
         return e if name in read_as_bf16 else stored

@@ -417,13 +417,19 @@ def layer_body(cfg: ModelConfig, *, constrain: Constrain = _keep, attention: str
 
 
 def head(x_BxSxD: jax.Array, params: Params, cfg: ModelConfig, *, constrain: Constrain = _keep) -> jax.Array:
-    """Final norm and the vocabulary projection (`vocab_projection`): fp32 logits over the padded
-    vocabulary (`ModelConfig.padded_vocab_size`), the padded columns masked (`mask_padded_logits`)."""
+    """Final norm and the vocabulary projection: fp32 logits over the padded vocabulary
+    (`ModelConfig.padded_vocab_size`), the padded columns masked (`mask_padded_logits`). On a GPU
+    the projection's backward takes a bf16 operand (`vocab_projection`); elsewhere autodiff's."""
     with jax.named_scope("head"):
         h_BxSxD = _norm(constrain("head_input_BxSxD", x_BxSxD), params["final_norm"], cfg)
         w_DxV = params["embed"]["tokens"].T if cfg.tie_embeddings else params["lm_head"]["w"]
-        logits_BxSxV = constrain("logits_BxSxV", vocab_projection(h_BxSxD, w_DxV.astype(x_BxSxD.dtype)))
+        project = vocab_projection if jax.default_backend() == "gpu" else _f32_projection
+        logits_BxSxV = constrain("logits_BxSxV", project(h_BxSxD, w_DxV.astype(x_BxSxD.dtype)))
         return mask_padded_logits(logits_BxSxV, cfg.vocab_size)
+
+
+def _f32_projection(h_BxSxD: jax.Array, w_DxV: jax.Array) -> jax.Array:
+    return jnp.einsum("bsd,dv->bsv", h_BxSxD, w_DxV, preferred_element_type=jnp.float32)
 
 
 @jax.custom_vjp
@@ -432,9 +438,12 @@ def vocab_projection(h_BxSxD: jax.Array, w_DxV: jax.Array) -> jax.Array:
     gradient rounded to the compute dtype (their results fp32, then cast as autodiff casts them).
 
     Left to autodiff, the fp32 gradient promoted the compute-dtype operands of both backward
-    products to fp32: TF32 GEMMs, the top kernels of the H200 training-step profile of 2026-11-28
-    (`sm90_xmma_gemm_f32f32_tf32f32`). MaxText and Megatron-LM round the logits themselves to bf16;
-    here the forward keeps them fp32 and only the backward's operand is rounded.
+    products to fp32, which XLA:GPU runs as TF32 GEMMs at half the bf16 rate: the top kernels of
+    the H200 training-step profile of 2026-11-28 (`sm90_xmma_gemm_f32f32_tf32f32`). MaxText and
+    Megatron-LM round the logits themselves to bf16; here the forward keeps them fp32 and only the
+    backward's operand is rounded. `head` uses it on GPUs only: a TPU runs an fp32 product of
+    bf16 operands in bf16 passes at its default precision, and the CPU program is the one the
+    validator's predictions of gradient dtypes were read from.
 
     >>> h, w = jnp.ones((1, 2, 4), jnp.bfloat16), jnp.ones((4, 3), jnp.bfloat16)
     >>> vocab_projection(h, w).dtype, jax.grad(lambda w: vocab_projection(h, w).sum())(w).dtype

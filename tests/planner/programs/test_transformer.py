@@ -1,7 +1,11 @@
 """Tests `planner/programs/transformer.py`: causality, GQA, MoE, remat, the padded vocabulary."""
 
+from functools import partial
+
 import jax
+import jax.extend.core
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from costmodel.errors import UnsupportedError
@@ -106,3 +110,30 @@ def test_padded_vocabulary_gives_the_unpadded_logits_loss_and_gradients(cfg):
         assert jnp.allclose(grads["lm_head"]["w"][:, :50], exact_grads["lm_head"]["w"], atol=1e-7)
         assert float(abs(grads["lm_head"]["w"][:, 50:]).max()) == 0.0
     assert jnp.allclose(grads["final_norm"]["scale"], exact_grads["final_norm"]["scale"], atol=1e-6)
+
+
+def test_the_gpu_vocab_projection_keeps_fp32_logits_and_takes_bf16_operands_backward():
+    """Its gradients are autodiff's to bf16 rounding of the logits' gradient; its backward products read bf16."""
+    from planner.programs.transformer import _f32_projection, vocab_projection
+
+    h_BxSxD = jax.random.normal(jax.random.key(0), (2, 4, 16), jnp.float32).astype(jnp.bfloat16)
+    w_DxV = jax.random.normal(jax.random.key(1), (16, 32), jnp.float32).astype(jnp.bfloat16)
+    target_BxSxV = jax.random.normal(jax.random.key(2), (2, 4, 32), jnp.float32)
+
+    def loss(project, h, w):
+        return jnp.sum(project(h, w) * target_BxSxV)
+
+    assert (vocab_projection(h_BxSxD, w_DxV) == _f32_projection(h_BxSxD, w_DxV)).all()
+    got, want = (jax.grad(partial(loss, project), argnums=(0, 1))(h_BxSxD, w_DxV) for project in (vocab_projection, _f32_projection))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=2e-2)
+    def equations(jaxpr):
+        for e in jaxpr.eqns:
+            yield e
+            for sub in jax.extend.core.jaxprs_in_params(e.params):
+                yield from equations(sub)
+
+    backward = jax.make_jaxpr(jax.grad(partial(loss, vocab_projection), argnums=(0, 1)))(h_BxSxD, w_DxV)
+    dots = [e for e in equations(backward.jaxpr) if e.primitive.name == "dot_general"]
+    assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)

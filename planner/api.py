@@ -88,7 +88,7 @@ def plan(request: PlanRequest | str | ModelConfig, /, *, progress: Report | None
     >>> p = plan("llama3-8b", mesh="8", workload="finetune-lora", global_batch=64)
     >>> p.workload, p.train.workload.lora.rank, p.predicted.memory.frozen_params_bytes > p.predicted.memory.optimizer_bytes
     ('finetune-lora', 16, True)
-    >>> d = plan("llama3-8b", mesh="8", workload="decode", global_batch=64, seq_len=4096, inference={"max_token_latency_ms": 5})
+    >>> d = plan("llama3-8b", mesh="8", workload="decode", global_batch=64, seq_len=4096, inference={"max_token_latency_ms": 7})
     >>> d.layout.tp, d.predicted.time_per_output_token_s < 0.01, d.predicted.memory.kv_cache_bytes / 2**30
     (8, True, 4.0)
     """

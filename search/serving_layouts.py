@@ -31,7 +31,7 @@ nothing within the latency bound: one line naming the best latency reachable.
 >>> choice = choose_serving_layout(load_model("llama3-8b"), small, load_machine("h100-sxm"), splits=None, n_devices=8)
 >>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.objective.split(":")[0]
 ((1, 8, 1), 'latency')
->>> bounded = TrainConfig(workload="decode", global_batch=64, seq_len=4096, inference={"max_token_latency_ms": 5.0})
+>>> bounded = TrainConfig(workload="decode", global_batch=64, seq_len=4096, inference={"max_token_latency_ms": 7.0})
 >>> choice = choose_serving_layout(load_model("llama3-8b"), bounded, load_machine("h100-sxm"), splits=None, n_devices=8)
 >>> (choice.best.layout.dp, choice.best.layout.tp, choice.best.layout.pp), choice.latency_bound
 ((1, 8, 1), True)

@@ -17,7 +17,7 @@ SLO = Slo(ttft_s=0.2, tpot_s=0.012)
 
 
 def test_the_capacity_is_the_rate_where_the_targets_stop_holding():
-    tight = Slo(ttft_s=0.2, tpot_s=0.0015)  # between a trickle's 1.1 ms and the saturated 3.0 ms
+    tight = Slo(ttft_s=0.2, tpot_s=0.0025)  # between a trickle's 2.0 ms and the saturated 4.4 ms
     capacity = capacity_per_s(MODEL, TRAIN, Layout(), HW, CFG, tight, start_per_s=5)
     assert 0 < capacity < saturated_per_s(MODEL, TRAIN, Layout(), HW, CFG)
     assert tight.met_by(simulate_serving(MODEL, TRAIN, Layout(), HW, CFG.model_copy(update={"rate_per_s": capacity})))

@@ -187,10 +187,10 @@ def test_plan_json_contract_for_lora_over_fp8_frozen_weights_and_the_ilp_refusal
 def test_plan_json_contract_for_decode(capsys):
     # The issue's contract: latency, first-token time, throughput, memory with the KV cache.
     code, data, err, _ = _plan(capsys, "--model", "llama3-8b", "--mesh", "8", "--workload", "decode", "--batch", "64",
-                               "--context-len", "4096", "--max-token-latency-ms", "5")
+                               "--context-len", "4096", "--max-token-latency-ms", "7")
     predicted, memory = data["predicted"], data["predicted"]["memory"]
     assert code == 0 and err == "" and data["workload"] == "decode"
-    assert 0 < predicted["time_per_output_token_s"] <= 5e-3 < predicted["time_to_first_token_s"]
+    assert 0 < predicted["time_per_output_token_s"] <= 7e-3 < predicted["time_to_first_token_s"]
     assert predicted["tokens_per_s"] == pytest.approx(64 * data["layout"]["dp"] / predicted["time_per_output_token_s"], rel=1e-6)
     # 32 layers × 8 KV heads × 128 × 2 (K and V) × 2 bytes × 64 × 4096 tokens = 32 GiB, split over 8 devices' KV heads.
     assert memory["kv_cache_bytes"] == 32 * 8 * 128 * 2 * 2 * 64 * 4096 / 8 and memory["per_device_bytes"] > memory["kv_cache_bytes"]

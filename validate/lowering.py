@@ -60,6 +60,7 @@ from validate.mesh_hooks import (
     embedding_lookup,
     expert_region,
     kv_cache_spec,
+    layer_kv_cache_spec,
     residual_storage,
     token_spec,
 )
@@ -153,7 +154,7 @@ def _serving_specs(plan: Plan, param_specs: Any, data_axes: tuple[str, ...]) -> 
         return param_specs, {"k": cache, "v": cache}, batch
     layers = plan.model.num_layers
     one_layer = jax.tree.map(lambda spec: PartitionSpec(*spec[1:]), param_specs["layers"])
-    layer_cache = [PartitionSpec(*cache[1:])] * layers
+    layer_cache = [layer_kv_cache_spec(plan)] * layers
     return {**param_specs, "layers": [one_layer] * layers}, {"k": layer_cache, "v": layer_cache}, batch
 
 

@@ -60,6 +60,11 @@ def kv_cache_spec(plan: Plan) -> PartitionSpec:
     return PartitionSpec(plan.axes_of("pp") or None, (*plan.axes_of("dp"), *plan.axes_of("tpe")) or None, kv_split, None, None)
 
 
+def layer_kv_cache_spec(plan: Plan) -> PartitionSpec:
+    """How one layer's K (and V) cache ``[batch, kv_heads, tokens, head_dim]`` is split: `kv_cache_spec` without the layers."""
+    return PartitionSpec(*kv_cache_spec(plan)[1:])
+
+
 def region_mesh(mesh: Mesh) -> Any:
     """``mesh``, or inside a region manual over some of its axes (the pipeline's,
     `validate.gpipe`) that region's abstract mesh, whose axis types say which axes are

@@ -48,7 +48,7 @@ from planner.plan_schema import Plan
 from planner.programs.decode import decode_embed, decode_layers, decode_step
 from planner.programs.prefill import prefill_layers, prefill_step
 from planner.programs.transformer import embed, head
-from validate.mesh_hooks import activation_constraint, embedding_lookup, kv_cache_spec, region_mesh
+from validate.mesh_hooks import activation_constraint, embedding_lookup, layer_kv_cache_spec, region_mesh
 
 Step = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
 
@@ -84,7 +84,7 @@ def serving_program(plan: Plan, mesh: Mesh) -> Step:
     model, prefill = plan.model, plan.train.workload.of_step(decode=False, prefill=True)
     dt = jnp.dtype(plan.train.compute_dtype.value)
     constrain_activation = activation_constraint(plan, mesh)
-    cache_spec = PartitionSpec(*(d for i, d in enumerate(kv_cache_spec(plan)) if i != 0))  # one layer's slice
+    cache_spec = layer_kv_cache_spec(plan)
 
     def constrain(name: str, x: jax.Array) -> jax.Array:
         if name == "kv_cache_BxKxTxH":

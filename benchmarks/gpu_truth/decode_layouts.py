@@ -60,8 +60,8 @@ def _step(variant: str, cfg: Any, dt: Any) -> Any:
     """``(params, cache, batch) -> (logits, cache)`` of one variant."""
     import jax
 
-    from planner.programs.decode import _attend, _mlp, decode_embed, decode_step, loop_served_layers
-    from planner.programs.transformer import _keep, _norm, head
+    from planner.programs.decode import _mlp, decode_embed, decode_layer, decode_step, loop_served_layers
+    from planner.programs.transformer import _norm, head
 
     if variant in ("scan", "served"):
         return partial(decode_step, cfg=cfg, compute_dtype=dt)
@@ -72,9 +72,7 @@ def _step(variant: str, cfg: Any, dt: Any) -> Any:
             k, v = cache["k"], cache["v"]
             for i in range(cfg.num_layers):
                 p = jax.tree.map(lambda a, i=i: a[i], params["layers"])
-                y_BxD, k, v = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k, v, position, cfg, dt, _keep, i)
-                x_BxD = x_BxD + y_BxD
-                x_BxD = x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, dt)
+                x_BxD, k, v = decode_layer(x_BxD, p, k, v, position, cfg, compute_dtype=dt, layer=i)
             new_cache = {"k": k, "v": v}
         else:
             def layer(x_BxD: Any, p: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:

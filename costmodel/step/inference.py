@@ -350,6 +350,7 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
     prefill = [_stage_s(model, train, lay, hw, s, sequences=rb, new_tokens=prompt) for s in range(pp)]
     hops_s = (pp - 1) * _handoff_s(model, train, lay, hw, rb * prompt)
     ttft_s = max(sum(t[0] for t in prefill) + hops_s, host_s)
+    side = side_kernels(model, train, lay, tokens=b, kv_heads=device_kv_heads(model, lay)) if hw.launches_kernels else []
     untouched = untouched_expert_bytes(model, train, lay, b)
     read_bytes = [stage_weight_bytes(model, train, lay, s) - lay.layers_on_stage(model.num_layers, s) * untouched
                   + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
@@ -361,10 +362,8 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
         prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
         host_ops=stack.host_ops(num_layers=model.num_layers), host_s_per_op=stack.host_s_per_op, host_step_s=host_s,
-        side_kernels_per_layer=(stack.side_kernels_per_layer or 0) if hw.launches_kernels else 0,
-        side_kernel_floor_s=hw.efficiency.kernel_floor_s,
-        decode_side_kernels_s=_split_s([k.scaled(model.num_layers) for k in side_kernels(
-            model, train, lay, tokens=b, kv_heads=device_kv_heads(model, lay))], hw)[0] if hw.launches_kernels else 0.0,
+        side_kernels_per_layer=round(sum(k.count for k in side)), side_kernel_floor_s=hw.efficiency.kernel_floor_s,
+        decode_side_kernels_s=_split_s([k.scaled(model.num_layers) for k in side], hw)[0],
     )
     step = train.workload.of_step(
         decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1),

@@ -180,15 +180,24 @@ def decode_embed(params: Params, batch: dict[str, jax.Array], cfg: ModelConfig, 
     return x_Bx1xD[:, 0]
 
 
+def decode_layer(x_BxD: jax.Array, p: Params, k_cache: jax.Array, v_cache: jax.Array, position: jax.Array, cfg: ModelConfig, *,
+                 compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep,
+                 layer: jax.Array | int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer on one token per sequence against its cache (``layer``: the index into stacked
+    caches, `_attend`): the residual stream after it and the caches with the token written."""
+    attended_BxD, k_cache, v_cache = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k_cache, v_cache, position, cfg,
+                                             compute_dtype, constrain, layer)
+    x_BxD = x_BxD + attended_BxD
+    return x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, compute_dtype), k_cache, v_cache
+
+
 def decode_layers(x_BxD: jax.Array, layers: Params, kv_cache: dict[str, Any], position: jax.Array, cfg: ModelConfig, *,
                   compute_dtype: Any = jnp.bfloat16, constrain: Constrain = _keep) -> tuple[jax.Array, dict[str, Any]]:
     """The ``layers`` (a pipeline stage's, or all; served per layer or stacked, module docstring)
     on one token per sequence, against their caches: the residual stream after them and the
     caches with the token's keys and values written at ``position``."""
     def layer(x_BxD: jax.Array, p: Params, k: jax.Array, v: jax.Array, index: jax.Array | None = None) -> tuple[jax.Array, ...]:
-        attended_BxD, k, v = _attend(_norm(x_BxD, p["attn_norm"], cfg), p["attn"], k, v, position, cfg, compute_dtype, constrain, index)
-        x_BxD = x_BxD + attended_BxD
-        return x_BxD + _mlp(_norm(x_BxD, p["mlp_norm"], cfg), p["mlp"], cfg, compute_dtype), k, v
+        return decode_layer(x_BxD, p, k, v, position, cfg, compute_dtype=compute_dtype, constrain=constrain, layer=index)
 
     if is_served_per_layer(layers):
         return loop_served_layers(layer, x_BxD, layers, kv_cache)

@@ -39,6 +39,10 @@ class ServingStack(BaseModel):
     side_kernels_per_layer: NonNegativeInt | None = Field(
         None, description="Kernels a decoder layer launches beside its GEMMs and attention (norms with the residual adds, "
         "rotary embedding, KV-cache write, MLP activation), counted from the stack's code; None: not counted (none costed).")
+    cache_grown_by_concatenation: bool = Field(
+        False, description="Each decode step appends the new token's keys and values by concatenating them to the layer's "
+        "cache into a new tensor (transformers' DynamicCache.update, torch.cat): the step reads and rewrites every layer's "
+        "whole cache beside attention's read. False: written in place into a preallocated or paged cache.")
     source: str = Field(description="Where the facts come from (repository, file, commit), and what is fitted.")
 
     def host_ops(self, *, num_layers: int) -> int:
@@ -96,9 +100,10 @@ SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
                  source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (assumed from that design, not "
                         "counted from its code): no per-operator Python dispatch; its fused plugins' kernel count is not counted."),
     ServingStack(name="hf-eager", host_ops_per_layer=HF_EAGER_OPS_PER_LAYER, host_ops_per_step=HF_EAGER_OPS_PER_STEP,
-                 host_s_per_op=HF_EAGER_S_PER_OP,
+                 host_s_per_op=HF_EAGER_S_PER_OP, cache_grown_by_concatenation=True,
                  source="huggingface/transformers @0022728 src/transformers/models/llama/modeling_llama.py, eager "
-                        "attention, DynamicCache (a contiguous cache grown by concatenation): 53 operators per decoder layer "
+                        "attention, DynamicCache (src/transformers/cache_utils.py DynamicCache.update: torch.cat of the past keys "
+                        "and values with the new token's, a new tensor each step): 53 operators per decoder layer "
                         "and about 25 per step, counted from the code (HF_EAGER_OPS_PER_LAYER); seconds per operator "
                         "fitted to published generate() latencies (HF_EAGER_S_PER_OP). Host-bound: its kernels' "
                         "launch floors are not counted beside the dispatch."),

@@ -111,11 +111,31 @@ def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, seq
         if model.sliding_window is not None and new_tokens > model.sliding_window:
             attn_flops = 4 * sequences * model.causal_pairs(new_tokens) * q
         attn_bytes = tokens * (2 * q + 2 * kv) * e
+    concat = cache_concat_kernels(train, cached_tokens=sequences * cache_tokens, kv=kv) if new_tokens == 1 else []
     return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train),
-            Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=attn_bytes),
+            Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=attn_bytes), *concat,
             *linear_kernels("attn_out", tokens=tokens, d_in=q, d_out=d, train=train),
             *_mlp_kernels(model, train, layout, tokens),
             *(side_kernels(model, train, layout, tokens=tokens, kv_heads=kv_heads) if side else [])]
+
+
+def cache_concat_kernels(train: TrainConfig, *, cached_tokens: float, kv: float) -> list[Kernel]:
+    """A decode step's copy of one layer's cache where the serving stack grows it by concatenation
+    (`costmodel.inputs.serving_stack.ServingStack.cache_grown_by_concatenation`): the keys' and the
+    values' ``torch.cat`` each read ``cached_tokens × kv`` elements and write as many again (the new
+    token's share is negligible), in the cache's dtype; none where the cache is written in place.
+
+    >>> eager = TrainConfig(workload="decode", inference={"serving_stack": "hf-eager"})
+    >>> # each of two launches reads and writes 1000 · 128 bf16 elements
+    >>> [(k.count, k.bytes) for k in cache_concat_kernels(eager, cached_tokens=1000, kv=128)]
+    [(2.0, 512000.0)]
+    >>> cache_concat_kernels(TrainConfig(workload="decode"), cached_tokens=1000, kv=128)
+    []
+    """
+    if not train.workload.serving.stack.cache_grown_by_concatenation:
+        return []
+    return [Kernel(name="kv_cache_concat", kind=KernelKind.MEMORY, flops=0, count=2,
+                   bytes=2 * cached_tokens * kv * kv_element_bytes(train))]
 
 
 def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, tokens: float, kv_heads: float) -> list[Kernel]:
@@ -159,6 +179,7 @@ def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layo
     if decode_sequences:
         attention.append(Kernel(name="decode_attention", kind=KernelKind.FLASH_ATTENTION, flops=4 * tokens_per_sequence * cached_tokens * q,
                                 bytes=2 * kv * cached_tokens * kv_element_bytes(train) + new * 2 * q * e))
+        attention += cache_concat_kernels(train, cached_tokens=cached_tokens, kv=kv)
     if prompt_tokens:
         attention.append(Kernel(name="prefill_attention", kind=KernelKind.FLASH_ATTENTION, flops=2 * prompt_tokens**2 * q,
                                 bytes=prompt_tokens * (2 * q + 2 * kv) * e))

@@ -5,7 +5,8 @@ loop, once per micro-batch, whatever the ZeRO stage (and on the CPU backend it n
 reduce-scatter). Here each collective is the one the ZeRO stage needs, as MaxText and
 Megatron-LM's distributed optimizer run them:
 
-- ZeRO 0: gradients accumulate locally in fp32; one ``psum`` per step after the loop.
+- ZeRO 0: gradients accumulate locally in fp32, each layer's added as the backward forms it
+  (`planner.programs.accumulate`); one ``psum`` per step after the loop.
 - ZeRO 1: the same, then one ``psum_scatter`` per step into the optimizer state's data split.
 - ZeRO 2: each micro-batch's gradients are ``psum_scatter``-ed into a split fp32 accumulator.
 - ZeRO 3: each weight the data axes split is gathered where it is used, a layer's inside its
@@ -40,7 +41,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from costmodel.step.kernels import forms_gradients_locally
+from costmodel.step.memory import accumulates_layer_by_layer
 from planner.plan_schema import Plan
+from planner.programs.accumulate import make_accumulating_value_and_grad
 from planner.programs.params import Params
 from planner.programs.train_step import Batch, make_value_and_grad, micro_batched
 from planner.shardings import entry_axes
@@ -185,6 +188,11 @@ def replica_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, grad_spe
     value_and_grad = make_value_and_grad(plan.model, train, remat=remat, attention=lay.stack.attention.value, hooks=hooks,
                                          loss_chunks=lay.stack.cross_entropy_chunks)
     per_replica = jax.vmap(value_and_grad, in_axes=(None, 0, None), spmd_axis_name=data_axes)
+    # Several micro-batches' sums held whole (ZeRO 0-1) take each layer's gradient as the backward forms it.
+    layer_by_layer = accumulates_layer_by_layer(plan.model, train, lay)
+    accumulating = jax.vmap(make_accumulating_value_and_grad(plan.model, train, remat=remat, attention=lay.stack.attention.value,
+                                                             hooks=hooks, loss_chunks=lay.stack.cross_entropy_chunks),
+                            in_axes=(None, 0, 0), spmd_axis_name=data_axes)
     # Gradients are summed in the master weights' dtype (a compute copy's are cast up): fp32, or bf16 in pure-bf16 training.
     stored = jnp.dtype(train.param_dtype.value)
 
@@ -212,6 +220,9 @@ def replica_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, grad_spe
                                                                             by_replica_MxR), micro_batched(batch, micro_batches))
 
         def accumulate(carry: tuple[jax.Array, Params], mb: Batch) -> tuple[tuple[jax.Array, Params], None]:
+            if layer_by_layer:
+                loss_R, sums_R = accumulating(params, mb, carry[1])
+                return (carry[0] + loss_R, jax.tree.map(by_replica, sums_R, param_specs)), None
             loss_R, grads_R = per_replica(params, mb, None)
             grads_R = jax.tree.map(lambda g, s: by_replica(g.astype(stored), s), grads_R, param_specs)
             grads = reduce_all(grads_R) if lay.zero_stage == 2 else grads_R

@@ -74,7 +74,7 @@ from costmodel.step.activations import activation_table
 from costmodel.step.data_parallel import layer_params_per_device, stage_params, stage_params_per_device
 from costmodel.step.kernels import keeps_compute_copy
 from costmodel.step.lockstep import in_flight_slots
-from costmodel.step.memory import MemoryBreakdown, activation_bytes_per_layer, micro_batch_gradient_bytes
+from costmodel.step.memory import MemoryBreakdown, accumulates_layer_by_layer, activation_bytes_per_layer, micro_batch_gradient_bytes
 from costmodel.step.simulator import simulate
 from planner.plan_schema import Plan
 from planner.programs.attention import block_pairs, block_size
@@ -134,7 +134,10 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     fp32 logits gradient, one more logits-sized buffer beside the logits and their gradient.
     And where the step keeps a compute-dtype copy of the weights (ZeRO 1–2,
     `costmodel.step.kernels.keeps_compute_copy`), a micro-batch's gradient of it, written by the
-    layer loop in 16 bits on a GPU, is fp32 there.
+    layer loop in 16 bits on a GPU, is fp32 there; where the step adds the gradients in layer by
+    layer (`costmodel.step.memory.accumulates_layer_by_layer`) its peak is in the backward, beside
+    an fp32 copy of the stacked layer weights that XLA:CPU makes for their dots (the buffer
+    assignment of llama3-8b's dp8 ZeRO-1 step: ``f32[32,4096,14336]`` converts of the weights).
     """
     lay = plan.layout
     memory = plan.predicted.memory
@@ -172,6 +175,10 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
             # The copy's gradient of a micro-batch, a loop's 16-bit output, is written as fp32 there.
             held = micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.model, plan.train, lay)
             total += held * (F32_BYTES / plan.train.compute_dtype.bytes - 1)
+            if accumulates_layer_by_layer(plan.model, plan.train, lay):
+                # The copy's stacked layer weights widened to fp32 once, outside the layer loops, and
+                # held through the backward, where such a step peaks (beside the accumulator).
+                total += plan.model.num_layers * layer_params_per_device(plan.model, lay) * F32_BYTES
         if _expert_region_bytes(plan, platform) and lay.recompute is not Recompute.FULL:
             # The experts' tensor-parallel region computes in fp32 there: what it keeps is fp32.
             kept = sum(t.bytes for t in activation_table(plan.model, plan.train, lay) if t.name in _EXPERT_ACTIVATIONS)

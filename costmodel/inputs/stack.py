@@ -220,7 +220,8 @@ class SoftwareStack(BaseModel):
         "ZeRO 2 (Megatron-LM's mixed-precision optimizer, DeepSpeed, FSDP's MixedPrecision).")
     manual_data_parallel: bool = Field(
         False, description="The step forms each data replica's gradients on its own devices, accumulating them locally "
-        "in fp32 and reducing them as the ZeRO stage needs: once per step after the micro-batch loop for ZeRO 0 "
+        "in fp32 (under ZeRO 0-1 each layer's added as the backward forms it, so one layer's exists at a time: "
+        "planner/programs/accumulate.py) and reducing them as the ZeRO stage needs: once per step after the micro-batch loop for ZeRO 0 "
         "(all-reduce) and 1 (reduce-scatter, the whole fp32 gradient held until then), after each micro-batch's backward "
         "for ZeRO 2 (reduce-scatter), per layer for ZeRO 3 (the transpose of the layer's compute-dtype gather); ZeRO 0-2 "
         "beside tensor axes too (dense models), ZeRO 3 where data parallelism is the only parallelism (this project's "

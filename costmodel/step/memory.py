@@ -320,22 +320,45 @@ def accumulates_whole_gradients(model: ModelConfig, train: TrainConfig, layout: 
     return not (holds_master_weights(model, train, layout) or forms_gradients_locally(model, train, layout))
 
 
+def accumulates_layer_by_layer(model: ModelConfig, train: TrainConfig, layout: Layout) -> bool:
+    """Whether the step adds each layer's gradient into the micro-batches' whole sum inside the
+    backward, as it is formed: the JAX program where it forms its gradients locally
+    (`forms_gradients_locally`) under ZeRO 0-1 with several micro-batches, full training
+    (`planner.programs.accumulate`, `validate.data_parallel_region`). One layer's gradient then
+    exists at a time beside the sum (and the embedding's and head's, formed last).
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> t = TrainConfig(seq_len=1024, global_batch=8)
+    >>> [accumulates_layer_by_layer(m, t, Layout(dp=4, zero_stage=z, micro_batch=1)) for z in (0, 1, 2, 3)]
+    [True, True, False, False]
+    """
+    return (forms_gradients_locally(model, train, layout) and layout.zero_stage < 2 and layout.micro_batches(train) > 1
+            and train.workload.trains_base_weights and not train.optimizer_in_backward)
+
+
 def micro_batch_gradient_bytes(params: float, model: ModelConfig, train: TrainConfig, layout: Layout, *,
                                expert_params: float = 0.0) -> float:
     """One micro-batch's gradient of ``params`` parameters, held beside the accumulator while it is
     added, split as the accumulator is (`gradient_split`; ZeRO 2 reduce-scatters it layer by layer,
     but where the gradients are formed locally (`forms_gradients_locally`) only after the whole
     backward; whole beside a whole accumulator, `accumulates_whole_gradients`): fp32 where the
-    weights are the master copy, else in the compute dtype. The
+    weights are the master copy, else in the compute dtype. Where the step adds it in layer by
+    layer (`accumulates_layer_by_layer`), one layer's and the embedding's and head's. The
     ``expert_params`` among them split only over their expert-data-parallel group.
 
     >>> from costmodel.inputs.stack import stack_with
     >>> model = ModelConfig(name="m", hidden_size=1024, num_layers=2, num_heads=16, ffn_size=4096, vocab_size=1000)
     >>> train = TrainConfig(seq_len=1024, global_batch=8)
-    >>> [micro_batch_gradient_bytes(1e9, model, train, Layout(dp=4, stack=stack_with(s))) for s in ("jax", "megatron-core")]
+    >>> [micro_batch_gradient_bytes(1e9, model, train, Layout(dp=4, stack=stack_with(s))) for s in ("maxtext", "megatron-core")]
     [4000000000.0, 2000000000.0]
+    >>> layer = layer_params_per_device(model, Layout())  # the jax program: one of the two layers' fp32 gradient less
+    >>> micro_batch_gradient_bytes(1e9, model, train, Layout(dp=4)) == (1e9 - layer) * 4
+    True
     """
     dtype = train.param_dtype if holds_master_weights(model, train, layout) else train.compute_dtype
+    if accumulates_layer_by_layer(model, train, layout):
+        layer = layer_params_per_device(model, layout)
+        return (params - (layout.layers_on_stage(model.num_layers, 0) - 1) * layer) * dtype.bytes
     whole = (forms_gradients_locally(model, train, layout) and layout.zero_stage == 2) or accumulates_whole_gradients(model, train, layout)
     return spread_over_data(params, expert_params, 1 if whole else gradient_split(model, train, layout), layout.ep) * dtype.bytes
 

@@ -57,7 +57,8 @@ MOE_CAPACITY_FACTOR = STACKS["jax"].moe_capacity_factor
 SAVED = ("attn_norm_input", "qkv_input", "q", "k", "v", "softmax_output", "softmax_logsumexp", "attn_out_proj_input",
          "mlp_norm_input", "mlp_input", "mlp_up_output", "mlp_gate_output", "mlp_down_input", "expert_inputs", "router_probs",
          "shared_expert", "lora_down_output")
-_REMAT_POLICIES = {
+# Checkpoint policies by `--recompute` mode (`run_layers`).
+REMAT_POLICIES = {
     "none": jax.checkpoint_policies.save_only_these_names(*SAVED),
     "full": jax.checkpoint_policies.nothing_saveable,
     # Megatron's selective recompute: keep everything but the attention core (the score matrix;
@@ -393,11 +394,11 @@ def run_layers(x_BxSxD: jax.Array, layers: Params, cfg: ModelConfig, *, remat: s
                linear: Linear = _einsum_linear, weights: Weights = _held) -> tuple[jax.Array, jax.Array]:
     """The stacked layers ``layers`` (leading dim: layers) under ``lax.scan``; returns the
     output and each layer's MoE balancing loss. ``keep_residuals`` wraps the checkpointed layer."""
-    if remat not in _REMAT_POLICIES:
-        raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(_REMAT_POLICIES)}")
+    if remat not in REMAT_POLICIES:
+        raise UnsupportedError(f"remat={remat!r} is not a recompute policy", fix=f"use one of {sorted(REMAT_POLICIES)}")
     body = layer_body(cfg, constrain=constrain, attention=attention, experts=experts, lora_scale=lora_scale, linear=linear,
                       weights=weights)
-    return jax.lax.scan(keep_residuals(jax.checkpoint(body, policy=_REMAT_POLICIES[remat])), x_BxSxD, layers)
+    return jax.lax.scan(keep_residuals(jax.checkpoint(body, policy=REMAT_POLICIES[remat])), x_BxSxD, layers)
 
 
 def layer_body(cfg: ModelConfig, *, constrain: Constrain = _keep, attention: str = "materialized", experts: Experts = _run,

@@ -8,8 +8,8 @@ from costmodel.inputs.layout import Layout, Recompute, Schedule
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import STACKS, Attention, stack_with
 from costmodel.inputs.train_config import Dtype, TrainConfig
-from costmodel.step.data_parallel import stage_trainable_params
-from costmodel.step.memory import in_flight_microbatches, memory_breakdown
+from costmodel.step.data_parallel import layer_params_per_device, stage_trainable_params
+from costmodel.step.memory import accumulates_layer_by_layer, in_flight_microbatches, memory_breakdown
 
 MODEL = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=32000)
 TRAIN = TrainConfig(seq_len=1024, global_batch=32)
@@ -144,11 +144,13 @@ def test_gradient_accumulation_holds_one_micro_batch_gradient_beside_the_accumul
     assert fp32[8] - fp32[32] == pytest.approx(4 * MODEL.total_params)
     zero1 = {mb: extra_temporary_bytes(mb, fp32_weights=True, dp=4, zero_stage=1) for mb in (2, 8)}
     assert zero1[2] - zero1[8] == pytest.approx(4 * MODEL.total_params / 4)
-    # Formed locally (the JAX program): whole until reduced, after the loop (ZeRO 1) or the micro-batch's backward
-    # (ZeRO 2), and the gradient of the weights' bf16 copy (`keeps_compute_copy`).
-    for zero in (1, 2):
-        local = {mb: extra_temporary_bytes(mb, fp32_weights=True, manual=True, dp=4, zero_stage=zero) for mb in (2, 8)}
-        assert local[2] - local[8] == pytest.approx(2 * MODEL.total_params)
+    # Formed locally (the JAX program), the gradient of the weights' bf16 copy (`keeps_compute_copy`): whole until the
+    # micro-batch's backward ends (ZeRO 2), or added in layer by layer (ZeRO 1): one layer's and the ends'.
+    local = {zero: {mb: extra_temporary_bytes(mb, fp32_weights=True, manual=True, dp=4, zero_stage=zero) for mb in (2, 8)}
+             for zero in (1, 2)}
+    assert local[2][2] - local[2][8] == pytest.approx(2 * MODEL.total_params)
+    all_but_one_layer = (MODEL.num_layers - 1) * layer_params_per_device(MODEL, Layout())
+    assert local[1][2] - local[1][8] == pytest.approx(2 * (MODEL.total_params - all_but_one_layer))
     # GEMMs that add into the accumulator themselves leave no micro-batch gradient behind.
     assert extra_temporary_bytes(8, fused=True) == pytest.approx(extra_temporary_bytes(32))
 
@@ -341,3 +343,17 @@ def test_hugging_faces_loss_holds_one_more_fp32_logits_buffer():
     hf = memory_breakdown(MODEL, TRAIN, Layout(micro_batch=4, stack=stack_with("jax", loss_buffers=3)))
     assert hf.temporary_bytes - fused.temporary_bytes == 4 * 1024 * MODEL.vocab_size * 4  # tokens × vocabulary × fp32
     assert STACKS["hf-trainer"].loss_buffers == 3 and STACKS["megatron-core"].loss_buffers == 2
+
+
+def test_the_jax_program_holds_one_layers_gradient_beside_a_whole_sum_under_zero_0_and_1():
+    """Layer by layer (ZeRO 0-1, several micro-batches) a micro-batch's gradient beside the sum is one
+    layer's and the ends'; ZeRO 2 reduce-scatters each micro-batch's whole gradient after its backward."""
+    def temporary(zero: int, micro_batch: int) -> float:
+        return memory_breakdown(MODEL, TRAIN, Layout(dp=8, zero_stage=zero, micro_batch=micro_batch)).temporary_bytes
+
+    assert [accumulates_layer_by_layer(MODEL, TRAIN, Layout(dp=8, zero_stage=z, micro_batch=1)) for z in range(4)] == [
+        True, True, False, False]
+    assert not accumulates_layer_by_layer(MODEL, TRAIN, Layout(dp=8, zero_stage=1, micro_batch=4))  # one micro-batch
+    # The compute copy's whole bf16 gradient under ZeRO 2, against one layer's and the ends' under ZeRO 1.
+    all_but_one_layer = (MODEL.num_layers - 1) * layer_params_per_device(MODEL, Layout()) * 2
+    assert all_but_one_layer <= temporary(2, 1) - temporary(1, 1) < 1.1 * all_but_one_layer

@@ -234,11 +234,11 @@ def test_pinned_zero_and_micro_batch_are_kept_and_the_rest_chosen(zero):
     assert (p.layout.dp, p.layout.zero_stage, p.layout.micro_batch) == (8, zero, 2)
     assert p.solver.pins.flags == f"--micro-batch 2 --zero {zero}"
     # ZeRO 0 holds the whole fp32 weights and gradient beside activations: it fits only with the optimizer state on the host
-    # (the planner's offload). ZeRO 1-2 hold a bf16 copy, the master split over data (`keeps_compute_copy`): ZeRO 1, whose
-    # whole fp32 gradient waits for the loop's end, fits with the saved activations on the host, ZeRO 2 as it is.
-    offloaded = {0: ("optimizer", False), 1: ("none", True), 2: ("none", False), 3: ("none", False)}[zero]
+    # (the planner's offload). ZeRO 1-2 hold a bf16 copy, the master split over data (`keeps_compute_copy`): ZeRO 1's whole
+    # fp32 gradient waits for the loop's end, but beside one layer's gradient at a time (`accumulates_layer_by_layer`).
+    offloaded = {0: ("optimizer", False), 1: ("none", False), 2: ("none", False), 3: ("none", False)}[zero]
     assert (p.layout.offload.value, p.layout.offload_activations) == offloaded
-    assert (p.solver.offload_reason is not None) == (zero < 2)
+    assert (p.solver.offload_reason is not None) == (zero == 0)
     assert all(a.layout.zero_stage == zero and a.layout.micro_batch == 2 for a in p.alternatives if a.why.endswith("slower"))
 
 

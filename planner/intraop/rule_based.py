@@ -113,12 +113,15 @@ def _batch_dims(graph: nx.DiGraph, ops: dict[int, OpNode], batch_inputs: set[int
                  if out[src].get(o)}
         out[n] = {}
         for j, result in enumerate(op.outputs):
-            if op.loops is not None:
-                loops = {op.loops.operands[i][d] for i, ds in reads.items() for d in ds if d < len(op.loops.operands[i])}
-                found = frozenset(d for d, k in enumerate(op.loops.results[j]) if k is not None and k in loops)
-            else:
-                found = frozenset(d for i, ds in reads.items() for d in ds
-                                  if d < len(result.shape) and result.shape[d] == op.inputs[i].shape[d])
+            # A batch dimension the op's loop nest tracks goes where its loop goes; one it does not
+            # (no nest, or an operand of another rank: argmax, gather, scatter) stays at its place
+            # in a result of the same size there.
+            tracked = {(i, d): op.loops.operands[i][d] for i, ds in reads.items() for d in ds
+                       if op.loops is not None and d < len(op.loops.operands[i]) and op.loops.operands[i][d] is not None}
+            loops = set(tracked.values())
+            found = frozenset(d for d, k in enumerate(op.loops.results[j]) if k is not None and k in loops) if op.loops else frozenset()
+            found |= frozenset(d for i, ds in reads.items() for d in ds if (i, d) not in tracked
+                               and d < len(result.shape) and result.shape[d] == op.inputs[i].shape[d])
             if found:
                 out[n][j] = found
     return out

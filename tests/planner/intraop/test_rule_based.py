@@ -84,3 +84,25 @@ def test_both_granularities_count_the_same_tensor_parallel_reductions_per_layer(
     one_s = all_reduce_s(layout.micro_batch * TRAIN.seq_len * SMALL.hidden_size * 2, HW.groups(layout)["tp"])
     assert reductions == 8
     assert layer.tp_forward_s + layer.tp_backward_s == pytest.approx(reductions * one_s)
+
+
+def test_data_axes_split_the_batch_of_the_expert_buffers_not_the_experts():
+    # The router's argmax, stack and scatter carry the batch dimension where their loop nests do not
+    # track it; lost there, the data axis took the expert dimension of the dispatched tokens and the
+    # expert weights (expert parallelism over data), and the experts' gradient reduction went uncosted.
+    moe = SMALL.model_copy(update={"num_experts": 4, "experts_per_token": 2, "moe_ffn_size": 1024})
+    layout = Layout(dp=2, tp=2, micro_batch=2, recompute="full", stack=stack_with("jax", attention="materialized"))
+    graph, abstract = stage_graph(moe, TRAIN, layout)
+    space = build_space(graph, HW.mesh_groups([("data", 2), ("tensor", 2)]), HW, memory_factor=train_step_memory_factor)
+    specs = {jax.tree_util.keystr(path): PartitionSpec("data") if jax.tree_util.keystr(path).startswith("[2]") else PartitionSpec()
+             for path, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    megatron = rule_based_space(graph, space, specs, batch=[k for k in specs if k.startswith("[2]")], data_axes=("data",),
+                                tensor_axes=("tensor",))
+    expert_dots = [n for n, d in graph.nodes(data=True) if d[OP_ATTR].primitive == "dot_general" and "moe" in d[OP_ATTR].scope
+                   and len(d[OP_ATTR].inputs[0].shape) + len(d[OP_ATTR].inputs[1].shape) == 7 and n in megatron.strategies]
+    assert expert_dots
+    for n in expert_dots:
+        op = graph.nodes[n][OP_ATTR]
+        weight = [i for i, t in enumerate(op.inputs) if len(t.shape) == 3]
+        for s in megatron.strategies[n]:
+            assert all("data" not in axes for i in weight for axes in s.operands[i]), (op.scope, s.name)

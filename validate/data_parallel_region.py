@@ -190,9 +190,10 @@ def replica_loss_and_grads(plan: Plan, mesh: Mesh, param_specs: Params, grad_spe
     per_replica = jax.vmap(value_and_grad, in_axes=(None, 0, None), spmd_axis_name=data_axes)
     # Several micro-batches' sums held whole (ZeRO 0-1) take each layer's gradient as the backward forms it.
     layer_by_layer = accumulates_layer_by_layer(plan.model, train, lay)
-    accumulating = jax.vmap(make_accumulating_value_and_grad(plan.model, train, remat=remat, attention=lay.stack.attention.value,
-                                                             hooks=hooks, loss_chunks=lay.stack.cross_entropy_chunks),
-                            in_axes=(None, 0, 0), spmd_axis_name=data_axes)
+    if layer_by_layer:
+        accumulating = jax.vmap(make_accumulating_value_and_grad(plan.model, train, remat=remat, attention=lay.stack.attention.value,
+                                                                 hooks=hooks, loss_chunks=lay.stack.cross_entropy_chunks),
+                                in_axes=(None, 0, 0), spmd_axis_name=data_axes)
     # Gradients are summed in the master weights' dtype (a compute copy's are cast up): fp32, or bf16 in pure-bf16 training.
     stored = jnp.dtype(train.param_dtype.value)
 

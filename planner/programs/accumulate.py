@@ -74,14 +74,14 @@ def make_accumulating_value_and_grad(cfg: ModelConfig, train: TrainConfig, *, re
             return embed(outer, batch["tokens"], cfg, compute_dtype=compute_dtype, **front_hooks), outer
 
         (x_BxSxD, outer), front_backward = jax.vjp(front, held)
-        layout: dict[str, Any] = {}
+        saved_form: dict[str, Any] = {}  # the vjp closure's tree, and which of its leaves are the layer's weights
 
         def forward(x_BxSxD: jax.Array, layer_params: Params) -> tuple[jax.Array, tuple[jax.Array, list[jax.Array]]]:
             (y_BxSxD, aux), backward = jax.vjp(layer, x_BxSxD, layer_params)
-            leaves, layout["tree"] = jax.tree.flatten(backward)
+            leaves, saved_form["tree"] = jax.tree.flatten(backward)
             weight_ids = {id(w): i for i, w in enumerate(jax.tree.leaves(layer_params))}
-            layout["weight_at"] = [weight_ids.get(id(r)) for r in leaves]
-            return y_BxSxD, (aux, [r for r, w in zip(leaves, layout["weight_at"]) if w is None])
+            saved_form["weight_at"] = [weight_ids.get(id(r)) for r in leaves]
+            return y_BxSxD, (aux, [r for r, w in zip(leaves, saved_form["weight_at"]) if w is None])
 
         y_BxSxD, (aux_L, kept) = jax.lax.scan(forward, x_BxSxD, params["layers"])
         loss, head_backward = jax.vjp(
@@ -94,8 +94,8 @@ def make_accumulating_value_and_grad(cfg: ModelConfig, train: TrainConfig, *, re
             i, residuals = xs
             stored = jax.tree.leaves(jax.tree.map(lambda w: w[i], params["layers"]))
             saved = iter(residuals)
-            leaves = [next(saved) if w is None else stored[w] for w in layout["weight_at"]]
-            g_BxSxD, grads = jax.tree.unflatten(layout["tree"], leaves)((g_BxSxD, aux_cotangent))
+            leaves = [next(saved) if w is None else stored[w] for w in saved_form["weight_at"]]
+            g_BxSxD, grads = jax.tree.unflatten(saved_form["tree"], leaves)((g_BxSxD, aux_cotangent))
             acc_layers = jax.tree.map(lambda a, d: a.at[i].add(d.astype(a.dtype)), acc_layers, grads)
             return (g_BxSxD, acc_layers), None
 

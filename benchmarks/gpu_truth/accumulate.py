@@ -19,11 +19,7 @@ CPU check: ``--backend cpu --quick`` (toy sizes).
 
 from __future__ import annotations
 
-import argparse
-import csv
 import time
-from datetime import datetime
-from pathlib import Path
 from typing import Any, Callable
 
 VARIANTS = ("autodiff", "layer-by-layer")
@@ -79,15 +75,11 @@ def measure(variant: str, cfg: Any, train: Any, micro_batches: int) -> tuple[flo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("gpu", "cpu"), default="gpu")
-    parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU check)")
-    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/data/gpu"))
-    parser.add_argument("--time-budget-s", type=float, default=150.0)
-    args = parser.parse_args(argv)
-
+    from benchmarks.gpu_truth.report import write_variant_csv
     from benchmarks.gpu_truth.sizes import sizes_for
-    from benchmarks.gpu_truth.target import detect_target
+    from benchmarks.gpu_truth.target import detect_target, variant_run_parser
+
+    args = variant_run_parser(__doc__.splitlines()[0]).parse_args(argv)
     from costmodel.inputs.layout import Layout
     from costmodel.inputs.train_config import TrainConfig
     from costmodel.step.data_parallel import layer_params_per_device
@@ -107,13 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({"variant": variant, "model": cfg.name, "micro_batches": micro_batches, "measured_s": seconds,
                          "temp_bytes": temp, "layers_gradient_bytes": saved, "device": target.device})
             print(f"{variant:>15} {cfg.name:<14} {seconds * 1e3:9.3f} ms  temp {temp / 2**30:7.3f} GiB", flush=True)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    device = target.device.lower().replace(" ", "-")
-    path = args.out_dir / f"accumulate_{device}_{datetime.now():%Y-%m-%dT%H%M}.csv"
-    with path.open("w", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    path = write_variant_csv("accumulate", rows, target.device, args.out_dir)
     print(f"wrote {path}")
 
 

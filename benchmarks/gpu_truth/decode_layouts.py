@@ -22,13 +22,9 @@ batch, context, measured seconds). The CPU check: ``--backend cpu --quick`` (toy
 
 from __future__ import annotations
 
-import argparse
-import csv
 import math
 import time
-from datetime import datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 VARIANTS = ("scan", "unrolled", "per-layer", "served")
@@ -123,15 +119,11 @@ def measure(variant: str, cfg: Any, train: Any) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("gpu", "cpu"), default="gpu")
-    parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU check)")
-    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/data/gpu"))
-    parser.add_argument("--time-budget-s", type=float, default=150.0)
-    args = parser.parse_args(argv)
-
+    from benchmarks.gpu_truth.report import write_variant_csv
     from benchmarks.gpu_truth.sizes import sizes_for
-    from benchmarks.gpu_truth.target import detect_target
+    from benchmarks.gpu_truth.target import detect_target, variant_run_parser
+
+    args = variant_run_parser(__doc__.splitlines()[0]).parse_args(argv)
     from costmodel.inputs.train_config import TrainConfig
 
     target = detect_target(args.backend, quick=args.quick)
@@ -147,13 +139,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds = measure(variant, sizes.decode_model, train)
             rows.append({"variant": variant, "batch": batch, "context": context, "measured_s": seconds, "device": target.device})
             print(f"{variant:>15} b{batch:<3} ctx{context:<5} {seconds * 1e3:8.3f} ms", flush=True)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    device = target.device.lower().replace(" ", "-")
-    path = args.out_dir / f"decode_layouts_{device}_{datetime.now():%Y-%m-%dT%H%M}.csv"
-    with path.open("w", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    path = write_variant_csv("decode_layouts", rows, target.device, args.out_dir)
     print(f"wrote {path}")
 
 

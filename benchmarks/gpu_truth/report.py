@@ -33,6 +33,14 @@ def csv_name(profile: str, device: str, when: datetime) -> str:
     return f"{profile}_{slug}_{when:%Y-%m-%dT%H%M}.csv"
 
 
+def write_variant_csv(name: str, rows: list[dict[str, Any]], device: str, out_dir: Path) -> Path:
+    """Write a one-device variant run's ``rows`` (`benchmarks.gpu_truth.decode_layouts`,
+    `benchmarks.gpu_truth.accumulate`) as ``<name>_<device>_<time>.csv`` in ``out_dir``; its path."""
+    path = out_dir / csv_name(name, device, datetime.now())
+    write_csv(path, rows)
+    return path
+
+
 def csv_rows(rows: list[Row], target: Target) -> list[dict[str, Any]]:
     """One dict per row, the `COLUMNS` in order."""
     facts = {"device": target.device, "driver": target.driver, "jax_version": target.jax_version, "backend": target.backend,

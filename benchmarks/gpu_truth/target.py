@@ -11,10 +11,12 @@ profile has fp32 only); fp8 GEMMs only where it has a float8 peak.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 
 from costmodel.errors import InvalidConfigError
 from costmodel.hardware.machine import Machine, machine_for
@@ -103,3 +105,14 @@ def detect_target(backend: str, *, quick: bool, hardware: str | None = None) -> 
         cluster = cpu_cluster(cached_measurement(1))
     return Target(backend=backend, quick=quick, device=device.device_kind, driver=driver_version(), jax_version=version("jax"),
                   cluster=cluster)
+
+
+def variant_run_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a one-device variant run (`benchmarks.gpu_truth.decode_layouts`,
+    `benchmarks.gpu_truth.accumulate`): backend, toy sizes, where its CSV goes, its time budget."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--backend", choices=("gpu", "cpu"), default="gpu")
+    parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU check)")
+    parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/data/gpu"))
+    parser.add_argument("--time-budget-s", type=float, default=150.0)
+    return parser

@@ -258,12 +258,29 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
 
     A partial choice pays its nodes and the edges among them; it is dropped when its memory
     plus the least memory of the nodes still to assign exceeds the budget. ``seed`` only
-    breaks ties. The best complete choice is polished by descent to a local optimum.
+    breaks ties. Under a finite ``time_limit_s`` the search widens while time is left: it
+    runs again with a beam four times wider whenever the wider pass (about four times the
+    last one's time) fits in what remains. The best complete choice is polished by descent
+    to a local optimum.
     """
     space.check_fits(memory_budget_bytes)
     p = _Problem(space, memory_budget_bytes)
     track = _Tracker("beam", seed, p, time_limit_s)
     rng = np.random.default_rng(seed)
+    while True:
+        pass_start_s = track.elapsed()
+        if not _beam_pass(p, track, rng, width):
+            return track.result()
+        width *= 4
+        if not math.isfinite(time_limit_s) or track.elapsed() + 4 * (track.elapsed() - pass_start_s) > time_limit_s:
+            break
+    if track.best is not None:
+        _descend(p, track, track.best)
+    return track.result()
+
+
+def _beam_pass(p: _Problem, track: _Tracker, rng: np.random.Generator, width: int) -> bool:
+    """One beam of ``width`` through every node, its complete choices offered; False if time ran out first."""
     least_rest = np.cumsum([float(m.min()) for m in p.memory][::-1])[::-1].tolist() + [0.0]
     beam: list[tuple[float, float, list[int]]] = [(0.0, 0.0, [0] * len(p.nodes))]
     for node in range(len(p.nodes)):
@@ -274,7 +291,7 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
             for option in np.flatnonzero(memory + p.memory[node] + least_rest[node + 1] <= p.budget):
                 candidates.append((cost + float(costs[option]), memory + float(p.memory[node][option]), choice, int(option)))
         if not candidates or track.out_of_time():
-            return track.result()
+            return False
         jitter = rng.random(len(candidates))
         order = sorted(range(len(candidates)), key=lambda i: (candidates[i][0], jitter[i]))[:width]
         beam = []
@@ -283,9 +300,7 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
             beam.append((cost, memory, choice[:node] + [option] + choice[node + 1:]))
     for cost, memory, choice in beam:
         track.offer(choice, cost, memory)
-    if track.best is not None:
-        _descend(p, track, track.best)
-    return track.result()
+    return True
 
 
 def random_search(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: int = 20_000,

@@ -43,7 +43,8 @@ OWN_KERNEL = frozenset({
     "ppermute",
 })
 # Ops that only rename their operand's buffer: they move no data.
-ALIASES = frozenset({"reshape", "squeeze", "expand_dims", "name", "stop_gradient", "optimization_barrier"})
+# `reduce_precision` to the dtype's own width is the mark JAX's remat leaves; XLA drops it.
+ALIASES = frozenset({"reshape", "squeeze", "expand_dims", "name", "stop_gradient", "optimization_barrier", "reduce_precision"})
 # Ops that make a large tensor from a small one or none.
 _EXPANDING = frozenset({"broadcast_in_dim", "iota"})
 
@@ -78,6 +79,7 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
     ops = {n: d[OP_ATTR] for n, d in g.nodes(data=True)}
     again = recomputed(g)
     fusion = _fusions(g, ops, again)
+    buffer = _buffers(g, ops)
     listed = g.graph.get("outputs")
     outputs = {tuple(o) for o in listed if o is not None} if listed is not None else {
         (n, i) for n, op in ops.items() if not g.out_degree(n) for i in range(len(op.outputs))}
@@ -115,19 +117,43 @@ def fused_traffic(g: nx.DiGraph) -> dict[int, HbmTraffic]:
             for n in nodes:
                 traffic[n] = HbmTraffic(reads=(False,) * len(ops[n].inputs), writes=(False,) * len(ops[n].outputs), launches=False)
             continue
-        seen: set[tuple[int, int]] = set()  # a fusion reads each outside tensor once
+        seen: set[tuple[int, int]] = set()  # a fusion reads each outside buffer once, under whatever name
 
         def counts(src: int, out_index: int) -> bool:
-            if src in again or fusion.get(src) == group or (src, out_index) in seen:
+            origin = buffer.get((src, out_index), (src, out_index))
+            if src in again or fusion.get(src) == group or fusion.get(origin[0]) == group or origin in seen:
                 return False
-            seen.add((src, out_index))
+            seen.add(origin)
             return True
 
+        # A buffer is written once, by the member computing it, if it or any name of it leaves the fusion;
+        # a renaming of a buffer computed elsewhere writes nothing.
+        leaving = {buffer.get((n, i), (n, i)) for n in nodes for i in range(len(ops[n].outputs))
+                   if (n, i) in outputs or not all(kept(v, group) for v in readers(n, i))}
         launcher = next(n for n in nodes if ops[n].primitive not in ALIASES)
         for n in nodes:
-            writes = tuple((n, i) in outputs or not all(kept(v, group) for v in readers(n, i)) for i in range(len(ops[n].outputs)))
+            if ops[n].primitive in ALIASES:
+                names = [buffer.get((n, i), (n, i)) for i in range(len(ops[n].outputs))]
+                writes = tuple(origin[0] in again and origin in leaving for origin in names)
+            else:
+                writes = tuple((n, i) in leaving for i in range(len(ops[n].outputs)))
             traffic[n] = HbmTraffic(reads=_operands_read(g, n, counts), writes=writes, launches=n == launcher)
     return traffic
+
+
+def _buffers(g: nx.DiGraph, ops: dict[int, OpNode]) -> dict[tuple[int, int], tuple[int, int]]:
+    """Each result of a renaming op → the (op, result index) that computed the buffer it names."""
+    buffer: dict[tuple[int, int], tuple[int, int]] = {}
+    for n in nx.topological_sort(g):
+        if ops[n].primitive not in ALIASES:
+            continue
+        operand_of = {operand: (src, out_index) for src in g.predecessors(n) for out_index, operand in g.edges[src, n][USES_ATTR]}
+        for i in range(len(ops[n].outputs)):
+            # optimization_barrier renames each operand to the result at its position; the rest have one operand.
+            source = operand_of.get(i if ops[n].primitive == "optimization_barrier" else 0)
+            if source is not None:
+                buffer[n, i] = buffer.get(source, source)
+    return buffer
 
 
 def recomputed(g: nx.DiGraph) -> frozenset[int]:

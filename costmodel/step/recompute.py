@@ -51,7 +51,17 @@ def every_second_matmul_share(model: ModelConfig) -> float:
 
 
 def recomputed_kernels(kernels: list[Kernel], model: ModelConfig, layout: Layout) -> list[Kernel]:
-    """The share of a layer's forward ``kernels`` that ``layout.recompute`` re-runs in backward."""
+    """The share of a layer's forward ``kernels`` that ``layout.recompute`` re-runs in backward.
+
+    A stack holding fp32 weights casts them again whatever the policy: no JAX checkpoint
+    policy saves the cast copies (they are not named), so the backward's GEMMs re-read
+    the fp32 weights through a fresh cast.
+    """
+    casts = [k for k in kernels if k.name == "weight_cast"]
+    return _policy_kernels([k for k in kernels if k.name != "weight_cast"], model, layout) + casts
+
+
+def _policy_kernels(kernels: list[Kernel], model: ModelConfig, layout: Layout) -> list[Kernel]:
     policy = layout.recompute
     tail = frozenset() if layout.stack.reentrant_recompute else LAYER_TAIL
     if policy in (Recompute.FULL, Recompute.SELECTIVE_LAYER):

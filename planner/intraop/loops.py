@@ -64,7 +64,8 @@ def loop_nest(primitive: str, inputs: tuple[TensorSpec, ...], outputs: tuple[Ten
         return _reduction(inputs[0], params["axes"])
     out = outputs[0].shape
     if primitive in ELEMENTWISE:
-        operands = tuple(tuple(range(len(out))) if t.shape == out else (None,) * len(t.shape) for t in inputs)
+        # An operand broadcast along size-1 dimensions (x * rsqrt(var) with var B×S×1) follows the rest.
+        operands = tuple(tuple(range(len(out))) if t.shape == out else _positional(t.shape, out, {}) for t in inputs)
     elif primitive == "broadcast_in_dim":
         dims = params["broadcast_dimensions"]
         operands = (tuple(d if s == out[d] else None for s, d in zip(inputs[0].shape, dims)),)

@@ -76,3 +76,25 @@ def test_renamings_alone_move_nothing():
     y = dot(g, x, w)
     r = add_op(g, OpNode(primitive="reshape", inputs=(t(64, 64),), outputs=(t(4096),)), [(y, 0)])
     assert fused_traffic(g)[r] == HbmTraffic(reads=(False,), writes=(False,), launches=False)  # the matmul's buffer, renamed
+
+
+def test_a_tensor_saved_under_two_names_is_written_once():
+    # jax.checkpoint's saved residual: the norm's result leaves the loop body both as itself and renamed.
+    g = new_op_graph("two names")
+    x = add_input(g, t(64, 64), label="x")
+    norm = unary(g, x, "rsqrt")
+    marked = unary(g, norm, "reduce_precision")
+    named = unary(g, marked, "name")
+    g.graph["outputs"] = [(norm, 0), (named, 0)]
+    traffic = fused_traffic(g)
+    assert traffic[norm].writes == (True,) and traffic[marked].writes == (False,) and traffic[named].writes == (False,)
+    assert sum(sum(traffic[n].reads) for n in (norm, marked, named)) == 1
+
+
+def test_a_renamed_outside_buffer_is_read_once_under_both_names():
+    g = new_op_graph("one buffer")
+    x = add_input(g, t(64, 64), label="x")
+    alias = unary(g, x, "reshape")
+    c = add_op(g, OpNode(primitive="mul", inputs=(t(64, 64), t(64, 64)), outputs=(t(64, 64),)), [(alias, 0), (x, 0)])
+    traffic = fused_traffic(g)
+    assert traffic[alias].writes == (False,) and sum(sum(traffic[n].reads) for n in (alias, c)) == 1

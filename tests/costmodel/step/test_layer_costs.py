@@ -22,10 +22,14 @@ HW = Machine(name="test", peak_flops_per_s=1e15, hbm_bytes_per_s=3e12, hbm_bytes
 
 
 def test_recompute_policies_order_their_cost():
-    costs = {r: layer_costs(DENSE, TRAIN, Layout(recompute=r), HW).recompute.total_s for r in Recompute}
+    megatron = stack_with("megatron-core")
+    costs = {r: layer_costs(DENSE, TRAIN, Layout(recompute=r, stack=megatron), HW).recompute.total_s for r in Recompute}
     assert costs[Recompute.NONE] == 0
     assert costs[Recompute.SELECTIVE] < costs[Recompute.SELECTIVE_OP] < costs[Recompute.FULL]
     assert costs[Recompute.SELECTIVE_LAYER] == pytest.approx(costs[Recompute.FULL] / 2)
+    # The jax program's fp32 weights are cast again in every backward, recompute or not.
+    cast = next(k for k in layer_forward_kernels(DENSE, TRAIN, Layout()) if k.name == "weight_cast")
+    assert layer_costs(DENSE, TRAIN, Layout(), HW).recompute.total_s == pytest.approx(phase_time([cast], HW).total_s)
 
 
 def test_full_recompute_reruns_the_whole_forward_only_when_reentrant():

@@ -38,9 +38,18 @@ def test_full_recompute_stops_before_the_layer_tail_unless_reentrant():
 
 
 def test_selective_recomputes_the_attention_core_only():
-    materialized = stack_with("jax", attention=Attention.MATERIALIZED)
+    materialized = stack_with("megatron-core", attention=Attention.MATERIALIZED)
     assert _names(GPT, Layout(recompute=Recompute.SELECTIVE, stack=materialized)) == ["scores", "softmax_dropout", "attn_v"]
-    assert _names(GPT, Layout(recompute=Recompute.NONE)) == []
+    assert _names(GPT, Layout(recompute=Recompute.NONE, stack=materialized)) == []
+
+
+@pytest.mark.parametrize("recompute", list(Recompute))
+def test_jax_remat_casts_the_fp32_weights_again_whatever_the_policy(recompute):
+    # No checkpoint policy names the bf16 copies, so every backward re-casts each weight once.
+    lay = Layout(recompute=recompute)
+    assert lay.stack.fp32_weights
+    assert _names(GPT, lay).count("weight_cast") == 1
+    assert "weight_cast" not in _names(GPT, Layout(recompute=recompute, stack=stack_with("megatron-core")))
 
 
 def test_per_op_checkpointing_keeps_attention_and_every_other_mm():

@@ -34,6 +34,12 @@ def test_elementwise_scalar_operand_is_not_indexed():
     assert nest.operands == ((0, 1), ())
 
 
+def test_elementwise_operand_broadcast_along_size_one_dimensions_follows_the_rest():
+    # x * rsqrt(var): var (B, S, 1) is split along batch and sequence as x is.
+    nest = loop_nest("mul", (t(4, 8, 16), t(4, 8, 1)), (t(4, 8, 16),), {})
+    assert nest.operands == ((0, 1, 2), (0, 1, None))
+
+
 def test_broadcast_maps_kept_dimensions_and_leaves_size_one_ones():
     nest = loop_nest("broadcast_in_dim", (t(1, 8),), (t(4, 8),), {"broadcast_dimensions": (0, 1), "shape": (4, 8)})
     assert nest.operands == ((None, 1),)

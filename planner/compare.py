@@ -147,7 +147,7 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
             parts = op_time_breakdown(graph, space, best_run.choice) if best_run.feasible else None
             wall_s = statistics.median(r.wall_s for r in runs)
             why = (f"the search stopped at its {search_s:g} s budget: more time or seeds may close the gap" if wall_s >= 0.9 * search_s
-                   else f"the search ended at a local optimum after {wall_s:.2f} s of its {search_s:g} s budget: other seeds may close the gap")
+                   else f"the search ended at a local optimum after {wall_s:.2f} s of its {search_s:g} s: other seeds may close the gap")
         feasible = [r for r in runs if r.feasible]
         best = statistics.median(r.objective_s for r in feasible) if feasible else None
         firsts = [r.trace[0].wall_s for r in feasible]

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.errors import InvalidPlanError
 from planner.plan_schema import Plan
 from planner.programs.decode import check_serving_lowered
+from planner.programs.xla_options import compile_options
 from validate.emulated import run_emulated
 from validate.hlo import Collective, collectives, dot_flops
 from validate.lowering import abstract_inputs, check_param_specs, jitted_step
@@ -57,15 +58,15 @@ class CompileReport(BaseModel):
 
 def compile_plan(plan: Plan) -> CompileReport:
     """Lower and compile the plan's train step (`validate.lowering.jitted_step`) in this process,
-    on ``jax.devices()`` (the global devices under ``jax.distributed``)."""
-
-
+    on ``jax.devices()`` (the global devices under ``jax.distributed``), with the program's options for
+    their platform (`planner.programs.xla_options`)."""
     check_param_specs(plan)
     mesh = device_mesh(plan)
     args = abstract_inputs(plan, mesh)
     start = time.perf_counter()
     try:
-        compiled = jitted_step(plan, mesh).lower(*args).compile(COMPILER_OPTIONS)
+        options = COMPILER_OPTIONS | compile_options(plan.layout, jax.devices()[0].platform)
+        compiled = jitted_step(plan, mesh).lower(*args).compile(options)
     except Exception as err:  # XLA reports sharding mistakes as assorted exception types
         raise InvalidPlanError(f"XLA could not compile the plan: {str(err).splitlines()[0][:300]}",
                                fix="check param_specs against the parameter shapes (plan --format specs)") from err

@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from costmodel.errors import InvalidPlanError, PlannerError
 from planner.plan_schema import Plan
+from planner.programs.xla_options import compile_options
 from validate.compile_check import compile_plan
 from validate.emulated import emulated_cpu_env
 from validate.lowering import check_param_specs, initial_inputs, jitted_step
@@ -167,12 +168,14 @@ def step_plan(plan: Plan, *, steps: int = 3, seed: int = 0) -> StepRun:
     """Run the plan's jitted step (`validate.lowering.jitted_step`) ``steps`` times in this
     process, on ``jax.devices()``: the global devices under ``jax.distributed``, where every
     process must call it alike, from the same state whatever the process count
-    (`validate.lowering.initial_inputs`). The model runs as the plan says (its dtypes included)."""
+    (`validate.lowering.initial_inputs`). The model runs as the plan says (its dtypes included),
+    compiled with the program's options for the devices' platform (`planner.programs.xla_options`)."""
     check_param_specs(plan)
     mesh = device_mesh(plan)
     params, opt_state, batch = initial_inputs(plan, mesh, seed=seed)
     start = time.perf_counter()
-    compiled = jitted_step(plan, mesh).lower(params, opt_state, batch).compile()
+    options = compile_options(plan.layout, jax.devices()[0].platform)
+    compiled = jitted_step(plan, mesh).lower(params, opt_state, batch).compile(options)
     compile_s = time.perf_counter() - start
     losses, step_wall_s = [], []
     for _ in range(steps):

@@ -46,9 +46,15 @@ class Machine(BaseModel):
     inter_cross_rail: Tier | None = Field(None, description="Inter-node link between different rails (through the spine); "
                                                             "None: as inter.")
     host: HostSpec | None = Field(None, description="The node's host memory, CPU and device-to-host link; None: not described.")
-    launches_kernels: bool = Field(True, description="Whether the device launches each kernel from a stream (GPUs), so a "
-                                   "serving stack's side kernels each pay the launch floor; False on TPUs, where the side-kernel "
-                                   "counts measured on GPUs do not apply (`costmodel.step.serving_kernels.side_kernels`).")
+    device_kind: DeviceKind = Field(DeviceKind.GPU, description="The device's kind, which decides what a program does "
+                                    "on it: see `launches_kernels` and `TpOverlap.under`.")
+
+    @property
+    def launches_kernels(self) -> bool:
+        """Whether the device launches each kernel from a stream (GPUs), so a serving stack's side kernels each pay the
+        launch floor; False on TPUs, where the side-kernel counts measured on GPUs do not apply
+        (`costmodel.step.serving_kernels.side_kernels`)."""
+        return self.device_kind is not DeviceKind.TPU
 
     @property
     def memory_budget_bytes(self) -> float:
@@ -99,7 +105,7 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16", linear
         intra_pair=cluster.intra_tier(pair=True) if cluster.intra_node.pair_link else None,
         inter_cross_rail=cluster.inter_tier(rail_aligned=False),
         host=cluster.host,
-        launches_kernels=cluster.device.kind is not DeviceKind.TPU,
+        device_kind=cluster.device.kind,
     )
 
 

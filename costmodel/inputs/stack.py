@@ -37,12 +37,28 @@ class TpOverlap(StrEnum):
     input gradient's reduction (and, with sequence parallelism, the input's re-gather) runs
     behind the weight-gradient GEMM (Megatron-LM's asynchronous TP). ``gemm``: every
     collective, forward and backward, is split into chunks pipelined with the GEMM that
-    produces or consumes it (TransformerEngine's userbuffer overlap, XLA's collective matmul).
+    produces or consumes it (TransformerEngine's userbuffer overlap). ``collective-matmul``:
+    XLA's windowed einsum, which decomposes an all-gather feeding a GEMM and a reduce-scatter
+    of a GEMM's output into collective-permutes pipelined with partial GEMMs, where the
+    program turns it on (a GPU: planner/programs/xla_options.py): there as ``gemm`` under
+    sequence parallelism, whose collectives are exactly those; as ``none`` without it (an
+    all-reduce is not decomposed) and elsewhere.
     """
 
     NONE = "none"
     BACKWARD = "backward"
     GEMM = "gemm"
+    COLLECTIVE_MATMUL = "collective-matmul"
+
+    def under(self, *, sequence_parallel: bool, windowed_einsum: bool) -> TpOverlap:
+        """The overlap in effect with or without sequence parallelism, where XLA's windowed einsum is or is not on.
+
+        >>> TpOverlap.COLLECTIVE_MATMUL.under(sequence_parallel=False, windowed_einsum=True)
+        <TpOverlap.NONE: 'none'>
+        """
+        if self is TpOverlap.COLLECTIVE_MATMUL:
+            return TpOverlap.GEMM if sequence_parallel and windowed_einsum else TpOverlap.NONE
+        return self
 
 
 class SelectiveRecompute(StrEnum):
@@ -86,7 +102,9 @@ class SoftwareStack(BaseModel):
     tp_overlap: TpOverlap = Field(
         TpOverlap.NONE, description="Which tensor-parallel collectives hide behind GEMMs: none; backward, the input "
         "gradient's reduction behind the weight-gradient GEMM (Megatron-LM's asynchronous TP); gemm, every collective "
-        "pipelined in chunks with its GEMM (TransformerEngine's userbuffer overlap, XLA's collective matmul).")
+        "pipelined in chunks with its GEMM (TransformerEngine's userbuffer overlap); collective-matmul, as gemm under "
+        "sequence parallelism and as none without it (XLA's windowed einsum decomposes all-gathers and reduce-scatters "
+        "beside GEMMs, not all-reduces).")
     dropout: bool = Field(
         True, description="Trains a LayerNorm (GPT-2/Megatron-style) model with its dropout: fused dropout kernels after "
         "the attention probabilities and each block's output. False: no dropout (this project's JAX program has none).")
@@ -242,14 +260,18 @@ FACTS: tuple[str, ...] = tuple(name for name, field in SoftwareStack.model_field
 
 STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
     SoftwareStack(
-        name="jax", fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True, fused_projections=False,
+        name="jax", tp_overlap=TpOverlap.COLLECTIVE_MATMUL, fp8_kept_casts=False, eager_adapters=False, lockstep_pipeline=True,
+        fused_projections=False,
         fp32_weights=True, manual_data_parallel=True, dropout=False, overlap_param_gather=False, moe_capacity_factor=1.25,
         zero_over_context=False,
         citation="This project's reference program (planner/programs): jax.jit with XLA fusion, jax.checkpoint "
         "remat, cuDNN's fused attention on a GPU (jax.nn.dot_product_attention) and a blockwise flash-style kernel "
         "elsewhere, gradients summed in a scan over micro-batches, one matmul per weight "
         "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/one_f_one_b.py); what "
-        "`plan validate` lowers.",
+        "`plan validate` lowers. Compiled on a GPU with XLA's collective matmul "
+        "(planner/programs/xla_options.py: --xla_gpu_threshold_for_windowed_einsum_mib=0, "
+        "--xla_gpu_multi_streamed_windowed_einsum=true, as NVIDIA JAX-Toolbox's rosetta/docs/GPU_performance.md and its "
+        "collective-matmul test set them; not yet timed on more than one GPU here).",
     ),
     SoftwareStack(
         name="maxtext", tp_overlap=TpOverlap.GEMM, eager_adapters=False, fused_projections=False, fp32_weights=True,

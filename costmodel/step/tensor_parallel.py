@@ -22,7 +22,9 @@ Two facts of the software stack change what this costs:
   cut into chunks pipelined with the GEMM beside it — forward gathers with the
   column-parallel GEMM they feed, reductions with the row-parallel GEMM that produces them,
   and in backward each with its input- or weight-gradient GEMM. A hidden collective still
-  slows the GEMM beside it (``Efficiency.overlap_slowdown``).
+  slows the GEMM beside it (``Efficiency.overlap_slowdown``). ``collective-matmul`` (XLA's
+  windowed einsum) is ``gemm`` under sequence parallelism and ``none`` without it
+  on a GPU (`TpOverlap.under`).
 - ``SoftwareStack.batch_major`` ([batch, seq, hidden] activations, as torchtitan's DTensor
   sequence parallelism has them): gathering or scattering the inner sequence axis copies
   the buffer into or out of NCCL's contiguous layout when micro_batch > 1.
@@ -54,6 +56,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 from costmodel.hardware.machine import Machine
+from costmodel.hardware.profile import DeviceKind
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import TpOverlap
@@ -122,7 +125,7 @@ def tensor_parallel_costs(model: ModelConfig, train: TrainConfig, layout: Layout
         one_s = all_reduce_s(act_bytes, group)  # one all-reduce
         forward_s = 2 * one_s
     recompute_share = recomputed_forward_comm_fraction(layout)
-    overlap = layout.stack.tp_overlap
+    overlap = layout.stack.tp_overlap.under(sequence_parallel=sp, windowed_einsum=hw.device_kind is DeviceKind.GPU)
     columns = column_parallel_reductions(model, layout)
     # Sequence parallelism reduce-scatters each block's input gradient once (see the module docstring).
     column_s = 2 * one_s if sp else sum(columns.values()) * one_s

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 
-from costmodel.inputs.layout import Offload
+from costmodel.errors import InvalidConfigError
+from costmodel.hardware.registry import load_hardware
+from costmodel.inputs.layout import Layout, Offload
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.memory import MemoryBreakdown
 from planner.plan_schema import Plan
+from planner.programs.xla_options import compile_options, xla_flags
 
 _GIB = 2**30
 
@@ -88,6 +91,24 @@ def jax_memory_row(mem: MemoryBreakdown) -> tuple[str, str] | None:
                                      "holds the peak")
     return "JAX preallocation", (f"XLA_PYTHON_CLIENT_MEM_FRACTION={need:.2f}: the peak is {need:.0%} of usable memory, JAX's "
                                  f"default {JAX_DEFAULT_MEM_FRACTION} preallocates {default_gib:.1f} GiB")
+
+
+def xla_flags_row(layout: Layout, hardware: str) -> tuple[str, str] | None:
+    """The XLA_FLAGS the prediction assumes the program runs with on ``hardware`` (None: none needed, or a profile
+    this process cannot load).
+
+    >>> xla_flags_row(Layout(tp=8, sequence_parallel=True), "h100-sxm")[1][:52]
+    'XLA_FLAGS="--xla_gpu_threshold_for_windowed_einsum_m'
+    """
+    try:
+        kind = load_hardware(hardware).device.kind
+    except InvalidConfigError:
+        return None
+    options = compile_options(layout, kind.value)  # a DeviceKind is named as jax names its platform
+    if not options:
+        return None
+    return "XLA flags", (f'XLA_FLAGS="{xla_flags(options)}"   (XLA\'s collective matmul: the tensor-parallel gathers and '
+                         "reduce-scatters pipelined with their GEMMs, as predicted; `plan validate` compiles with them)")
 
 
 def utilisation_row(est: StepEstimate) -> tuple[str, str]:

@@ -40,6 +40,7 @@ from planner.cli.tables import (
     titled_workload,
     utilisation_row,
     workload_label,
+    xla_flags_row,
 )
 from planner.plan_schema import Plan
 from planner.request import PlanRequest, plan_request
@@ -271,6 +272,8 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
     serving_terms = f" · {lay.dp} replica(s) of {lay.tp * lay.pp} device(s)"
     pred = Table(title=f"{lay.degrees_text}{chunks}{training_terms if p.train.workload.runs_backward else serving_terms}",
                  show_header=False)
+    pred.add_column()
+    pred.add_column(overflow="fold")  # flags a user copies must not be cut short
     training_rows = (
         ("step time", f"{est.step_time_s:.3f} s   ({est.tokens_per_s:,.0f} tokens/s)"),
         utilisation_row(est),
@@ -281,7 +284,7 @@ def summary(p: Plan, *, plan_time_s: float) -> list[Table]:
         *offload_rows(est, reason=p.solver.offload_reason),
         *((("loss in pieces", f"{lay.stack.cross_entropy_chunks} pieces (--cross-entropy-chunks) because "
             f"{p.solver.loss_pieces_reason}"),) if p.solver.loss_pieces_reason else ()),
-        *filter(None, [jax_memory_row(mem)]),
+        *filter(None, [jax_memory_row(mem), xla_flags_row(lay, p.hardware)]),
     ) if p.train.workload.runs_backward else ()
     if p.solver.pins:
         pred.add_row("pinned", f"{p.solver.pins.flags}   (the planner chose the rest)")

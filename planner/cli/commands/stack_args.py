@@ -7,7 +7,7 @@ values of an enum or Literal, a number for a bounded number, ``none`` where None
 its help from the field's description. A new fact gets its flag by being declared.
 
 >>> FACT_FLAGS["tp_overlap"].option, FACT_FLAGS["tp_overlap"].choices
-('--tp-overlap', ['none', 'backward', 'gemm'])
+('--tp-overlap', ['none', 'backward', 'gemm', 'collective-matmul'])
 >>> FACT_FLAGS["moe_capacity_factor"].metavar, FACT_FLAGS["moe_capacity_factor"].value("none") is None
 ('F|none', True)
 """

@@ -33,7 +33,8 @@ def test_every_field_but_the_presets_name_and_citation_is_a_described_fact():
 
 
 def test_megatron_eras_add_overlap_step_by_step():
-    assert [STACKS[n].tp_overlap for n in ("megatron-lm-2021", "megatron-lm-2022", "megatron-core")] == list(TpOverlap)
+    assert [STACKS[n].tp_overlap for n in ("megatron-lm-2021", "megatron-lm-2022", "megatron-core")] == [
+        TpOverlap.NONE, TpOverlap.BACKWARD, TpOverlap.GEMM]
     assert not STACKS["megatron-lm-2021"].fused_grad_accumulation and STACKS["megatron-lm-2022"].fused_grad_accumulation
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from costmodel.hardware.machine import Machine
+from costmodel.hardware.profile import DeviceKind
 from costmodel.inputs.layout import Layout, Recompute
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.stack import SoftwareStack, TpOverlap, stack_with
@@ -97,3 +98,13 @@ def test_gemm_overlap_hides_forward_collectives_too():
     slow_link = HW.model_copy(update={"intra": Tier(bytes_per_s=2e9, latency_s=0.0)})
     exposed = _costs(slow_link, tp_overlap=TpOverlap.GEMM, sequence_parallel=True)
     assert 0 < exposed.forward_exposed_s < exposed.forward_s
+
+
+def test_xla_collective_matmul_overlaps_only_sequence_parallel_gathers_and_scatters():
+    for sp, like in ((True, TpOverlap.GEMM), (False, TpOverlap.NONE)):
+        assert _costs(tp_overlap=TpOverlap.COLLECTIVE_MATMUL, sequence_parallel=sp) == _costs(tp_overlap=like, sequence_parallel=sp)
+    assert stack_with("jax").tp_overlap is TpOverlap.COLLECTIVE_MATMUL
+    # The program turns XLA's windowed einsum on for GPUs only (planner/programs/xla_options.py).
+    tpu = HW.model_copy(update={"device_kind": DeviceKind.TPU})
+    assert _costs(tpu, tp_overlap=TpOverlap.COLLECTIVE_MATMUL, sequence_parallel=True) == _costs(tpu, tp_overlap=TpOverlap.NONE,
+                                                                                                 sequence_parallel=True)

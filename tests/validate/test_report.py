@@ -163,3 +163,17 @@ def test_the_fine_tuning_optimizer_options_are_refused_not_compared():
     for state, in_bwd in ((OptimizerState.BF16, False), (OptimizerState.FP32, True)):
         with pytest.raises(UnsupportedError, match="not lowered by the reference program"):
             refuse_optimizer_options(lora.model_copy(update={"train": lora.train.with_optimizer_state(state, in_backward=in_bwd)}))
+
+
+def test_tensor_axes_compiled_with_collective_matmul_on_a_gpu_are_reported_not_predicted():
+    plan = layout_plan(LLAMA, Layout(dp=2, tp=4, micro_batch=2, sequence_parallel=True), hardware="a100-80gb", seq_len=64,
+                       global_batch=16)
+    report = compile_in_subprocess(plan)
+    tensor = set(plan.axes_of("tp"))
+    on_gpu = {(c.item, c.axis): c for c in checks(plan, report.model_copy(update={"platform": "gpu"}))}
+    on_cpu = {(c.item, c.axis): c for c in checks(plan, report)}
+    collective_rows = [key for key in on_cpu if key[0].endswith("bytes") and key[0] != "memory arguments"]
+    assert any(set(axis.split("+")) & tensor for _, axis in collective_rows)
+    for item, axis in collective_rows:
+        windowed = bool(set(axis.split("+")) & tensor)
+        assert (on_gpu[item, axis].predicted is None) == windowed and on_cpu[item, axis].predicted is not None

@@ -55,9 +55,7 @@ _REPLICA_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\](?:, device_ids=\((
                              r"|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")  # iota
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _OPERAND = re.compile(r"^%?([^,)\s]+)")
-# Ops that only rearrange a value: an upcast stays one through them (XLA:CPU fuses a transpose after the convert it
-# moves ahead of a gather).
-_PASS_THROUGH = ("bitcast", "reshape", "copy", "transpose")
+_PASS_THROUGH = ("bitcast", "reshape", "copy")
 # Collectives that move values without combining them: an upcast value stays one through them.
 _MOVES = ("all-gather", "all-to-all", "collective-permute")
 
@@ -233,7 +231,7 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
 
 def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str], copies: set[str] = frozenset()) -> bool:
     """Whether instruction ``name`` is an f32 value just converted from bf16: a ``convert``,
-    or a fusion whose result is one (looking through bitcasts, reshapes, copies and transposes, fusions of
+    or a fusion whose result is one (looking through bitcasts, reshapes and copies, fusions of
     ``copies`` computations, and collectives that only move the value: a gather of a gathered
     upcast moves an upcast too)."""
     m = defined.get(name)

@@ -85,23 +85,6 @@ ENTRY %main (a: bf16[8]) -> f32[8,8] {
     assert second.promoted and second.bytes_per_call == 8 * 8 * 2  # gathered again: still bf16 data widened
 
 
-def test_an_upcast_fused_with_a_transpose_ahead_of_a_gather_counts_at_bf16_bytes():
-    # XLA:CPU moves the upcast of a bf16 dot operand ahead of its gather, fused with the transpose the dot wants.
-    text = """
-%upcast_transposed (p: bf16[4,2]) -> f32[2,4] {
-  %p = bf16[4,2]{1,0} parameter(0)
-  %c = f32[4,2]{1,0} convert(%p)
-  ROOT %t = f32[2,4]{1,0} transpose(%c), dimensions={1,0}
-}
-ENTRY %main (a: bf16[4,2]) -> f32[4,4] {
-  %a = bf16[4,2]{1,0} parameter(0)
-  %u = f32[2,4]{1,0} fusion(%a), kind=kLoop, calls=%upcast_transposed
-  %g = f32[4,4]{1,0} all-gather(%u), replica_groups=[4,2]<=[8], dimensions={0}
-}"""
-    (gather,) = collectives(text, mesh_shape=MESH)
-    assert gather.promoted and gather.bytes_per_call == 4 * 4 * 2
-
-
 def test_nested_loops_multiply_trip_counts():
     text = """
 %inner (p: f32[]) -> f32[] {

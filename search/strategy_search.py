@@ -259,8 +259,8 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
     A partial choice pays its nodes and the edges among them; it is dropped when its memory
     plus the least memory of the nodes still to assign exceeds the budget. ``seed`` only
     breaks ties. Under a finite ``time_limit_s`` the search widens while time is left: it
-    runs again with a beam four times wider whenever the wider pass (about four times the
-    last one's time) fits in what remains. The best complete choice is polished by descent
+    runs again with a beam four times wider whenever the last pass dropped partial choices
+    and the wider pass (about four times the last one's time) fits in what remains. The best complete choice is polished by descent
     to a local optimum.
     """
     space.check_fits(memory_budget_bytes)
@@ -269,20 +269,23 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
     rng = np.random.default_rng(seed)
     while True:
         pass_start_s = track.elapsed()
-        if not _beam_pass(p, track, rng, width):
+        pruned = _beam_pass(p, track, rng, width)
+        if pruned is None:
             return track.result()
         width *= 4
-        if not math.isfinite(time_limit_s) or track.elapsed() + 4 * (track.elapsed() - pass_start_s) > time_limit_s:
+        if not pruned or not math.isfinite(time_limit_s) or track.elapsed() + 4 * (track.elapsed() - pass_start_s) > time_limit_s:
             break
     if track.best is not None:
         _descend(p, track, track.best)
     return track.result()
 
 
-def _beam_pass(p: _Problem, track: _Tracker, rng: np.random.Generator, width: int) -> bool:
-    """One beam of ``width`` through every node, its complete choices offered; False if time ran out first."""
+def _beam_pass(p: _Problem, track: _Tracker, rng: np.random.Generator, width: int) -> bool | None:
+    """One beam of ``width`` through every node, its complete choices offered: whether it dropped any partial
+    choice (a wider beam could do better), or None if time ran out first."""
     least_rest = np.cumsum([float(m.min()) for m in p.memory][::-1])[::-1].tolist() + [0.0]
     beam: list[tuple[float, float, list[int]]] = [(0.0, 0.0, [0] * len(p.nodes))]
+    pruned = False
     for node in range(len(p.nodes)):
         candidates = []
         for cost, memory, choice in beam:
@@ -291,7 +294,8 @@ def _beam_pass(p: _Problem, track: _Tracker, rng: np.random.Generator, width: in
             for option in np.flatnonzero(memory + p.memory[node] + least_rest[node + 1] <= p.budget):
                 candidates.append((cost + float(costs[option]), memory + float(p.memory[node][option]), choice, int(option)))
         if not candidates or track.out_of_time():
-            return False
+            return None
+        pruned = pruned or len(candidates) > width
         jitter = rng.random(len(candidates))
         order = sorted(range(len(candidates)), key=lambda i: (candidates[i][0], jitter[i]))[:width]
         beam = []
@@ -300,7 +304,7 @@ def _beam_pass(p: _Problem, track: _Tracker, rng: np.random.Generator, width: in
             beam.append((cost, memory, choice[:node] + [option] + choice[node + 1:]))
     for cost, memory, choice in beam:
         track.offer(choice, cost, memory)
-    return True
+    return pruned
 
 
 def random_search(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: int = 20_000,

@@ -23,8 +23,8 @@ Two facts of the software stack change what this costs:
   column-parallel GEMM they feed, reductions with the row-parallel GEMM that produces them,
   and in backward each with its input- or weight-gradient GEMM. A hidden collective still
   slows the GEMM beside it (``Efficiency.overlap_slowdown``). ``collective-matmul`` (XLA's
-  windowed einsum) is ``gemm`` under sequence parallelism and ``none`` without it
-  on a GPU (`TpOverlap.under`).
+  windowed einsum) is ``gemm`` under sequence parallelism on a GPU and ``none`` otherwise
+  (`TpOverlap.under`).
 - ``SoftwareStack.batch_major`` ([batch, seq, hidden] activations, as torchtitan's DTensor
   sequence parallelism has them): gathering or scattering the inner sequence axis copies
   the buffer into or out of NCCL's contiguous layout when micro_batch > 1.

@@ -108,7 +108,7 @@ def xla_flags_row(layout: Layout, hardware: str) -> tuple[str, str] | None:
     if not options:
         return None
     return "XLA flags", (f'XLA_FLAGS="{xla_flags(options)}"   (XLA\'s collective matmul: the tensor-parallel gathers and '
-                         "reduce-scatters pipelined with their GEMMs, as predicted; `plan validate` compiles with them)")
+                         "reduce-scatters pipelined with their GEMMs, as predicted; `plan validate` on GPUs compiles with them)")
 
 
 def utilisation_row(est: StepEstimate) -> tuple[str, str]:

@@ -95,3 +95,12 @@ def test_descent_keeps_fixed_nodes_and_reaches_a_local_optimum():
     for node in space.free_nodes[1:]:  # no single free node can improve
         for option in range(len(space.strategies[node])):
             assert space.total_time_s({**run.choice, node: option}) >= run.objective_s - 1e-15
+
+
+def test_beam_widens_within_its_budget_and_stops_once_nothing_is_dropped():
+    space = mlp_space()
+    one_pass = beam_search(space, memory_budget_bytes=12e6, width=1)  # no time limit: one pass
+    widened = beam_search(space, memory_budget_bytes=12e6, width=1, time_limit_s=30.0)
+    assert widened.evaluations > one_pass.evaluations and widened.objective_s <= one_pass.objective_s
+    assert widened.objective_s == pytest.approx(brute_force(space, 12e6), rel=1e-9)
+    assert widened.wall_s < 5.0  # it stops when a pass keeps every partial choice, not when the budget runs out

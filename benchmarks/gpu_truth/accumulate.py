@@ -78,12 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.gpu_truth.report import write_variant_csv
     from benchmarks.gpu_truth.sizes import sizes_for
     from benchmarks.gpu_truth.target import detect_target, variant_run_parser
-
-    args = variant_run_parser(__doc__.splitlines()[0]).parse_args(argv)
     from costmodel.inputs.layout import Layout
     from costmodel.inputs.train_config import TrainConfig
     from costmodel.step.data_parallel import layer_params_per_device
 
+    args = variant_run_parser(__doc__.splitlines()[0]).parse_args(argv)
     target = detect_target(args.backend, quick=args.quick)
     sizes = sizes_for(quick=args.quick)
     micro_batches = 4

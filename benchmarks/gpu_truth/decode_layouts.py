@@ -122,10 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.gpu_truth.report import write_variant_csv
     from benchmarks.gpu_truth.sizes import sizes_for
     from benchmarks.gpu_truth.target import detect_target, variant_run_parser
-
-    args = variant_run_parser(__doc__.splitlines()[0]).parse_args(argv)
     from costmodel.inputs.train_config import TrainConfig
 
+    args = variant_run_parser(__doc__.splitlines()[0]).parse_args(argv)
     target = detect_target(args.backend, quick=args.quick)
     sizes = sizes_for(quick=args.quick)
     cases = [sizes.decode_cases[0], sizes.decode_cases[-1]] if args.quick else [(1, 2048), (32, 8192), (64, 2048)]

@@ -14,7 +14,9 @@ What ``compiled.as_text()`` says, and the three facts of XLA this module handles
   collectives into tuples, promoted bf16 ones with genuine f32 ones. An element of a
   promoted reduction or of a ``collective-permute`` whose operand was just converted from
   bf16 counts at bf16 bytes (half); a promoted reduction in which no such operand is
-  recognised is halved whole. Tuple elements are summed.
+  recognised is halved whole. A moved convert may be fused with the transpose before it; a
+  gather (or permute, all-to-all) of such a fusion counts at bf16 bytes too. Tuple elements
+  are summed.
 
 Bytes are per device and count the full buffer of the collective: an all-reduce's array,
 an all-gather's gathered result, a reduce-scatter's input (its result × the group size),
@@ -202,6 +204,9 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
     copies = {comp for comp, defined in instructions.items()
               if all(m.group(3) in (*_PASS_THROUGH, "parameter") for m in defined.values())}
     upcasts = _upcast_computations(comps, instructions)
+    # XLA:CPU fuses a convert it moves ahead of a gather with the transpose before it; a reduction's
+    # transposed upcast is the program's own (gradients cast to fp32 before they are summed).
+    moved_upcasts = _upcast_computations(comps, instructions, (*_PASS_THROUGH, "transpose"))
     found = []
     for comp, defined in instructions.items():
         for m in defined.values():
@@ -218,7 +223,8 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
             if op.endswith("-start"):  # async pairs: (operands, results) tuples; keep the results
                 elements = elements[len(elements) // 2:]
             operands = re.findall(r"%([^,\s)]+)", attrs.split(")")[0])
-            halved = [len(operands) == len(elements) and _from_bf16(o, defined, upcasts, copies) for o in operands] or [False]
+            widened = moved_upcasts if kind in _MOVES else upcasts
+            halved = [len(operands) == len(elements) and _from_bf16(o, defined, widened, copies) for o in operands] or [False]
             if "clone_promoted" in attrs and not any(halved):
                 halved = [True] * len(elements)
             buffer = sum(b / 2 if h else b for b, h in zip(elements, halved)) * (size if kind == "reduce-scatter" else 1)
@@ -229,13 +235,14 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
     return found
 
 
-def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str], copies: set[str] = frozenset()) -> bool:
+def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str], copies: set[str] = frozenset(),
+               through: tuple[str, ...] = _PASS_THROUGH) -> bool:
     """Whether instruction ``name`` is an f32 value just converted from bf16: a ``convert``,
-    or a fusion whose result is one (looking through bitcasts, reshapes and copies, fusions of
-    ``copies`` computations, and collectives that only move the value: a gather of a gathered
-    upcast moves an upcast too)."""
+    or a fusion whose result is one (looking through ``through`` (bitcasts, reshapes and copies),
+    fusions of ``copies`` computations, and collectives that only move the value: a gather of a
+    gathered upcast moves an upcast too)."""
     m = defined.get(name)
-    while m is not None and (m.group(3) in _PASS_THROUGH or m.group(3).removesuffix("-done").removesuffix("-start") in _MOVES
+    while m is not None and (m.group(3) in through or m.group(3).removesuffix("-done").removesuffix("-start") in _MOVES
                              or (m.group(3) == "fusion" and (c := _CALLED.search(m.group(4))) is not None and c.group(2) in copies)):
         m = defined.get(_OPERAND.match(m.group(4)).group(1))
     if m is None or not m.group(2).startswith("f32["):
@@ -247,14 +254,15 @@ def _from_bf16(name: str, defined: dict[str, re.Match[str]], upcasts: set[str], 
     return m.group(3) == "fusion" and called is not None and called.group(2) in upcasts
 
 
-def _upcast_computations(comps: dict[str, list[str]], instructions: dict[str, dict[str, re.Match[str]]]) -> set[str]:
-    """Fused computations whose result is an f32 conversion of a bf16 value (``instructions``:
-    each computation's parsed instructions by name)."""
+def _upcast_computations(comps: dict[str, list[str]], instructions: dict[str, dict[str, re.Match[str]]],
+                         through: tuple[str, ...] = _PASS_THROUGH) -> set[str]:
+    """Fused computations whose result is an f32 conversion of a bf16 value, looking through
+    ``through`` (``instructions``: each computation's parsed instructions by name)."""
     out = set()
     for comp, lines in comps.items():
         root = next((line.split("=")[0].strip().removeprefix("ROOT ").lstrip("%") for line in lines
                      if line.lstrip().startswith("ROOT ")), None)
-        if root is not None and _from_bf16(root, instructions[comp], set()):
+        if root is not None and _from_bf16(root, instructions[comp], set(), through=through):
             out.add(comp)
     return out
 

@@ -214,7 +214,8 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
                                        why="ZeRO-3: the vocab-parallel table gathered over the data axes (fp32, as stored), once"))
     if head in split:
         # A tied table is gathered whole in fp32: the lookup reads it as stored, the head casts the gathered copy.
-        head_weight_bytes = whole[head] * (F32_BYTES if model.tie_embeddings else e)
+        # A pipeline runs its head inside the schedule, apart from the lookup: it gathers its own cast copy.
+        head_weight_bytes = whole[head] * (F32_BYTES if model.tie_embeddings and lay.pp == 1 else e)
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=head_weight_bytes, calls=2,
                                        why="ZeRO-3: the head's weight gathered for the forward and for the backward"))
         if model.tie_embeddings and vocab is not None:

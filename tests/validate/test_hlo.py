@@ -85,6 +85,30 @@ ENTRY %main (a: bf16[8]) -> f32[8,8] {
     assert second.promoted and second.bytes_per_call == 8 * 8 * 2  # gathered again: still bf16 data widened
 
 
+def test_a_fused_upcast_stays_one_through_its_transpose():
+    # XLA:CPU fuses the convert it moves ahead of a gather with the transpose before it.
+    text = """
+%convert_transpose (p: bf16[4,2]) -> f32[2,4] {
+  %p = bf16[4,2]{1,0} parameter(0)
+  %c = f32[4,2]{1,0} convert(%p)
+  ROOT %t = f32[2,4]{1,0} transpose(%c), dimensions={1,0}
+}
+ENTRY %main (a: bf16[4,2], b: f32[2,4]) -> f32[4,4] {
+  %a = bf16[4,2]{1,0} parameter(0)
+  %b = f32[2,4]{1,0} parameter(1)
+  %u = f32[2,4]{1,0} fusion(%a), kind=kLoop, calls=%convert_transpose
+  %g = f32[4,4]{1,0} all-gather(%u), replica_groups=[4,2]<=[8], dimensions={0}
+  %t = f32[4,2]{1,0} transpose(%b), dimensions={1,0}
+  %h = f32[8,2]{1,0} all-gather(%t), replica_groups=[4,2]<=[8], dimensions={0}
+  %rs = f32[1,4]{1,0} reduce-scatter(%u), replica_groups=[4,2]<=[8], dimensions={0}, to_apply=%add
+}"""
+    upcast, genuine, summed = collectives(text, mesh_shape=MESH)
+    assert upcast.promoted and upcast.bytes_per_call == 4 * 4 * 2
+    assert not genuine.promoted and genuine.bytes_per_call == 8 * 2 * 4
+    # A reduction's transposed upcast is the program's own cast (fp32 gradients summed): fp32 bytes.
+    assert not summed.promoted and summed.bytes_per_call == 2 * 4 * 4
+
+
 def test_nested_loops_multiply_trip_counts():
     text = """
 %inner (p: f32[]) -> f32[] {

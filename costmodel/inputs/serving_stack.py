@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
+from costmodel.inputs.stack import Attention
+
 
 class ServingStack(BaseModel):
     """One serving framework's per-step host work."""
@@ -43,6 +45,13 @@ class ServingStack(BaseModel):
         False, description="Each decode step appends the new token's keys and values by concatenating them to the layer's "
         "cache into a new tensor (transformers' DynamicCache.update, torch.cat): the step reads and rewrites every layer's "
         "whole cache beside attention's read. False: written in place into a preallocated or paged cache.")
+    operators_unfused: bool = Field(
+        False, description="Every operator of a layer is a kernel of its own that reads its inputs from HBM and writes its "
+        "output back (eager PyTorch): the norms' fp32 steps, the rotary embedding's five passes, the activation and the "
+        "residual adds each move their tensors (`costmodel.step.serving_kernels.unfused_operator_kernel`).")
+    attention: Attention = Field(Attention.FLASH, description="flash: a fused kernel reads q, k and v once; materialized: "
+                                 "the scores are written, scaled, masked, soft-maxed in fp32 and read back "
+                                 "(`costmodel.step.serving_kernels.materialized_attention_kernels`).")
     source: str = Field(description="Where the facts come from (repository, file, commit), and what is fitted.")
 
     def host_ops(self, *, num_layers: int) -> int:
@@ -100,13 +109,15 @@ SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
                  source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (assumed from that design, not "
                         "counted from its code): no per-operator Python dispatch; its fused plugins' kernel count is not counted."),
     ServingStack(name="hf-eager", host_ops_per_layer=HF_EAGER_OPS_PER_LAYER, host_ops_per_step=HF_EAGER_OPS_PER_STEP,
-                 host_s_per_op=HF_EAGER_S_PER_OP, cache_grown_by_concatenation=True,
+                 host_s_per_op=HF_EAGER_S_PER_OP, cache_grown_by_concatenation=True, operators_unfused=True,
+                 attention=Attention.MATERIALIZED,
                  source="huggingface/transformers @0022728 src/transformers/models/llama/modeling_llama.py, eager "
                         "attention, DynamicCache (src/transformers/cache_utils.py DynamicCache.update: torch.cat of the past keys "
                         "and values with the new token's, a new tensor each step): 53 operators per decoder layer "
                         "and about 25 per step, counted from the code (HF_EAGER_OPS_PER_LAYER); seconds per operator "
                         "fitted to published generate() latencies (HF_EAGER_S_PER_OP). Host-bound: its kernels' "
-                        "launch floors are not counted beside the dispatch."),
+                        "launch floors are not counted beside the dispatch; each operator's HBM traffic is, and the eager "
+                        "attention's score matrix."),
 )}
 
 

@@ -11,6 +11,9 @@
   compute dtype inside the GEMM (weight-only).
 - Attention against the KV cache (decode: the new token's query over the whole cache, read once
   in the cache's dtype; prefill: causal, quadratic) at the compute dtype's peak; the head too.
+- An eager stack (`costmodel.inputs.serving_stack.ServingStack.operators_unfused`) runs every
+  small operator as a kernel of its own (`unfused_operator_kernel`), and materialized attention
+  writes the score matrix and passes over it four times (`materialized_attention_kernels`).
 - Side kernels (`side_kernels`): the norms with their residual adds, the rotary embedding, the
   KV-cache write and the MLP activation, as many launches as the serving stack splits them into
   (`costmodel.inputs.serving_stack.ServingStack.side_kernels_per_layer`), each reading and
@@ -32,7 +35,8 @@
 from __future__ import annotations
 
 from costmodel.inputs.layout import Layout
-from costmodel.inputs.model_config import ModelConfig, Positions
+from costmodel.inputs.model_config import ModelConfig, Norm, Positions
+from costmodel.inputs.stack import Attention
 from costmodel.inputs.train_config import TrainConfig
 from costmodel.step.fp8_memory import FP8_BYTES
 from costmodel.step.kernels import Kernel, KernelKind
@@ -103,17 +107,22 @@ def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, seq
     d, hd = model.hidden_size, model.head_dim
     q, kv = model.num_heads // tp * hd, kv_heads * hd
     tokens = sequences * new_tokens
-    if new_tokens == 1:  # decode: each new query attends the whole cache (or its window), read once as stored
-        attn_flops = 4 * sequences * min(train.seq_len, model.sliding_window or train.seq_len) * q
-        attn_bytes = sequences * (2 * kv * cache_tokens * kv_element_bytes(train) + 2 * q * e)
+    if train.workload.serving.stack.attention is Attention.MATERIALIZED:
+        # Every query scores the whole cache (decode) or the whole prompt, the causal mask applied to the scores.
+        keys = cache_tokens if new_tokens == 1 else new_tokens
+        attention = materialized_attention_kernels(model, train, layout, queries=tokens, keys_per_query=keys,
+                                                   keys=sequences * keys, kv=kv)
+    elif new_tokens == 1:  # decode: each new query attends the whole cache (or its window), read once as stored
+        attention = [Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION,
+                            flops=4 * sequences * min(train.seq_len, model.sliding_window or train.seq_len) * q,
+                            bytes=sequences * (2 * kv * cache_tokens * kv_element_bytes(train) + 2 * q * e))]
     else:  # prefill: causal, half the score matrix; q, k, v and the output pass HBM once
         attn_flops = 2 * sequences * new_tokens ** 2 * q
         if model.sliding_window is not None and new_tokens > model.sliding_window:
             attn_flops = 4 * sequences * model.causal_pairs(new_tokens) * q
-        attn_bytes = tokens * (2 * q + 2 * kv) * e
+        attention = [Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=tokens * (2 * q + 2 * kv) * e)]
     concat = cache_concat_kernels(train, cached_tokens=sequences * cache_tokens, kv=kv) if new_tokens == 1 else []
-    return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train),
-            Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION, flops=attn_flops, bytes=attn_bytes), *concat,
+    return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train), *attention, *concat,
             *linear_kernels("attn_out", tokens=tokens, d_in=q, d_out=d, train=train),
             *_mlp_kernels(model, train, layout, tokens),
             *(side_kernels(model, train, layout, tokens=tokens, kv_heads=kv_heads) if side else [])]
@@ -143,7 +152,8 @@ def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, toke
     two norms reading and writing the residual stream and its normed copy (``8·hidden``), the
     rotary embedding of the queries and keys (``2·(q + kv)``), the cache write of the keys and
     values (``4·kv``) and the activation (``3·ffn`` gated, else ``2·ffn``; a mixture of experts'
-    over each token's experts), in the compute dtype; none where the stack's count is unknown.
+    over each token's experts), in the compute dtype; none where the stack's count is unknown; an
+    eager stack's operators one by one (`unfused_operator_kernel`).
 
     >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
     >>> # bf16: (8·1024 + 2·(1024 + 256) + 4·256 + 3·4096) · 2 bytes over the jax stack's 14 launches
@@ -152,6 +162,8 @@ def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, toke
     >>> side_kernels(m, TrainConfig(workload="decode", inference={"serving_stack": "tensorrt-llm"}), Layout(), tokens=1, kv_heads=4)
     []
     """
+    if train.workload.serving.stack.operators_unfused:
+        return [unfused_operator_kernel(model, train, layout, tokens=tokens, kv_heads=kv_heads)]
     count = train.workload.serving.stack.side_kernels_per_layer
     if not count:
         return []
@@ -162,6 +174,65 @@ def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, toke
     elements = 8 * d + rotary + 4 * kv + (3 if model.mlp.gated else 2) * ffn
     return [Kernel(name="side_kernels", kind=KernelKind.MEMORY, flops=0, bytes=tokens * elements * train.compute_dtype.bytes / count,
                    count=count)]
+
+
+def unfused_operator_kernel(model: ModelConfig, train: TrainConfig, layout: Layout, *, tokens: float, kv_heads: float) -> Kernel:
+    """The HBM traffic of a layer's small operators over ``tokens`` tokens on one device where each is
+    a kernel of its own (`costmodel.inputs.serving_stack.ServingStack.operators_unfused`; the
+    operators of transformers' eager Llama layer, `costmodel.inputs.serving_stack.HF_EAGER_OPS_PER_LAYER`),
+    with ``e`` the compute dtype's bytes and ``f`` fp32's, per token:
+
+    - each RMSNorm: to fp32 (reads ``e·d``, writes ``f·d``), pow, mean, mul by the statistic, back
+      to the dtype, mul by the weight: ``(4e + 7f)·d``; a LayerNorm is one kernel: ``2e·d``;
+    - the rotary embedding of q and k (mul, neg of a half, cat, mul, add): ``10e·(q + kv)``;
+    - the attention output's ``transpose().contiguous()``: ``2e·q``; two residual adds: ``6e·d``;
+    - the activation: SiLU then the gate's mul, ``5e·ffn`` (ungated: ``2e·ffn``).
+
+    Its launches are the stack's host dispatch (`ServingStack.host_ops`), so the kernel pays no floor.
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+    >>> eager = TrainConfig(workload="decode", inference={"serving_stack": "hf-eager"})
+    >>> # bf16: 2·36·1024 (norms) + 20·(1024 + 256) (rotary) + 4·1024 (transpose) + 12·1024 (adds) + 10·4096 (activation)
+    >>> unfused_operator_kernel(m, eager, Layout(), tokens=1, kv_heads=4).bytes
+    156672.0
+    """
+    e, f = train.compute_dtype.bytes, _F32
+    d, hd, tp = model.hidden_size, model.head_dim, layout.tp
+    q, kv = model.num_heads // tp * hd, kv_heads * hd
+    ffn = (model.moe_ffn_size * model.experts_per_token if model.is_moe else model.ffn_size) / tp
+    norm = (4 * e + 7 * f) * d if model.norm is Norm.RMSNORM else 2 * e * d
+    rotary = 10 * e * (q + kv) if model.positions is Positions.ROPE else 0
+    per_token = 2 * norm + rotary + 2 * e * q + 6 * e * d + (5 if model.mlp.gated else 2) * e * ffn
+    return Kernel(name="unfused_operators", kind=KernelKind.MEMORY, flops=0, bytes=tokens * per_token, fused=True)
+
+
+def materialized_attention_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, queries: float, keys_per_query: float,
+                                   keys: float, kv: float) -> list[Kernel]:
+    """Eager attention on one device (transformers' eager Llama attention): ``queries`` queries each
+    scored against ``keys_per_query`` keys (``keys`` distinct keys and values read, ``kv`` wide, in
+    the cache's dtype). ``q·kᵀ`` is a batched GEMM writing every score (a causal mask shrinks no work);
+    the scale, the mask's add, the fp32 softmax and its cast back pass over the scores (``6e + 2f``
+    bytes a score); ``softmax·v`` a batched GEMM reading them. With grouped-query heads,
+    ``repeat_kv`` first copies the keys and values out to every query head.
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=16, ffn_size=4096, vocab_size=1000)
+    >>> eager = TrainConfig(workload="prefill", inference={"serving_stack": "hf-eager"})
+    >>> [(k.name, k.flops, k.bytes) for k in materialized_attention_kernels(m, eager, Layout(), queries=8, keys_per_query=8,
+    ...                                                                     keys=8, kv=1024)]
+    [('attention_scores', 131072.0, 34816.0), ('attention_softmax', 0.0, 20480.0), ('attention_values', 131072.0, 34816.0)]
+    """
+    e, kv_e = train.compute_dtype.bytes, kv_element_bytes(train)
+    heads = model.num_heads // layout.tp
+    q, scores = heads * model.head_dim, queries * keys_per_query * heads
+    repeated = []
+    if q > kv:
+        repeated = [Kernel(name="repeat_kv", kind=KernelKind.MEMORY, flops=0, fused=True, bytes=2 * keys * (kv * kv_e + q * e))]
+        kv, kv_e = q, e
+    gemm_flops, operands = 2 * queries * keys_per_query * q, queries * q * e + keys * kv * kv_e + scores * e
+    return [*repeated,
+            Kernel(name="attention_scores", kind=KernelKind.MATMUL, flops=gemm_flops, bytes=operands),
+            Kernel(name="attention_softmax", kind=KernelKind.MEMORY, flops=0, fused=True, bytes=scores * (6 * e + 2 * _F32)),
+            Kernel(name="attention_values", kind=KernelKind.MATMUL, flops=gemm_flops, bytes=operands)]
 
 
 def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, decode_sequences: int, tokens_per_sequence: int,
@@ -180,7 +251,10 @@ def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layo
         attention.append(Kernel(name="decode_attention", kind=KernelKind.FLASH_ATTENTION, flops=4 * tokens_per_sequence * cached_tokens * q,
                                 bytes=2 * kv * cached_tokens * kv_element_bytes(train) + new * 2 * q * e))
         attention += cache_concat_kernels(train, cached_tokens=cached_tokens, kv=kv)
-    if prompt_tokens:
+    if prompt_tokens and train.workload.serving.stack.attention is Attention.MATERIALIZED:
+        attention += materialized_attention_kernels(model, train, layout, queries=prompt_tokens, keys_per_query=prompt_tokens,
+                                                    keys=prompt_tokens, kv=kv)
+    elif prompt_tokens:
         attention.append(Kernel(name="prefill_attention", kind=KernelKind.FLASH_ATTENTION, flops=2 * prompt_tokens**2 * q,
                                 bytes=prompt_tokens * (2 * q + 2 * kv) * e))
     return [*linear_kernels("qkv", tokens=tokens, d_in=d, d_out=q + 2 * kv, train=train), *attention,

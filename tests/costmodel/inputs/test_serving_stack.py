@@ -10,8 +10,6 @@ from costmodel.inputs.train_config import TrainConfig
 from costmodel.inputs.workload import InferenceConfig
 from costmodel.step.inference import iteration_s, simulate_inference
 from costmodel.step.kernels import KernelKind
-from costmodel.step.roofline import kernel_time_s
-from costmodel.step.serving_kernels import cache_concat_kernels
 
 MODEL = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, num_kv_heads=16, ffn_size=5632, vocab_size=32000)
 
@@ -35,23 +33,21 @@ def test_an_eager_decode_step_takes_at_least_its_host_dispatch_and_a_compiled_on
     host_s = get_serving_stack("hf-eager").host_step_s(num_layers=MODEL.num_layers)
     assert compiled.serving.host_ops == 0 and compiled.time_per_output_token_s < host_s
     assert eager.time_per_output_token_s == pytest.approx(host_s) and eager.serving.host_step_s == pytest.approx(host_s)
-    # A step whose kernels outlast the dispatch is the kernels' time: host work overlaps them. They are a
-    # compiled stack's (one whose side kernels are not counted) and the cache's copy by concatenation.
+    # A step whose kernels outlast the dispatch is the kernels' time: host work overlaps them.
     big = simulate_inference(MODEL, _decode("hf-eager", batch=512), Layout(), hw)
-    compiled_s = simulate_inference(MODEL, _decode("tensorrt-llm", batch=512), Layout(), hw).time_per_output_token_s
-    concat = cache_concat_kernels(_decode("hf-eager"), cached_tokens=512 * 1024, kv=MODEL.num_kv_heads * MODEL.head_dim)
-    concat_s = MODEL.num_layers * sum(kernel_time_s(k, peak_flops_per_s=hw.peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s,
-                                                    efficiency=hw.efficiency) for k in concat)
-    assert big.time_per_output_token_s > host_s and big.time_per_output_token_s == pytest.approx(compiled_s + concat_s)
+    kernels_s = big.serving.decode_compute_s + big.serving.decode_hbm_s
+    assert big.time_per_output_token_s > host_s and big.time_per_output_token_s == pytest.approx(kernels_s)
 
 
-def test_only_a_cache_grown_by_concatenation_is_copied_every_decode_step():
+def test_only_a_cache_grown_by_concatenation_is_copied_every_decode_step(monkeypatch):
     """transformers' DynamicCache rewrites each layer's cache every step: twice its bytes beside attention's read."""
     hw = load_machine("a100-80gb")
-    eager, compiled = (simulate_inference(MODEL, _decode(s, batch=64), Layout(), hw) for s in ("hf-eager", "tensorrt-llm"))
     assert [s for s in SERVING_STACKS if SERVING_STACKS[s].cache_grown_by_concatenation] == ["hf-eager"]
+    eager = simulate_inference(MODEL, _decode("hf-eager", batch=64), Layout(), hw)
+    monkeypatch.setitem(SERVING_STACKS, "hf-eager", SERVING_STACKS["hf-eager"].model_copy(update={"cache_grown_by_concatenation": False}))
+    in_place = simulate_inference(MODEL, _decode("hf-eager", batch=64), Layout(), hw)
     cache_bytes = 64 * 1024 * 2 * MODEL.num_kv_heads * MODEL.head_dim * 2  # one layer's keys and values, bf16
-    extra_s = eager.serving.decode_hbm_s - compiled.serving.decode_hbm_s
+    extra_s = eager.serving.decode_hbm_s - in_place.serving.decode_hbm_s
     assert extra_s == pytest.approx(MODEL.num_layers * (2 * cache_bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(KernelKind.MEMORY))
                                                         + 2 * hw.efficiency.kernel_floor_s))
 

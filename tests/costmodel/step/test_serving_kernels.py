@@ -44,3 +44,31 @@ def test_experts_cost_top_k_flops_and_the_weights_of_the_experts_touched(sequenc
     assert up.bytes == pytest.approx(experts_read * d * 2 * f * 2 + tokens * 2 * (d + 2 * f) * 2)
     assert kernels["router"].flops == 2 * tokens * d * 8 and not kernels["router"].linear
     assert "mlp_up" not in kernels
+
+
+DENSE = ModelConfig(name="dense", hidden_size=1024, num_layers=2, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+
+
+def test_eager_prefill_scores_the_whole_square_and_passes_over_the_scores_and_each_operator():
+    """transformers' eager attention computes every score (the causal mask shrinks no work) and writes them; a
+    compiled stack's fused kernel computes the causal half and reads q, k and v once."""
+    prompt = 512
+    eager = {k.name: k for k in layer_kernels(DENSE, _serve("prefill", serving_stack="hf-eager"), Layout(), sequences=2,
+                                              new_tokens=prompt, kv_heads=4, cache_tokens=prompt)}
+    fused = {k.name: k for k in layer_kernels(DENSE, _serve("prefill", serving_stack="tensorrt-llm"), Layout(), sequences=2,
+                                              new_tokens=prompt, kv_heads=4, cache_tokens=prompt)}
+    square_flops = eager["attention_scores"].flops + eager["attention_values"].flops
+    assert square_flops == pytest.approx(2 * fused["attention"].flops)
+    scores = 2 * prompt * prompt * 16
+    assert eager["attention_softmax"].bytes == scores * (6 * 2 + 2 * 4)  # scale, mask, fp32 softmax, cast back
+    assert eager["repeat_kv"].bytes == 2 * 2 * prompt * (256 + 1024) * 2  # 4 KV heads copied out to 16 query heads
+    assert eager["unfused_operators"].bytes > 3 * 2 * prompt * 1024 * 2 and "unfused_operators" not in fused
+    assert all(eager[name].fused for name in ("attention_softmax", "repeat_kv", "unfused_operators"))  # no launch floor
+
+
+def test_eager_decode_reads_the_cache_once_and_its_scores():
+    eager = {k.name: k for k in layer_kernels(DENSE, _serve(serving_stack="hf-eager"), Layout(), sequences=4, new_tokens=1,
+                                              kv_heads=4, cache_tokens=512)}
+    keys = 4 * 512
+    assert eager["attention_scores"].bytes == 4 * 1024 * 2 + keys * 1024 * 2 + keys * 16 * 2  # q, the repeated keys, scores
+    assert eager["attention_softmax"].bytes == keys * 16 * 20

@@ -76,6 +76,8 @@ MECHANISMS = (
     Mechanism(name="overlap slowdown", off="compute beside an overlapped collective runs at full speed (NCCL's SMs free)",
               variant=_efficiency(overlap_slowdown=0.0)),
     Mechanism(name="kernel floor", off="no launch and tail latency per kernel", variant=_efficiency(kernel_floor_s=0.0)),
+    Mechanism(name="attention length curve", off="fused attention at the calibrated efficiency whatever the sequence length",
+              variant=_efficiency(attention_overhead_tokens=None)),
     Mechanism(name="GEMM size curve", off="every GEMM at the part's best matmul efficiency, whatever its size",
               variant=_flat_gemm_curve),
     Mechanism(name="unfused eager kernels", off="every stack fuses elementwise ops and norms (XLA, Inductor)",

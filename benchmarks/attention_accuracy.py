@@ -14,8 +14,9 @@ predicts another's, sequence length by sequence length:
 - Its backward, in sample: the curve does not hold there (the causal backward runs at half the
   non-causal rate at every length, as if it computed the masked tiles).
 
-Nothing from these rows enters the simulator yet: its attention efficiency is one constant per
-part, fitted to training runs (`costmodel.hardware.catalog`).
+The simulator takes the fitted fixed work (`costmodel.hardware.catalog`: the FlashAttention-3 fit for
+Hopper and later, the Triton fit for Ampere and Ada): a part's calibrated attention efficiency holds
+at 4,096 keys a query row and follows the curve in sequence length (`Efficiency.flash_attention_at`).
 
     python -m benchmarks.attention_accuracy [--data PATH] [--out benchmarks/out/attention_accuracy.csv]
 """

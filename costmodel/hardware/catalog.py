@@ -140,12 +140,17 @@ GB200_NVL72_HOST = HostSpec(memory_bytes_per_node=36 * 480 * GB, cpu_cores_per_n
 # through HBM: on 108–132 SMs, compute beside them loses roughly 0.15 of its speed (an
 # estimate from that count, fitted where enough runs allow).
 _GPU_OVERLAP_SLOWDOWN = 0.15
+# A fused attention thread block's fixed work in key tokens, fitted to published forward sweeps by
+# `python -m benchmarks.attention_accuracy` (never to training runs): Triton's tutorial kernel on an
+# A100, head dim 64 (Ampere and Ada parts), and FlashAttention-3 on an H100 PCIe (Hopper and later).
+AMPERE_ATTENTION_OVERHEAD_TOKENS = 179.0
+HOPPER_ATTENTION_OVERHEAD_TOKENS = 248.0
 _A100_MICROBENCH = Efficiency(matmul_curve=((1e9, 0.45), (1e10, 0.7), (1e11, 0.82), (1e12, 0.86)),
                               flash_attention=0.55, hbm=0.85, gemm_hbm=0.85, kernel_floor_s=5e-6,
-                              overlap_slowdown=_GPU_OVERLAP_SLOWDOWN)
+                              overlap_slowdown=_GPU_OVERLAP_SLOWDOWN, attention_overhead_tokens=AMPERE_ATTENTION_OVERHEAD_TOKENS)
 _H100_MICROBENCH = Efficiency(matmul_curve=((1e9, 0.3), (1e10, 0.55), (1e11, 0.72), (1e12, 0.8)),
                               flash_attention=0.45, hbm=0.85, gemm_hbm=0.85, kernel_floor_s=4e-6,
-                              overlap_slowdown=_GPU_OVERLAP_SLOWDOWN)
+                              overlap_slowdown=_GPU_OVERLAP_SLOWDOWN, attention_overhead_tokens=HOPPER_ATTENTION_OVERHEAD_TOKENS)
 # A power cap lowers sustained tensor-core clocks: at 500 W instead of 700 W an H100
 # sustains roughly 85 % of its boost clock on GEMM-heavy work.
 _H100_500W_MICROBENCH = _H100_MICROBENCH.calibrated(matmul_scale=0.85, flash_attention=0.45 * 0.85, hbm=0.85)
@@ -177,7 +182,7 @@ _H100_EFF = _H100_MICROBENCH.calibrated(matmul_scale=0.70, matmul_knee=3.0, flas
 # (GEMM scale and knee, fused attention, memory-bound kernels at its 0.55 / 0.85 of stream bandwidth).
 _RTX4090_MICROBENCH = Efficiency(matmul_curve=((2.7e8, 0.28), (2.1e9, 0.70), (1.7e10, 0.97), (1.1e12, 0.97)),
                                  flash_attention=0.55, hbm=0.91, gemm_hbm=0.91, kernel_floor_s=5e-6,
-                                 overlap_slowdown=_GPU_OVERLAP_SLOWDOWN)
+                                 overlap_slowdown=_GPU_OVERLAP_SLOWDOWN, attention_overhead_tokens=AMPERE_ATTENTION_OVERHEAD_TOKENS)
 _RTX4090_EFF = _RTX4090_MICROBENCH.calibrated(matmul_scale=0.90, matmul_knee=3.0, flash_attention=0.35, hbm=0.55 * 0.91 / 0.85,
                                               overlap_slowdown=0.25)
 _GENERIC_EFF = Efficiency()

@@ -233,7 +233,7 @@ def _split_s(kernels: list[Kernel], hw: Machine) -> tuple[float, float, float]:
     for k in kernels:
         peak_flops_per_s = hw.linear_peak if k.linear else hw.peak_flops_per_s
         t = kernel_time_s(k, peak_flops_per_s=peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
-        peak = hw.efficiency.matmul(k.flops) if k.kind is KernelKind.MATMUL else hw.efficiency.flash_attention
+        peak = hw.efficiency.matmul(k.flops) if k.kind is KernelKind.MATMUL else hw.efficiency.flash_attention_at(k.attention_keys)
         if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= k.flops / (peak_flops_per_s * peak):
             memory += t
         else:

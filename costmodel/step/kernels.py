@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat
 
 from costmodel.inputs.layout import Layout, Offload
 from costmodel.inputs.model_config import ModelConfig, Norm, Positions
@@ -116,6 +116,9 @@ class Kernel(BaseModel):
         0.0, description="Bytes of a GEMM's output: its weight gradient contracts their gradient over the leading dimension.")
     cotangent_fused: bool = Field(False, description="The output's gradient comes from an elementwise backward (activation, "
                                   "softmax, norm, loss) a compiler may fuse into the GEMM's operand copy.")
+    attention_keys: PositiveFloat | None = Field(None, description="A causal fused attention kernel's keys a query row "
+                                                 "(sequence, packed document or window): the length its efficiency follows "
+                                                 "(`costmodel.step.roofline.Efficiency.flash_attention_at`); None: not set.")
 
     def scaled(self, factor: float) -> Kernel:
         """The same kernel launched ``factor`` times as often (same size per launch)."""
@@ -388,8 +391,9 @@ def _attention_core(model: ModelConfig, train: TrainConfig, layout: Layout) -> l
         flops = 4 * b * heads * d * train.attention_pairs(model) / layout.cp
         kv_heads = model.num_kv_heads / layout.tp
         io_bytes = e * b * s_q * d * (2 * heads) + e * b * s_kv * d * 2 * kv_heads
+        keys = min(train.document_len or train.seq_len, model.sliding_window or train.seq_len)
         return [Kernel(name="flash_attention", kind=KernelKind.FLASH_ATTENTION, flops=flops, bytes=io_bytes, in_attention_core=True,
-                       backward_scale=FLASH_BACKWARD_FLOPS_RATIO)]
+                       backward_scale=FLASH_BACKWARD_FLOPS_RATIO, attention_keys=keys)]
     # A materialized score matrix is masked to the causal (or sliding-window) pattern, not shrunk: every score is computed.
     scores = b * heads * s_q * s_kv
     passes = _passes("softmax_dropout" if uses_dropout(model, layout) else "softmax", layout)

@@ -5,7 +5,9 @@ time = max(FLOPs / (peak · efficiency), bytes / (HBM bandwidth · HBM efficienc
 The efficiencies are the device's (`costmodel.hardware.profile.DeviceSpec`): what its GEMMs,
 fused attention kernels and streaming kernels reach in micro-benchmarks. GEMM efficiency
 falls for small problems (tile and wave quantisation, launch latency); the device gives
-it as a curve over a kernel's FLOPs.
+it as a curve over a kernel's FLOPs. A fused attention kernel's efficiency rises with the keys a
+query row meets (each thread block's fixed work is amortised over them): where the part gives
+its fitted fixed work, the calibrated constant follows that curve (`Efficiency.flash_attention_at`).
 
 >>> from costmodel.step.kernels import Kernel, KernelKind
 >>> k = Kernel(name="g", kind=KernelKind.MEMORY, flops=0, bytes=2e9)
@@ -20,8 +22,12 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_validator
 
+from costmodel.step.attention_efficiency import AttentionCurve
 from costmodel.step.kernels import Kernel, KernelKind
 
+# A part's calibrated `flash_attention` is read as its fused attention's efficiency at this many keys per causal
+# query row: the training runs it is fitted to are mostly 2k–8k tokens long.
+ATTENTION_REFERENCE_KEYS = 4096.0
 # Below this no kernel was ever measured; smaller values only make products of a profile's
 # numbers underflow to zero (a fuzzed profile with 1e-300 efficiencies and peaks did).
 MIN_EFFICIENCY = 1e-3
@@ -36,7 +42,12 @@ class Efficiency(BaseModel):
         ((1e9, 0.45), (1e10, 0.7), (1e11, 0.8), (1e12, 0.85)),
         description="(GEMM FLOPs, fraction of peak reached) points, ascending; interpolated in log FLOPs.",
     )
-    flash_attention: float = Field(0.6, ge=MIN_EFFICIENCY, le=1, description="Fraction of peak a fused attention kernel reaches.")
+    flash_attention: float = Field(0.6, ge=MIN_EFFICIENCY, le=1, description="Fraction of peak a fused attention kernel reaches "
+                                   "(at 4,096 keys a query row where `attention_overhead_tokens` is set).")
+    attention_overhead_tokens: float | None = Field(
+        None, ge=0, description="A fused attention kernel's fixed work per thread block, in key tokens, fitted to published "
+        "kernel benchmarks (`costmodel.step.attention_efficiency`): its efficiency then follows the kernel's curve in sequence "
+        "length (`flash_attention_at`); None: the same at every length.")
     hbm: float = Field(0.85, ge=MIN_EFFICIENCY, le=1,
                        description="Fraction of HBM bandwidth a memory-bound elementwise or row kernel (norms, softmax) reaches.")
     gemm_hbm: float | None = Field(
@@ -76,6 +87,20 @@ class Efficiency(BaseModel):
             update["overlap_slowdown"] = overlap_slowdown
         return self.model_copy(update=update)
 
+    def flash_attention_at(self, keys: float | None) -> float:
+        """The fused attention efficiency at ``keys`` keys a causal query row (None: unknown, `flash_attention`): the
+        kernel curve's ratio to its value at `ATTENTION_REFERENCE_KEYS`, times `flash_attention`, at most 1.
+
+        >>> eff = Efficiency(flash_attention=0.4, attention_overhead_tokens=200)
+        >>> round(eff.flash_attention_at(1024), 3), eff.flash_attention_at(4096), round(eff.flash_attention_at(65536), 3)
+        (0.298, 0.4, 0.448)
+        """
+        if keys is None or self.attention_overhead_tokens is None:
+            return self.flash_attention
+        curve = AttentionCurve(peak_fraction=1.0, overhead_tokens=self.attention_overhead_tokens)
+        ratio = curve.efficiency(keys, causal=True) / curve.efficiency(ATTENTION_REFERENCE_KEYS, causal=True)
+        return min(1.0, self.flash_attention * ratio)
+
     def hbm_for(self, kind: KernelKind) -> float:
         """The fraction of HBM bandwidth a memory-bound kernel of ``kind`` reaches.
 
@@ -103,7 +128,7 @@ def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: f
     if kernel.kind is KernelKind.MATMUL:
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.matmul(kernel.flops))
     elif kernel.kind is KernelKind.FLASH_ATTENTION:
-        compute_s = kernel.flops / (peak_flops_per_s * efficiency.flash_attention)
+        compute_s = kernel.flops / (peak_flops_per_s * efficiency.flash_attention_at(kernel.attention_keys))
     else:
         compute_s = 0.0
     floor_s = 0.0 if kernel.fused else efficiency.kernel_floor_s

@@ -23,3 +23,12 @@ def test_main_writes_the_csv(tmp_path, capsys):
     assert main(["--out", str(out)]) == 0
     assert out.read_text().count("\n") == 1 + sum(len(run_check(load_rows(DEFAULT_DATA), c)[1]) for c in CHECKS)
     assert "Fits and checks" in capsys.readouterr().out
+
+
+def test_the_catalog_takes_its_attention_overhead_from_these_fits():
+    from costmodel.hardware.catalog import AMPERE_ATTENTION_OVERHEAD_TOKENS, HOPPER_ATTENTION_OVERHEAD_TOKENS
+
+    rows = load_rows(DEFAULT_DATA)
+    fits = {check.fit: run_check(rows, check)[0] for check in CHECKS}
+    assert round(fits[("flash-attention-pr1075", "fwd", None)].overhead_tokens) == HOPPER_ATTENTION_OVERHEAD_TOKENS
+    assert round(fits[("triton-tutorial-06", "fwd", "64")].overhead_tokens) == AMPERE_ATTENTION_OVERHEAD_TOKENS

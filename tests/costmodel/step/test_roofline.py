@@ -3,6 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
+from costmodel.hardware.registry import load_hardware
 from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.step.roofline import Efficiency, kernel_time_s
 
@@ -33,3 +34,22 @@ def test_floor_is_added_to_every_kernel():
 def test_curve_must_ascend():
     with pytest.raises(ValidationError, match="ascending"):
         Efficiency(matmul_curve=((1e12, 0.8), (1e9, 0.5)))
+
+
+def test_fused_attention_follows_its_kernel_curve_in_sequence_length_where_the_part_gives_one():
+    """The calibrated constant holds at 4,096 keys; shorter rows amortise a block's fixed work worse, longer ones better."""
+    eff = Efficiency(flash_attention=0.35, attention_overhead_tokens=250)
+
+    def seconds(keys, efficiency=eff):
+        k = Kernel(name="fa", kind=KernelKind.FLASH_ATTENTION, flops=1e12, bytes=0, attention_keys=keys, fused=True)
+        return kernel_time_s(k, peak_flops_per_s=1e15, hbm_bytes_per_s=1e12, efficiency=efficiency)
+
+    assert seconds(4096) == pytest.approx(1e12 / (1e15 * 0.35)) == pytest.approx(seconds(None))
+    assert seconds(1024) > seconds(4096) > seconds(65536)
+    assert seconds(1024, Efficiency(flash_attention=0.35)) == pytest.approx(seconds(4096))  # no curve: flat
+
+
+def test_gpu_parts_carry_the_attention_curve_fitted_to_kernel_benchmarks_and_tpus_none():
+    assert load_hardware("h100-sxm").device.efficiency.attention_overhead_tokens == 248
+    assert load_hardware("a100-80gb").device.efficiency.attention_overhead_tokens == 179
+    assert load_hardware("tpu-v5p").device.efficiency.attention_overhead_tokens is None

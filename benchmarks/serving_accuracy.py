@@ -339,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("source", "metric"):
         print_table(f"Under load: |error| per {key}", error_summary(simulated, key))
     write_csv(args.out.with_name(args.out.stem + "_load.csv"), load)
+    every = [abs(float(r["error_pct"])) for r in (*predicted, *simulated)]
+    sources = {r["source"] for r in (*predicted, *simulated)}
+    print(f"all rows, static and under load: mean |error| {statistics.mean(every):.1f} %   over {len(every)} rows from "
+          f"{len(sources)} sources")
     below = floor_violations(results)
     print(f"predicted TPOT below the HBM floor: {len(below)} rows")
     return 1 if below else 0

@@ -82,6 +82,10 @@ class ServingTimes(Record):
     side_kernel_floor_s: float = Field(0.0, description="The part's launch floor each side kernel pays.")
     decode_side_kernels_s: float = Field(0.0, description="Decode: of the compute and HBM time, the side kernels' over every "
                                          "layer (their launch floors and activation bytes).")
+    decode_unfused_operators_s: float = Field(0.0, description="Decode: of the HBM time, an eager stack's small operators' "
+                                              "over every layer, each reading and writing HBM "
+                                              "(`costmodel.step.serving_kernels.unfused_operator_kernel`; their launches "
+                                              "are the host dispatch).")
 
 
 class StepEstimate(BaseModel):

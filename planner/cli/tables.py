@@ -141,6 +141,10 @@ def serving_rows(p: Plan) -> list[tuple[str, str]]:
                                f"{srv.decode_side_kernels_s * 1e3:.2f} ms ({train.workload.serving.serving_stack}: norms, "
                                "rotary, cache write, activation)")]
           if srv.side_kernels_per_layer and decode else []),
+        *([("  unfused operators", f"{srv.decode_unfused_operators_s * 1e3:.2f} ms of HBM traffic "
+                                    f"({train.workload.serving.serving_stack}: each small operator reads and writes HBM: "
+                                    "norms' fp32 steps, rotary, copies, adds, activation)")]
+          if srv.decode_unfused_operators_s and decode else []),
         ("time to first token", f"{est.time_to_first_token_s * 1e3:.1f} ms   (prefill of {train.global_batch} × "
                                 f"{train.prompt_len} tokens per replica)"),
         ("tokens/s", f"{est.tokens_per_s:,.0f} {'output' if decode else 'prompt'} tokens/s over {lay.dp} replica(s)"),

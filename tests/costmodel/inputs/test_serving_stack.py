@@ -71,3 +71,11 @@ def test_a_measured_per_operator_cost_replaces_the_fitted_one_also_in_continuous
     ops = get_serving_stack("hf-eager").host_ops(num_layers=MODEL.num_layers)
     assert simulate_inference(MODEL, slow, lay, hw).time_per_output_token_s == pytest.approx(ops * 60e-6)
     assert iteration_s(MODEL, slow, lay, hw, decode_sequences=1, cached_tokens=1024) == pytest.approx(ops * 60e-6)
+
+
+def test_an_eager_stacks_operator_traffic_is_itemized_apart_from_launched_side_kernels():
+    """hf-eager's operators launch from the host dispatch (no floor to count); their HBM traffic is its own term."""
+    hw = load_machine("a100-80gb")
+    eager, jax = (simulate_inference(MODEL, _decode(s, batch=16), Layout(), hw).serving for s in ("hf-eager", "jax"))
+    assert eager.side_kernels_per_layer == 0 and eager.decode_side_kernels_s == 0 and eager.decode_unfused_operators_s > 0
+    assert jax.side_kernels_per_layer == 14 and jax.decode_unfused_operators_s == 0

@@ -33,6 +33,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-medium": dict(_GPT2, hidden_size=1024, num_layers=24, num_heads=16, ffn_size=4096),
     "gpt2-large": dict(_GPT2, hidden_size=1280, num_layers=36, num_heads=20, ffn_size=5120),
     "gpt2-xl": dict(_GPT2, hidden_size=1600, num_layers=48, num_heads=25, ffn_size=6400),
+    # Touvron et al. 2023 (LLaMA) Table 2: 65B is dim 8192, 80 layers, 64 heads (full multi-head attention); its
+    # SwiGLU width 2/3 · 4 · 8192 rounded up to a multiple of 256 (the code's multiple_of) is 22016; context 2048.
+    "llama-65b": dict(_LLAMA2, hidden_size=8192, num_layers=80, num_heads=64, ffn_size=22016, max_position_embeddings=2048,
+                      norm_eps=1e-6),
     # Touvron et al. 2023 (Llama 2), HF meta-llama/Llama-2-*-hf configs.
     "llama2-7b": dict(_LLAMA2, hidden_size=4096, num_layers=32, num_heads=32, ffn_size=11008),
     "llama2-13b": dict(_LLAMA2, hidden_size=5120, num_layers=40, num_heads=40, ffn_size=13824),

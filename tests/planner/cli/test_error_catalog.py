@@ -44,8 +44,9 @@ FILES = {
 NATIVE_FIELDS = ("name, hidden_size, num_layers, num_heads, num_kv_heads, head_dim, ffn_size, vocab_size, vocab_multiple, "
                  "max_position_embeddings, norm, norm_eps, mlp, positions, rope_theta, tie_embeddings, qkv_bias, out_bias, mlp_bias, "
                  "num_experts, experts_per_token, moe_ffn_size, shared_expert_ffn_size, rope_scaling, sliding_window")
-PRESETS = ("gpt2, gpt2-large, gpt2-medium, gpt2-xl, llama2-13b, llama2-70b, llama2-7b, llama3-405b, llama3-70b, llama3-8b, llama3.2-1b, "
-           "megatron-gpt-1.7b, megatron-gpt-1008b, megatron-gpt-145.6b, megatron-gpt-175b, megatron-gpt-18.4b, megatron-gpt-1t, "
+PRESETS = ("gpt2, gpt2-large, gpt2-medium, gpt2-xl, llama-65b, llama2-13b, llama2-70b, llama2-7b, llama3-405b, llama3-70b, llama3-8b, "
+           "llama3.2-1b, megatron-gpt-1.7b, megatron-gpt-1008b, megatron-gpt-145.6b, megatron-gpt-175b, megatron-gpt-18.4b, "
+           "megatron-gpt-1t, "
            "megatron-gpt-22b, megatron-gpt-3.6b, megatron-gpt-310.1b, megatron-gpt-39.1b, megatron-gpt-529.6b, megatron-gpt-530b, "
            "megatron-gpt-7.5b, megatron-gpt-76.1b, mixtral-8x7b")
 HARDWARE = ("a100-40gb, a100-80gb, a100-pcie-server, a10g, a40, alvis-a100, alvis-a100fat, alvis-a40, alvis-t4, alvis-v100, b200, "
@@ -121,7 +122,7 @@ CATALOG = [
      "fix: correct 'hidden_size' in the model config"),
     # names
     ("unknown preset", ["--model", "llama9", "--mesh", "2"], 2,
-     f"unknown model 'llama9'; fix: did you mean 'llama3-8b', 'llama2-7b', 'llama3-70b'? Otherwise use a config.json path "
+     f"unknown model 'llama9'; fix: did you mean 'llama3-8b', 'llama2-7b', 'llama-65b'? Otherwise use a config.json path "
      f"or one of: {PRESETS}"),
     ("unknown hardware", ["--model", "gpt2", "--mesh", "2", "--hardware", "h900"], 2,
      f"unknown hardware 'h900'; fix: did you mean 'h200'? Otherwise use a profile JSON path or one of: {HARDWARE}"),

@@ -247,11 +247,16 @@ def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layo
     new = decode_sequences * tokens_per_sequence
     tokens = new + prompt_tokens
     attention = []
-    if decode_sequences:
+    materialized = train.workload.serving.stack.attention is Attention.MATERIALIZED
+    if decode_sequences and materialized:  # each new token scores its own sequence's cache
+        attention += materialized_attention_kernels(model, train, layout, queries=new, keys_per_query=cached_tokens / decode_sequences,
+                                                    keys=cached_tokens, kv=kv)
+    elif decode_sequences:
         attention.append(Kernel(name="decode_attention", kind=KernelKind.FLASH_ATTENTION, flops=4 * tokens_per_sequence * cached_tokens * q,
                                 bytes=2 * kv * cached_tokens * kv_element_bytes(train) + new * 2 * q * e))
+    if decode_sequences:
         attention += cache_concat_kernels(train, cached_tokens=cached_tokens, kv=kv)
-    if prompt_tokens and train.workload.serving.stack.attention is Attention.MATERIALIZED:
+    if prompt_tokens and materialized:
         attention += materialized_attention_kernels(model, train, layout, queries=prompt_tokens, keys_per_query=prompt_tokens,
                                                     keys=prompt_tokens, kv=kv)
     elif prompt_tokens:

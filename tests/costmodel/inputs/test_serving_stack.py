@@ -79,3 +79,12 @@ def test_an_eager_stacks_operator_traffic_is_itemized_apart_from_launched_side_k
     eager, jax = (simulate_inference(MODEL, _decode(s, batch=16), Layout(), hw).serving for s in ("hf-eager", "jax"))
     assert eager.side_kernels_per_layer == 0 and eager.decode_side_kernels_s == 0 and eager.decode_unfused_operators_s > 0
     assert jax.side_kernels_per_layer == 14 and jax.decode_unfused_operators_s == 0
+
+
+def test_an_eager_continuous_batching_iteration_costs_its_decode_as_the_static_step_does():
+    """Materialized attention, unfused operators and the cache's concatenation in both: one decoding sequence per
+    cached context and nothing else is `simulate_inference`'s time per output token (kernels past the host dispatch)."""
+    hw = load_machine("a100-80gb")
+    static = simulate_inference(MODEL, _decode("hf-eager", batch=512), Layout(), hw)
+    iteration = iteration_s(MODEL, _decode("hf-eager", batch=512), Layout(), hw, decode_sequences=512, cached_tokens=512 * 1024)
+    assert iteration == pytest.approx(static.time_per_output_token_s)

@@ -351,6 +351,8 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
     hops_s = (pp - 1) * _handoff_s(model, train, lay, hw, rb * prompt)
     ttft_s = max(sum(t[0] for t in prefill) + hops_s, host_s)
     side = side_kernels(model, train, lay, tokens=b, kv_heads=device_kv_heads(model, lay)) if hw.launches_kernels else []
+    # An eager stack's side kernels are its operators one by one, launched by the host dispatch: traffic, no floors.
+    launched, unfused = ([], side) if stack.operators_unfused else (side, [])
     untouched = untouched_expert_bytes(model, train, lay, b)
     read_bytes = [stage_weight_bytes(model, train, lay, s) - lay.layers_on_stage(model.num_layers, s) * untouched
                   + kv_cache_bytes(model, train, lay, stage=s) * b / rb for s in range(pp)]
@@ -362,9 +364,9 @@ def simulate_inference(model: ModelConfig, train: TrainConfig, layout: Layout, h
         hbm_lower_bound_s=max(sum(read_bytes), m * max(read_bytes)) / hw.hbm_bytes_per_s,
         prefill_compute_s=sum(t[0] - t[3] for t in prefill), prefill_comm_s=sum(t[3] for t in prefill) + hops_s, micro_batches=m,
         host_ops=stack.host_ops(num_layers=model.num_layers), host_s_per_op=stack.host_s_per_op, host_step_s=host_s,
-        side_kernels_per_layer=round(sum(k.count for k in side if not k.fused)), side_kernel_floor_s=hw.efficiency.kernel_floor_s,
-        decode_side_kernels_s=_split_s([k.scaled(model.num_layers) for k in side if not k.fused], hw)[0],
-        decode_unfused_operators_s=_split_s([k.scaled(model.num_layers) for k in side if k.fused], hw)[0],
+        side_kernels_per_layer=round(sum(k.count for k in launched)), side_kernel_floor_s=hw.efficiency.kernel_floor_s,
+        decode_side_kernels_s=_split_s([k.scaled(model.num_layers) for k in launched], hw)[0],
+        decode_unfused_operators_s=_split_s([k.scaled(model.num_layers) for k in unfused], hw)[0],
     )
     step = train.workload.of_step(
         decode=_Phase(stages=decode, repeats=m, step_s=tpot_s, pp_s=serving.decode_pp_handoff_s, new_tokens=1),

@@ -147,6 +147,14 @@ def cache_concat_kernels(train: TrainConfig, *, cached_tokens: float, kv: float)
                    bytes=2 * cached_tokens * kv * kv_element_bytes(train))]
 
 
+def _widths(model: ModelConfig, layout: Layout, kv_heads: float) -> tuple[int, int, float, float]:
+    """Per token on one device: the residual width, the queries', the keys' (or values'), and the MLP's
+    (a mixture of experts' over each token's experts)."""
+    q = model.num_heads // layout.tp * model.head_dim
+    ffn = (model.moe_ffn_size * model.experts_per_token if model.is_moe else model.ffn_size) / layout.tp
+    return model.hidden_size, q, kv_heads * model.head_dim, ffn
+
+
 def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, tokens: float, kv_heads: float) -> list[Kernel]:
     """A layer's side kernels over ``tokens`` tokens on one device (module docstring): per token
     two norms reading and writing the residual stream and its normed copy (``8·hidden``), the
@@ -167,9 +175,7 @@ def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, toke
     count = train.workload.serving.stack.side_kernels_per_layer
     if not count:
         return []
-    d, hd, tp = model.hidden_size, model.head_dim, layout.tp
-    q, kv = model.num_heads // tp * hd, kv_heads * hd
-    ffn = (model.moe_ffn_size * model.experts_per_token if model.is_moe else model.ffn_size) / tp
+    d, q, kv, ffn = _widths(model, layout, kv_heads)
     rotary = 2 * (q + kv) if model.positions is Positions.ROPE else 0
     elements = 8 * d + rotary + 4 * kv + (3 if model.mlp.gated else 2) * ffn
     return [Kernel(name="side_kernels", kind=KernelKind.MEMORY, flops=0, bytes=tokens * elements * train.compute_dtype.bytes / count,
@@ -197,9 +203,7 @@ def unfused_operator_kernel(model: ModelConfig, train: TrainConfig, layout: Layo
     156672.0
     """
     e, f = train.compute_dtype.bytes, _F32
-    d, hd, tp = model.hidden_size, model.head_dim, layout.tp
-    q, kv = model.num_heads // tp * hd, kv_heads * hd
-    ffn = (model.moe_ffn_size * model.experts_per_token if model.is_moe else model.ffn_size) / tp
+    d, q, kv, ffn = _widths(model, layout, kv_heads)
     norm = (4 * e + 7 * f) * d if model.norm is Norm.RMSNORM else 2 * e * d
     rotary = 10 * e * (q + kv) if model.positions is Positions.ROPE else 0
     per_token = 2 * norm + rotary + 2 * e * q + 6 * e * d + (5 if model.mlp.gated else 2) * e * ffn

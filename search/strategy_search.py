@@ -260,8 +260,8 @@ def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int 
     plus the least memory of the nodes still to assign exceeds the budget. ``seed`` only
     breaks ties. Under a finite ``time_limit_s`` the search widens while time is left: it
     runs again with a beam four times wider whenever the last pass dropped partial choices
-    and the wider pass (about four times the last one's time) fits in what remains. The best complete choice is polished by descent
-    to a local optimum.
+    and the wider pass (about four times the last one's time) fits in what remains. The
+    best complete choice is polished by descent to a local optimum.
     """
     space.check_fits(memory_budget_bytes)
     p = _Problem(space, memory_budget_bytes)

@@ -200,11 +200,20 @@ CHIP = {"a100-40gb": "GA100", "a100-80gb": "GA100", "a100-80gb-pcie": "GA100",
 
 
 def _gpu(name: str, *, peaks: dict[str, float], hbm_gib: float, hbm_gbps: float, power_w: float, source: str,
-         usable_mib: float | None = None, usable_source: str = "", efficiency: Efficiency = _GENERIC_EFF) -> DeviceSpec:
+         usable_mib: float | None = None, usable_source: str = "", efficiency: Efficiency = _GENERIC_EFF,
+         instructions_per_s: float | None = None) -> DeviceSpec:
     usable = f"; usable {usable_mib:,.0f} MiB: {usable_source}" if usable_mib else f"; usable: {usable_source}"
     return DeviceSpec(name=name, kind=DeviceKind.GPU, peak_flops_per_s={k: v * TFLOPS for k, v in peaks.items()},
                       hbm_bytes=hbm_gib * GIB, usable_hbm_bytes=usable_mib * MIB if usable_mib else None,
-                      hbm_bytes_per_s=hbm_gbps * GB, power_limit_w=power_w, efficiency=efficiency, source=source + usable)
+                      hbm_bytes_per_s=hbm_gbps * GB, power_limit_w=power_w, efficiency=efficiency,
+                      instructions_per_s=instructions_per_s, source=source + usable)
+
+
+# Thread instructions a second: each SM's 4 schedulers issue one 32-thread warp instruction a clock (the
+# Ampere and Hopper whitepapers' SM diagrams). GA100 as the A100 ships: 108 SMs at 1,410 MHz boost (A100
+# whitepaper); GH100 as the H100 SXM5 ships: 132 SMs at 1,980 MHz (its 66.9 TFLOPS fp32 = 132 × 128 lanes × 2 × 1.98 GHz).
+_A100_INSTRUCTIONS_PER_S = 108 * 4 * 32 * 1.41e9
+_H100_SXM_INSTRUCTIONS_PER_S = 132 * 4 * 32 * 1.98e9
 
 
 # Usable memory is nvidia-smi's memory.total, the driver's figure (CUDA's own total can be lower
@@ -219,18 +228,23 @@ _HOPPER = {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, 
 _HOPPER_CAPPED = {k: v * 900 / 989.4 for k, v in _HOPPER.items()}
 
 A100_40GB = _gpu("a100-40gb", peaks=_AMPERE, hbm_gib=40, hbm_gbps=1555, power_w=400, efficiency=_A100_EFF,
+                 instructions_per_s=_A100_INSTRUCTIONS_PER_S,
                  source="NVIDIA A100 datasheet (SXM4 40GB)", usable_mib=40960, usable_source=_MODAL_SMI)
 A100_80GB = _gpu("a100-80gb", peaks=_AMPERE, hbm_gib=80, hbm_gbps=2039, power_w=400, efficiency=_A100_EFF,
+                 instructions_per_s=_A100_INSTRUCTIONS_PER_S,
                  source="NVIDIA A100 datasheet (SXM4 80GB)", usable_mib=81920, usable_source=_MODAL_SMI)
 # No published runs on the PCIe card to fit: the SXM part's micro-benchmark efficiencies.
 A100_80GB_PCIE = _gpu("a100-80gb-pcie", peaks=_AMPERE, hbm_gib=80, hbm_gbps=1935, power_w=300, efficiency=_A100_MICROBENCH,
+                      instructions_per_s=_A100_INSTRUCTIONS_PER_S,
                       source="NVIDIA A100 datasheet (PCIe 80GB: HBM2e 1,935 GB/s, 300 W)", usable_mib=81920,
                       usable_source="nvidia-smi memory.total of an A800 80GB PCIe, the same board for export "
                                     "(pytorch/pytorch#37250); assumed the same for the A100 PCIe")
 H100_SXM = _gpu("h100-sxm", peaks=_HOPPER, hbm_gib=80, hbm_gbps=3350, power_w=700, efficiency=_H100_EFF,
+                instructions_per_s=_H100_SXM_INSTRUCTIONS_PER_S,
                 source="NVIDIA H100 datasheet (SXM5 80GB HBM3)", usable_mib=81559,
                 usable_source=f"{_MODAL_SMI}; the same on 8× H100 SXM in NVIDIA/nccl#1264")
 H200 = _gpu("h200", peaks=_HOPPER, hbm_gib=141e9 / GIB, hbm_gbps=4800, power_w=700, efficiency=_H100_EFF,
+            instructions_per_s=_H100_SXM_INSTRUCTIONS_PER_S,
             source="NVIDIA H200 datasheet (SXM, 141 GB HBM3e, 4.8 TB/s)", usable_mib=143771,
             usable_source="nvidia-smi memory.total on 8× H200 SXM (NVIDIA/cuda-samples#311)")
 H100_96GB_500W = _gpu("h100-96gb-hbm2e-500w", peaks=_HOPPER_CAPPED, hbm_gib=96, hbm_gbps=2400, power_w=500,

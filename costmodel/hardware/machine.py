@@ -32,6 +32,8 @@ class Machine(BaseModel):
     linear_peak_flops_per_s: PositiveFloat | None = Field(
         None, description="Dense peak the linear layers' GEMMs run at where it differs (fp8 recipe); None: peak_flops_per_s.")
     hbm_bytes_per_s: PositiveFloat = Field(description="HBM bandwidth.")
+    instructions_per_s: PositiveFloat | None = Field(None, description="CUDA-core thread instructions a second "
+                                                     "(DeviceSpec.instructions_per_s); None: not described.")
     hbm_bytes: PositiveFloat = Field(description="Usable device memory, as the driver reports it (DeviceSpec.usable_bytes).")
     memory_reserve_bytes: NonNegativeFloat = Field(0.0, description="What the runtime takes beside a plan's arrays (CUDA "
                                                    "context, NCCL buffers, fragmentation): a plan fits within hbm_bytes less this.")
@@ -94,6 +96,7 @@ def machine_for(cluster: ClusterSpec, *, compute_dtype: str = "bfloat16", linear
         peak_flops_per_s=cluster.device.peak_for(compute_dtype),
         linear_peak_flops_per_s=cluster.device.peak_for(linear_dtype) if linear_dtype and linear_dtype != compute_dtype else None,
         hbm_bytes_per_s=cluster.device.hbm_bytes_per_s,
+        instructions_per_s=cluster.device.instructions_per_s,
         hbm_bytes=cluster.device.usable_bytes,
         memory_reserve_bytes=cluster.device.reserve_bytes,
         efficiency=cluster.device.efficiency,

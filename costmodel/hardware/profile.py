@@ -105,6 +105,10 @@ class DeviceSpec(BaseModel):
                           "(costmodel.hardware.reserve).")
     hbm_bytes_per_s: ByteRate = Field(description="Device memory bandwidth.")
     power_limit_w: PositiveFloat | None = Field(None, description="Board power limit the peaks and efficiencies assume.")
+    instructions_per_s: PositiveFloat | None = Field(
+        None, description="Thread instructions the GPU's cores issue a second (SMs × 4 schedulers × 32 lanes × boost clock): "
+                          "the bound of a kernel limited by its CUDA-core arithmetic (`costmodel.step.weight_kernels`); None: "
+                          "not described.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions of the peaks.")
     step_allocator: StepAllocator | None = Field(None, description="Per-step cost of allocating temporaries; None for a pooled allocator.")
     gradient_transpose: GradientTranspose | None = Field(

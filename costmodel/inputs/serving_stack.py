@@ -79,7 +79,7 @@ HF_EAGER_OPS_PER_LAYER = 53
 HF_EAGER_OPS_PER_STEP = 25
 # Fitted to the published eager generate() measurements of `benchmarks/data/inference_runs.csv`
 # (`python -m benchmarks.serving_accuracy` fits it again leaving each source out and reports both).
-HF_EAGER_S_PER_OP = 25e-6
+HF_EAGER_S_PER_OP = 21e-6
 
 # vllm-project/vllm @0035bdf vllm/model_executor/models/llama.py, LlamaDecoderLayer.forward: input_layernorm
 # and post_attention_layernorm (RMSNorm, the residual add fused in), rotary_emb, the attention

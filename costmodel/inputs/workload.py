@@ -161,6 +161,18 @@ class FrozenDtype(StrEnum):
                 FrozenDtype.FP8: "float8_e4m3fn"}[self]
 
 
+class WeightKernel(StrEnum):
+    """The GEMM kernel an int4 weight-only model runs (`costmodel.step.weight_kernels` costs each):
+    ``fused`` dequantizes inside the GEMM and reads each weight once (Marlin, TensorRT-LLM's
+    weight-only kernels, gpt-fast's tinygemm, this project's JAX program); ``autogptq-cuda-old``
+    and ``exllama`` are the GPTQ kernels AutoGPTQ and Hugging Face optimum dispatch, which
+    dequantize again for every input row below a row threshold and into a 16-bit copy above it."""
+
+    FUSED = "fused"
+    AUTOGPTQ_CUDA_OLD = "autogptq-cuda-old"
+    EXLLAMA = "exllama"
+
+
 class KvCacheDtype(StrEnum):
     """How the serving KV cache is stored (vLLM's ``--kv-cache-dtype``): ``auto`` keeps the
     compute dtype, ``fp8`` stores e4m3 with a per-tensor scale (TensorRT-LLM's
@@ -240,6 +252,9 @@ class InferenceConfig(BaseModel):
                                       "layers' GEMMs in fp8 (W8A8: activations quantized per tensor), on parts with an fp8 peak.")
     kv_cache_dtype: KvCacheDtype = Field(KvCacheDtype.AUTO, description="Storage of the KV cache: auto (the compute dtype) "
                                          "or fp8 e4m3 (1 byte; dequantized to the compute dtype as attention reads it).")
+    weight_kernel: WeightKernel = Field(WeightKernel.FUSED, description="The GEMM kernel int4 weights run: fused (dequantized "
+                                        "inside the GEMM, each weight read once), autogptq-cuda-old or exllama (GPTQ's kernels "
+                                        "as AutoGPTQ runs them: `costmodel.step.weight_kernels`).")
     serving_stack: str = Field("jax", description="The software serving the model (`costmodel.inputs.serving_stack`): "
                                "jax, vllm, torch-compile, tensorrt-llm (compiled steps, no per-operator host work) or "
                                "hf-eager (Hugging Face generate(), every operator dispatched from Python).")
@@ -251,6 +266,13 @@ class InferenceConfig(BaseModel):
     def _known_stack(cls, name: str) -> str:
         get_serving_stack(name)
         return name
+
+    @model_validator(mode="after")
+    def _gptq_kernels_run_int4(self) -> InferenceConfig:
+        if self.weight_kernel is not WeightKernel.FUSED and self.weight_dtype is not FrozenDtype.INT4:
+            raise ValueError(f"the {self.weight_kernel.value} kernel runs int4 weights, not {self.weight_dtype.value}; "
+                             "store the weights as int4 (--frozen-dtype int4) or drop --weight-kernel")
+        return self
 
     @property
     def stack(self) -> ServingStack:

@@ -232,9 +232,11 @@ def _split_s(kernels: list[Kernel], hw: Machine) -> tuple[float, float, float]:
     compute = memory = 0.0
     for k in kernels:
         peak_flops_per_s = hw.linear_peak if k.linear else hw.peak_flops_per_s
-        t = kernel_time_s(k, peak_flops_per_s=peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency)
+        t = kernel_time_s(k, peak_flops_per_s=peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency,
+                          instructions_per_s=hw.instructions_per_s)
         peak = hw.efficiency.matmul(k.flops) if k.kind is KernelKind.MATMUL else hw.efficiency.flash_attention_at(k.attention_keys)
-        if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= k.flops / (peak_flops_per_s * peak):
+        compute_s = max(k.flops / (peak_flops_per_s * peak), k.instructions / hw.instructions_per_s if k.instructions else 0.0)
+        if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= compute_s:
             memory += t
         else:
             compute += t

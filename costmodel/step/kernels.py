@@ -116,6 +116,9 @@ class Kernel(BaseModel):
         0.0, description="Bytes of a GEMM's output: its weight gradient contracts their gradient over the leading dimension.")
     cotangent_fused: bool = Field(False, description="The output's gradient comes from an elementwise backward (activation, "
                                   "softmax, norm, loss) a compiler may fuse into the GEMM's operand copy.")
+    instructions: NonNegativeFloat = Field(0.0, description="Thread instructions of CUDA-core arithmetic one launch issues "
+                                           "(a kernel that dequantizes weights on its cores: `costmodel.step.weight_kernels`), "
+                                           "bounded by the part's issue rate; 0: none counted.")
     attention_keys: PositiveFloat | None = Field(None, description="A causal fused attention kernel's keys a query row "
                                                  "(sequence, packed document or window): the length its efficiency follows "
                                                  "(`costmodel.step.roofline.Efficiency.flash_attention_at`); None: not set.")

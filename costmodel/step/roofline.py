@@ -22,6 +22,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_validator
 
+from costmodel.errors import UnsupportedError
 from costmodel.step.attention_efficiency import AttentionCurve
 from costmodel.step.kernels import Kernel, KernelKind
 
@@ -122,8 +123,15 @@ class Efficiency(BaseModel):
         return y0 + w * (y1 - y0)
 
 
-def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency) -> float:
-    """Seconds ``kernel.count`` launches of ``kernel`` take on a device with these peaks."""
+def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency,
+                  instructions_per_s: float | None = None) -> float:
+    """Seconds ``kernel.count`` launches of ``kernel`` take on a device with these peaks; a kernel
+    that counts CUDA-core instructions is also bounded by ``instructions_per_s``, the part's issue rate.
+
+    >>> k = Kernel(name="dequant_gemv", kind=KernelKind.MEMORY, flops=0, bytes=1e9, instructions=4e10)
+    >>> round(kernel_time_s(k, peak_flops_per_s=1e15, hbm_bytes_per_s=2e12, efficiency=Efficiency(), instructions_per_s=2e13), 4)
+    0.002
+    """
     memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm_for(kernel.kind))
     if kernel.kind is KernelKind.MATMUL:
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.matmul(kernel.flops))
@@ -131,5 +139,10 @@ def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: f
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.flash_attention_at(kernel.attention_keys))
     else:
         compute_s = 0.0
+    if kernel.instructions:
+        if instructions_per_s is None:
+            raise UnsupportedError(f"the {kernel.name} kernel is bounded by CUDA-core instructions, and this part's profile "
+                                   "gives no instruction issue rate", fix="use a100-80gb, h100-sxm or h200, or --weight-kernel fused")
+        compute_s = max(compute_s, kernel.instructions / instructions_per_s)
     floor_s = 0.0 if kernel.fused else efficiency.kernel_floor_s
     return kernel.count * (max(compute_s, memory_s) + floor_s)

@@ -8,7 +8,8 @@
   counted) by a pass fused into the kernel that produces it (TensorRT-LLM's norm-quant and
   activation-quant kernels, vLLM's compiled fusion passes): counted as one HBM read of the
   compute-dtype input and one fp8 write, no launch of its own. int8/int4 weights are cast to the
-  compute dtype inside the GEMM (weight-only).
+  compute dtype inside the GEMM (weight-only), unless GPTQ's kernels run them
+  (`costmodel.step.weight_kernels`).
 - Attention against the KV cache (decode: the new token's query over the whole cache, read once
   in the cache's dtype; prefill: causal, quadratic) at the compute dtype's peak; the head too.
 - An eager stack (`costmodel.inputs.serving_stack.ServingStack.operators_unfused`) runs every
@@ -38,8 +39,10 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig, Norm, Positions
 from costmodel.inputs.stack import Attention
 from costmodel.inputs.train_config import TrainConfig
+from costmodel.inputs.workload import WeightKernel
 from costmodel.step.fp8_memory import FP8_BYTES
 from costmodel.step.kernels import Kernel, KernelKind
+from costmodel.step.weight_kernels import gptq_linear_kernels
 
 _F32 = 4
 
@@ -64,6 +67,8 @@ def linear_kernels(name: str, *, tokens: float, d_in: float, d_out: float, train
     >>> [(k.name, k.bytes, k.fused) for k in linear_kernels("w", tokens=1, d_in=10, d_out=20, train=fp8)]
     [('w', 250.0, False), ('w_input_quant', 30.0, True)]
     """
+    if train.workload.serving.weight_kernel is not WeightKernel.FUSED:
+        return gptq_linear_kernels(name, rows=tokens, d_in=d_in, d_out=d_out, train=train, weights=weights)
     e, stored = train.compute_dtype.bytes, train.workload.frozen_dtype.bytes
     flops = 2 * tokens * d_in * d_out
     if not train.serves_fp8:

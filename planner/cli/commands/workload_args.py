@@ -18,12 +18,22 @@ from typing import Any
 
 from costmodel.errors import InvalidConfigError
 from costmodel.inputs.serving_stack import SERVING_STACKS
-from costmodel.inputs.workload import FrozenDtype, InferenceConfig, KvCacheDtype, LoraConfig, LoraTarget, WorkloadKind, parse_lora_targets
+from costmodel.inputs.workload import (
+    FrozenDtype,
+    InferenceConfig,
+    KvCacheDtype,
+    LoraConfig,
+    LoraTarget,
+    WeightKernel,
+    WorkloadKind,
+    parse_lora_targets,
+)
 from costmodel.workloads import workload_type
 from planner.cli.commands.arg_types import positive_float, positive_int
 
 _LORA_FLAGS = ("lora_rank", "lora_targets")
-_SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", "kv_block_size", "kv_cache_dtype", "serving_stack")
+_SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", "kv_block_size", "kv_cache_dtype", "serving_stack",
+                  "weight_kernel")
 
 
 def lora_targets(text: str) -> tuple[LoraTarget, ...]:
@@ -62,6 +72,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=[d.value for d in KvCacheDtype],
                         help="KV cache storage (prefill and decode): auto (the compute dtype, default) or fp8 (one byte)")
     parser.add_argument("--kv-block-size", type=positive_int, help="tokens per block of the paged KV-cache allocator (default 16)")
+    parser.add_argument("--weight-kernel", choices=[k.value for k in WeightKernel],
+                        help="the GEMM kernel int4 weights run (prefill and decode, with --frozen-dtype int4): fused "
+                             "(default: dequantized inside the GEMM, each weight read once), autogptq-cuda-old or exllama "
+                             "(GPTQ's kernels as AutoGPTQ runs them: per-row dequantization below a row threshold, a 16-bit "
+                             "copy above it; docs/workloads.md#serving-stacks)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS),
                         help="the software serving the model (prefill and decode): jax (default), vllm, torch-compile, "
                              "tensorrt-llm (compiled steps) or hf-eager (Hugging Face generate(), each operator dispatched from Python: "
@@ -93,9 +108,12 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
         return {"workload": args.workload, "lora": LoraConfig(**{k: v for k, v in settings.items() if v is not None}), "inference": None,
                 **packing}
     if not kind.runs_backward:
+        if args.weight_kernel not in (None, WeightKernel.FUSED.value) and args.frozen_dtype != FrozenDtype.INT4.value:
+            raise InvalidConfigError(f"--weight-kernel {args.weight_kernel} runs int4 weights, not {args.frozen_dtype or 'bf16'}",
+                                     fix="add --frozen-dtype int4 or drop --weight-kernel")
         settings = {"prompt_len": args.prompt_len, "kv_block_size": args.kv_block_size,
                     "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype,
-                    "kv_cache_dtype": args.kv_cache_dtype, "serving_stack": args.serving_stack}
+                    "kv_cache_dtype": args.kv_cache_dtype, "serving_stack": args.serving_stack, "weight_kernel": args.weight_kernel}
         return {"workload": args.workload, "lora": None,
                 "inference": InferenceConfig(**{k: v for k, v in settings.items() if v is not None})}
     return {"workload": args.workload, "lora": None, "inference": None, **packing}

@@ -182,6 +182,14 @@ CATALOG = [
                                                           "--precision", "fp16", "--optimizer-state", "8bit"], 2,
      "--optimizer-state 8bit keeps the weights in bf16, not in the float16 compute dtype; "
      "fix: use --precision bf16 or --optimizer-state fp32"),
+    ("GPTQ kernel on weights not int4", ["simulate", "--model", "llama2-7b", "--devices", "1", "--workload", "decode",
+                                         "--weight-kernel", "exllama"], 2,
+     "--weight-kernel exllama runs int4 weights, not bf16; fix: add --frozen-dtype int4 or drop --weight-kernel"),
+    ("GPTQ kernel on a part without an issue rate", ["simulate", "--model", "llama2-7b", "--devices", "1", "--hardware", "l40s",
+                                                     "--precision", "fp16", "--workload", "decode", "--frozen-dtype", "int4",
+                                                     "--weight-kernel", "autogptq-cuda-old"], 5,
+     "the qkv kernel is bounded by CUDA-core instructions, and this part's profile gives no instruction issue rate; "
+     "fix: use a100-80gb, h100-sxm or h200, or --weight-kernel fused"),
     # layout pins
     ("pinned degree the mesh cannot carry", ["--model", "llama3-8b", "--mesh", "data=8", "--tp", "3"], 3,
      "--tp 3: mesh data=8 can carry tp 1 only; fix: use --tp 1, or a --mesh whose axes can carry tp=3"),

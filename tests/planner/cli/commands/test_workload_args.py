@@ -71,6 +71,16 @@ def test_serving_takes_fp8_weights_and_an_fp8_kv_cache():
         workload_from_args(_parse("--kv-cache-dtype", "fp8"))
 
 
+def test_gptq_kernels_run_int4_serving_weights():
+    out = workload_from_args(_parse("--workload", "decode", "--frozen-dtype", "int4", "--weight-kernel", "exllama"))
+    assert out["inference"].weight_kernel == "exllama"
+    assert workload_from_args(_parse("--workload", "decode"))["inference"].weight_kernel == "fused"
+    with pytest.raises(InvalidConfigError, match="--weight-kernel autogptq-cuda-old runs int4 weights, not int8"):
+        workload_from_args(_parse("--workload", "decode", "--frozen-dtype", "int8", "--weight-kernel", "autogptq-cuda-old"))
+    with pytest.raises(InvalidConfigError, match="--weight-kernel applies to --workload decode"):
+        workload_from_args(_parse("--weight-kernel", "exllama"))
+
+
 def test_document_length_packs_training_sequences_only():
     assert workload_from_args(_parse("--document-len", "512"))["document_len"] == 512
     assert workload_from_args(_parse("--workload", "finetune-lora", "--document-len", "512"))["document_len"] == 512

@@ -14,7 +14,7 @@ step's end, where generation reads the sampled token back). Each preset names wh
 
 >>> s = SERVING_STACKS["hf-eager"]
 >>> s.host_ops(num_layers=40), round(s.host_step_s(num_layers=40) * 1e3, 1)
-(2145, 53.6)
+(2145, 45.0)
 >>> SERVING_STACKS["vllm"].host_step_s(num_layers=40)
 0.0
 """

@@ -26,10 +26,11 @@ from costmodel.hardware.machine import train_machine
 from costmodel.hardware.registry import load_hardware
 from costmodel.inputs.serving_stack import SERVING_STACKS
 from costmodel.inputs.train_config import Precision
-from costmodel.inputs.workload import InferenceConfig, KvCacheDtype
+from costmodel.inputs.workload import FrozenDtype, InferenceConfig, KvCacheDtype, WeightKernel
 from costmodel.step.continuous_batching import LengthDistribution, ServeConfig, ServeResult, simulate_serving
 from costmodel.step.speculative import Speculation
 from planner.cli.commands.arg_types import non_negative_int, positive_float, positive_int, positive_int_or_none, probability
+from planner.cli.commands.workload_args import check_weight_kernel
 from planner.config import load_model, train_config
 from search.serve_capacity import BATCH_LIMITS, ServeOption, Slo, serve_options
 
@@ -61,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=[p.value for p in Precision], default="bf16", help="compute dtype (default bf16)")
     parser.add_argument("--kv-cache-dtype", choices=[d.value for d in KvCacheDtype], default="auto",
                         help="KV cache storage: auto (the compute dtype, default) or fp8 (one byte: twice the blocks)")
+    parser.add_argument("--frozen-dtype", choices=[d.value for d in FrozenDtype if not d.is_bitsandbytes], default="bf16",
+                        help="storage of the layer weights: bf16 (default), int8 / int4 weight-only, or fp8 (W8A8, with --precision fp8)")
+    parser.add_argument("--weight-kernel", choices=[k.value for k in WeightKernel], default="fused",
+                        help="the GEMM kernel int4 weights run: fused (default), autogptq-cuda-old or exllama "
+                             "(docs/workloads.md#serving-stacks)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS), default="jax",
                         help="the software serving the model: jax (default), vllm, torch-compile, tensorrt-llm (compiled steps) "
                              "or hf-eager (every operator dispatched from Python: each iteration takes at least that)")
@@ -103,7 +109,9 @@ def _arrivals(path: Path | None) -> tuple[float, ...] | None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    inference = InferenceConfig(serving_stack=args.serving_stack, kv_cache_dtype=args.kv_cache_dtype)
+    check_weight_kernel(args.weight_kernel, args.frozen_dtype)
+    inference = InferenceConfig(serving_stack=args.serving_stack, kv_cache_dtype=args.kv_cache_dtype, weight_dtype=args.frozen_dtype,
+                                weight_kernel=args.weight_kernel)
     train = train_config(workload="decode", inference=inference).with_precision(Precision(args.precision))
     cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
     hw = train_machine(cluster, train)

@@ -65,3 +65,13 @@ def test_an_fp8_kv_cache_holds_twice_the_blocks(capsys):
     plain = _json(capsys, "--requests", "50")["chosen"]["at_rate"]["kv_blocks"]
     fp8 = _json(capsys, "--requests", "50", "--kv-cache-dtype", "fp8")["chosen"]["at_rate"]["kv_blocks"]
     assert fp8 == pytest.approx(2 * plain, rel=0.01)
+
+
+def test_int4_weights_hold_more_blocks_and_a_gptq_kernel_prefills_slower(capsys):
+    plain = _json(capsys, "--requests", "50")["chosen"]["at_rate"]
+    fused = _json(capsys, "--requests", "50", "--frozen-dtype", "int4")["chosen"]["at_rate"]
+    exllama = _json(capsys, "--requests", "50", "--frozen-dtype", "int4", "--weight-kernel", "exllama")["chosen"]["at_rate"]
+    assert fused["kv_blocks"] > plain["kv_blocks"] and exllama["kv_blocks"] == fused["kv_blocks"]
+    assert exllama["ttft_p50_s"] > fused["ttft_p50_s"]  # a 512-token prompt reconstructs every fp16 weight
+    assert main([*MUST_SHOW, "--weight-kernel", "exllama"]) == 2
+    assert "runs int4 weights, not bf16" in capsys.readouterr().err

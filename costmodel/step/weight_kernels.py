@@ -62,7 +62,8 @@ EXLLAMA_INSTRUCTIONS_PER_WEIGHT = 44 / 8
 
 def _dequantizing_gemv(name: str, *, rows: float, weight_elements: float, d_in: float, d_out: float, out_bytes: float,
                        instructions_per_weight: float, compute_bytes: float) -> Kernel:
-    """One launch that reads and dequantizes every weight once per row on the CUDA cores."""
+    """One launch that reads and dequantizes every weight once per row on the CUDA cores (its multiply-adds are among
+    its instructions, not tensor-core FLOPs)."""
     return Kernel(name=name, kind=KernelKind.MEMORY, flops=0,
                   bytes=rows * (weight_elements * INT4_BYTES + d_in * compute_bytes + d_out * out_bytes),
                   instructions=rows * weight_elements * instructions_per_weight)

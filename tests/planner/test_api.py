@@ -85,8 +85,8 @@ def test_exported_shardings_compile_and_run_a_step_on_8_emulated_devices():
         from costmodel.inputs.train_config import TrainConfig
         from planner.api import plan
         from planner.shardings import partition_spec_tree
-        from planner.programs import init_params, make_train_step
-        from planner.programs.train_step import init_opt_state
+        from planner.programs.params import init_params
+        from planner.programs.train_step import init_opt_state, make_train_step
         cfg = ModelConfig(name="tiny", hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=4, ffn_size=128, vocab_size=256)
         p = plan(cfg, mesh="data=2,tensor=4", hardware="a100-80gb", seq_len=32, global_batch=8)
         mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)

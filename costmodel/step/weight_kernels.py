@@ -27,7 +27,7 @@ A kernel's CUDA-core instructions are bounded by the part's issue rate
 (`costmodel.hardware.profile.DeviceSpec.instructions_per_s`), its bytes by HBM; the weights'
 re-reads per row are counted from HBM (a layer's matrices are tens of MB, the size of an A100's
 L2, and a row's blocks are scheduled after the previous row's). Not counted: the group scales and
-zeros (under 1 % of the bytes at group size 128) and the extra operators an eager stack dispatches
+zeros (4 % of the int4 bytes at group size 128) and the extra operators an eager stack dispatches
 around each kernel (its host count is the stack's, `costmodel.inputs.serving_stack`).
 
 >>> from costmodel.inputs.train_config import TrainConfig

@@ -71,9 +71,9 @@ from costmodel.inputs.workload import norm_params_per_layer
 from costmodel.step.collectives import Collective, all_reduce_s, collective_s, p2p_s
 from costmodel.step.data_parallel import layer_params_per_device, stage_params
 from costmodel.step.estimate import ServingTimes, StepEstimate, TimeBreakdown
-from costmodel.step.kernels import Kernel, KernelKind
+from costmodel.step.kernels import Kernel
 from costmodel.step.memory import MemoryBreakdown
-from costmodel.step.roofline import kernel_time_s
+from costmodel.step.roofline import kernel_bounds_s, kernel_time_s
 from costmodel.step.serving_kernels import (
     head_kernel,
     iteration_layer_kernels,
@@ -232,11 +232,11 @@ def _split_s(kernels: list[Kernel], hw: Machine) -> tuple[float, float, float]:
     compute = memory = 0.0
     for k in kernels:
         peak_flops_per_s = hw.linear_peak if k.linear else hw.peak_flops_per_s
-        t = kernel_time_s(k, peak_flops_per_s=peak_flops_per_s, hbm_bytes_per_s=hw.hbm_bytes_per_s, efficiency=hw.efficiency,
-                          instructions_per_s=hw.instructions_per_s)
-        peak = hw.efficiency.matmul(k.flops) if k.kind is KernelKind.MATMUL else hw.efficiency.flash_attention_at(k.attention_keys)
-        compute_s = max(k.flops / (peak_flops_per_s * peak), k.instructions / hw.instructions_per_s if k.instructions else 0.0)
-        if k.bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_for(k.kind)) >= compute_s:
+        rates = {"peak_flops_per_s": peak_flops_per_s, "hbm_bytes_per_s": hw.hbm_bytes_per_s, "efficiency": hw.efficiency,
+                 "instructions_per_s": hw.instructions_per_s}
+        t = kernel_time_s(k, **rates)
+        compute_s, memory_s = kernel_bounds_s(k, **rates)
+        if memory_s >= compute_s:
             memory += t
         else:
             compute += t

@@ -123,14 +123,14 @@ class Efficiency(BaseModel):
         return y0 + w * (y1 - y0)
 
 
-def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency,
-                  instructions_per_s: float | None = None) -> float:
-    """Seconds ``kernel.count`` launches of ``kernel`` take on a device with these peaks; a kernel
-    that counts CUDA-core instructions is also bounded by ``instructions_per_s``, the part's issue rate.
+def kernel_bounds_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency,
+                    instructions_per_s: float | None = None) -> tuple[float, float]:
+    """(compute, HBM) seconds of one launch of ``kernel``: its FLOPs at the peak its kind reaches (a kernel that counts
+    CUDA-core instructions also bounded by ``instructions_per_s``, the part's issue rate), its bytes at HBM's.
 
     >>> k = Kernel(name="dequant_gemv", kind=KernelKind.MEMORY, flops=0, bytes=1e9, instructions=4e10)
-    >>> round(kernel_time_s(k, peak_flops_per_s=1e15, hbm_bytes_per_s=2e12, efficiency=Efficiency(), instructions_per_s=2e13), 4)
-    0.002
+    >>> kernel_bounds_s(k, peak_flops_per_s=1e15, hbm_bytes_per_s=2e12, efficiency=Efficiency(hbm=1.0), instructions_per_s=2e13)
+    (0.002, 0.0005)
     """
     memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm_for(kernel.kind))
     if kernel.kind is KernelKind.MATMUL:
@@ -144,5 +144,19 @@ def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: f
             raise UnsupportedError(f"the {kernel.name} kernel is bounded by CUDA-core instructions, and this part's profile "
                                    "gives no instruction issue rate", fix="use a100-80gb, h100-sxm or h200, or --weight-kernel fused")
         compute_s = max(compute_s, kernel.instructions / instructions_per_s)
+    return compute_s, memory_s
+
+
+def kernel_time_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s: float, efficiency: Efficiency,
+                  instructions_per_s: float | None = None) -> float:
+    """Seconds ``kernel.count`` launches of ``kernel`` take on a device with these peaks: the longer of its bounds
+    (`kernel_bounds_s`) and the launch floor.
+
+    >>> k = Kernel(name="dequant_gemv", kind=KernelKind.MEMORY, flops=0, bytes=1e9, instructions=4e10)
+    >>> round(kernel_time_s(k, peak_flops_per_s=1e15, hbm_bytes_per_s=2e12, efficiency=Efficiency(), instructions_per_s=2e13), 4)
+    0.002
+    """
+    compute_s, memory_s = kernel_bounds_s(kernel, peak_flops_per_s=peak_flops_per_s, hbm_bytes_per_s=hbm_bytes_per_s,
+                                          efficiency=efficiency, instructions_per_s=instructions_per_s)
     floor_s = 0.0 if kernel.fused else efficiency.kernel_floor_s
     return kernel.count * (max(compute_s, memory_s) + floor_s)

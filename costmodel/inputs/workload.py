@@ -30,7 +30,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from costmodel.errors import UnsupportedError
+from costmodel.errors import InvalidConfigError, UnsupportedError
 from costmodel.inputs.model_config import ModelConfig, Norm
 from costmodel.inputs.serving_stack import ServingStack, get_serving_stack
 
@@ -270,8 +270,8 @@ class InferenceConfig(BaseModel):
     @model_validator(mode="after")
     def _gptq_kernels_run_int4(self) -> InferenceConfig:
         if self.weight_kernel is not WeightKernel.FUSED and self.weight_dtype is not FrozenDtype.INT4:
-            raise ValueError(f"the {self.weight_kernel.value} kernel runs int4 weights, not {self.weight_dtype.value}; "
-                             "store the weights as int4 (--frozen-dtype int4) or drop --weight-kernel")
+            raise InvalidConfigError(f"--weight-kernel {self.weight_kernel.value} runs int4 weights, not {self.weight_dtype.value}",
+                                     fix="add --frozen-dtype int4 or drop --weight-kernel")
         return self
 
     @property

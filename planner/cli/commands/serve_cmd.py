@@ -30,7 +30,6 @@ from costmodel.inputs.workload import FrozenDtype, InferenceConfig, KvCacheDtype
 from costmodel.step.continuous_batching import LengthDistribution, ServeConfig, ServeResult, simulate_serving
 from costmodel.step.speculative import Speculation
 from planner.cli.commands.arg_types import non_negative_int, positive_float, positive_int, positive_int_or_none, probability
-from planner.cli.commands.workload_args import check_weight_kernel
 from planner.config import load_model, train_config
 from search.serve_capacity import BATCH_LIMITS, ServeOption, Slo, serve_options
 
@@ -109,7 +108,6 @@ def _arrivals(path: Path | None) -> tuple[float, ...] | None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    check_weight_kernel(args.weight_kernel, args.frozen_dtype)
     inference = InferenceConfig(serving_stack=args.serving_stack, kv_cache_dtype=args.kv_cache_dtype, weight_dtype=args.frozen_dtype,
                                 weight_kernel=args.weight_kernel)
     train = train_config(workload="decode", inference=inference).with_precision(Precision(args.precision))

@@ -108,20 +108,12 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
         return {"workload": args.workload, "lora": LoraConfig(**{k: v for k, v in settings.items() if v is not None}), "inference": None,
                 **packing}
     if not kind.runs_backward:
-        check_weight_kernel(args.weight_kernel, args.frozen_dtype)
         settings = {"prompt_len": args.prompt_len, "kv_block_size": args.kv_block_size,
                     "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype,
                     "kv_cache_dtype": args.kv_cache_dtype, "serving_stack": args.serving_stack, "weight_kernel": args.weight_kernel}
         return {"workload": args.workload, "lora": None,
                 "inference": InferenceConfig(**{k: v for k, v in settings.items() if v is not None})}
     return {"workload": args.workload, "lora": None, "inference": None, **packing}
-
-
-def check_weight_kernel(weight_kernel: str | None, weight_dtype: str | None) -> None:
-    """Refuse (one line) a GPTQ kernel on weights that are not int4 (``None``: the flag's default)."""
-    if weight_kernel not in (None, WeightKernel.FUSED.value) and weight_dtype != FrozenDtype.INT4.value:
-        raise InvalidConfigError(f"--weight-kernel {weight_kernel} runs int4 weights, not {weight_dtype or 'bf16'}",
-                                 fix="add --frozen-dtype int4 or drop --weight-kernel")
 
 
 def serving_sizes(args: argparse.Namespace) -> dict[str, int]:

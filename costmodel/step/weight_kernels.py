@@ -41,10 +41,10 @@ around each kernel (its host count is the stack's, `costmodel.inputs.serving_sta
 from __future__ import annotations
 
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import WeightKernel
+from costmodel.inputs.workload import FrozenDtype, WeightKernel
 from costmodel.step.kernels import Kernel, KernelKind
 
-INT4_BYTES = 0.5
+INT4_BYTES = FrozenDtype.INT4.bytes
 FP16_BYTES = 2
 FP32_BYTES = 4
 CUDA_OLD_ROW_THRESHOLD = 128

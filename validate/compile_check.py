@@ -25,6 +25,7 @@ from validate.emulated import run_emulated
 from validate.hlo import Collective, collectives, dot_flops
 from validate.lowering import abstract_inputs, check_param_specs, jitted_step
 from validate.mesh_hooks import device_mesh
+from validate.split_backward import branch_shares
 
 # XLA may otherwise drop a bf16 round trip (f32 → bf16 → f32) where a backend computes in
 # f32: the CPU backend then loses the trace of which collectives the program runs in bf16
@@ -76,14 +77,15 @@ def compile_plan(plan: Plan) -> CompileReport:
     cost = cost[0] if isinstance(cost, list) else cost
     text = compiled.as_text()
     mesh_shape = tuple((a.name, a.size) for a in plan.mesh)
+    shares = branch_shares(plan)
     return CompileReport(
         n_devices=plan.layout.n_devices, n_processes=jax.process_count(), platform=jax.devices()[0].platform,
         compile_time_s=compile_time_s,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,
         argument_bytes=float(mem.argument_size_in_bytes), output_bytes=float(mem.output_size_in_bytes),
         alias_bytes=float(mem.alias_size_in_bytes), temp_bytes=float(mem.temp_size_in_bytes),
-        flops_as_reported=float(cost.get("flops", 0.0)), matmul_flops=dot_flops(text),
-        collectives=tuple(collectives(text, mesh_shape=mesh_shape)),
+        flops_as_reported=float(cost.get("flops", 0.0)), matmul_flops=dot_flops(text, shares),
+        collectives=tuple(collectives(text, mesh_shape=mesh_shape, branch_shares=shares)),
     )
 
 

@@ -1,10 +1,13 @@
 """Read a compiled (post-SPMD-partitioning) HLO module: its collectives, per mesh axis, with loop trip counts.
 
-What ``compiled.as_text()`` says, and the three facts of XLA this module handles:
+What ``compiled.as_text()`` says, and the four facts of XLA this module handles:
 
 - A collective inside a ``while`` body (a scanned layer, a micro-batch loop) runs once per
   iteration: its bytes are multiplied by the loop's ``known_trip_count``, nested loops
   multiplying.
+- A collective inside a ``conditional``'s branch runs when that branch is taken, which the
+  program's data decides: the caller gives each branch's share of the conditional's executions
+  (`validate.split_backward.branch_shares`); without it every branch counts every time.
 - ``replica_groups`` come as explicit lists (``{{0,1},{2,3}}``), as iota
   (``[8,4]<=[32]``, ``[16,2]<=[2,4,4]T(2,1,0)``) or in mesh form
   (``mesh['axis_0'=4,'axis_1'=8], device_ids=([8,4]T(1,0)) {'axis_0'}``). Each group is
@@ -32,8 +35,8 @@ an all-to-all's or a collective-permute's array.
 ... }'''
 >>> for c in collectives(text, mesh_shape=(("data", 2), ("tensor", 2))):
 ...     print(c.kind, c.axes, c.bytes_per_call, c.calls)
-all-reduce ('tensor',) 8.0 3
-all-gather ('data',) 16.0 1
+all-reduce ('tensor',) 8.0 3.0
+all-gather ('data',) 16.0 1.0
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][a-z0-9-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
-_CALLED = re.compile(r"\b(body|calls|to_apply|condition|branch_computations)=\{?%?([^,}\s]+)")
+_CALLED = re.compile(r"\b(body|calls|to_apply|condition)=%?([^,}\s]+)")
+_BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 _REPLICA_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\](?:, device_ids=\((?:[^()]|\([^)]*\))*\))? \{[^}]*\}"  # mesh form
                              r"|\{\{[^=]*?\}\}|\{\}"  # explicit lists, or one group of all devices
                              r"|\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)")  # iota
@@ -73,7 +77,8 @@ class Collective(BaseModel):
     group_size: int = Field(description="Devices per replica group.")
     bytes_per_call: float = Field(description="Per-device buffer bytes of one execution, in the program's dtype.")
     promoted: bool = Field(description="A bf16 reduction the CPU backend runs in f32 (bytes halved back).")
-    calls: int = Field(description="Executions per step: the product of the trip counts of the loops around it.")
+    calls: float = Field(description="Executions per step: the product of the trip counts of the loops around it (inside a "
+                         "conditional, times its branch's share of the conditional's executions).")
 
     @property
     def total_bytes(self) -> float:
@@ -167,17 +172,25 @@ def _computations(text: str) -> dict[str, list[str]]:
     return comps
 
 
-def _multipliers(comps: dict[str, list[str]]) -> dict[str, int]:
-    """Executions per step of each computation: while bodies by their trip count, nested loops multiplying."""
-    callers: dict[str, list[tuple[str, int]]] = defaultdict(list)
+def _multipliers(comps: dict[str, list[str]], branch_shares: tuple[float, ...] | None = None) -> dict[str, float]:
+    """Executions per step of each computation: while bodies by their trip count, nested loops multiplying;
+    branch ``i`` of a conditional with ``len(branch_shares)`` branches by ``branch_shares[i]`` of the
+    conditional's (which branch runs is data, so the caller says how often; otherwise every branch counts
+    as running every time, an upper bound)."""
+    callers: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for comp, lines in comps.items():
         for line in lines:
             trip = _TRIP.search(line)
             for role, callee in _CALLED.findall(line):
                 callers[callee].append((comp, int(trip.group(1)) if role == "body" and trip else 1))
-    memo: dict[str, int] = {}
+            for listed in _BRANCHES.findall(line):
+                branches = [b.strip().lstrip("%") for b in listed.split(",")]
+                shares = branch_shares if branch_shares and len(branch_shares) == len(branches) else (1.0,) * len(branches)
+                for branch, share in zip(branches, shares):
+                    callers[branch].append((comp, share))
+    memo: dict[str, float] = {}
 
-    def times(comp: str, seen: frozenset[str] = frozenset()) -> int:
+    def times(comp: str, seen: frozenset[str] = frozenset()) -> float:
         if comp not in memo:
             calls = [(c, k) for c, k in callers.get(comp, []) if c not in seen]
             memo[comp] = max((k * times(c, seen | {comp}) for c, k in calls), default=1)
@@ -186,8 +199,10 @@ def _multipliers(comps: dict[str, list[str]]) -> dict[str, int]:
     return {c: times(c) for c in comps}
 
 
-def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[Collective]:
-    """Every collective of the module ``text`` with its mesh axes, bytes and executions per step.
+def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...], branch_shares: tuple[float, ...] | None = None
+                ) -> list[Collective]:
+    """Every collective of the module ``text`` with its mesh axes, bytes and executions per step
+    (``branch_shares``: how often each branch of the program's conditionals runs, `_multipliers`).
 
     ``mesh_shape`` is ((axis name, size), ...) major first. Replica groups name devices by
     their position in the executable's device assignment (``use_global_device_ids``), which
@@ -199,7 +214,7 @@ def collectives(text: str, *, mesh_shape: tuple[tuple[str, int], ...]) -> list[C
     n_devices = math.prod(sizes)
     coords = np.array(np.unravel_index(np.arange(n_devices), sizes)).T
     comps = _computations(text)
-    times = _multipliers(comps)
+    times = _multipliers(comps, branch_shares)
     instructions = {comp: {m.group(1): m for m in map(_INSTRUCTION.match, lines) if m} for comp, lines in comps.items()}
     copies = {comp for comp, defined in instructions.items()
               if all(m.group(3) in (*_PASS_THROUGH, "parameter") for m in defined.values())}
@@ -267,7 +282,7 @@ def _upcast_computations(comps: dict[str, list[str]], instructions: dict[str, di
     return out
 
 
-def dot_flops(text: str) -> float:
+def dot_flops(text: str, branch_shares: tuple[float, ...] | None = None) -> float:
     """Matmul FLOPs per device per step: 2 × result elements × contracted size of every ``dot``,
     times the executions of its computation (loop bodies by their trip counts), which is what
     ``cost_analysis()`` leaves out: it counts a while body once.
@@ -280,7 +295,7 @@ def dot_flops(text: str) -> float:
     128.0
     """
     comps = _computations(text)
-    times = _multipliers(comps)
+    times = _multipliers(comps, branch_shares)
     total = 0.0
     for comp, lines in comps.items():
         shapes: dict[str, list[int]] = {}
@@ -301,6 +316,6 @@ def dot_flops(text: str) -> float:
     return total
 
 
-def loop_trip_counts(text: str) -> dict[str, int]:
+def loop_trip_counts(text: str) -> dict[str, float]:
     """Executions per step of each computation of the module (1 outside loops)."""
     return _multipliers(_computations(text))

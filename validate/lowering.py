@@ -66,6 +66,7 @@ from validate.mesh_hooks import (
 )
 from validate.one_f_one_b import one_f_one_b_loss_and_grads, runs_one_f_one_b
 from validate.serving import serves_stacked, serving_program
+from validate.split_backward import runs_split_backward, split_backward_loss_and_grads
 
 
 def check_param_specs(plan: Plan) -> None:
@@ -267,6 +268,8 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     if lay.pp > 1 and lay.stack.cross_entropy_chunks > 1:
         raise UnsupportedError("the loss in pieces (--cross-entropy-chunks) is not lowered in a pipeline yet",
                                fix="validate it without pipeline stages, or with --cross-entropy-chunks 1")
+    if lay.pp > 1 and runs_split_backward(plan):
+        return split_backward_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1 and runs_one_f_one_b(plan):
         return one_f_one_b_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1:

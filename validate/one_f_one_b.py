@@ -1,4 +1,8 @@
-"""The 1F1B pipeline schedule as a real JAX program: forward and backward interleaved tick by tick.
+"""The interleaved 1F1B pipeline schedule as a real JAX program: forward and backward tick by tick.
+
+`validate.lowering` runs this program for interleaved plans (``v > 1``); without interleaving it
+runs `validate.split_backward`, which keeps ``S`` micro-batches in flight where this schedule's
+``v = 1`` case, described first below, keeps ``2S − 1`` and pays twice 1F1B's bubble.
 
 Schedule. As GPipe in `validate.gpipe`, inside a ``jax.shard_map`` manual over the plan's
 pipeline axis (data, tensor and context axes stay automatic), stage ``s`` of ``S`` holds its
@@ -43,7 +47,7 @@ micro-batch is backpropagated ``2(v·S − 1)`` ticks after its forward, one tic
 in lockstep; device ``d``'s chunk ``c`` needs ``2(v − 1 − c)·S + 2(S − 1 − d) + 1``, but every
 device holds the same buffers; in a ring of ``2v·S − 1`` the bubble ticks' writes land where
 no item in flight is). With fewer items (``M·v < 2v·S − 1``) the ring holds all ``M·v`` and
-bubble ticks write into one more slot (`costmodel.step.lockstep.in_flight_slots`). Without interleaving a stage so
+bubble ticks write into one more slot (`costmodel.step.lockstep.interleaved_in_flight_slots`). Without interleaving a stage so
 keeps ``min(2S − 1, M + 1)`` micro-batches of its layers' residuals whatever ``M``, where GPipe
 keeps ``M + S − 1`` and Megatron's 1F1B (whose forward and backward steps alternate, half a
 tick apart) ``S − s``; interleaved, ``min(2v·S − 1, M·v + 1)`` chunks (about ``2S`` micro-batches
@@ -72,7 +76,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Schedule
-from costmodel.step.lockstep import backward_lag_ticks, in_flight_slots, one_f_one_b_ticks, ring_slots
+from costmodel.step.lockstep import backward_lag_ticks, interleaved_in_flight_slots, one_f_one_b_ticks, ring_slots
 from planner.plan_schema import Plan
 from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.programs.transformer import embed, head, run_layers
@@ -81,12 +85,12 @@ from validate.mesh_hooks import activation_constraint, embedding_lookup, residua
 
 
 def runs_one_f_one_b(plan: Plan) -> bool:
-    """Whether the plan's pipeline is lowered as 1F1B (this module) rather than GPipe: a
-    pipelined plan whose schedule is not "gpipe"."""
+    """Whether the plan's pipeline is lowered as 1F1B rather than GPipe: a pipelined plan whose
+    schedule is not "gpipe" (interleaved by this module, otherwise by `validate.split_backward`)."""
     return plan.layout.pp > 1 and plan.layout.schedule is not Schedule.GPIPE
 
 
-class _KeptResiduals:
+class KeptResiduals:
     """A stage's layers run one at a time by ``jax.vjp``, each layer's residuals kept in slot
     ``slot`` of ring buffers ``[K, layers, ...]`` (updated in place), the backward rebuilt
     from them. A vjp function is a pytree whose leaves are its residuals and the weights it
@@ -102,7 +106,8 @@ class _KeptResiduals:
     def _layer(self, chunk: jax.Array, i: jax.Array) -> Any:
         return jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w[chunk], i, 1, 0), self.layers_VxW)
 
-    def _split(self, backward: Any, layer: Any) -> list[jax.Array]:
+    def split(self, backward: Any, layer: Any) -> list[jax.Array]:
+        """The leaves of ``backward`` (a layer's vjp function) that are residuals, not ``layer``'s weights."""
         leaves, self.treedef = jax.tree.flatten(backward)
         index = {id(w): k for k, w in enumerate(jax.tree.leaves(layer))}
         self.weight_index = [index.get(id(leaf)) for leaf in leaves]
@@ -114,10 +119,15 @@ class _KeptResiduals:
     def empty_buffers(self, x_BxSxD: jax.Array) -> list[jax.Array]:
         """Zeroed ring buffers for the residuals of one layer on ``x_BxSxD``."""
         def residuals(x_BxSxD: jax.Array, layer: Any) -> list[jax.Array]:
-            return self._split(jax.vjp(self.layer_fn, x_BxSxD, layer)[1], layer)
+            return self.split(jax.vjp(self.layer_fn, x_BxSxD, layer)[1], layer)
 
         shapes = jax.eval_shape(residuals, x_BxSxD, jax.tree.map(lambda w: w[0, :1], self.layers_VxW))
         return [jnp.zeros((self.slots, self.n_layers, *r.shape), r.dtype) for r in shapes]
+
+    def rebuild(self, residuals: list[jax.Array], layer: Any) -> Any:
+        """The layer's vjp function from its ``residuals`` (as `split` gave them) and its weights ``layer``."""
+        read, weights = iter(residuals), jax.tree.leaves(layer)
+        return jax.tree.unflatten(self.treedef, [next(read) if k is None else weights[k] for k in self.weight_index])
 
     def forward(self, x_BxSxD: jax.Array, buffers: list[jax.Array], chunk: jax.Array, slot: jax.Array
                 ) -> tuple[jax.Array, jax.Array, list[jax.Array]]:
@@ -127,7 +137,7 @@ class _KeptResiduals:
             layer = self._layer(chunk, i)
             (y_BxSxD, aux_1), backward = jax.vjp(self.layer_fn, x_BxSxD, layer)
             buffers = [jax.lax.dynamic_update_slice(buf, leaf[None, None], (slot, i, *(0,) * leaf.ndim))
-                       for buf, leaf in zip(buffers, self._split(backward, layer))]
+                       for buf, leaf in zip(buffers, self.split(backward, layer))]
             return (y_BxSxD, buffers), aux_1[0]
 
         (y_BxSxD, buffers), aux_W = jax.lax.scan(one, (x_BxSxD, buffers), jnp.arange(self.n_layers))
@@ -138,9 +148,7 @@ class _KeptResiduals:
         """The chunk input's cotangent, and ``d_layers_VxW`` plus (where ``useful``) the chunk's layers' gradients."""
         def one(carry: tuple[jax.Array, Any], i: jax.Array) -> tuple[tuple[jax.Array, Any], None]:
             d_y_BxSxD, d_layers = carry
-            read = iter(buf[slot, i] for buf in buffers)
-            weights = jax.tree.leaves(self._layer(chunk, i))
-            backward = jax.tree.unflatten(self.treedef, [next(read) if k is None else weights[k] for k in self.weight_index])
+            backward = self.rebuild([buf[slot, i] for buf in buffers], self._layer(chunk, i))
             d_x_BxSxD, d_layer = backward((d_y_BxSxD, d_aux_W[i][None]))
             d_layers = jax.tree.map(lambda acc, d: acc.at[chunk, i].add(jnp.where(useful, d[0], 0).astype(acc.dtype)), d_layers, d_layer)
             return (d_x_BxSxD, d_layers), None
@@ -149,7 +157,7 @@ class _KeptResiduals:
         return d_x_BxSxD, d_layers
 
 
-def _varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+def mark_varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     """``x`` marked as differing between the devices of ``axes`` (unless it is already)."""
     missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
     return jax.lax.pcast(x, missing, to="varying") if missing else x
@@ -162,7 +170,7 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
     model, train, stages, chunks = plan.model, plan.train, plan.layout.pp, plan.layout.interleave
     micro = plan.layout.micro_batches(train)
     items, lag = micro * chunks, backward_lag_ticks(stages, chunks)
-    ring, slots = ring_slots(stages, chunks, micro), in_flight_slots(stages, chunks, micro)
+    ring, slots = ring_slots(stages, chunks, micro), interleaved_in_flight_slots(stages, chunks, micro)
     ticks = one_f_one_b_ticks(micro, stages, chunks)
     # Stage to stage; interleaved, a ring: the last device's output wraps round to device 0 for the next chunk.
     forward_sends = [(i, (i + 1) % stages) for i in range(stages if chunks > 1 else stages - 1)]
@@ -178,7 +186,7 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
         # One layer (a stack of one, so the plan's checkpoint policy and residual storage apply as in run_layers).
         y_BxSxD, aux_1 = run_layers(x_BxSxD, layer, model, remat=remat, attention=plan.layout.stack.attention.value,
                                     keep_residuals=keep_residuals)
-        return y_BxSxD, _varying(aux_1, axes)  # a dense model's constant zeros too, as their cotangent is
+        return y_BxSxD, mark_varying(aux_1, axes)  # a dense model's constant zeros too, as their cotangent is
 
     def head_loss(head_params: Any, y_BxSxD: jax.Array, targets_BxS: jax.Array) -> jax.Array:
         return cross_entropy(head(y_BxSxD, head_params, model, constrain=constrain), targets_BxS)
@@ -191,10 +199,10 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
         stage = jax.lax.axis_index(axes)
         first, last = stage == 0, stage == stages - 1
         # A carry that differs between stages is marked varying over the pipeline axes, as scan needs.
-        varying = partial(_varying, axes=axes)
+        varying = partial(mark_varying, axes=axes)
         x_MxBxSxD = varying(x_MxBxSxD)
         # This device's slots as [chunk, slot]: its chunks are contiguous in the stack.
-        kept = _KeptResiduals(layer_forward, jax.tree.map(lambda w: w.reshape(chunks, -1, *w.shape[1:]), layers), slots)
+        kept = KeptResiduals(layer_forward, jax.tree.map(lambda w: w.reshape(chunks, -1, *w.shape[1:]), layers), slots)
         live_VxW = live_W.reshape(chunks, -1)
         buffers = [varying(b) for b in kept.empty_buffers(x_MxBxSxD[0].astype(dt))]
 

@@ -19,14 +19,19 @@ partitioning XLA gives it, term by term, each with a one-line reason:
   fp32 (norms, the embedding table, the fp32-output head). With ZeRO ≥ 1 the updated fp32
   parameters are all-gathered over the data axes.
 - Matmul FLOPs: forward, twice that in backward, plus what the recompute policy repeats.
-- 1F1B pipelines (`validate.one_f_one_b`): every device runs its stage's forward and
-  backward and the head on every one of the ``M + 2(S − 1)`` ticks, bubbles included
-  (interleaved, ``M·v + (v + 1)·S − 2`` ticks of one chunk's ``slots / v`` layers); the
-  per-layer collectives and FLOPs run ``slots × ticks`` times, the head's and its gradient's
-  reduction once per tick, the embedding once on the whole batch. Over the pipeline axis,
-  every tick: a ``collective-permute`` of an activation forward and one of its gradient
-  backward, and the sum that hands the last stage's output to every pipeline group; once,
-  the sum of stage 0's input gradients for the embedding.
+- 1F1B pipelines without interleaving (`validate.split_backward`): each layer's forward and
+  backward run once a micro-batch (the layer step's other branches do nothing), so its
+  collectives and FLOPs run ``slots × M`` times; the head runs once a period of three slots
+  (``M + S − 1`` periods), its gradient's reduction with it. Over the pipeline axis, every slot:
+  a ``collective-permute`` of the slot's output up and one down; every period, the sum that hands
+  the last stage's output to every pipeline group; once, the sum of stage 0's input gradients.
+- Interleaved 1F1B (`validate.one_f_one_b`): every device runs a chunk's forward and
+  backward and the head on every one of the ``M·v + (v + 1)·S − 2`` ticks, bubbles included:
+  the per-layer collectives and FLOPs run ``slots / v × ticks`` times, the head's and its
+  gradient's reduction once per tick, the embedding once on the whole batch. Over the pipeline
+  axis, every tick: a ``collective-permute`` of an activation forward and one of its gradient
+  backward, and the sum that hands the last stage's output to every pipeline group; once, the
+  sum of stage 0's input gradients for the embedding.
 - GPipe pipelines (schedule "gpipe"; `validate.gpipe`): every device runs its stage's
   layers on every one of the ``M + S − 1`` ticks, bubble ticks included, so the per-layer
   collectives and FLOPs above run ``slots × ticks`` times rather than ``layers × M``
@@ -116,8 +121,8 @@ def predicted_memory_bytes(plan: Plan, *, platform: str = "gpu") -> float:
     """The simulator's per-device memory for the program as lowered on ``platform``: the plan's
     own estimate, except for pipelines. Those start from the simulator's GPipe estimate (every
     micro-batch's activations in flight, the head one micro-batch at a time on every pipeline
-    group); a 1F1B plan (`validate.one_f_one_b`) then keeps ``2S − 1`` micro-batches instead
-    (``2v·S − 1`` chunks interleaved, fewer with fewer micro-batches:
+    group); a 1F1B plan then keeps ``min(S, M) + 1`` micro-batches instead (`validate.split_backward`;
+    interleaved, ``2v·S − 1`` chunks, `validate.one_f_one_b`, fewer with fewer micro-batches:
     `_one_f_one_b_memory_change`), where the simulator's 1F1B keeps at most ``S − s`` at stage
     ``s``; a "gpipe" plan (`validate.gpipe`) keeps ``S − 1`` bubble ticks' activations more
     (of one chunk each: ``M·v + S − 1`` chunks interleaved) and accumulates its gradients over
@@ -203,8 +208,9 @@ def ends_elsewhere_bytes(plan: Plan, memory: MemoryBreakdown) -> float:
 
 def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, accumulating: bool) -> float:
     """What the 1F1B program (`validate.one_f_one_b`) holds beyond the simulator's GPipe
-    estimate of ``M`` micro-batches in flight (``M·v`` chunks): ``K = 2v·S − 1`` chunks of its
-    layers' residuals (``2S − 1`` micro-batches without interleaving; ``M·v + 1`` where fewer), stage 0's input
+    estimate of ``M`` micro-batches in flight (``M·v`` chunks): the ring of its layers' residuals
+    (`costmodel.step.lockstep.in_flight_slots`: ``min(S, M) + 1`` micro-batches without interleaving,
+    ``2v·S − 1`` chunks interleaved, ``M·v + 1`` where fewer), stage 0's input
     gradients of every micro-batch beside the embedded batch and their fp32 sum over the stages,
     and no whole-stage gradient of a micro-batch beside the sums (added up one layer at a time)."""
     lay, train = plan.layout, plan.train
@@ -280,9 +286,9 @@ def predicted_collectives(plan: Plan, *, platform: str = "gpu") -> list[Predicte
     if pipeline and runs_one_f_one_b(plan):
         out += [
             PredictedCollective(kind="collective-permute", axes=pipeline, bytes_per_call=act * e, calls=2 * pipeline_ticks(plan),
-                                why="1F1B: activation to the next stage and gradient to the previous one, every tick"),
-            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=act * e, calls=pipeline_ticks(plan),
-                                why="1F1B: the last stage's output handed to every stage for the head, every tick"),
+                                why="1F1B: activation to the next stage and gradient to the previous one, every tick (slot)"),
+            PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=act * e, calls=runs.head_calls,
+                                why="1F1B: the last stage's output handed to every stage for the head, every tick (period)"),
             PredictedCollective(kind="all-reduce", axes=pipeline, bytes_per_call=runs.outer_micro_batches * act * e, calls=1,
                                 why="1F1B: stage 0's input gradients summed over the stages, for the embedding's gradient"),
         ]

@@ -1,8 +1,10 @@
 """How often the plan's program runs each part per step, and the record a predicted collective is.
 
 Shared by the validator's predictions (`validate.predict`, `validate.predict_data_parallel`,
-`validate.predict_lora`, `validate.predict_serving`): a pipeline runs its stage's layers on every
-tick of its loop, bubbles included, so what one layer issues runs ``slots × ticks`` times.
+`validate.predict_lora`, `validate.predict_serving`): a GPipe or interleaved pipeline runs its
+stage's layers on every tick of its loop, bubbles included, so what one layer issues runs ``slots ×
+ticks`` times; the split-backward 1F1B (`validate.split_backward`) runs each only on its real
+micro-batches (idle slots take a branch that does nothing).
 
 >>> from costmodel.inputs.layout import Layout
 >>> from planner.api import layout_plan
@@ -19,11 +21,12 @@ from typing import Any
 import jax
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks
+from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks, split_backward_periods
 from planner.plan_schema import Plan
 from planner.programs.params import abstract_params
 from planner.shardings import entry_axes
 from validate.one_f_one_b import runs_one_f_one_b
+from validate.split_backward import runs_split_backward
 
 F32_BYTES = 4
 
@@ -64,7 +67,7 @@ class ProgramRuns(BaseModel):
     layers_held: int = Field(description="Layers whose parameters this device holds.")
     outer_calls: int = Field(description="Executions of the embedding (and, but for 1F1B, of the head).")
     outer_micro_batches: int = Field(description="Micro-batches the embedding takes per execution.")
-    head_calls: int = Field(description="Executions of the head (once per tick inside the 1F1B schedule).")
+    head_calls: int = Field(description="Executions of the head (inside the 1F1B schedules once per tick, or per period of three slots).")
     head_micro_batches: int = Field(description="Micro-batches the head runs on per step, masked ones included.")
     head_gradients: int = Field(description="Gradients of the head's weights formed (and reduced) apart: one per micro-batch.")
 
@@ -78,6 +81,11 @@ def program_runs(plan: Plan) -> ProgramRuns:
                            head_micro_batches=micro, head_gradients=micro)
     # Each tick runs one chunk's slots; interleaved, M·v items pass each device (`validate.gpipe.work_item`).
     slots = lay.layers_on_stage(layers, 0) // lay.interleave
+    if runs_split_backward(plan):
+        # Each layer runs forward and backward once a micro-batch; the head once a period (`validate.split_backward`).
+        periods = split_backward_periods(micro, lay.pp)
+        return ProgramRuns(layer_runs=slots * micro, layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
+                           head_calls=periods, head_micro_batches=periods, head_gradients=periods)
     if runs_one_f_one_b(plan):
         # Every tick runs the stage's forward and backward and the head on one micro-batch (`validate.one_f_one_b`).
         ticks = pipeline_ticks(plan)
@@ -90,9 +98,12 @@ def program_runs(plan: Plan) -> ProgramRuns:
 
 
 def pipeline_ticks(plan: Plan) -> int:
-    """Ticks of the pipeline's loop: ``M·v`` items per device, plus ``S − 1`` to fill it (1F1B:
-    plus `costmodel.step.lockstep.backward_lag_ticks` and ``S − 1`` to bring the last gradient back)."""
+    """Ticks of the pipeline's loop, each ending with its hand-offs: ``M·v`` items per device, plus ``S − 1``
+    to fill it (interleaved 1F1B: plus `costmodel.step.lockstep.backward_lag_ticks` and ``S − 1`` to bring the
+    last gradient back); the split-backward 1F1B's slots, ``3(M + S − 1)``."""
     lay = plan.layout
+    if runs_split_backward(plan):
+        return 3 * split_backward_periods(lay.micro_batches(plan.train), lay.pp)
     if runs_one_f_one_b(plan):
         return one_f_one_b_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)
     return gpipe_ticks(lay.micro_batches(plan.train), lay.pp, lay.interleave)

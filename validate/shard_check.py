@@ -66,7 +66,7 @@ def check_shard(result: ShardResult, fn: Callable[..., Any], *abstract_args: Any
     compiled = result.jit(fn, *abstract_args, mesh=mesh, donate_argnums=donate_argnums).lower(*abstract_args).compile()
     m = compiled.memory_analysis()
     text = compiled.as_text()
-    counts = Counter(f"{c.kind}({','.join(c.axes)})" for c in collectives(text, mesh_shape=result.mesh_axes) for _ in range(c.calls))
+    counts = Counter(f"{c.kind}({','.join(c.axes)})" for c in collectives(text, mesh_shape=result.mesh_axes) for _ in range(round(c.calls)))
     return ShardCheck(predicted_bytes=result.predicted_memory_bytes,
                       compiled_bytes=m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes,
                       compiled_arguments_bytes=m.argument_size_in_bytes, compiled_temporaries_bytes=m.temp_size_in_bytes,

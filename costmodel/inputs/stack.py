@@ -154,10 +154,12 @@ class SoftwareStack(BaseModel):
         "forward_backward_pipelining_with_interleaving: grad_sync_func per chunk, --delay-grad-reduce on by default). "
         "False: a stage's gradients are reduced behind its last micro-batch's backward only.")
     lockstep_pipeline: bool = Field(
-        False, description="Pipeline stages step in lockstep, one forward and one backward on every device per tick, a "
-        "hand-off taking a whole tick (1F1B as one SPMD program runs it, `costmodel.step.lockstep`): every stage keeps 2S − 1 "
-        "micro-batches of residuals (2v·S − 1 chunks interleaved) and computes through the bubble ticks; False: stages "
-        "alternate asynchronously and stage s keeps S − s (Megatron-LM's 1F1B).")
+        False, description="Pipeline stages step in lockstep as one SPMD program runs them, a hand-off taking a whole step "
+        "of its loop (`costmodel.step.lockstep`): without interleaving each stage's backward split in two by its layers, one "
+        "of three operations a slot, S micro-batches in flight and 1F1B's bubble, the head once a period of three slots on "
+        "every device; interleaved, one chunk's forward and backward on every device per tick, 2v·S − 1 chunks of residuals "
+        "kept and computing through the bubble ticks. False: stages alternate asynchronously and stage s keeps S − s "
+        "(Megatron-LM's 1F1B).")
     fused_cross_entropy: bool = Field(
         True, description="The loss over the vocabulary runs as one fused softmax-cross-entropy (XLA, Inductor, PyTorch's "
         "log_softmax + nll); False: Megatron's vocab-parallel cross-entropy, op by op over an fp32 copy of the logits "
@@ -267,7 +269,8 @@ STACKS: dict[str, SoftwareStack] = {s.name: s for s in (
         citation="This project's reference program (planner/programs): jax.jit with XLA fusion, jax.checkpoint "
         "remat, cuDNN's fused attention on a GPU (jax.nn.dot_product_attention) and a blockwise flash-style kernel "
         "elsewhere, gradients summed in a scan over micro-batches, one matmul per weight "
-        "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/one_f_one_b.py); what "
+        "matrix (wq, wk, wv; w_in, w_gate), pipelines as one lockstep SPMD loop (validate/split_backward.py; interleaved, "
+        "validate/one_f_one_b.py); what "
         "`plan validate` lowers. Compiled on a GPU with XLA's collective matmul "
         "(planner/programs/xla_options.py: --xla_gpu_threshold_for_windowed_einsum_mib=0, "
         "--xla_gpu_multi_streamed_windowed_einsum=true, as NVIDIA JAX-Toolbox's rosetta/docs/GPU_performance.md and its "

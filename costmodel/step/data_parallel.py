@@ -225,18 +225,22 @@ def _local_gradient_costs(model: ModelConfig, train: TrainConfig, layout: Layout
 
 
 def _reductions_in_loop(train: TrainConfig, layout: Layout) -> float:
-    """Whole-stage gradient reductions of a program that reduces inside its loop: one per micro-batch;
-    pipelined, one chunk's per tick of the tick loop, bubble ticks included (`validate.predict`
-    counts them per tick in the compiled HLO): `costmodel.step.lockstep.gpipe_ticks`, more in lockstep 1F1B.
+    """Whole-stage gradient reductions of a program that reduces inside its loop: one per micro-batch
+    (also the split-backward 1F1B of lockstep pipelines, whose idle slots reduce nothing); other
+    pipelines, one chunk's per tick of the tick loop, bubble ticks included (`validate.predict`
+    counts them per tick in the compiled HLO): `costmodel.step.lockstep.gpipe_ticks`, more in
+    interleaved lockstep 1F1B.
 
     >>> train = TrainConfig(seq_len=1024, global_batch=8)
     >>> _reductions_in_loop(train, Layout(dp=2, micro_batch=1)), _reductions_in_loop(train, Layout(dp=2, pp=2, micro_batch=1))
-    (4, 6.0)
+    (4, 4)
+    >>> _reductions_in_loop(train, Layout(dp=2, pp=2, micro_batch=1, schedule="gpipe"))
+    5.0
     """
     micro = layout.micro_batches(train)
-    if layout.pp == 1:
-        return micro
     v = layout.interleave
+    if layout.pp == 1 or (runs_lockstep(layout) and v == 1):
+        return micro
     ticks = (one_f_one_b_ticks if runs_lockstep(layout) else gpipe_ticks)(micro, layout.pp, v)
     return ticks / v
 

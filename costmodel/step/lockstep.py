@@ -1,20 +1,24 @@
-"""The 1F1B schedule as one SPMD program runs it: every device steps in lockstep.
+"""Pipelines as one SPMD program runs them: every device steps in lockstep.
 
-One program on every device (`validate.one_f_one_b`, what `plan validate` lowers for the
-``jax`` stack) runs one forward and one backward work item per tick on each device, and
-hands activations on (and gradients back) between ticks. A hand-off therefore takes a whole
-tick, so a micro-batch's gradient reaches device 0 ``2(S − 1) + 1`` ticks after its forward
-there: each device keeps ``2S − 1`` micro-batches of residuals (``2v·S − 1`` chunks
-interleaved), where Megatron's asynchronous 1F1B, whose stages alternate forward and backward
-half a step apart, keeps ``S − s`` on stage ``s``. Every device also computes in every tick,
-bubbles included: ``M·v + (v + 1)·S − 2`` ticks of one chunk's forward and backward.
-(`costmodel.inputs.stack.SoftwareStack.lockstep_pipeline` says which software runs pipelines so.)
+One program on every device (what `plan validate` lowers for the ``jax`` stack) hands
+activations on (and gradients back) between the steps of one loop, so a hand-off takes a whole
+step. Without interleaving, `validate.split_backward` cuts each stage's backward in two by its
+layers and runs one of three operations of about ``F`` a slot (`split_backward_op`): ``S − s``
+micro-batches in flight on stage ``s`` (a ring of ``min(S, M)`` on every device, plus a scratch
+slot) and ``3(M + S − 1)`` slots, Megatron's asynchronous 1F1B bubble. Interleaved
+(`validate.one_f_one_b`), every tick runs one chunk's forward and backward on each device: a
+micro-batch's gradient reaches device 0 ``2(v·S − 1) + 1`` ticks after its forward there, so
+each device keeps ``2v·S − 1`` chunks of residuals, and runs ``M·v + (v + 1)·S − 2`` ticks,
+bubbles included. (`costmodel.inputs.stack.SoftwareStack.lockstep_pipeline` says which
+software runs pipelines so.)
 
->>> in_flight_slots(4, 1, 32), one_f_one_b_ticks(8, 4)
-(7, 14)
+>>> in_flight_slots(4, 1, 32), in_flight_slots(4, 2, 32), one_f_one_b_ticks(8, 4, 2)
+(5, 15, 26)
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
 
 from costmodel.inputs.layout import Layout, Schedule
 
@@ -41,20 +45,34 @@ def ring_slots(stages: int, chunks: int, micro_batches: int) -> int:
     return min(2 * chunks * stages - 1, micro_batches * chunks)
 
 
-def in_flight_slots(stages: int, chunks: int, micro_batches: int) -> int:
-    """Chunks of residuals (micro-batches × chunks) every device keeps (`K`): the ring, and where
-    it holds every item, one more slot that bubble ticks write into (in a ring of ``2v·S − 1``
-    they write where no item in flight is).
+def interleaved_in_flight_slots(stages: int, chunks: int, micro_batches: int) -> int:
+    """Chunks of residuals (micro-batches × chunks) every device keeps in the interleaved lockstep
+    program (`K`): the ring, and where it holds every item, one more slot that bubble ticks write
+    into (in a ring of ``2v·S − 1`` they write where no item in flight is).
 
-    >>> in_flight_slots(4, 1, 32), in_flight_slots(2, 4, 2)
+    >>> interleaved_in_flight_slots(4, 1, 32), interleaved_in_flight_slots(2, 4, 2)
     (7, 9)
     """
     ring = ring_slots(stages, chunks, micro_batches)
     return ring + (ring < 2 * chunks * stages - 1)
 
 
+def in_flight_slots(stages: int, chunks: int, micro_batches: int) -> int:
+    """Chunks of residuals (micro-batches × chunks) every device of a lockstep pipeline keeps:
+    without interleaving the split-backward ring and its scratch slot (`split_ring_slots`),
+    interleaved `interleaved_in_flight_slots`.
+
+    >>> in_flight_slots(4, 1, 32), in_flight_slots(4, 1, 2), in_flight_slots(2, 4, 2)
+    (5, 3, 9)
+    """
+    if chunks == 1:
+        return split_ring_slots(stages, micro_batches) + 1
+    return interleaved_in_flight_slots(stages, chunks, micro_batches)
+
+
 def one_f_one_b_ticks(micro_batches: int, stages: int, chunks: int = 1) -> int:
-    """Ticks of the 1F1B loop: the last backward item (device 0, item ``M·v − 1``) runs on tick
+    """Ticks of the interleaved lockstep 1F1B loop (`validate.one_f_one_b`): the last backward item
+    (device 0, item ``M·v − 1``) runs on tick
     ``M·v − 1 + lag + S − 1``; ``M + 2(S − 1)`` without interleaving.
 
     >>> one_f_one_b_ticks(8, 4), one_f_one_b_ticks(16, 2, 4)
@@ -81,3 +99,48 @@ def runs_lockstep(layout: Layout) -> bool:
     (True, False, False)
     """
     return layout.pp > 1 and layout.stack.lockstep_pipeline and layout.schedule is not Schedule.GPIPE
+
+
+class SplitOp(IntEnum):
+    """What a stage runs in a slot of the split-backward 1F1B schedule (`split_backward_op`)."""
+
+    FORWARD = 0
+    BACKWARD_HIGH = 1  # the backward of the stage's upper ⌈n/2⌉ layers
+    BACKWARD_LOW = 2  # the backward of the others
+    IDLE = 3
+
+
+def split_backward_op(slot: int, stage: int, stages: int, micro_batches: int) -> tuple[SplitOp, int | None]:
+    """What stage ``stage`` runs in slot ``slot`` of 1F1B in lockstep with each stage's backward split
+    in two by its layers (`validate.split_backward`), and on which micro-batch: ``F(m, s)`` at slot
+    ``3m + s``, ``B_hi(m, s)`` at ``3m + 3S − 2 − 2s``, ``B_lo(m, s)`` right after. Modulo 3 these
+    are ``s``, ``s + 1``, ``s + 2``: one operation a slot on every stage, each input made the slot
+    before, and stage ``s`` holds ``S − s`` micro-batches, as Megatron's asynchronous 1F1B.
+
+    >>> [split_backward_op(t, 1, 2, 2)[0].name for t in range(4)]
+    ['IDLE', 'FORWARD', 'BACKWARD_HIGH', 'BACKWARD_LOW']
+    """
+    kind = SplitOp((slot - stage) % 3)
+    start = (stage, 3 * stages - 2 - 2 * stage, 3 * stages - 1 - 2 * stage)[kind]
+    mb = (slot - start) // 3
+    return (kind, mb) if 0 <= mb < micro_batches else (SplitOp.IDLE, None)
+
+
+def split_backward_periods(micro_batches: int, stages: int) -> int:
+    """Periods of three slots in the split-backward schedule: the last operation, stage 0's
+    ``B_lo`` of micro-batch ``M − 1``, runs in slot ``3(M + S − 1) − 1``.
+
+    >>> split_backward_periods(8, 4)
+    11
+    """
+    return micro_batches + stages - 1
+
+
+def split_ring_slots(stages: int, micro_batches: int) -> int:
+    """Micro-batches of residuals the split-backward schedule's ring holds: stage 0 keeps ``S``
+    (``min(S, M)``); one more scratch slot takes the writes of the slots that run no forward.
+
+    >>> split_ring_slots(4, 32), split_ring_slots(4, 2)
+    (4, 2)
+    """
+    return min(stages, micro_batches)

@@ -173,7 +173,8 @@ def in_flight_microbatches(layout: Layout, n_microbatches: int, stage: int = 0) 
     """Micro-batches whose activations pipeline stage ``stage`` holds at once, in units of its layers.
 
     In 1F1B stage s warms up with p − s forwards before its first backward; in lockstep
-    (`SoftwareStack.lockstep_pipeline`) every stage keeps ``2v·p − 1`` chunks.
+    (`SoftwareStack.lockstep_pipeline`) every stage keeps the program's ring,
+    `costmodel.step.lockstep.in_flight_slots` (``min(p, m) + 1`` micro-batches, ``2v·p − 1`` chunks interleaved).
     """
     p, m, v = layout.pp, n_microbatches, layout.interleave
     if layout.schedule is Schedule.GPIPE:

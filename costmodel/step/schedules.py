@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
 
 from costmodel.errors import InvalidPlanError
 from costmodel.inputs.layout import Schedule
-from costmodel.step.lockstep import one_f_one_b_ticks
+from costmodel.step.lockstep import SplitOp, one_f_one_b_ticks, split_backward_op, split_backward_periods
 
 _Step = tuple[bool, int, int]  # (is_forward, micro-batch, chunk)
 
@@ -35,6 +35,10 @@ class PipelineTimes(BaseModel):
     p2p_s: NonNegativeFloat = Field(description="Transfer time of one activation between neighbouring stages, "
                                     "spent by each micro-step of a chunk when there is more than one stage.")
     interleave: PositiveInt = Field(1, description="Model chunks per device.")
+    ends_forward_s: tuple[NonNegativeFloat, ...] = Field((), description="Of forward_s, per stage, what is not its layers' (the "
+                                                         "embedding, the head); none when empty.")
+    ends_backward_s: tuple[NonNegativeFloat, ...] = Field((), description="Of backward_s, per stage, what is not its layers'.")
+    layers: tuple[PositiveInt, ...] = Field((), description="Layers per stage (empty: an even number each).")
 
     @property
     def transfer_s(self) -> float:
@@ -180,27 +184,55 @@ def _interleaved_index(k: int, p: int, v: int, m: int, *, forward: bool) -> tupl
 
 
 def lockstep_step_estimate(times: PipelineTimes, *, n_microbatches: int, keep_events: bool = False) -> PipelineResult:
-    """Step time of 1F1B run in lockstep (`costmodel.step.lockstep`): every tick, every device runs
+    """Step time of 1F1B run in lockstep (`costmodel.step.lockstep`). Without interleaving, the
+    split-backward schedule (`split_backward_estimate`). Interleaved, every tick every device runs
     one chunk's forward and backward (bubble ticks too), at the pace of the slowest stage.
-    Events (without interleaving): device ``d`` runs the forward of micro-batch ``i`` in tick
-    ``i + d`` and its backward in tick ``i + 2(S − 1) − d``.
 
-    >>> t = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0)
+    >>> t = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0, interleave=2)
     >>> r = lockstep_step_estimate(t, n_microbatches=8)
-    >>> r.step_time_s, r.bubble_s  # (m + 2(p − 1))·(f + b): twice async 1F1B's bubble
-    (42.0, 18.0)
+    >>> r.step_time_s, r.bubble_s  # (m·v + (v + 1)·p − 2)·(f + b)/v
+    (39.0, 15.0)
     """
+    if times.interleave == 1:
+        return split_backward_estimate(times, n_microbatches=n_microbatches, keep_events=keep_events)
     p, m, v = len(times.forward_s), n_microbatches, times.interleave
     slowest = max(times.per_stage_s)
-    tick_s = slowest / v
-    step = one_f_one_b_ticks(m, p, v) * tick_s
+    step = one_f_one_b_ticks(m, p, v) * slowest / v
+    return PipelineResult(step_time_s=step, busy_s=m * slowest, bubble_s=step - m * slowest)
+
+
+def split_backward_estimate(times: PipelineTimes, *, n_microbatches: int, keep_events: bool = False) -> PipelineResult:
+    """Step time of the split-backward 1F1B (`validate.split_backward`): ``M + S − 1`` periods of
+    three slots, each slot as long as the longest operation of any stage (its layers' forward, or
+    the backward of its upper ``⌈n/2⌉`` layers) plus its two hand-offs, and after one slot of each
+    period the head's forward and backward on every device; the embedding runs outside, once a
+    micro-batch. Events: each stage's operations (`costmodel.step.lockstep.split_backward_op`).
+
+    >>> t = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0)
+    >>> r = split_backward_estimate(t, n_microbatches=8)
+    >>> r.step_time_s, r.bubble_s  # (m + p − 1)·(f + b), as asynchronous 1F1B
+    (33.0, 9.0)
+    """
+    p, m = len(times.forward_s), n_microbatches
+    ends_forward, ends_backward = times.ends_forward_s or (0.0,) * p, times.ends_backward_s or (0.0,) * p
+    layers = times.layers or (2,) * p
+    forward = [f - e for f, e in zip(times.forward_s, ends_forward)]
+    upper = [(b - e) * ((n + 1) // 2) / n for b, e, n in zip(times.backward_s, ends_backward, layers)]
+    slot_s = max(max(f, b) for f, b in zip(forward, upper)) + 2 * times.transfer_s
+    head_s = ends_forward[-1] + ends_backward[-1] if p > 1 else 0.0
+    period_s = 3 * slot_s + head_s
+    step = split_backward_periods(m, p) * period_s + m * (ends_forward[0] + ends_backward[0])
+    slowest = max(times.per_stage_s)
     events = []
-    if keep_events and v == 1:
-        for d in range(p):
-            forward_s = tick_s * times.forward_s[d] / (times.forward_s[d] + times.backward_s[d] or 1.0)
-            for i in range(m):
-                start_f, start_b = (i + d) * tick_s, (i + 2 * (p - 1) - d) * tick_s + forward_s
-                events += [TimelineEvent(stage=d, forward=True, microbatch=i, chunk=0, start_s=start_f, end_s=start_f + forward_s),
-                           TimelineEvent(stage=d, forward=False, microbatch=i, chunk=0, start_s=start_b,
-                                         end_s=start_b + tick_s - forward_s)]
+    if keep_events:
+        head_slot = (p - 1) % 3
+        for t in range(3 * split_backward_periods(m, p)):
+            start = t // 3 * period_s + t % 3 * slot_s + (head_s if t % 3 > head_slot else 0.0)
+            for d in range(p):
+                op, mb = split_backward_op(t, d, p, m)
+                if mb is not None:
+                    busy_s = forward[d] if op is SplitOp.FORWARD else upper[d] if op is SplitOp.BACKWARD_HIGH else \
+                        times.backward_s[d] - ends_backward[d] - upper[d]
+                    events.append(TimelineEvent(stage=d, forward=op is SplitOp.FORWARD, microbatch=mb, chunk=0, start_s=start,
+                                                end_s=start + busy_s))
     return PipelineResult(step_time_s=step, busy_s=m * slowest, bubble_s=step - m * slowest, events=tuple(events))

@@ -104,6 +104,8 @@ class _Stage:
     comm_s: float
     forward_s: float
     backward_s: float
+    ends_forward_s: float  # of forward_s: the embedding's and the head's
+    ends_backward_s: float
 
 
 def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, layer: LayerCosts) -> list[_Stage]:
@@ -124,6 +126,7 @@ def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine,
             comm_s=n_layers * layer.exposed_comm_s,
             forward_s=n_layers * layer.forward_s + sum(p.total_s for p in fwd_ends),
             backward_s=n_layers * layer.backward_s + sum(p.total_s for p in bwd_ends),
+            ends_forward_s=sum(p.total_s for p in fwd_ends), ends_backward_s=sum(p.total_s for p in bwd_ends),
         ))
     return stages
 
@@ -257,7 +260,9 @@ def simulate(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine
     send_s = exposed_stage_transfer_s(full_send_s, stages, layout, hw)
     n_micro = layout.micro_batches(train)
     times = PipelineTimes(forward_s=tuple(s.forward_s for s in stages), backward_s=tuple(s.backward_s for s in stages),
-                          p2p_s=send_s, interleave=layout.interleave)
+                          p2p_s=send_s, interleave=layout.interleave, ends_forward_s=tuple(s.ends_forward_s for s in stages),
+                          ends_backward_s=tuple(s.ends_backward_s for s in stages),
+                          layers=tuple(max(1, layout.layers_on_stage(model.num_layers, s)) for s in range(layout.pp)))
     if runs_lockstep(layout):
         pipe = lockstep_step_estimate(times, n_microbatches=n_micro, keep_events=keep_timeline)
     elif keep_timeline:

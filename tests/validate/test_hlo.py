@@ -125,6 +125,25 @@ ENTRY %main (a: f32[4]) -> f32[4] {
     assert loop_trip_counts(text) == {"inner": 128, "outer": 4, "main": 1}
 
 
+def test_a_conditional_branch_runs_its_given_share_of_the_conditional():
+    text = """
+%forward (p: f32[]) -> f32[] {
+  %ar = f32[2]{0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add
+}
+%backward (p: f32[]) -> f32[] {
+  %ar2 = f32[4]{0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add
+}
+%body (p: f32[]) -> f32[] {
+  %c = (f32[]) conditional(%i, %a, %b), branch_computations={%forward, %backward}
+}
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %w = (s32[]) while(%t), condition=%c2, body=%body, backend_config={"known_trip_count":{"n":"12"}}
+}"""
+    shared = {c.name: c.calls for c in collectives(text, mesh_shape=MESH, branch_shares=(0.25, 0.75))}
+    assert shared == {"ar": 3, "ar2": 9}
+    assert {c.name: c.calls for c in collectives(text, mesh_shape=MESH)} == {"ar": 12, "ar2": 12}  # unknown: every time
+
+
 def test_dots_inside_a_looped_fusion_count_per_iteration():
     text = """
 %fused (param_0: bf16[8,16], param_1: bf16[16,4]) -> f32[8,4] {

@@ -1,5 +1,4 @@
-"""Tests `validate/one_f_one_b.py`: the 1F1B schedule, plain and interleaved, computes the single-device loss and gradients,
-and its compiled memory does not grow with the number of micro-batches."""
+"""Tests `validate/one_f_one_b.py`: the interleaved 1F1B schedule computes the single-device loss and gradients."""
 
 import json
 
@@ -10,7 +9,6 @@ from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import Dtype
 from planner.api import layout_plan
 from tests.validate.test_gpipe import _RUN, LLAMA
-from validate.compile_check import compile_in_subprocess
 from validate.emulated import run_emulated
 from validate.one_f_one_b import runs_one_f_one_b
 
@@ -21,13 +19,9 @@ GPT = ModelConfig(name="tiny-gpt-8", hidden_size=64, num_layers=8, num_heads=4, 
 
 
 @pytest.mark.parametrize("model, layout", [
-    (LLAMA, Layout(pp=4, micro_batch=1)),
-    pytest.param(LLAMA, Layout(pp=2, dp=2, micro_batch=1, recompute="full"), marks=pytest.mark.slow),
-    (LLAMA, Layout(pp=2, tp=2, micro_batch=2, recompute="selective")),
-    pytest.param(GPT, Layout(pp=2, dp=2, micro_batch=1), marks=pytest.mark.slow),
     pytest.param(LLAMA, Layout(pp=2, dp=2, micro_batch=1, interleave=2, schedule="interleaved"), marks=pytest.mark.slow),
     (GPT, Layout(pp=4, micro_batch=2, interleave=2, schedule="interleaved", recompute="full")),
-], ids=["pp4", "pp2-dp2-full", "pp2-tp2-selective", "gpt-pp2-dp2", "pp2-dp2-v2", "gpt-pp4-v2-full"])
+], ids=["pp2-dp2-v2", "gpt-pp4-v2-full"])
 def test_one_f_one_b_step_matches_the_single_device_loss_and_gradients(model, layout):
     plan = layout_plan(model, layout, hardware="a100-80gb", seq_len=16, global_batch=8)
     plan = plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype("float32")})})
@@ -44,22 +38,3 @@ def test_only_gpipe_plans_keep_the_gpipe_program():
     assert not one_f_one_b(Layout(pp=2, micro_batch=1, schedule="gpipe"))
     assert not one_f_one_b(Layout(pp=2, micro_batch=1, schedule="gpipe", interleave=2))
     assert one_f_one_b(Layout(pp=2, micro_batch=1)) and one_f_one_b(Layout(pp=2, micro_batch=1, schedule="interleaved", interleave=2))
-
-
-# Large enough that the layers' residuals, not fixed buffers, set the temporaries.
-MID = ModelConfig(name="mid-llama-8", hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, ffn_size=1536, vocab_size=1024)
-
-
-def test_one_f_one_b_memory_stays_flat_as_micro_batches_grow_where_gpipe_grows():
-    temp_bytes = {}
-    for schedule in ("1f1b", "gpipe"):
-        for global_batch in (8, 32):  # from 8 micro-batches on, 1F1B's ring has its full 2S − 1 = 7 slots
-            plan = layout_plan(MID, Layout(pp=4, micro_batch=1, schedule=schedule), hardware="a100-80gb", seq_len=512,
-                               global_batch=global_batch)
-            temp_bytes[schedule, global_batch] = compile_in_subprocess(plan, timeout_s=300).temp_bytes
-    act_bytes = 512 * 512 * 2  # one micro-batch's bf16 activation
-    # 24 more micro-batches add only their embedded input and stage 0's input gradient (a few
-    # activations each); GPipe keeps 24 more micro-batches of its 2 layers' residuals.
-    assert temp_bytes["1f1b", 32] - temp_bytes["1f1b", 8] < 24 * 4 * act_bytes
-    assert temp_bytes["gpipe", 32] - temp_bytes["gpipe", 8] > 24 * 2 * 4 * act_bytes
-    assert temp_bytes["1f1b", 32] < temp_bytes["gpipe", 32]

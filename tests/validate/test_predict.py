@@ -26,9 +26,10 @@ def test_every_check_of_a_small_plan_is_predicted_and_within_tolerance(precision
 @pytest.mark.parametrize("layout", [
     Layout(pp=2, tp=2, micro_batch=1),
     Layout(pp=2, tp=2, micro_batch=1, interleave=2, schedule="interleaved"),
-], ids=["1f1b", "interleaved"])
-def test_the_one_f_one_b_program_is_predicted_tick_by_tick(layout):
-    # Every tick runs a forward, a backward and the head (bubbles included) and permutes both ways.
+], ids=["split-backward", "interleaved"])
+def test_the_one_f_one_b_programs_are_predicted_slot_by_slot_and_tick_by_tick(layout):
+    # Split backward: each slot one operation a stage (idle ones do nothing) and two permutes, the head once a period.
+    # Interleaved: every tick runs a forward, a backward and the head (bubbles included) and permutes both ways.
     plan = layout_plan(LLAMA, layout, hardware="h100-sxm", seq_len=1024, global_batch=4)
     assert plan.layout.schedule.value != "gpipe"
     results = {(c.item, c.axis): c for c in checks(plan, compile_in_subprocess(plan))}

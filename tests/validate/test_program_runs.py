@@ -16,13 +16,21 @@ def test_without_a_pipeline_every_layer_runs_once_per_micro_batch():
     assert (runs.layer_runs, runs.layers_held, runs.outer_calls, runs.head_gradients) == (4 * 4, 4, 4, 4)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_a_pipeline_runs_its_stage_on_every_tick_bubbles_included(schedule):
-    plan = layout_plan(LLAMA, Layout(pp=2, micro_batch=1, schedule=schedule), hardware="h100-sxm", seq_len=128, global_batch=4)
+@pytest.mark.parametrize("schedule, interleave", [("gpipe", 1), ("interleaved", 2)])
+def test_a_pipeline_runs_its_stage_on_every_tick_bubbles_included(schedule, interleave):
+    plan = layout_plan(LLAMA, Layout(pp=2, micro_batch=1, schedule=schedule, interleave=interleave), hardware="h100-sxm", seq_len=128,
+                       global_batch=4)
     runs, ticks = program_runs(plan), pipeline_ticks(plan)
-    assert ticks > 4 + 2 - 2  # more ticks than micro-batches: the fill (and, 1F1B, the drain) run too
-    assert (runs.layer_runs, runs.layers_held, runs.outer_calls, runs.outer_micro_batches) == (2 * ticks, 2, 1, 4)
-    assert runs.head_calls == (ticks if schedule == "1f1b" else 1)
+    assert ticks > 4 * interleave + 2 - 2  # more ticks than work items: the fill (and, 1F1B, the drain) run too
+    assert (runs.layer_runs, runs.layers_held, runs.outer_calls, runs.outer_micro_batches) == (2 // interleave * ticks, 2, 1, 4)
+    assert runs.head_calls == (ticks if schedule == "interleaved" else 1)
+
+
+def test_the_split_backward_pipeline_runs_each_layer_once_a_micro_batch_and_the_head_once_a_period():
+    plan = layout_plan(LLAMA, Layout(pp=2, micro_batch=1), hardware="h100-sxm", seq_len=128, global_batch=4)
+    runs = program_runs(plan)
+    assert (runs.layer_runs, runs.head_calls, runs.head_gradients) == (2 * 4, 4 + 2 - 1, 4 + 2 - 1)
+    assert pipeline_ticks(plan) == 3 * (4 + 2 - 1)  # slots, each ending with its hand-offs
 
 
 def test_param_shards_divide_each_parameter_by_the_axes_its_spec_names():

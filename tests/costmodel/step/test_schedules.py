@@ -73,11 +73,27 @@ def test_closed_form_agrees_with_the_simulated_timeline(forward, backward, p2p, 
     assert closed.bubble_s == pytest.approx(simulated.bubble_s, rel=1e-9, abs=1e-9)
 
 
-def test_lockstep_ticks_cost_twice_the_async_bubble_and_place_each_item():
+def test_lockstep_with_a_split_backward_pays_the_async_bubble_and_places_each_operation():
     times = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0)
     lockstep = lockstep_step_estimate(times, n_microbatches=8, keep_events=True)
     async_1f1b = pipeline_step_estimate(times, n_microbatches=8, schedule=Schedule.ONE_F_ONE_B)
-    assert lockstep.bubble_s == pytest.approx(2 * async_1f1b.bubble_s) and lockstep.busy_s == async_1f1b.busy_s
-    backward = {(e.stage, e.microbatch): e for e in lockstep.events if not e.forward}
-    assert backward[(0, 7)].end_s == pytest.approx(lockstep.step_time_s)  # device 0's last backward ends the step
-    assert backward[(3, 0)].start_s == pytest.approx(3 * 3.0 + 1.0)  # the last stage turns micro-batch 0 round in its forward's tick
+    assert lockstep.step_time_s == pytest.approx(async_1f1b.step_time_s) and lockstep.busy_s == async_1f1b.busy_s
+    backward = sorted((e.start_s, e.end_s) for e in lockstep.events if not e.forward and e.stage == 0 and e.microbatch == 7)
+    assert backward[-1][1] == pytest.approx(lockstep.step_time_s)  # stage 0's last backward half ends the step
+    forward = {(e.stage, e.microbatch): e for e in lockstep.events if e.forward}
+    assert forward[(3, 0)].start_s == pytest.approx(3.0)  # slot 3 (one slot: a forward, half a backward)
+    assert len(lockstep.events) == 4 * 8 * 3
+
+
+def test_lockstep_slots_wait_for_the_longer_backward_half_and_the_head():
+    # Three layers a stage: the upper half's backward is two layers' (4/3 s); the last stage's 0.5 s head runs every period.
+    times = PipelineTimes(forward_s=(1.0, 1.25), backward_s=(2.0, 2.25), p2p_s=0.0, layers=(3, 3), ends_forward_s=(0.0, 0.25),
+                          ends_backward_s=(0.0, 0.25))
+    r = lockstep_step_estimate(times, n_microbatches=4)
+    assert r.step_time_s == pytest.approx((4 + 1) * (3 * 4 / 3 + 0.5))
+
+
+def test_interleaved_lockstep_ticks_run_every_chunk_through_the_bubble():
+    times = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0, interleave=2)
+    r = lockstep_step_estimate(times, n_microbatches=8)
+    assert r.step_time_s == pytest.approx((8 * 2 + 3 * 4 - 2) * 1.5) and r.busy_s == pytest.approx(24.0)

@@ -1,0 +1,257 @@
+"""1F1B with ``S`` micro-batches in flight as one SPMD program: each stage's backward split in two.
+
+Lockstep SPMD (every device runs the same loop, a hand-off takes a whole step of it) makes the
+plain 1F1B of `validate.one_f_one_b` keep ``2S − 1`` micro-batches in flight and pay twice
+async 1F1B's bubble. Cutting a stage's backward in two by its layers gives three operations of
+about the same cost (with ``B ≈ 2F``): ``F`` (the forward of all the stage's ``n`` layers),
+``B_hi`` (the backward of its upper ``h = ⌈n/2⌉`` layers) and ``B_lo`` (its lower ``n − h``).
+Stage ``s`` of ``S`` runs, one operation per slot,
+
+    F(m, s)    at slot 3m + s
+    B_hi(m, s) at slot 3m + 3S − 2 − 2s
+    B_lo(m, s) at slot 3m + 3S − 1 − 2s
+
+(`costmodel.step.lockstep.split_backward_op`). Modulo 3 these are ``s``, ``s + 1`` and
+``s + 2``, so every stage has exactly one operation a slot, and every dependency is met the
+slot before: each slot ends with two ``ppermute``s (the output up to ``s + 1`` for its ``F``, and
+down to ``s − 1`` for its ``B_hi``) consumed the very next slot. Stage ``s`` holds micro-batch
+``m`` from ``F(m)`` to ``B_lo(m)``: ``S − s`` micro-batches, in a ring of ``min(S, M)``
+residual slots plus one scratch slot that the other operations write. ``3(M + S − 1)`` slots of
+about ``F`` each: ``(M + S − 1)(F + B)``, Megatron's 1F1B bubble.
+
+A slot is a ``lax.scan`` over ``h`` layer steps; step ``j`` is a ``lax.switch`` among the forward of
+layers ``2j`` and ``2j + 1`` (about one layer's backward in cost; the forward of layer ``2j`` alone
+where ``n`` is odd and ``2j + 1 = n``), the backward of one layer (``n − 1 − j`` in ``B_hi``,
+``n − h − 1 − j`` in ``B_lo``) and nothing (bubbles, and ``B_lo``'s last step where ``n`` is odd),
+chosen per stage. Each device runs only its branch. The branches return one or two layers'
+residuals or one layer's gradient; the writes into the ring, the reads from it and the adds into
+the gradient sums happen outside the switch, at one layer's size, because XLA copies a buffer
+that a branch updates in place. The layers' residuals and vjp functions are those of
+`validate.one_f_one_b.KeptResiduals`.
+
+Three slots make a period of the outer ``lax.scan`` (``M + S − 1`` periods). After slot
+``(S − 1) mod 3`` of a period, the one where the last stage runs an ``F``, every pipeline group
+runs the head and loss on the last stage's output (handed round by a ``psum`` over the pipeline
+axis, as in `validate.one_f_one_b`), so its cotangent is there for the last stage's ``B_hi`` the
+next slot. Stage 0's ``B_lo`` leaves each micro-batch's input cotangent for the embedding's
+gradient, formed after the loop. Collectives of the layers (tensor axes; the data-axis sum of a
+layer's gradient where the batch is split) run inside the branches: every device of a stage's
+groups takes the same branch.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
+
+from costmodel.step.lockstep import SplitOp, split_backward_periods, split_ring_slots
+from planner.plan_schema import Plan
+from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
+from planner.programs.transformer import embed, head, run_layers
+from validate.gpipe import check_pipeline, runs_outer_whole, stage_slots
+from validate.mesh_hooks import activation_constraint, embedding_lookup, residual_storage
+from validate.one_f_one_b import KeptResiduals, mark_varying, runs_one_f_one_b
+
+# The layer step's branches (`lax.switch` order).
+_FORWARD_TWO, _FORWARD_ONE, _BACKWARD, _IDLE = range(4)
+
+
+def runs_split_backward(plan: Plan) -> bool:
+    """Whether the plan's pipeline runs this module's schedule: 1F1B without interleaving
+    (interleaved plans keep `validate.one_f_one_b`'s)."""
+    return runs_one_f_one_b(plan) and plan.layout.interleave == 1
+
+
+def branch_shares(plan: Plan) -> tuple[float, ...] | None:
+    """How often each branch of the layer step's switch runs, as a share of the switch's executions
+    (``3(M + S − 1)·h`` a device: every stage runs each branch as often), for reading the compiled
+    program's collectives and FLOPs (`validate.hlo`); None for plans that do not run this schedule.
+
+    >>> from costmodel.inputs.layout import Layout
+    >>> from planner.api import layout_plan
+    >>> shares = branch_shares(layout_plan("llama3-8b", Layout(pp=4, micro_batch=1), seq_len=1024, global_batch=8))
+    >>> [round(s, 3) for s in shares]  # 8 micro-batches, 8 layers a stage: 11 periods of 3 slots of 4 steps
+    [0.242, 0.0, 0.485, 0.273]
+    """
+    if not runs_split_backward(plan):
+        return None
+    micro, n = plan.layout.micro_batches(plan.train), len(stage_slots(plan.model.num_layers, plan.layout)[0]) // plan.layout.pp
+    runs = 3 * split_backward_periods(micro, plan.layout.pp) * ((n + 1) // 2)
+    shares = (micro * (n // 2) / runs, micro * (n % 2) / runs, micro * n / runs)
+    return (*shares, 1.0 - sum(shares))
+
+
+def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
+    """``(params, batch) -> (mean loss, gradients)`` of the plan's 1F1B schedule with its backward
+    split in two (see the module docstring); ``remat`` is the reference model's recompute policy."""
+    axes = check_pipeline(plan)
+    model, train, stages = plan.model, plan.train, plan.layout.pp
+    micro = plan.layout.micro_batches(train)
+    ring = split_ring_slots(stages, micro)
+    forward_sends = [(i, i + 1) for i in range(stages - 1)]
+    backward_sends = [(j, i) for i, j in forward_sends]
+    dt = jnp.dtype(train.compute_dtype.value)
+    layer_P, live_P = stage_slots(model.num_layers, plan.layout)
+    n = len(layer_P) // stages
+    half = (n + 1) // 2
+    padded = len(layer_P) != model.num_layers or not live_P.all()
+    constrain, lookup, keep_residuals = activation_constraint(plan, mesh), embedding_lookup(plan, mesh), residual_storage(mesh)
+    aux_weight = MOE_AUX_LOSS_WEIGHT / (micro * model.num_layers)
+    head_keys = ("final_norm", "embed" if model.tie_embeddings else "lm_head")
+    head_slot, head_lag = (stages - 1) % 3, (stages - 1) // 3
+
+    def layer_forward(x_BxSxD: jax.Array, layer: Any) -> tuple[jax.Array, jax.Array]:
+        y_BxSxD, aux_1 = run_layers(x_BxSxD, layer, model, remat=remat, attention=plan.layout.stack.attention.value,
+                                    keep_residuals=keep_residuals)
+        return y_BxSxD, mark_varying(aux_1, axes)
+
+    def head_loss(head_params: Any, y_BxSxD: jax.Array, targets_BxS: jax.Array) -> jax.Array:
+        return cross_entropy(head(y_BxSxD, head_params, model, constrain=constrain), targets_BxS)
+
+    def schedule(layers_W: Any, live_W: jax.Array, head_params: Any, x_MxBxSxD: jax.Array, targets_MxBxS: jax.Array) -> tuple[Any, ...]:
+        stage = jax.lax.axis_index(axes)
+        first, last = stage == 0, stage == stages - 1
+        varying = partial(mark_varying, axes=axes)
+        x_MxBxSxD = varying(x_MxBxSxD)
+        kept = KeptResiduals(layer_forward, jax.tree.map(lambda w: w[None], layers_W), ring + 1)
+        buffers = [varying(b) for b in kept.empty_buffers(x_MxBxSxD[0].astype(dt))]  # traces the vjp's structure
+
+        def one_layer(i: jax.Array) -> Any:
+            return jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, i, 1, 0), layers_W)
+
+        def no_gradient(layer: Any) -> Any:
+            return jax.tree.map(jnp.zeros_like, layer)
+
+        def no_residuals(residuals: list[jax.Array]) -> list[jax.Array]:
+            return [jnp.zeros_like(r) for r in residuals]
+
+        # Branches: (x, first layer, second layer, first layer's residuals, live of both, MoE cotangent)
+        # -> (output, two layers' residuals, the first layer's gradient, MoE loss).
+        def forward_two(x_BxSxD, layer_a, layer_b, residuals, live_2, d_aux):
+            (h_BxSxD, aux_a), backward_a = jax.vjp(layer_forward, x_BxSxD, layer_a)
+            (y_BxSxD, aux_b), backward_b = jax.vjp(layer_forward, h_BxSxD, layer_b)
+            aux = aux_a[0] * live_2[0] + aux_b[0] * live_2[1]
+            return y_BxSxD, kept.split(backward_a, layer_a), kept.split(backward_b, layer_b), no_gradient(layer_a), aux
+
+        def forward_one(x_BxSxD, layer_a, layer_b, residuals, live_2, d_aux):
+            (y_BxSxD, aux_a), backward_a = jax.vjp(layer_forward, x_BxSxD, layer_a)
+            saved = kept.split(backward_a, layer_a)
+            return y_BxSxD, saved, no_residuals(saved), no_gradient(layer_a), aux_a[0] * live_2[0]
+
+        def backward(d_y_BxSxD, layer_a, layer_b, residuals, live_2, d_aux):
+            d_x_BxSxD, d_layer = kept.rebuild(residuals, layer_a)((d_y_BxSxD, d_aux))
+            return d_x_BxSxD, no_residuals(residuals), no_residuals(residuals), d_layer, jnp.zeros(())
+
+        def idle(x_BxSxD, layer_a, layer_b, residuals, live_2, d_aux):
+            return x_BxSxD, no_residuals(residuals), no_residuals(residuals), no_gradient(layer_a), jnp.zeros(())
+
+        def slot_step(carry: tuple[Any, ...], slot: jax.Array) -> tuple[tuple[Any, ...], jax.Array]:
+            """One operation of this stage (`costmodel.step.lockstep.split_backward_op`), layer by layer."""
+            recv_up_BxSxD, recv_down_BxSxD, previous_BxSxD, buffers, d_layers_W, aux, d_x_MxBxSxD = carry
+            op, mb = _op_of(slot, stage, stages, micro)
+            x_BxSxD = jnp.select([op == SplitOp.FORWARD, op == SplitOp.BACKWARD_HIGH],
+                                 [jnp.where(first, x_MxBxSxD[mb], recv_up_BxSxD), jnp.where(last, previous_BxSxD, recv_down_BxSxD)],
+                                 previous_BxSxD)
+            write_slot = jnp.where(op == SplitOp.FORWARD, mb % ring, ring)
+
+            def layer_step(inner: tuple[Any, ...], j: jax.Array) -> tuple[tuple[Any, ...], None]:
+                x_BxSxD, buffers, d_layers_W, aux = inner
+                first_layer = jnp.stack([2 * j, n - 1 - j, n - half - 1 - j, j])[jnp.minimum(op, SplitOp.IDLE)]
+                first_layer = jnp.clip(first_layer, 0, n - 1)
+                second_layer = jnp.minimum(2 * j + 1, n - 1)
+                backward_step = (op == SplitOp.BACKWARD_HIGH) | ((op == SplitOp.BACKWARD_LOW) & (j < n - half))
+                forward_step = jnp.where(2 * j + 1 < n, _FORWARD_TWO, _FORWARD_ONE)
+                branch = jnp.select([op == SplitOp.FORWARD, backward_step], [forward_step, _BACKWARD], _IDLE)
+                residuals = [jax.lax.dynamic_slice(buf, (mb % ring, first_layer, *(0,) * (buf.ndim - 2)), (1, 1, *buf.shape[2:]))[0, 0]
+                             for buf in buffers]
+                live_2 = jnp.stack([live_W[first_layer], live_W[second_layer]])
+                d_aux = (live_W[first_layer] * aux_weight)[None]
+                branches = [_all_varying(f, varying) for f in (forward_two, forward_one, backward, idle)]
+                x_BxSxD, saved_a, saved_b, d_layer, aux_step = jax.lax.switch(
+                    branch, branches, x_BxSxD, one_layer(first_layer), one_layer(second_layer), residuals, live_2, d_aux)
+                # The second layer first: where it is the first (n odd), the first's residuals win.
+                for layer_index, saved in ((second_layer, saved_b), (first_layer, saved_a)):
+                    buffers = [jax.lax.dynamic_update_slice(buf, leaf[None, None], (write_slot, layer_index, *(0,) * leaf.ndim))
+                               for buf, leaf in zip(buffers, saved)]
+                d_layers_W = jax.tree.map(lambda acc, d: acc.at[first_layer].add(d[0].astype(acc.dtype)), d_layers_W, d_layer)
+                return (x_BxSxD, buffers, d_layers_W, aux + aux_step), None
+
+            (y_BxSxD, buffers, d_layers_W, aux), _ = jax.lax.scan(layer_step, (x_BxSxD, buffers, d_layers_W, aux), jnp.arange(half))
+            embedded = first & (op == SplitOp.BACKWARD_LOW)
+            d_x_MxBxSxD = d_x_MxBxSxD.at[mb].set(jnp.where(embedded, y_BxSxD, d_x_MxBxSxD[mb]))
+            sent_up_BxSxD = jax.lax.ppermute(y_BxSxD, axes, forward_sends)
+            sent_down_BxSxD = jax.lax.ppermute(y_BxSxD, axes, backward_sends)
+            return (sent_up_BxSxD, sent_down_BxSxD, y_BxSxD, buffers, d_layers_W, aux, d_x_MxBxSxD), y_BxSxD
+
+        def period(carry: tuple[Any, ...], p: jax.Array) -> tuple[tuple[Any, ...], None]:
+            slots, d_head, loss = carry
+            for k in range(3):
+                slots, y_BxSxD = slot_step(slots, 3 * p + k)
+                if k == head_slot:  # the last stage ran micro-batch p − head_lag's F: its head and loss, on every group
+                    head_mb = p - head_lag
+                    useful = (0 <= head_mb) & (head_mb < micro)
+                    y_last_BxSxD = jax.lax.psum(jnp.where(last, y_BxSxD, 0).astype(jnp.float32), axes).astype(dt)
+                    loss_mb, head_backward = jax.vjp(lambda hp, y: head_loss(hp, y, targets_MxBxS[jnp.clip(head_mb, 0, micro - 1)]),
+                                                     head_params, y_last_BxSxD)
+                    d_head_mb, d_y_BxSxD = head_backward(jnp.asarray(1.0 / micro, loss_mb.dtype))
+                    loss = loss + jnp.where(useful, loss_mb / micro, 0.0)
+                    d_head = jax.tree.map(lambda acc, d: acc + jnp.where(useful, d, 0).astype(acc.dtype), d_head, d_head_mb)
+                    slots = (*slots[:2], jnp.where(last, d_y_BxSxD.astype(dt), slots[2]), *slots[3:])
+            return (slots, d_head, loss), None
+
+        zero_act = varying(jnp.zeros(x_MxBxSxD.shape[1:], dt))
+        slots = (zero_act, zero_act, zero_act, buffers, jax.tree.map(lambda w: varying(jnp.zeros(w.shape, w.dtype)), layers_W),
+                 varying(jnp.zeros((), jnp.float32)), varying(jnp.zeros(x_MxBxSxD.shape, dt)))
+        init = (slots, jax.tree.map(jnp.zeros_like, head_params), jnp.zeros((), jnp.float32))
+        (slots, d_head, loss), _ = jax.lax.scan(period, init, jnp.arange(split_backward_periods(micro, stages)))
+        d_layers_W, aux, d_x_MxBxSxD = slots[4], slots[5], slots[6]
+        d_x_MxBxSxD = jax.lax.psum(jnp.where(first, d_x_MxBxSxD, 0).astype(jnp.float32), axes)
+        return loss + aux_weight * jax.lax.psum(aux, axes), d_layers_W, d_head, d_x_MxBxSxD
+
+    whole, split = PartitionSpec(), PartitionSpec(axes)
+    piped = jax.shard_map(schedule, mesh=mesh, in_specs=(split, split, whole, whole, whole), out_specs=(whole, split, whole, whole),
+                          axis_names=set(axes))
+
+    def embedding(outer: Any, tokens_GxS: jax.Array) -> jax.Array:
+        return embed(outer, tokens_GxS, model, compute_dtype=dt, constrain=constrain, lookup=lookup)
+
+    if runs_outer_whole(plan):
+        embedding = jax.shard_map(embedding, mesh=mesh, in_specs=whole, out_specs=whole, axis_names=set(axes))
+
+    def pad(layers: Any) -> Any:
+        return jax.tree.map(lambda w: jnp.take(w, layer_P, axis=0) * live_P.reshape(-1, *(1,) * (w.ndim - 1)), layers)
+
+    def loss_and_grads(params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, Any]:
+        outer = {k: v for k, v in params.items() if k != "layers"}
+        layers, pad_backward = jax.vjp(pad if padded else lambda w: w, params["layers"])
+        x_GxSxD, embed_backward = jax.vjp(lambda o: embedding(o, batch["tokens"]), outer)
+        g, s, d = x_GxSxD.shape
+        x_MxBxSxD = jnp.moveaxis(x_GxSxD.reshape(g // micro, micro, s, d), 1, 0)
+        targets_MxBxS = jnp.moveaxis(batch["targets"].reshape(g // micro, micro, s), 1, 0)
+        head_params = {k: outer[k] for k in head_keys}
+        loss, d_layers, d_head, d_x_MxBxSxD = piped(layers, jnp.asarray(live_P, jnp.float32), head_params, x_MxBxSxD, targets_MxBxS)
+        d_x_GxSxD = jnp.moveaxis(d_x_MxBxSxD, 0, 1).reshape(g, s, d).astype(x_GxSxD.dtype)
+        (d_outer,) = embed_backward(d_x_GxSxD)
+        (d_layers,) = pad_backward(d_layers)
+        d_outer = {k: jax.tree.map(jnp.add, d, d_head[k]) if k in d_head else d for k, d in d_outer.items()}
+        return loss, {**d_outer, "layers": d_layers}
+
+    return loss_and_grads
+
+
+def _all_varying(branch: Any, varying: Any) -> Any:
+    """``branch`` with every output marked varying over the pipeline axes: a switch's branches must agree."""
+    return lambda *args: jax.tree.map(varying, branch(*args))
+
+
+def _op_of(slot: jax.Array, stage: jax.Array, stages: int, micro: int) -> tuple[jax.Array, jax.Array]:
+    """`costmodel.step.lockstep.split_backward_op` on traced integers: the operation (`SplitOp`) and micro-batch."""
+    kind = (slot - stage) % 3
+    start = jnp.stack([stage, 3 * stages - 2 - 2 * stage, 3 * stages - 1 - 2 * stage])[kind]
+    mb = (slot - start) // 3
+    useful = (0 <= mb) & (mb < micro)
+    return jnp.where(useful, kind, SplitOp.IDLE), jnp.clip(mb, 0, micro - 1)

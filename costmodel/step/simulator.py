@@ -134,15 +134,18 @@ def _stages(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine,
 def balanced_layout(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine) -> Layout:
     """``layout`` with its layers cut into stages by `balanced_stage_layers` (the inter-op DP):
     the end stages, which also run the embedding and the head, get fewer layers when that
-    shortens the slowest stage. Unchanged without pipelining, with interleaving, or when the
-    even split is already best.
+    shortens the slowest stage. Unchanged without pipelining, with interleaving, in lockstep (the
+    head and embedding run outside the stages' slots there, on every device, `split_backward_estimate`),
+    or when the even split is already best.
 
     >>> from costmodel.hardware.machine import load_machine
+    >>> from costmodel.inputs.stack import STACKS
     >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, ffn_size=4096, vocab_size=128000)
-    >>> balanced_layout(m, TrainConfig(seq_len=1024, global_batch=16), Layout(pp=4), load_machine("a100-80gb")).stage_layers
+    >>> megatron = Layout(pp=4, stack=STACKS["megatron-core"])
+    >>> balanced_layout(m, TrainConfig(seq_len=1024, global_batch=16), megatron, load_machine("a100-80gb")).stage_layers
     (2, 2, 3, 1)
     """
-    if layout.pp == 1 or layout.interleave > 1:
+    if layout.pp == 1 or layout.interleave > 1 or runs_lockstep(layout):
         return layout
     even = layout.model_copy(update={"stage_layers": None})
     layer = layer_costs(model, train, even, hw)

@@ -79,8 +79,9 @@ def test_tensor_parallel_shards_layer_weights():
 @pytest.mark.parametrize(("stack", "schedule", "v", "m", "expected"), [
     ("megatron-core", Schedule.ONE_F_ONE_B, 1, 16, 4), ("megatron-core", Schedule.ONE_F_ONE_B, 1, 2, 2),
     ("megatron-core", Schedule.GPIPE, 1, 16, 16), ("megatron-core", Schedule.INTERLEAVED, 2, 16, 4 * (1 + 3 / 8)),
-    # Lockstep (the jax stack): 2S - 1 = 7 micro-batches; with 2 only, both and a slot for the bubble ticks; 2vS - 1 = 15 chunks.
-    ("jax", Schedule.ONE_F_ONE_B, 1, 16, 7), ("jax", Schedule.ONE_F_ONE_B, 1, 2, 3), ("jax", Schedule.GPIPE, 1, 16, 16),
+    # Lockstep (the jax stack): a ring of S = 4 micro-batches and its scratch slot (with 2 only, both and the scratch);
+    # interleaved 2vS - 1 = 15 chunks.
+    ("jax", Schedule.ONE_F_ONE_B, 1, 16, 5), ("jax", Schedule.ONE_F_ONE_B, 1, 2, 3), ("jax", Schedule.GPIPE, 1, 16, 16),
     ("jax", Schedule.INTERLEAVED, 2, 16, 15 / 2),
 ])
 def test_first_stage_in_flight_microbatches(stack, schedule, v, m, expected):

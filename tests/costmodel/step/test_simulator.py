@@ -187,11 +187,14 @@ def test_balanced_stages_shorten_the_end_stages_and_the_step():
     big_vocab = ModelConfig(name="m", hidden_size=2048, num_layers=16, num_heads=16, ffn_size=8192, vocab_size=256000)
     train = TrainConfig(seq_len=2048, global_batch=64)
     hw = load_machine("a100-80gb")
-    even = Layout(pp=4, dp=2, micro_batch=1)
+    even = Layout(pp=4, dp=2, micro_batch=1, stack=STACKS["megatron-core"])
     uneven = balanced_layout(big_vocab, train, even, hw)
     assert uneven.stage_layers is not None and sum(uneven.stage_layers) == 16
     assert uneven.stage_layers[-1] < max(uneven.stage_layers)  # the head's stage carries fewer layers
     assert simulate(big_vocab, train, uneven, hw).step_time_s < simulate(big_vocab, train, even, hw).step_time_s
+    # In lockstep the head runs outside the stages' slots, on every device: the even split stays.
+    lockstep = even.model_copy(update={"stack": STACKS["jax"]})
+    assert balanced_layout(big_vocab, train, lockstep, hw) == lockstep
 
 
 def test_memory_of_uneven_stages_costs_the_busiest_middle_stage():

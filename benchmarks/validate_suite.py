@@ -76,8 +76,10 @@ CASES = (
     Case(name="llama2-7b-tp", model="llama2-7b", mesh="data=4,tensor=2", hardware="a100-40gb", global_batch=32, seq_len=4096),
     Case(name="llama3-8b-pp-tp", model="llama3-8b", mesh="pipeline=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=4096),
     Case(name="llama3-70b-tp", model="llama3-70b", mesh="data=4,tensor=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
-    # Interleaving wins here (the planner picks v > 1): chunks wrap around the pipeline ring.
-    Case(name="gpt2-pp-interleaved", model="gpt2", mesh="pipeline=4,data=2", hardware="a100-40gb", global_batch=64, seq_len=1024),
+    # Interleaving as a user asks for it (--interleave 3; without it the planner now runs the split-backward 1F1B here):
+    # chunks wrap around the pipeline ring.
+    Case(name="gpt2-pp-interleaved", model="gpt2", mesh="pipeline=4,data=2", hardware="a100-40gb", global_batch=64, seq_len=1024,
+         pins=LayoutPins(interleave=3)),
     Case(name="mixtral-tp", model="mixtral-8x7b", mesh="data=4,tensor=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
     # Expert parallelism on a mesh's expert axis, and on two GB200 NVL72 racks as `plan --devices 144` chooses it.
     Case(name="mixtral-ep", model="mixtral-8x7b", mesh="data=4,expert=8", hardware="h100-sxm", global_batch=64, seq_len=4096),

@@ -186,7 +186,8 @@ def _interleaved_index(k: int, p: int, v: int, m: int, *, forward: bool) -> tupl
 def lockstep_step_estimate(times: PipelineTimes, *, n_microbatches: int, keep_events: bool = False) -> PipelineResult:
     """Step time of 1F1B run in lockstep (`costmodel.step.lockstep`). Without interleaving, the
     split-backward schedule (`split_backward_estimate`). Interleaved, every tick every device runs
-    one chunk's forward and backward (bubble ticks too), at the pace of the slowest stage.
+    one chunk's forward and backward (bubble ticks too) at the pace of the slowest stage, and the head
+    (`validate.one_f_one_b`).
 
     >>> t = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0, interleave=2)
     >>> r = lockstep_step_estimate(t, n_microbatches=8)
@@ -196,8 +197,13 @@ def lockstep_step_estimate(times: PipelineTimes, *, n_microbatches: int, keep_ev
     if times.interleave == 1:
         return split_backward_estimate(times, n_microbatches=n_microbatches, keep_events=keep_events)
     p, m, v = len(times.forward_s), n_microbatches, times.interleave
+    ends_forward, ends_backward = times.ends_forward_s or (0.0,) * p, times.ends_backward_s or (0.0,) * p
+    # Each tick: one chunk's layers forward and backward, its two hand-offs, and the head on every device;
+    # the embedding runs outside the loop, once a micro-batch.
+    chunk_s = max(f - ef + b - eb for f, ef, b, eb in zip(times.forward_s, ends_forward, times.backward_s, ends_backward)) / v
+    tick_s = chunk_s + 2 * times.transfer_s + ends_forward[-1] + ends_backward[-1]
+    step = one_f_one_b_ticks(m, p, v) * tick_s + m * (ends_forward[0] + ends_backward[0])
     slowest = max(times.per_stage_s)
-    step = one_f_one_b_ticks(m, p, v) * slowest / v
     return PipelineResult(step_time_s=step, busy_s=m * slowest, bubble_s=step - m * slowest)
 
 

@@ -97,3 +97,7 @@ def test_interleaved_lockstep_ticks_run_every_chunk_through_the_bubble():
     times = PipelineTimes(forward_s=(1.0,) * 4, backward_s=(2.0,) * 4, p2p_s=0.0, interleave=2)
     r = lockstep_step_estimate(times, n_microbatches=8)
     assert r.step_time_s == pytest.approx((8 * 2 + 3 * 4 - 2) * 1.5) and r.busy_s == pytest.approx(24.0)
+    # The head (0.5 s, the last stage's) runs whole every tick on every device, not a chunk's share of it.
+    with_head = times.model_copy(update={"forward_s": (1.0,) * 3 + (1.25,), "backward_s": (2.0,) * 3 + (2.25,),
+                                         "ends_forward_s": (0.0,) * 3 + (0.25,), "ends_backward_s": (0.0,) * 3 + (0.25,)})
+    assert lockstep_step_estimate(with_head, n_microbatches=8).step_time_s == pytest.approx(26 * (1.5 + 0.5))

@@ -18,12 +18,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
-from jax.sharding import PartitionSpec
-
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
-from planner.programs.params import LogicalAxis, abstract_params, param_logical_axes
+from planner.programs.params import LogicalAxis, abstract_params, flat_logical_axes, param_shapes
 
 Rules = dict[LogicalAxis, tuple[str, ...]]
 
@@ -65,25 +62,25 @@ def _dim_spec(size: int, mesh_axes: tuple[str, ...], mesh_shape: dict[str, int],
 
 def param_specs(model: ModelConfig, rules: Rules, mesh_shape: dict[str, int]) -> dict[str, tuple[Any, ...]]:
     """Parameter path (``layers/attn/wq``) → per-dimension mesh axes under ``rules``."""
-    shapes = abstract_params(model)
-    logical = param_logical_axes(model)
-    flat_shapes = jax.tree_util.tree_flatten_with_path(shapes)[0]
-    flat_axes = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, tuple))
+    shapes = param_shapes(model)
     specs = {}
-    for (path, leaf), names in zip(flat_shapes, flat_axes):
+    for path, names in flat_logical_axes(model).items():
         used: set[str] = set()
         dims: list[Any] = [None] * len(names)
         # The vocabulary claims its axes first: under a 2D split they include the model dimension's.
         for i in sorted(range(len(names)), key=lambda i: names[i] != LogicalAxis.VOCAB):
-            dims[i] = _dim_spec(leaf.shape[i], tuple(a for a in rules[names[i]] if a not in used), mesh_shape,
+            dims[i] = _dim_spec(shapes[path][i], tuple(a for a in rules[names[i]] if a not in used), mesh_shape,
                                 prefix=names[i] == LogicalAxis.KV_HEADS)
             used.update(entry_axes(dims[i]))
-        specs["/".join(str(p.key) for p in path)] = tuple(dims)
+        specs[path] = tuple(dims)
     return specs
 
 
 def partition_spec_tree(model: ModelConfig, specs: dict[str, tuple[Any, ...]]) -> Any:
     """The parameter pytree with a ``jax.sharding.PartitionSpec`` at every leaf."""
+    import jax  # only here: the plan's specs are plain tuples, so the planner's search runs without JAX
+    from jax.sharding import PartitionSpec
+
     shapes = abstract_params(model)
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     leaves = [PartitionSpec(*specs["/".join(str(p.key) for p in path)]) for path, _ in flat]
@@ -105,8 +102,7 @@ def zero_sharded_specs(model: ModelConfig, specs: dict[str, tuple[Any, ...]], da
     >>> [zero_sharded_specs(model, specs, ("data",), {"data": 8}, whole_layers=w)["layers/mlp/w_in"] for w in (False, True)]
     [('data', None, None), (None, 'data', None)]
     """
-    shapes = {"/".join(str(p.key) for p in path): leaf.shape
-              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(model))[0]}
+    shapes = param_shapes(model)
     if not whole_layers:
         return split_over_data(specs, shapes, data_axes, mesh_shape)
     layers = {path: dims for path, dims in specs.items() if path.startswith("layers/")}

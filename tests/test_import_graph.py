@@ -20,8 +20,8 @@ HEAVY = ("jax", "jaxlib", "ortools", "matplotlib", "flax", "optax", "penzai", "t
 # imports one at module level (the test checks it does), kept off the cold start of the commands
 # that do not need it.
 LAZY_IMPORTS = {
+    "jax": "only the reference model's arrays and PartitionSpec pytrees: plan's search reads parameter shapes and specs as tuples",
     "matplotlib": "only the PNG writers (the pipeline timeline, plan compare's figure) draw",
-    "planner.api": "plan simulate builds a serving Plan (parameter specs: JAX) for its serving table only",
     "planner.inspect": "plan inspect traces a model (JAX) only when one is given; --mesh alone reads the fabric",
     "planner.intraop.stage": "OR-Tools and jaxpr extraction only for --planner ilp and the per-op search planners",
 }
@@ -123,9 +123,10 @@ def test_imports_inside_functions_are_heavy_and_listed_with_their_reason():
     assert not stale, f"LAZY_IMPORTS lists imports that are gone: {stale}"
 
 
-@pytest.mark.parametrize("module", ["planner.cli.main", "planner.cli.commands.simulate_cmd", "costmodel.step.simulator"])
+@pytest.mark.parametrize("module", ["planner.cli.main", "planner.cli.commands.plan_cmd", "planner.cli.commands.simulate_cmd",
+                                    "costmodel.step.simulator"])
 def test_light_modules_do_not_import_jax_at_module_level(module):
-    """`plan simulate` starts without JAX: nothing it loads imports a heavy library at module level."""
+    """`plan` and `plan simulate` start without JAX: nothing they load imports a heavy library at module level."""
     imports = _all_imports()
     graph = _module_level_graph(imports)
     reached = nx.descendants(graph, module) if module in graph else set()

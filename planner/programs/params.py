@@ -17,13 +17,14 @@ hold the padded vocabulary (`ModelConfig.padded_vocab_size`: 50 tokens take 128 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from enum import StrEnum
-from typing import Any
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Any
 
 from costmodel.inputs.model_config import ModelConfig, Norm, Positions
+
+if TYPE_CHECKING:
+    import jax
 
 Params = dict[str, Any]
 _INIT_STD = 0.02
@@ -114,7 +115,29 @@ def _shape(cfg: ModelConfig, path: tuple[str, ...], axes: tuple[str, ...]) -> tu
     return tuple(mlp if a == A.MLP else sizes[a] for a in axes)
 
 
+def _leaves(tree: Params, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(path, logical axes) of each array in `param_logical_axes`' tree, in jax.tree_util's order (a dict's keys sorted)."""
+    for key in sorted(tree):
+        if isinstance(tree[key], dict):
+            yield from _leaves(tree[key], (*path, key))
+        else:
+            yield (*path, key), tree[key]
+
+
+def flat_logical_axes(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Parameter path (``layers/attn/wq``) → its logical axes, in the order of `abstract_params`' leaves."""
+    return {"/".join(path): axes for path, axes in _leaves(param_logical_axes(cfg))}
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter path → shape: `abstract_params`' shapes in its order, without JAX (all the planner's search needs)."""
+    return {"/".join(path): _shape(cfg, path, axes) for path, axes in _leaves(param_logical_axes(cfg))}
+
+
 def _init_leaf(cfg: ModelConfig, path: tuple[str, ...], shape: tuple[int, ...], key: jax.Array, dtype: Any) -> jax.Array:
+    import jax  # here, not at the top: the planner reads the axes and shapes without JAX
+    import jax.numpy as jnp
+
     name = path[-1]
     if name == "scale":
         return jnp.ones(shape, dtype)
@@ -126,8 +149,10 @@ def _init_leaf(cfg: ModelConfig, path: tuple[str, ...], shape: tuple[int, ...], 
     return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
-def init_params(cfg: ModelConfig, key: jax.Array, *, dtype: Any = jnp.float32) -> Params:
+def init_params(cfg: ModelConfig, key: jax.Array, *, dtype: Any = "float32") -> Params:
     """Randomly initialised parameters (normal, std 0.02; norms 1; biases 0)."""
+    import jax  # as in `_init_leaf`
+
     axes = param_logical_axes(cfg)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(key, len(leaves))
@@ -138,6 +163,8 @@ def init_params(cfg: ModelConfig, key: jax.Array, *, dtype: Any = jnp.float32) -
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def abstract_params(cfg: ModelConfig, *, dtype: Any = jnp.float32) -> Params:
+def abstract_params(cfg: ModelConfig, *, dtype: Any = "float32") -> Params:
     """The parameter tree as ``jax.ShapeDtypeStruct``s: any model size, nothing allocated."""
+    import jax  # as in `_init_leaf`
+
     return jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), dtype=dtype))

@@ -17,6 +17,7 @@ from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import Precision, TrainConfig
 from costmodel.step.estimate import StepEstimate
 from costmodel.step.simulator import simulate
+from planner.api import layout_plan
 from planner.cli.commands.arg_types import (
     AUTO,
     PRECISION_HELP,
@@ -169,8 +170,6 @@ def estimate_json(est: StepEstimate) -> dict[str, object]:
 
 def _serving_table(est: StepEstimate, model: ModelConfig, train: TrainConfig) -> Table:
     """A serving estimate's rows, as `plan` prints them for its choice."""
-    from planner.api import layout_plan  # JAX (planner.shardings) only for this table, so `plan simulate` starts without it
-
     lay = est.layout
     request = PlanRequest(model=model, hardware=est.hardware, seq_len=train.seq_len, global_batch=train.global_batch,
                           workload=train.workload.kind, inference=train.workload.serving)

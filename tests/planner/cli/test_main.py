@@ -117,6 +117,15 @@ def test_console_script_prints_no_traceback():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "unknown model 'nope'" in proc.stderr
 
 
+def test_plan_searches_and_writes_its_json_without_importing_jax(tmp_path):
+    out = tmp_path / "plan.json"
+    argv = ["--model", "gpt2", "--devices", "8", "--out", str(out)]
+    probe = f"import sys; from planner.cli.main import main; main({argv!r}); print('jax' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "False", proc.stderr[-2000:]  # JAX's import would be a third of the run
+    assert json.loads(out.read_text())["param_specs"]["layers/mlp/w_in"]
+
+
 def test_fp8_on_a_part_without_an_fp8_peak_exits_2_with_one_line(capsys):
     code, out, err = _run(capsys, "--model", "llama3-8b", "--devices", "8", "--hardware", "a100-80gb", "--precision", "fp8")
     assert code == 2 and out == "" and err.count("\n") == 1

@@ -10,8 +10,10 @@ from planner.config import load_model
 from planner.programs.params import (
     LogicalAxis,
     abstract_params,
+    flat_logical_axes,
     init_params,
     param_logical_axes,
+    param_shapes,
 )
 
 TINY = {
@@ -55,6 +57,14 @@ def test_every_dimension_has_a_logical_axis(name):
     assert jax.tree.structure(params) == jax.tree.structure(axes, is_leaf=lambda x: isinstance(x, tuple))
     for leaf, names in zip(jax.tree.leaves(params), flat_axes):
         assert len(names) == leaf.ndim and all(isinstance(n, LogicalAxis) for n in names)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_flat_axes_and_shapes_follow_abstract_params_leaf_for_leaf(name):
+    cfg = TINY[name]
+    flat = jax.tree_util.tree_flatten_with_path(abstract_params(cfg))[0]
+    assert list(param_shapes(cfg).items()) == [("/".join(p.key for p in path), leaf.shape) for path, leaf in flat]
+    assert list(flat_logical_axes(cfg).values()) == jax.tree.leaves(param_logical_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
 
 
 def test_stacked_layers_and_head_layout():

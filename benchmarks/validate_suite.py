@@ -76,6 +76,10 @@ CASES = (
     Case(name="llama2-7b-tp", model="llama2-7b", mesh="data=4,tensor=2", hardware="a100-40gb", global_batch=32, seq_len=4096),
     Case(name="llama3-8b-pp-tp", model="llama3-8b", mesh="pipeline=2,tensor=4", hardware="a100-40gb", global_batch=32, seq_len=4096),
     Case(name="llama3-70b-tp", model="llama3-70b", mesh="data=4,tensor=8", hardware="h100-sxm", global_batch=64, seq_len=4096),
+    # ZeRO 1 as a user pins it beside a pipeline: each data replica's gradients summed over the split-backward loop and
+    # all-reduced once after it (the planner picks ZeRO 3 here unpinned).
+    Case(name="llama2-7b-pp-dp-zero1", model="llama2-7b", mesh="pipeline=2,data=4", hardware="a100-80gb", global_batch=32,
+         seq_len=4096, pins=LayoutPins(zero_stage=1)),
     # Interleaving as a user asks for it (--interleave 3; without it the planner now runs the split-backward 1F1B here):
     # chunks wrap around the pipeline ring.
     Case(name="gpt2-pp-interleaved", model="gpt2", mesh="pipeline=4,data=2", hardware="a100-40gb", global_batch=64, seq_len=1024,

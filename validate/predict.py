@@ -90,6 +90,7 @@ from validate.gpipe import runs_outer_whole
 from validate.one_f_one_b import runs_one_f_one_b
 from validate.predict_data_parallel import data_parallel_collectives, region_collectives
 from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns, param_shards, pipeline_ticks, program_runs
+from validate.split_backward import accumulates_over_data_locally
 
 # Matmul weights of a dense layer and the dim (of the stacked [L, ...] array) tensor parallelism splits.
 _COLUMN = {"attn/wq": 2, "attn/wk": 2, "attn/wv": 2, "mlp/w_in": 2, "mlp/w_gate": 2}
@@ -218,6 +219,8 @@ def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, acc
     embedded = lay.micro_batch * train.seq_len / lay.cp * plan.model.hidden_size * train.compute_dtype.bytes
     cotangents = micro * embedded * (1 + F32_BYTES / train.compute_dtype.bytes)
     change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + cotangents
+    if accumulates_over_data_locally(plan):  # the sums' all-reduce writes its result beside them (XLA:CPU, llama2-7b pp2 dp4)
+        change += stage_params_per_device(plan.model, lay) * train.param_dtype.bytes
     if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
         change -= micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.model, train, lay)
     return change

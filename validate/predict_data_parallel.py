@@ -143,7 +143,9 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
     # A separate table's rows are gathered only where they are fewer than the table's: XLA weighs the
     # scatter's fp32 updates against the fp32 table (llama3-8b's 131072 rows on 32 devices > 128256: reduced whole).
     fewer_rows = outer_tokens * lay.dp * model.hidden_size < whole["embed/tokens"]
-    rows = lay.zero_stage >= 1 and vocab is None and (exchanged or fewer_rows)  # not the vocab-parallel lookup (`embedding_lookup`)
+    # Not the vocab-parallel lookup (`embedding_lookup`). A pipeline's embedding, outside its region on the whole batch,
+    # takes the rows whatever their number under ZeRO 0-1 too (llama2-7b and a 512-wide model on pipeline=2,data=4).
+    rows = vocab is None and (lay.zero_stage >= 1 and (exchanged or fewer_rows) or lay.pp > 1 and lay.zero_stage <= 1)
     # The experts' tensor-parallel region takes its weights and forms their gradients in its own dtype.
     element_bytes = {n: experts_bytes if experts_bytes and n.startswith("layers/moe/w_") else e for n in whole}
     experts = {n for n in whole if over[n] != data}
@@ -160,9 +162,16 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
     head_bytes = (sum(_grad_bytes(n, whole[n], e) for n in ("lm_head/w", "final_norm/scale", "final_norm/bias") if n in whole)
                   + (whole["embed/tokens"] * F32_BYTES if model.tie_embeddings else 0))
     expert_axes = next((over[n] for n in experts), ())
+    layer_reductions, head_reductions = (runs.layers_held, 1) if runs.summed_locally else (runs.layer_runs, runs.head_gradients)
+    if runs.summed_locally:  # the sums are held as the parameters are
+        layer_bytes = sum(whole[n] * train.param_dtype.bytes / runs.layers_held for n in whole
+                          if n.startswith("layers/") and n not in experts)
+        head_bytes = sum(whole[n] * train.param_dtype.bytes for n in ("lm_head/w", "final_norm/scale", "final_norm/bias", "embed/tokens")
+                         if n in whole and (n != "embed/tokens" or model.tie_embeddings))
     out = [
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
-                            why="layer gradients, every micro-batch (every tick when pipelined)"),
+        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=layer_reductions,
+                            why="layer gradients, summed per replica over the pipeline's loop and reduced once after it"
+                                if runs.summed_locally else "layer gradients, every micro-batch (every tick when pipelined)"),
         *([PredictedCollective(kind="reduce-scatter" if lay.zero_stage == 3 else "all-reduce", axes=expert_axes, calls=runs.layer_runs,
                                bytes_per_call=sum(_grad_bytes(n, whole[n], element_bytes[n]) for n in experts) / runs.layers_held,
                                why="expert gradients summed over the data axes their expert axes leave as the experts' region "
@@ -170,8 +179,8 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
           if expert_axes else []),
         PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes - head_bytes, calls=runs.outer_calls,
                             why="embedding gradients, every micro-batch (once when pipelined)"),
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=head_bytes, calls=runs.head_gradients,
-                            why="head and final-norm gradients, every micro-batch"),
+        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=head_bytes, calls=head_reductions,
+                            why=f"head and final-norm gradients, {'once after the loop' if runs.summed_locally else 'every micro-batch'}"),
     ]
     if rows:
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=outer_tokens * lay.dp * 4, calls=runs.outer_calls,

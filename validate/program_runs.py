@@ -26,7 +26,7 @@ from planner.plan_schema import Plan
 from planner.programs.params import abstract_params
 from planner.shardings import entry_axes
 from validate.one_f_one_b import runs_one_f_one_b
-from validate.split_backward import runs_split_backward
+from validate.split_backward import accumulates_over_data_locally, runs_split_backward
 
 F32_BYTES = 4
 
@@ -70,6 +70,9 @@ class ProgramRuns(BaseModel):
     head_calls: int = Field(description="Executions of the head (inside the 1F1B schedules once per tick, or per period of three slots).")
     head_micro_batches: int = Field(description="Micro-batches the head runs on per step, masked ones included.")
     head_gradients: int = Field(description="Gradients of the head's weights formed (and reduced) apart: one per micro-batch.")
+    summed_locally: bool = Field(False, description="The layers' and the head's gradients summed per data replica over the "
+                                 "loop and reduced once after it (`validate.split_backward.accumulates_over_data_locally`), "
+                                 "not each as it is formed.")
 
 
 def program_runs(plan: Plan) -> ProgramRuns:
@@ -85,7 +88,8 @@ def program_runs(plan: Plan) -> ProgramRuns:
         # Each layer runs forward and backward once a micro-batch; the head once a period (`validate.split_backward`).
         periods = split_backward_periods(micro, lay.pp)
         return ProgramRuns(layer_runs=slots * micro, layers_held=layers // lay.pp, outer_calls=1, outer_micro_batches=micro,
-                           head_calls=periods, head_micro_batches=periods, head_gradients=periods)
+                           head_calls=periods, head_micro_batches=periods, head_gradients=periods,
+                           summed_locally=accumulates_over_data_locally(plan))
     if runs_one_f_one_b(plan):
         # Every tick runs the stage's forward and backward and the head on one micro-batch (`validate.one_f_one_b`).
         ticks = pipeline_ticks(plan)

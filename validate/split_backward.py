@@ -41,6 +41,7 @@ groups takes the same branch.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any
 
@@ -48,7 +49,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from costmodel.step.lockstep import SplitOp, split_backward_periods, split_ring_slots
+from costmodel.step.lockstep import SplitOp, split_backward_periods, split_ring_slots, sums_gradients_locally
 from planner.plan_schema import Plan
 from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
 from planner.programs.transformer import embed, head, run_layers
@@ -58,6 +59,14 @@ from validate.one_f_one_b import KeptResiduals, mark_varying, runs_one_f_one_b
 
 # The layer step's branches (`lax.switch` order).
 _FORWARD_TWO, _FORWARD_ONE, _BACKWARD, _IDLE = range(4)
+
+
+def accumulates_over_data_locally(plan: Plan) -> bool:
+    """Whether the program sums each data replica's gradients on its own devices and reduces them
+    once after the loop, the region manual over the data axes too
+    (`costmodel.step.lockstep.sums_gradients_locally`: ZeRO 0–1 on the jax stack, dense models);
+    otherwise XLA places the data axes and reduces each layer's gradient as its backward forms it."""
+    return runs_split_backward(plan) and sums_gradients_locally(plan.model, plan.layout)
 
 
 def runs_split_backward(plan: Plan) -> bool:
@@ -91,6 +100,9 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
     axes = check_pipeline(plan)
     model, train, stages = plan.model, plan.train, plan.layout.pp
     micro = plan.layout.micro_batches(train)
+    data = plan.axes_of("dp") if accumulates_over_data_locally(plan) else ()
+    manual = (*axes, *data)
+    replicas = math.prod(a.size for a in plan.mesh if a.name in data)
     ring = split_ring_slots(stages, micro)
     forward_sends = [(i, i + 1) for i in range(stages - 1)]
     backward_sends = [(j, i) for i, j in forward_sends]
@@ -100,23 +112,26 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
     half = (n + 1) // 2
     padded = len(layer_P) != model.num_layers or not live_P.all()
     constrain, lookup, keep_residuals = activation_constraint(plan, mesh), embedding_lookup(plan, mesh), residual_storage(mesh)
+    inner_constrain = activation_constraint(plan, mesh, per_replica=bool(data))  # no data axes where they are manual
     aux_weight = MOE_AUX_LOSS_WEIGHT / (micro * model.num_layers)
     head_keys = ("final_norm", "embed" if model.tie_embeddings else "lm_head")
     head_slot, head_lag = (stages - 1) % 3, (stages - 1) // 3
 
     def layer_forward(x_BxSxD: jax.Array, layer: Any) -> tuple[jax.Array, jax.Array]:
         y_BxSxD, aux_1 = run_layers(x_BxSxD, layer, model, remat=remat, attention=plan.layout.stack.attention.value,
-                                    keep_residuals=keep_residuals)
-        return y_BxSxD, mark_varying(aux_1, axes)
+                                    constrain=inner_constrain, keep_residuals=keep_residuals)
+        return y_BxSxD, mark_varying(aux_1, manual)
 
     def head_loss(head_params: Any, y_BxSxD: jax.Array, targets_BxS: jax.Array) -> jax.Array:
-        return cross_entropy(head(y_BxSxD, head_params, model, constrain=constrain), targets_BxS)
+        return cross_entropy(head(y_BxSxD, head_params, model, constrain=inner_constrain), targets_BxS)
 
     def schedule(layers_W: Any, live_W: jax.Array, head_params: Any, x_MxBxSxD: jax.Array, targets_MxBxS: jax.Array) -> tuple[Any, ...]:
         stage = jax.lax.axis_index(axes)
         first, last = stage == 0, stage == stages - 1
-        varying = partial(mark_varying, axes=axes)
+        varying = partial(mark_varying, axes=manual)
         x_MxBxSxD = varying(x_MxBxSxD)
+        # Differentiated as this device's own values, so no reduction over the data axes appears in the backward.
+        layers_W, head_params = jax.tree.map(lambda w: mark_varying(w, data), (layers_W, head_params))
         kept = KeptResiduals(layer_forward, jax.tree.map(lambda w: w[None], layers_W), ring + 1)
         buffers = [varying(b) for b in kept.empty_buffers(x_MxBxSxD[0].astype(dt))]  # traces the vjp's structure
 
@@ -169,7 +184,7 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
                 residuals = [jax.lax.dynamic_slice(buf, (mb % ring, first_layer, *(0,) * (buf.ndim - 2)), (1, 1, *buf.shape[2:]))[0, 0]
                              for buf in buffers]
                 live_2 = jnp.stack([live_W[first_layer], live_W[second_layer]])
-                d_aux = (live_W[first_layer] * aux_weight)[None]
+                d_aux = varying((live_W[first_layer] * aux_weight)[None])
                 branches = [_all_varying(f, varying) for f in (forward_two, forward_one, backward, idle)]
                 x_BxSxD, saved_a, saved_b, d_layer, aux_step = jax.lax.switch(
                     branch, branches, x_BxSxD, one_layer(first_layer), one_layer(second_layer), residuals, live_2, d_aux)
@@ -197,7 +212,8 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
                     y_last_BxSxD = jax.lax.psum(jnp.where(last, y_BxSxD, 0).astype(jnp.float32), axes).astype(dt)
                     loss_mb, head_backward = jax.vjp(lambda hp, y: head_loss(hp, y, targets_MxBxS[jnp.clip(head_mb, 0, micro - 1)]),
                                                      head_params, y_last_BxSxD)
-                    d_head_mb, d_y_BxSxD = head_backward(jnp.asarray(1.0 / micro, loss_mb.dtype))
+                    # A replica's mean loss seeds 1 / replicas of it: the sums over the data axes are then the mean's gradients.
+                    d_head_mb, d_y_BxSxD = head_backward(mark_varying(jnp.asarray(1.0 / (micro * replicas), loss_mb.dtype), data))
                     loss = loss + jnp.where(useful, loss_mb / micro, 0.0)
                     d_head = jax.tree.map(lambda acc, d: acc + jnp.where(useful, d, 0).astype(acc.dtype), d_head, d_head_mb)
                     slots = (*slots[:2], jnp.where(last, d_y_BxSxD.astype(dt), slots[2]), *slots[3:])
@@ -206,15 +222,20 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
         zero_act = varying(jnp.zeros(x_MxBxSxD.shape[1:], dt))
         slots = (zero_act, zero_act, zero_act, buffers, jax.tree.map(lambda w: varying(jnp.zeros(w.shape, w.dtype)), layers_W),
                  varying(jnp.zeros((), jnp.float32)), varying(jnp.zeros(x_MxBxSxD.shape, dt)))
-        init = (slots, jax.tree.map(jnp.zeros_like, head_params), jnp.zeros((), jnp.float32))
+        init = (slots, jax.tree.map(lambda p: mark_varying(jnp.zeros_like(p), data), head_params),
+                mark_varying(jnp.zeros((), jnp.float32), data))
         (slots, d_head, loss), _ = jax.lax.scan(period, init, jnp.arange(split_backward_periods(micro, stages)))
         d_layers_W, aux, d_x_MxBxSxD = slots[4], slots[5], slots[6]
         d_x_MxBxSxD = jax.lax.psum(jnp.where(first, d_x_MxBxSxD, 0).astype(jnp.float32), axes)
-        return loss + aux_weight * jax.lax.psum(aux, axes), d_layers_W, d_head, d_x_MxBxSxD
+        loss = loss + aux_weight * jax.lax.psum(aux, axes)
+        if data:  # each replica's sums, reduced once (the loss is each replica's mean: their mean)
+            d_layers_W, d_head = jax.lax.psum((d_layers_W, d_head), data)
+            loss = jax.lax.pmean(loss, data)
+        return loss, d_layers_W, d_head, d_x_MxBxSxD
 
-    whole, split = PartitionSpec(), PartitionSpec(axes)
-    piped = jax.shard_map(schedule, mesh=mesh, in_specs=(split, split, whole, whole, whole), out_specs=(whole, split, whole, whole),
-                          axis_names=set(axes))
+    whole, split, by_data = PartitionSpec(), PartitionSpec(axes), PartitionSpec(None, data or None)
+    piped = jax.shard_map(schedule, mesh=mesh, in_specs=(split, split, whole, by_data, by_data),
+                          out_specs=(whole, split, whole, by_data), axis_names=set(manual))
 
     def embedding(outer: Any, tokens_GxS: jax.Array) -> jax.Array:
         return embed(outer, tokens_GxS, model, compute_dtype=dt, constrain=constrain, lookup=lookup)

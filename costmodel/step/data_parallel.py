@@ -55,7 +55,7 @@ from costmodel.step.collectives import all_gather_s, all_reduce_s, exposed_s, re
 from costmodel.step.fp8_memory import gathered_layer_param_bytes
 from costmodel.step.kernels import forms_gradients_locally, holds_master_weights
 from costmodel.step.layer_costs import LayerCosts
-from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks, runs_lockstep
+from costmodel.step.lockstep import gpipe_ticks, one_f_one_b_ticks, runs_lockstep, sums_gradients_locally
 
 
 class DataParallelCost(BaseModel):
@@ -170,6 +170,12 @@ def data_parallel_costs(
     n_reductions = layout.micro_batches(train) if layout.zero_stage == 2 and layout.stack.reduce_every_micro_batch else 1
     if forms_gradients_locally(model, train, layout):
         return _local_gradient_costs(model, train, layout, hw, params)
+    if sums_gradients_locally(model, layout):
+        # A lockstep pipeline's sums, in the parameters' dtype, all-reduced once after its loop; with
+        # ZeRO 1 the updated fp32 parameters gathered. Nothing overlaps: the loop is over first.
+        regather_s = all_gather_s(params * Dtype.FP32.bytes, gather_group) if layout.zero_stage >= 1 else 0.0
+        total_s = all_reduce_s(params * train.param_dtype.bytes, group) + regather_s
+        return DataParallelCost(total_s=total_s, exposed_s=total_s)
     if holds_master_weights(model, train, layout):
         # The JAX program reduces each gradient where its partial sums appear, inside the
         # accumulation loop (every micro-batch) and before its cast back to fp32 (the layers' in

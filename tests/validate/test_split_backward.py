@@ -14,23 +14,28 @@ from tests.validate.test_gpipe import _RUN, LLAMA
 from tests.validate.test_one_f_one_b import GPT
 from validate.compile_check import compile_in_subprocess
 from validate.emulated import run_emulated
-from validate.split_backward import branch_shares, runs_split_backward
+from validate.split_backward import accumulates_over_data_locally, branch_shares, runs_split_backward
 
 LLAMA_6 = LLAMA.model_copy(update={"name": "tiny-llama-6", "num_layers": 6})
 
 
 @pytest.mark.parametrize("model, layout", [
     (LLAMA, Layout(pp=4, micro_batch=1)),
-    (GPT.model_copy(update={"num_layers": 6}), Layout(pp=2, dp=2, micro_batch=1)),  # 3 layers a stage: forward of one, an idle step
+    # 3 layers a stage (the forward of one, an idle step); ZeRO 1: each replica's sums reduced after the loop.
+    (GPT.model_copy(update={"num_layers": 6}), Layout(pp=2, dp=2, micro_batch=1, zero_stage=1)),
     pytest.param(LLAMA, Layout(pp=2, tp=2, micro_batch=2, recompute="selective"), marks=pytest.mark.slow),
     pytest.param(LLAMA, Layout(pp=2, dp=2, micro_batch=1, recompute="full"), marks=pytest.mark.slow),
+    pytest.param(LLAMA, Layout(pp=2, dp=2, micro_batch=1, zero_stage=2), marks=pytest.mark.slow),  # XLA's reductions
+    pytest.param(LLAMA, Layout(pp=2, dp=2, tp=2, micro_batch=1, zero_stage=1), marks=pytest.mark.slow),
     pytest.param(LLAMA_6, Layout(pp=2, micro_batch=1, stage_layers=(2, 4)), marks=pytest.mark.slow),
-], ids=["pp4", "gpt-pp2-dp2-odd", "pp2-tp2-selective", "pp2-dp2-full", "uneven"])
+], ids=["pp4", "gpt-pp2-dp2-odd-zero1", "pp2-tp2-selective", "pp2-dp2-full", "pp2-dp2-zero2", "pp2-dp2-tp2-zero1", "uneven"])
 def test_split_backward_step_matches_the_single_device_loss_and_gradients(model, layout):
     plan = layout_plan(model, layout, hardware="a100-80gb", seq_len=16, global_batch=8)
     plan = plan.model_copy(update={"train": plan.train.model_copy(update={"compute_dtype": Dtype("float32")})})
     assert runs_split_backward(plan)
-    out = json.loads(run_emulated(_RUN, 4, stdin=plan.model_dump_json(), timeout_s=300, failure="the step failed", fix="-"))
+    assert accumulates_over_data_locally(plan) == (layout.dp > 1 and layout.zero_stage <= 1)
+    out = json.loads(run_emulated(_RUN, layout.n_devices, stdin=plan.model_dump_json(), timeout_s=300, failure="the step failed",
+                                  fix="-"))
     assert out["loss"] == pytest.approx(out["reference"], rel=1e-5)
     assert out["grad_error"] < 1e-4  # relative to each gradient's largest entry
 

@@ -62,6 +62,18 @@ def test_the_jax_program_reduces_its_local_fp32_sums_as_zero_needs(zero, reducti
     assert cost.exposed_s == cost.total_s  # after the loop, or after a whole backward: nothing left to hide behind
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_lockstep_pipeline_all_reduces_its_local_sums_once_whatever_the_micro_batches(zero):
+    group = Group(n=32, n_nodes=4, intra=NV, inter=IB)
+    costs = [_costs(Layout(dp=32, pp=2, micro_batch=mb, zero_stage=zero)) for mb in (1, 2)]  # 2 and 1 micro-batches
+    params = stage_params_per_device(MODEL, Layout(pp=2))
+    expected = all_reduce_s(params * 4, group) + (all_gather_s(params * 4, group) if zero else 0.0)
+    assert [c.total_s for c in costs] == pytest.approx([expected, expected]) and costs[0].exposed_s == costs[0].total_s
+    # ZeRO 2 keeps XLA's reduction of each layer's gradient as the backward forms it: once a micro-batch.
+    zero2 = [_costs(Layout(dp=32, pp=2, micro_batch=mb, zero_stage=2)).total_s for mb in (1, 2)]
+    assert zero2[0] > zero2[1]
+
+
 def test_overlap_hides_part_of_the_reduction():
     in_loop = stack_with("jax", manual_data_parallel=False)
     overlapped = _costs(Layout(dp=32, stack=stack_with(in_loop, dp_overlap=True)))

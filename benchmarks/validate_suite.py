@@ -80,6 +80,9 @@ CASES = (
     # all-reduced once after it (the planner picks ZeRO 3 here unpinned).
     Case(name="llama2-7b-pp-dp-zero1", model="llama2-7b", mesh="pipeline=2,data=4", hardware="a100-80gb", global_batch=32,
          seq_len=4096, pins=LayoutPins(zero_stage=1)),
+    # The loss in pieces inside a pipeline, every pipeline group running the head a piece at a time.
+    Case(name="llama3-8b-pp-loss-pieces", model="llama3-8b", mesh="pipeline=2,data=4", hardware="h100-sxm", global_batch=64,
+         seq_len=4096, pins=LayoutPins(zero_stage=1), stack_facts={"cross_entropy_chunks": 8}),
     # Interleaving as a user asks for it (--interleave 3; without it the planner now runs the split-backward 1F1B here):
     # chunks wrap around the pipeline ring.
     Case(name="gpt2-pp-interleaved", model="gpt2", mesh="pipeline=4,data=2", hardware="a100-40gb", global_batch=64, seq_len=1024,

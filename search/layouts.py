@@ -54,7 +54,6 @@ INTRA_OP_PIPELINE_RULE = "intra-op (ILP, search) shardings inside pipeline stage
 # Inside pipeline stages XLA partitions a sequence-split activation with extra resharding
 # (all-to-alls, permutes across both axes) the plan does not have.
 SP_PIPELINE_RULE = "sequence parallelism inside pipeline stages is not lowered as planned yet"
-LOSS_PIECES_PIPELINE_RULE = "the loss in pieces with pipeline stages is not lowered yet"
 # The experts' region (`validate.mesh_hooks.expert_region`) does not nest in a stage, a LoRA step or an intra-op program.
 EXPERT_LOWERING_RULE = "expert parallelism with pipeline stages, LoRA or intra-op shardings is not lowered yet"
 EXPERT_CP_RULE = "expert parallelism beside context parallelism is not planned yet"
@@ -220,9 +219,6 @@ def candidate_layouts(model: ModelConfig, train: TrainConfig, n_devices: int, sp
             continue
         if pp > 1 and not train.workload.pipeline_lowered and space.lowered_only:
             pruned[LORA_PIPELINE_RULE] += 1
-            continue
-        if pp > 1 and space.stack.stack.cross_entropy_chunks > 1 and space.lowered_only:
-            pruned[LOSS_PIECES_PIPELINE_RULE] += 1
             continue
         if pp > 1 and space.intra_op and space.lowered_only:
             pruned[INTRA_OP_PIPELINE_RULE] += 1

@@ -74,8 +74,8 @@ from jax.sharding import Mesh, PartitionSpec
 from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Layout
 from planner.plan_schema import Plan
-from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
-from planner.programs.transformer import SAVED, embed, head, run_layers
+from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, chunked_head_loss
+from planner.programs.transformer import SAVED, embed, run_layers
 from validate.mesh_hooks import activation_constraint, embedding_lookup, residual_storage
 
 
@@ -244,7 +244,7 @@ def gpipe_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callable[...,
         return embed(outer, tokens_GxS, model, compute_dtype=dt, constrain=constrain, lookup=lookup)
 
     def head_loss(outer: Any, y_GxSxD: jax.Array, targets_GxS: jax.Array) -> jax.Array:
-        return cross_entropy(head(y_GxSxD, outer, model, constrain=constrain), targets_GxS)
+        return chunked_head_loss(y_GxSxD, outer, targets_GxS, model, chunks=plan.layout.stack.cross_entropy_chunks, constrain=constrain)
 
     def loss(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
         layers = params["layers"]

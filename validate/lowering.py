@@ -265,9 +265,6 @@ def loss_and_grads(plan: Plan, mesh: Mesh) -> Callable[..., Any]:
     if lay.pp > 1 and not plan.train.workload.pipeline_lowered:
         raise UnsupportedError(f"a {plan.train.workload.kind} plan with pipeline stages is not lowered yet",
                                fix="plan it again (plan never emits one)")
-    if lay.pp > 1 and lay.stack.cross_entropy_chunks > 1:
-        raise UnsupportedError("the loss in pieces (--cross-entropy-chunks) is not lowered in a pipeline yet",
-                               fix="validate it without pipeline stages, or with --cross-entropy-chunks 1")
     if lay.pp > 1 and runs_split_backward(plan):
         return split_backward_loss_and_grads(plan, mesh, remat=REMAT_POLICY[lay.recompute])
     if lay.pp > 1 and runs_one_f_one_b(plan):

@@ -78,8 +78,8 @@ from costmodel.errors import UnsupportedError
 from costmodel.inputs.layout import Schedule
 from costmodel.step.lockstep import backward_lag_ticks, interleaved_in_flight_slots, one_f_one_b_ticks, ring_slots
 from planner.plan_schema import Plan
-from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
-from planner.programs.transformer import embed, head, run_layers
+from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, chunked_head_loss
+from planner.programs.transformer import embed, run_layers
 from validate.gpipe import check_pipeline, runs_outer_whole, stage_slots, work_item
 from validate.mesh_hooks import activation_constraint, embedding_lookup, residual_storage
 
@@ -189,7 +189,8 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
         return y_BxSxD, mark_varying(aux_1, axes)  # a dense model's constant zeros too, as their cotangent is
 
     def head_loss(head_params: Any, y_BxSxD: jax.Array, targets_BxS: jax.Array) -> jax.Array:
-        return cross_entropy(head(y_BxSxD, head_params, model, constrain=constrain), targets_BxS)
+        return chunked_head_loss(y_BxSxD, head_params, targets_BxS, model, chunks=plan.layout.stack.cross_entropy_chunks,
+                                 constrain=constrain)
 
     def item(w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Whether work item ``w`` is real, its chunk and its micro-batch."""

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from costmodel.inputs.layout import Recompute
 from costmodel.step.kernels import keeps_compute_copy
 from planner.plan_schema import Plan
-from planner.shardings import entry_axes
+from planner.shardings import entry_axes, zero_sharded_specs
 from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns
 
 # Weights of the matmuls whose output only the layer's output needs (dead in full recompute).
@@ -103,6 +103,22 @@ def region_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards, grad_
     return out
 
 
+def _summed_locally(plan: Plan, whole: dict[str, float], names: set[str]) -> list[PredictedCollective]:
+    """A pipeline's gradients summed per data replica over its loop (`validate.split_backward`), held as the
+    parameters are, reduced once after it: reduce-scattered into the optimizer's split under ZeRO 1, all-reduced
+    where it splits nothing (and under ZeRO 0)."""
+    data, stored = plan.axes_of("dp"), plan.train.param_dtype.bytes
+    sizes = {a.name: a.size for a in plan.mesh}
+    scattered: set[str] = set()
+    if plan.layout.zero_stage >= 1:
+        zero_specs = zero_sharded_specs(plan.model, plan.param_specs, data, sizes)
+        scattered = {n for n in names if _data_split(zero_specs[n], data, sizes) > 1}
+    how = {"reduce-scatter": "reduce-scattered into the optimizer state's split", "all-reduce": "all-reduced"}
+    return [PredictedCollective(kind=kind, axes=data, bytes_per_call=sum(whole[n] for n in group) * stored, calls=1,
+                                why=f"layer and head gradients, summed per replica over the pipeline's loop, {how[kind]} once after it")
+            for kind, group in (("reduce-scatter", scattered), ("all-reduce", names - scattered)) if group]
+
+
 def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards,
                               experts_bytes: int) -> list[PredictedCollective]:
     """Collectives over the data axes of a plan whose gradients XLA reduces where they appear
@@ -162,16 +178,7 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
     head_bytes = (sum(_grad_bytes(n, whole[n], e) for n in ("lm_head/w", "final_norm/scale", "final_norm/bias") if n in whole)
                   + (whole["embed/tokens"] * F32_BYTES if model.tie_embeddings else 0))
     expert_axes = next((over[n] for n in experts), ())
-    layer_reductions, head_reductions = (runs.layers_held, 1) if runs.summed_locally else (runs.layer_runs, runs.head_gradients)
-    if runs.summed_locally:  # the sums are held as the parameters are
-        layer_bytes = sum(whole[n] * train.param_dtype.bytes / runs.layers_held for n in whole
-                          if n.startswith("layers/") and n not in experts)
-        head_bytes = sum(whole[n] * train.param_dtype.bytes for n in ("lm_head/w", "final_norm/scale", "final_norm/bias", "embed/tokens")
-                         if n in whole and (n != "embed/tokens" or model.tie_embeddings))
     out = [
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=layer_reductions,
-                            why="layer gradients, summed per replica over the pipeline's loop and reduced once after it"
-                                if runs.summed_locally else "layer gradients, every micro-batch (every tick when pipelined)"),
         *([PredictedCollective(kind="reduce-scatter" if lay.zero_stage == 3 else "all-reduce", axes=expert_axes, calls=runs.layer_runs,
                                bytes_per_call=sum(_grad_bytes(n, whole[n], element_bytes[n]) for n in experts) / runs.layers_held,
                                why="expert gradients summed over the data axes their expert axes leave as the experts' region "
@@ -179,9 +186,15 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
           if expert_axes else []),
         PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=other_bytes - head_bytes, calls=runs.outer_calls,
                             why="embedding gradients, every micro-batch (once when pipelined)"),
-        PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=head_bytes, calls=head_reductions,
-                            why=f"head and final-norm gradients, {'once after the loop' if runs.summed_locally else 'every micro-batch'}"),
     ]
+    if runs.summed_locally:
+        head_names = {"lm_head/w", "final_norm/scale", "final_norm/bias"} | ({"embed/tokens"} if model.tie_embeddings else set())
+        out += _summed_locally(plan, whole, {n for n in whole if n.startswith("layers/") and n not in experts} | (head_names & set(whole)))
+    else:
+        out += [PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,
+                                    why="layer gradients, every micro-batch (every tick when pipelined)"),
+                PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=head_bytes, calls=runs.head_gradients,
+                                    why="head and final-norm gradients, every micro-batch")]
     if rows:
         out.append(PredictedCollective(kind="all-gather", axes=data, bytes_per_call=outer_tokens * lay.dp * 4, calls=runs.outer_calls,
                                        why="ZeRO: the micro-batch's tokens, to find each table row's gradient"))

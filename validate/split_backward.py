@@ -51,8 +51,10 @@ from jax.sharding import Mesh, PartitionSpec
 
 from costmodel.step.lockstep import SplitOp, split_backward_periods, split_ring_slots, sums_gradients_locally
 from planner.plan_schema import Plan
-from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, cross_entropy
-from planner.programs.transformer import embed, head, run_layers
+from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, chunked_head_loss
+from planner.programs.transformer import embed, run_layers
+from planner.shardings import partition_spec_tree, zero_sharded_specs
+from validate.data_parallel_region import data_dims
 from validate.gpipe import check_pipeline, runs_outer_whole, stage_slots
 from validate.mesh_hooks import activation_constraint, embedding_lookup, residual_storage
 from validate.one_f_one_b import KeptResiduals, mark_varying, runs_one_f_one_b
@@ -123,7 +125,8 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
         return y_BxSxD, mark_varying(aux_1, manual)
 
     def head_loss(head_params: Any, y_BxSxD: jax.Array, targets_BxS: jax.Array) -> jax.Array:
-        return cross_entropy(head(y_BxSxD, head_params, model, constrain=inner_constrain), targets_BxS)
+        return chunked_head_loss(y_BxSxD, head_params, targets_BxS, model, chunks=plan.layout.stack.cross_entropy_chunks,
+                                 constrain=inner_constrain)
 
     def schedule(layers_W: Any, live_W: jax.Array, head_params: Any, x_MxBxSxD: jax.Array, targets_MxBxS: jax.Array) -> tuple[Any, ...]:
         stage = jax.lax.axis_index(axes)
@@ -229,13 +232,14 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
         d_x_MxBxSxD = jax.lax.psum(jnp.where(first, d_x_MxBxSxD, 0).astype(jnp.float32), axes)
         loss = loss + aux_weight * jax.lax.psum(aux, axes)
         if data:  # each replica's sums, reduced once (the loss is each replica's mean: their mean)
-            d_layers_W, d_head = jax.lax.psum((d_layers_W, d_head), data)
+            d_layers_W, d_head = jax.tree.map(_reduce_over(data), (d_layers_W, d_head), (layer_out, head_out))
             loss = jax.lax.pmean(loss, data)
         return loss, d_layers_W, d_head, d_x_MxBxSxD
 
     whole, split, by_data = PartitionSpec(), PartitionSpec(axes), PartitionSpec(None, data or None)
+    layer_out, head_out = _reduced_specs(plan, data, axes, head_keys)
     piped = jax.shard_map(schedule, mesh=mesh, in_specs=(split, split, whole, by_data, by_data),
-                          out_specs=(whole, split, whole, by_data), axis_names=set(manual))
+                          out_specs=(whole, layer_out, head_out, by_data), axis_names=set(manual))
 
     def embedding(outer: Any, tokens_GxS: jax.Array) -> jax.Array:
         return embed(outer, tokens_GxS, model, compute_dtype=dt, constrain=constrain, lookup=lookup)
@@ -262,6 +266,37 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
         return loss, {**d_outer, "layers": d_layers}
 
     return loss_and_grads
+
+
+def _reduced_specs(plan: Plan, data: tuple[str, ...], axes: tuple[str, ...], head_keys: tuple[str, ...]) -> tuple[Any, Any]:
+    """Out specs of the layers' and the head's gradients: split over the pipeline axes (the layers) and,
+    where the program sums them locally under ZeRO 1, over the data axes as the optimizer state is
+    (`planner.shardings.zero_sharded_specs`), whole over them otherwise."""
+    layers = jax.tree.map(lambda _: PartitionSpec(axes), partition_spec_tree(plan.model, plan.param_specs)["layers"])
+    head = {k: jax.tree.map(lambda _: PartitionSpec(), partition_spec_tree(plan.model, plan.param_specs)[k]) for k in head_keys}
+    if not data or plan.layout.zero_stage == 0:
+        return layers, head
+    sizes = {a.name: a.size for a in plan.mesh}
+    split = partition_spec_tree(plan.model, zero_sharded_specs(plan.model, plan.param_specs, data, sizes))
+
+    def data_only(spec: PartitionSpec, first: tuple[str, ...] | None = None) -> PartitionSpec:
+        dims = dict(data_dims(spec, set(data)))
+        return PartitionSpec(*(dims.get(d) for d in range(len(spec)))) if first is None else \
+            PartitionSpec(first, *(dims.get(d) for d in range(1, len(spec))))
+
+    return (jax.tree.map(lambda s: data_only(s, axes), split["layers"]),
+            {k: jax.tree.map(data_only, split[k]) for k in head_keys})
+
+
+def _reduce_over(data: tuple[str, ...]) -> Any:
+    """``(sum, out spec) -> reduced``: reduce-scattered over the data axes its out spec names, else all-reduced."""
+    def reduce(g: jax.Array, spec: PartitionSpec) -> jax.Array:
+        dims = data_dims(spec, set(data))
+        for dim, over in dims:
+            g = jax.lax.psum_scatter(g, over, scatter_dimension=dim, tiled=True)
+        return g if dims else jax.lax.psum(g, data)
+
+    return reduce
 
 
 def _all_varying(branch: Any, varying: Any) -> Any:

@@ -171,10 +171,11 @@ def data_parallel_costs(
     if forms_gradients_locally(model, train, layout):
         return _local_gradient_costs(model, train, layout, hw, params)
     if sums_gradients_locally(model, layout):
-        # A lockstep pipeline's sums, in the parameters' dtype, all-reduced once after its loop; with
-        # ZeRO 1 the updated fp32 parameters gathered. Nothing overlaps: the loop is over first.
-        regather_s = all_gather_s(params * Dtype.FP32.bytes, gather_group) if layout.zero_stage >= 1 else 0.0
-        total_s = all_reduce_s(params * train.param_dtype.bytes, group) + regather_s
+        # A lockstep pipeline's sums, in the parameters' dtype, all-reduced once after its loop, or under
+        # ZeRO 1 reduce-scattered and the updated fp32 parameters gathered. Nothing overlaps: the loop is over first.
+        summed_bytes = params * train.param_dtype.bytes
+        total_s = all_reduce_s(summed_bytes, group) if layout.zero_stage == 0 else \
+            reduce_scatter_s(summed_bytes, group) + all_gather_s(params * Dtype.FP32.bytes, gather_group)
         return DataParallelCost(total_s=total_s, exposed_s=total_s)
     if holds_master_weights(model, train, layout):
         # The JAX program reduces each gradient where its partial sums appear, inside the

@@ -105,16 +105,19 @@ def runs_lockstep(layout: Layout) -> bool:
 def sums_gradients_locally(model: ModelConfig, layout: Layout) -> bool:
     """Whether a lockstep pipeline without interleaving sums each data replica's gradients on its own
     devices over the whole loop and reduces them over the data axes once after it
-    (`validate.split_backward`, manual over the data axes too): under ZeRO 0–1, dense models (an MoE
-    balancing loss is defined over a micro-batch's every sequence, so there the partitioner keeps
-    reducing each layer's gradient as it is formed).
+    (`validate.split_backward`, manual over the data axes too): all-reduced under ZeRO 0,
+    reduce-scattered into the optimizer state's split under ZeRO 1 without tensor axes (beside them XLA
+    replicates a reduce-scatter's operand over the tensor axes first, jax 0.10.2); dense models only (an
+    MoE balancing loss is defined over a micro-batch's every sequence). Elsewhere the partitioner keeps
+    reducing each layer's gradient as it is formed.
 
     >>> from costmodel.inputs.model_config import ModelConfig
     >>> m = ModelConfig(name="m", hidden_size=64, num_layers=4, num_heads=4, ffn_size=128, vocab_size=256)
     >>> sums_gradients_locally(m, Layout(pp=2, dp=2, zero_stage=1)), sums_gradients_locally(m, Layout(pp=2, dp=2, zero_stage=2))
     (True, False)
     """
-    return runs_lockstep(layout) and layout.interleave == 1 and layout.dp > 1 and layout.zero_stage <= 1 and not model.is_moe
+    return (runs_lockstep(layout) and layout.interleave == 1 and layout.dp > 1 and not model.is_moe
+            and (layout.zero_stage == 0 or layout.zero_stage == 1 and layout.tp == 1))
 
 
 class SplitOp(IntEnum):

@@ -17,7 +17,6 @@ from search.layouts import (
     EXPERT_LOWERING_RULE,
     INTRA_OP_PIPELINE_RULE,
     LOSS_PIECES,
-    LOSS_PIECES_PIPELINE_RULE,
     PIPELINE_MOE_TP_RULE,
     PIPELINE_ZERO3_TP_RULE,
     SP_PIPELINE_RULE,
@@ -158,11 +157,10 @@ def test_the_loss_goes_into_pieces_only_when_nothing_fits_whole_and_before_offlo
     assert fits_anyway.best.layout.stack.cross_entropy_chunks == 1 and fits_anyway.loss_pieces_reason is None
 
 
-def test_the_loss_in_pieces_keeps_out_of_pipelines_where_only_lowered_layouts_go():
+def test_the_loss_in_pieces_goes_into_pipelines_too():
     pieces = SearchSpace(stack=Layout(stack=stack_with("jax", cross_entropy_chunks=8)), lowered_only=True)
-    pruned = Counter()
-    layouts = list(candidate_layouts(MODEL, TRAIN, n_devices=8, space=pieces, pruned=pruned, devices_per_node=8))
-    assert all(lay.pp == 1 for lay in layouts) and pruned[LOSS_PIECES_PIPELINE_RULE] > 0
+    layouts = list(candidate_layouts(MODEL, TRAIN, n_devices=8, space=pieces, pruned=Counter(), devices_per_node=8))
+    assert any(lay.pp > 1 for lay in layouts)
 
 
 def test_a_fine_tuning_run_that_fits_nowhere_offloads_its_parameter_shards_and_says_why():

@@ -67,7 +67,7 @@ def test_a_lockstep_pipeline_all_reduces_its_local_sums_once_whatever_the_micro_
     group = Group(n=32, n_nodes=4, intra=NV, inter=IB)
     costs = [_costs(Layout(dp=32, pp=2, micro_batch=mb, zero_stage=zero)) for mb in (1, 2)]  # 2 and 1 micro-batches
     params = stage_params_per_device(MODEL, Layout(pp=2))
-    expected = all_reduce_s(params * 4, group) + (all_gather_s(params * 4, group) if zero else 0.0)
+    expected = reduce_scatter_s(params * 4, group) + all_gather_s(params * 4, group) if zero else all_reduce_s(params * 4, group)
     assert [c.total_s for c in costs] == pytest.approx([expected, expected]) and costs[0].exposed_s == costs[0].total_s
     # ZeRO 2 keeps XLA's reduction of each layer's gradient as the backward forms it: once a micro-batch.
     zero2 = [_costs(Layout(dp=32, pp=2, micro_batch=mb, zero_stage=2)).total_s for mb in (1, 2)]

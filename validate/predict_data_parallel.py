@@ -114,9 +114,10 @@ def _summed_locally(plan: Plan, whole: dict[str, float], names: set[str]) -> lis
         zero_specs = zero_sharded_specs(plan.model, plan.param_specs, data, sizes)
         scattered = {n for n in names if _data_split(zero_specs[n], data, sizes) > 1}
     how = {"reduce-scatter": "reduce-scattered into the optimizer state's split", "all-reduce": "all-reduced"}
-    return [PredictedCollective(kind=kind, axes=data, bytes_per_call=sum(whole[n] for n in group) * stored, calls=1,
-                                why=f"layer and head gradients, summed per replica over the pipeline's loop, {how[kind]} once after it")
-            for kind, group in (("reduce-scatter", scattered), ("all-reduce", names - scattered)) if group]
+    return [*(PredictedCollective(kind=kind, axes=data, bytes_per_call=sum(whole[n] for n in group) * stored, calls=1,
+                                  why=f"layer and head gradients, summed per replica over the pipeline's loop, {how[kind]} once after it")
+              for kind, group in (("reduce-scatter", scattered), ("all-reduce", names - scattered)) if group),
+            PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=F32_BYTES, calls=1, why="the replicas' mean losses averaged")]
 
 
 def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards,

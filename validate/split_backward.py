@@ -33,10 +33,16 @@ Three slots make a period of the outer ``lax.scan`` (``M + S − 1`` periods). A
 ``(S − 1) mod 3`` of a period, the one where the last stage runs an ``F``, every pipeline group
 runs the head and loss on the last stage's output (handed round by a ``psum`` over the pipeline
 axis, as in `validate.one_f_one_b`), so its cotangent is there for the last stage's ``B_hi`` the
-next slot. Stage 0's ``B_lo`` leaves each micro-batch's input cotangent for the embedding's
-gradient, formed after the loop. Collectives of the layers (tensor axes; the data-axis sum of a
-layer's gradient where the batch is split) run inside the branches: every device of a stage's
-groups takes the same branch.
+next slot (a piece of the sequence at a time under ``--cross-entropy-chunks``). Stage 0's ``B_lo``
+leaves each micro-batch's input cotangent for the embedding's gradient, formed after the loop. The
+layers' tensor-axis collectives run inside the branches: every device of a stage's groups takes the
+same branch.
+
+Gradients over the data axes (`accumulates_over_data_locally`): under ZeRO 0, and ZeRO 1 without
+tensor axes, the region is manual over the data axes too and the weights are this device's own
+values, so each replica sums its gradients over the whole loop and they are reduced once after it
+(all-reduced, or reduce-scattered into the optimizer state's split). Otherwise XLA places the data
+axes and reduces each layer's gradient inside the backward branch, once a micro-batch.
 """
 
 from __future__ import annotations
@@ -272,8 +278,9 @@ def _reduced_specs(plan: Plan, data: tuple[str, ...], axes: tuple[str, ...], hea
     """Out specs of the layers' and the head's gradients: split over the pipeline axes (the layers) and,
     where the program sums them locally under ZeRO 1, over the data axes as the optimizer state is
     (`planner.shardings.zero_sharded_specs`), whole over them otherwise."""
-    layers = jax.tree.map(lambda _: PartitionSpec(axes), partition_spec_tree(plan.model, plan.param_specs)["layers"])
-    head = {k: jax.tree.map(lambda _: PartitionSpec(), partition_spec_tree(plan.model, plan.param_specs)[k]) for k in head_keys}
+    specs = partition_spec_tree(plan.model, plan.param_specs)
+    layers = jax.tree.map(lambda _: PartitionSpec(axes), specs["layers"])
+    head = {k: jax.tree.map(lambda _: PartitionSpec(), specs[k]) for k in head_keys}
     if not data or plan.layout.zero_stage == 0:
         return layers, head
     sizes = {a.name: a.size for a in plan.mesh}
@@ -300,7 +307,7 @@ def _reduce_over(data: tuple[str, ...]) -> Any:
 
 
 def _all_varying(branch: Any, varying: Any) -> Any:
-    """``branch`` with every output marked varying over the pipeline axes: a switch's branches must agree."""
+    """``branch`` with every output marked varying over the region's manual axes: a switch's branches must agree."""
     return lambda *args: jax.tree.map(varying, branch(*args))
 
 

@@ -294,7 +294,7 @@ def gradient_split(model: ModelConfig, train: TrainConfig, layout: Layout) -> in
     gradients are formed locally, `forms_gradients_locally`: ZeRO 1 holds them whole until its one
     reduce-scatter); where XLA reduces fp32 master weights' gradients inside the loop, from ZeRO 1
     with the optimizer state, but a pipeline's tick loop sums a stage's gradients whole
-    (`validate.one_f_one_b`), so there only ZeRO 3 splits them."""
+    (`validate.split_backward`, `validate.one_f_one_b`), so there only ZeRO 3 splits them."""
     if holds_master_weights(model, train, layout) and not forms_gradients_locally(model, train, layout):
         split_from = 1 if layout.pp == 1 else 3
     else:

@@ -227,7 +227,7 @@ def _one_f_one_b_memory_change(plan: Plan, chunk_activation_bytes: float, *, acc
     change = (in_flight_slots(lay.pp, lay.interleave, micro) - micro * lay.interleave) * chunk_activation_bytes + cotangents
     if accumulates_over_data_locally(plan) and lay.zero_stage == 0:
         # The sums' all-reduce writes its whole result beside them (ZeRO 1's reduce-scatter a data shard of it):
-        # llama2-7b and a 512-wide model on pipeline=2,data=4 compile within 3 % of this.
+        # llama2-7b and a 512-wide model on pipeline=2,data=4 compile within 4 % of this.
         change += stage_params_per_device(plan.model, lay) * train.param_dtype.bytes
     if micro > 1 and accumulating and not lay.stack.fused_grad_accumulation:
         change -= micro_batch_gradient_bytes(stage_params_per_device(plan.model, lay), plan.model, train, lay)

@@ -106,12 +106,12 @@ def sums_gradients_locally(model: ModelConfig, layout: Layout) -> bool:
     """Whether a lockstep pipeline without interleaving sums each data replica's gradients on its own
     devices over the whole loop and reduces them over the data axes once after it
     (`validate.split_backward`, manual over the data axes too): all-reduced under ZeRO 0,
-    reduce-scattered into the optimizer state's split under ZeRO 1 without tensor axes (beside them XLA
-    replicates a reduce-scatter's operand over the tensor axes first, jax 0.10.2); dense models only (an
+    reduce-scattered into the optimizer state's split under ZeRO 1 without tensor axes (beside automatic
+    tensor axes XLA replicated such a reduce-scatter's operand over them, `validate.data_parallel_region`;
+    not tried in the pipeline); dense models only (an
     MoE balancing loss is defined over a micro-batch's every sequence). Elsewhere the partitioner keeps
     reducing each layer's gradient as it is formed.
 
-    >>> from costmodel.inputs.model_config import ModelConfig
     >>> m = ModelConfig(name="m", hidden_size=64, num_layers=4, num_heads=4, ffn_size=128, vocab_size=256)
     >>> sums_gradients_locally(m, Layout(pp=2, dp=2, zero_stage=1)), sums_gradients_locally(m, Layout(pp=2, dp=2, zero_stage=2))
     (True, False)

@@ -176,11 +176,8 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
     forward_sends = [(i, (i + 1) % stages) for i in range(stages if chunks > 1 else stages - 1)]
     backward_sends = [(j, i) for i, j in forward_sends]
     dt = jnp.dtype(train.compute_dtype.value)
-    layer_P, live_P = stage_slots(model.num_layers, plan.layout)
-    padded = len(layer_P) != model.num_layers or not live_P.all()
-    constrain, lookup, keep_residuals = activation_constraint(plan, mesh), embedding_lookup(plan, mesh), residual_storage(mesh)
+    constrain, keep_residuals = activation_constraint(plan, mesh), residual_storage(mesh)
     aux_weight = MOE_AUX_LOSS_WEIGHT / (micro * model.num_layers)
-    head_keys = ("final_norm", "embed" if model.tie_embeddings else "lm_head")
 
     def layer_forward(x_BxSxD: jax.Array, layer: Any) -> tuple[jax.Array, jax.Array]:
         # One layer (a stack of one, so the plan's checkpoint policy and residual storage apply as in run_layers).
@@ -250,11 +247,32 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
     whole, split = PartitionSpec(), PartitionSpec(axes)
     piped = jax.shard_map(schedule, mesh=mesh, in_specs=(split, split, whole, whole, whole), out_specs=(whole, split, whole, whole),
                           axis_names=set(axes))
+    return around_schedule(plan, mesh, piped)
+
+
+def head_keys(model: Any) -> tuple[str, ...]:
+    """The parameters a pipeline schedule runs the head with: the final norm and the output projection
+    (the embedding table where it is tied)."""
+    return ("final_norm", "embed" if model.tie_embeddings else "lm_head")
+
+
+def around_schedule(plan: Plan, mesh: Mesh, piped: Callable[..., tuple[Any, ...]]) -> Callable[..., Any]:
+    """``(params, batch) -> (mean loss, gradients)`` around a 1F1B schedule ``piped``, ``(stage layers,
+    live slots, head params, x_MxBxSxD, targets_MxBxS) -> (loss, layers' gradients, head's gradients,
+    input cotangents)``: the embedding before it (whole on every pipeline group where
+    `validate.gpipe.runs_outer_whole`), uneven stages padded, the batch cut into micro-batches, and the
+    embedding's gradient from the input cotangents after it, the head's added where the table is tied."""
+    axes, model, micro = plan.axes_of("pp"), plan.model, plan.layout.micro_batches(plan.train)
+    dt = jnp.dtype(plan.train.compute_dtype.value)
+    layer_P, live_P = stage_slots(model.num_layers, plan.layout)
+    padded = len(layer_P) != model.num_layers or not live_P.all()
+    constrain, lookup = activation_constraint(plan, mesh), embedding_lookup(plan, mesh)
 
     def embedding(outer: Any, tokens_GxS: jax.Array) -> jax.Array:
         return embed(outer, tokens_GxS, model, compute_dtype=dt, constrain=constrain, lookup=lookup)
 
     if runs_outer_whole(plan):
+        whole = PartitionSpec()
         embedding = jax.shard_map(embedding, mesh=mesh, in_specs=whole, out_specs=whole, axis_names=set(axes))
 
     def pad(layers: Any) -> Any:
@@ -268,8 +286,8 @@ def one_f_one_b_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Callabl
         # Micro-batch index minor within each data shard, as in gradient accumulation: no data moves.
         x_MxBxSxD = jnp.moveaxis(x_GxSxD.reshape(g // micro, micro, s, d), 1, 0)
         targets_MxBxS = jnp.moveaxis(batch["targets"].reshape(g // micro, micro, s), 1, 0)
-        # Only the head's weights enter the schedule: its gradient sum is carried through every tick.
-        head_params = {k: outer[k] for k in head_keys}
+        # Only the head's weights enter the schedule: its gradient sum is carried through the loop.
+        head_params = {k: outer[k] for k in head_keys(model)}
         loss, d_layers, d_head, d_x_MxBxSxD = piped(layers, jnp.asarray(live_P, jnp.float32), head_params, x_MxBxSxD, targets_MxBxS)
         d_x_GxSxD = jnp.moveaxis(d_x_MxBxSxD, 0, 1).reshape(g, s, d).astype(x_GxSxD.dtype)
         (d_outer,) = embed_backward(d_x_GxSxD)

@@ -19,6 +19,10 @@ from validate.program_runs import F32_BYTES, PredictedCollective, ProgramRuns
 _LAST_MATMULS = ("mlp/w_out", "moe/w_out", "moe/shared_w_out")
 
 
+# The head's gradients, the tied table's aside.
+_HEAD_GRADIENTS = ("lm_head/w", "final_norm/scale", "final_norm/bias")
+
+
 def _grad_bytes(name: str, elements: float, compute_bytes: int) -> float:
     """Gradient bytes as the program produces them: fp32 for what it uses in fp32."""
     fp32 = name.endswith(("scale", "norm/bias")) or name in ("embed/tokens", "lm_head/w", "final_norm/bias")
@@ -176,7 +180,7 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
         other_bytes -= whole["embed/tokens"] * F32_BYTES
     elif model.tie_embeddings and not rows:  # the lookup's and the head's gradients of the shared table are reduced apart
         other_bytes += whole["embed/tokens"] * F32_BYTES
-    head_bytes = (sum(_grad_bytes(n, whole[n], e) for n in ("lm_head/w", "final_norm/scale", "final_norm/bias") if n in whole)
+    head_bytes = (sum(_grad_bytes(n, whole[n], e) for n in _HEAD_GRADIENTS if n in whole)
                   + (whole["embed/tokens"] * F32_BYTES if model.tie_embeddings else 0))
     expert_axes = next((over[n] for n in experts), ())
     out = [
@@ -189,7 +193,7 @@ def data_parallel_collectives(plan: Plan, runs: ProgramRuns, params: ParamShards
                             why="embedding gradients, every micro-batch (once when pipelined)"),
     ]
     if runs.summed_locally:
-        head_names = {"lm_head/w", "final_norm/scale", "final_norm/bias"} | ({"embed/tokens"} if model.tie_embeddings else set())
+        head_names = set(_HEAD_GRADIENTS) | ({"embed/tokens"} if model.tie_embeddings else set())
         out += _summed_locally(plan, whole, {n for n in whole if n.startswith("layers/") and n not in experts} | (head_names & set(whole)))
     else:
         out += [PredictedCollective(kind="all-reduce", axes=data, bytes_per_call=layer_bytes, calls=runs.layer_runs,

@@ -55,15 +55,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from costmodel.step.lockstep import SplitOp, split_backward_periods, split_ring_slots, sums_gradients_locally
+from costmodel.step.lockstep import SplitOp, split_backward_periods, split_backward_start, split_ring_slots, sums_gradients_locally
 from planner.plan_schema import Plan
 from planner.programs.train_step import MOE_AUX_LOSS_WEIGHT, chunked_head_loss
-from planner.programs.transformer import embed, run_layers
+from planner.programs.transformer import run_layers
 from planner.shardings import partition_spec_tree, zero_sharded_specs
 from validate.data_parallel_region import data_dims
-from validate.gpipe import check_pipeline, runs_outer_whole, stage_slots
-from validate.mesh_hooks import activation_constraint, embedding_lookup, residual_storage
-from validate.one_f_one_b import KeptResiduals, mark_varying, runs_one_f_one_b
+from validate.gpipe import check_pipeline, stage_slots
+from validate.mesh_hooks import activation_constraint, residual_storage
+from validate.one_f_one_b import KeptResiduals, around_schedule, head_keys, mark_varying, runs_one_f_one_b
 
 # The layer step's branches (`lax.switch` order).
 _FORWARD_TWO, _FORWARD_ONE, _BACKWARD, _IDLE = range(4)
@@ -96,7 +96,7 @@ def branch_shares(plan: Plan) -> tuple[float, ...] | None:
     """
     if not runs_split_backward(plan):
         return None
-    micro, n = plan.layout.micro_batches(plan.train), len(stage_slots(plan.model.num_layers, plan.layout)[0]) // plan.layout.pp
+    micro, n = plan.layout.micro_batches(plan.train), _layer_slots(plan)
     runs = 3 * split_backward_periods(micro, plan.layout.pp) * ((n + 1) // 2)
     shares = (micro * (n // 2) / runs, micro * (n % 2) / runs, micro * n / runs)
     return (*shares, 1.0 - sum(shares))
@@ -115,24 +115,21 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
     forward_sends = [(i, i + 1) for i in range(stages - 1)]
     backward_sends = [(j, i) for i, j in forward_sends]
     dt = jnp.dtype(train.compute_dtype.value)
-    layer_P, live_P = stage_slots(model.num_layers, plan.layout)
-    n = len(layer_P) // stages
+    n = _layer_slots(plan)
     half = (n + 1) // 2
-    padded = len(layer_P) != model.num_layers or not live_P.all()
-    constrain, lookup, keep_residuals = activation_constraint(plan, mesh), embedding_lookup(plan, mesh), residual_storage(mesh)
-    inner_constrain = activation_constraint(plan, mesh, per_replica=bool(data))  # no data axes where they are manual
+    keep_residuals = residual_storage(mesh)
+    constrain = activation_constraint(plan, mesh, per_replica=bool(data))  # no data axes where they are manual
     aux_weight = MOE_AUX_LOSS_WEIGHT / (micro * model.num_layers)
-    head_keys = ("final_norm", "embed" if model.tie_embeddings else "lm_head")
     head_slot, head_lag = (stages - 1) % 3, (stages - 1) // 3
 
     def layer_forward(x_BxSxD: jax.Array, layer: Any) -> tuple[jax.Array, jax.Array]:
         y_BxSxD, aux_1 = run_layers(x_BxSxD, layer, model, remat=remat, attention=plan.layout.stack.attention.value,
-                                    constrain=inner_constrain, keep_residuals=keep_residuals)
+                                    constrain=constrain, keep_residuals=keep_residuals)
         return y_BxSxD, mark_varying(aux_1, manual)
 
     def head_loss(head_params: Any, y_BxSxD: jax.Array, targets_BxS: jax.Array) -> jax.Array:
         return chunked_head_loss(y_BxSxD, head_params, targets_BxS, model, chunks=plan.layout.stack.cross_entropy_chunks,
-                                 constrain=inner_constrain)
+                                 constrain=constrain)
 
     def schedule(layers_W: Any, live_W: jax.Array, head_params: Any, x_MxBxSxD: jax.Array, targets_MxBxS: jax.Array) -> tuple[Any, ...]:
         stage = jax.lax.axis_index(axes)
@@ -243,44 +240,25 @@ def split_backward_loss_and_grads(plan: Plan, mesh: Mesh, *, remat: str) -> Any:
         return loss, d_layers_W, d_head, d_x_MxBxSxD
 
     whole, split, by_data = PartitionSpec(), PartitionSpec(axes), PartitionSpec(None, data or None)
-    layer_out, head_out = _reduced_specs(plan, data, axes, head_keys)
+    layer_out, head_out = _reduced_specs(plan, data, axes)
     piped = jax.shard_map(schedule, mesh=mesh, in_specs=(split, split, whole, by_data, by_data),
                           out_specs=(whole, layer_out, head_out, by_data), axis_names=set(manual))
 
-    def embedding(outer: Any, tokens_GxS: jax.Array) -> jax.Array:
-        return embed(outer, tokens_GxS, model, compute_dtype=dt, constrain=constrain, lookup=lookup)
-
-    if runs_outer_whole(plan):
-        embedding = jax.shard_map(embedding, mesh=mesh, in_specs=whole, out_specs=whole, axis_names=set(axes))
-
-    def pad(layers: Any) -> Any:
-        return jax.tree.map(lambda w: jnp.take(w, layer_P, axis=0) * live_P.reshape(-1, *(1,) * (w.ndim - 1)), layers)
-
-    def loss_and_grads(params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, Any]:
-        outer = {k: v for k, v in params.items() if k != "layers"}
-        layers, pad_backward = jax.vjp(pad if padded else lambda w: w, params["layers"])
-        x_GxSxD, embed_backward = jax.vjp(lambda o: embedding(o, batch["tokens"]), outer)
-        g, s, d = x_GxSxD.shape
-        x_MxBxSxD = jnp.moveaxis(x_GxSxD.reshape(g // micro, micro, s, d), 1, 0)
-        targets_MxBxS = jnp.moveaxis(batch["targets"].reshape(g // micro, micro, s), 1, 0)
-        head_params = {k: outer[k] for k in head_keys}
-        loss, d_layers, d_head, d_x_MxBxSxD = piped(layers, jnp.asarray(live_P, jnp.float32), head_params, x_MxBxSxD, targets_MxBxS)
-        d_x_GxSxD = jnp.moveaxis(d_x_MxBxSxD, 0, 1).reshape(g, s, d).astype(x_GxSxD.dtype)
-        (d_outer,) = embed_backward(d_x_GxSxD)
-        (d_layers,) = pad_backward(d_layers)
-        d_outer = {k: jax.tree.map(jnp.add, d, d_head[k]) if k in d_head else d for k, d in d_outer.items()}
-        return loss, {**d_outer, "layers": d_layers}
-
-    return loss_and_grads
+    return around_schedule(plan, mesh, piped)
 
 
-def _reduced_specs(plan: Plan, data: tuple[str, ...], axes: tuple[str, ...], head_keys: tuple[str, ...]) -> tuple[Any, Any]:
+def _layer_slots(plan: Plan) -> int:
+    """Layer slots a stage runs: its layers, or the longest stage's where they are uneven (`validate.gpipe.stage_slots`)."""
+    return len(stage_slots(plan.model.num_layers, plan.layout)[0]) // plan.layout.pp
+
+
+def _reduced_specs(plan: Plan, data: tuple[str, ...], axes: tuple[str, ...]) -> tuple[Any, Any]:
     """Out specs of the layers' and the head's gradients: split over the pipeline axes (the layers) and,
     where the program sums them locally under ZeRO 1, over the data axes as the optimizer state is
     (`planner.shardings.zero_sharded_specs`), whole over them otherwise."""
     specs = partition_spec_tree(plan.model, plan.param_specs)
     layers = jax.tree.map(lambda _: PartitionSpec(axes), specs["layers"])
-    head = {k: jax.tree.map(lambda _: PartitionSpec(), specs[k]) for k in head_keys}
+    head = {k: jax.tree.map(lambda _: PartitionSpec(), specs[k]) for k in head_keys(plan.model)}
     if not data or plan.layout.zero_stage == 0:
         return layers, head
     sizes = {a.name: a.size for a in plan.mesh}
@@ -292,7 +270,7 @@ def _reduced_specs(plan: Plan, data: tuple[str, ...], axes: tuple[str, ...], hea
             PartitionSpec(first, *(dims.get(d) for d in range(1, len(spec))))
 
     return (jax.tree.map(lambda s: data_only(s, axes), split["layers"]),
-            {k: jax.tree.map(data_only, split[k]) for k in head_keys})
+            {k: jax.tree.map(data_only, split[k]) for k in head_keys(plan.model)})
 
 
 def _reduce_over(data: tuple[str, ...]) -> Any:
@@ -314,7 +292,6 @@ def _all_varying(branch: Any, varying: Any) -> Any:
 def _op_of(slot: jax.Array, stage: jax.Array, stages: int, micro: int) -> tuple[jax.Array, jax.Array]:
     """`costmodel.step.lockstep.split_backward_op` on traced integers: the operation (`SplitOp`) and micro-batch."""
     kind = (slot - stage) % 3
-    start = jnp.stack([stage, 3 * stages - 2 - 2 * stage, 3 * stages - 1 - 2 * stage])[kind]
-    mb = (slot - start) // 3
+    mb = (slot - split_backward_start(kind, stage, stages)) // 3
     useful = (0 <= mb) & (mb < micro)
     return jnp.where(useful, kind, SplitOp.IDLE), jnp.clip(mb, 0, micro - 1)

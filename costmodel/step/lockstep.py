@@ -19,6 +19,7 @@ software runs pipelines so.)
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 from costmodel.inputs.layout import Layout, Schedule
 from costmodel.inputs.model_config import ModelConfig
@@ -140,9 +141,19 @@ def split_backward_op(slot: int, stage: int, stages: int, micro_batches: int) ->
     ['IDLE', 'FORWARD', 'BACKWARD_HIGH', 'BACKWARD_LOW']
     """
     kind = SplitOp((slot - stage) % 3)
-    start = (stage, 3 * stages - 2 - 2 * stage, 3 * stages - 1 - 2 * stage)[kind]
-    mb = (slot - start) // 3
+    mb = (slot - split_backward_start(kind, stage, stages)) // 3
     return (kind, mb) if 0 <= mb < micro_batches else (SplitOp.IDLE, None)
+
+
+def split_backward_start(kind: Any, stage: Any, stages: int) -> Any:
+    """The slot of micro-batch 0's operation ``kind`` (0: F, 1: B_hi, 2: B_lo) on ``stage``: ``s``,
+    ``3S − 2 − 2s``, ``3S − 1 − 2s``. Arithmetic only, so integers and traced arrays alike
+    (`validate.split_backward` runs it on the device's stage index).
+
+    >>> [split_backward_start(k, 1, 4) for k in range(3)]
+    [1, 8, 9]
+    """
+    return stage + (kind > 0) * (3 * stages - 3 - 3 * stage + kind)
 
 
 def split_backward_periods(micro_batches: int, stages: int) -> int:

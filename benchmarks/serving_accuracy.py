@@ -93,7 +93,8 @@ def skip_reason(row: dict[str, str]) -> str | None:
 
 def serving_estimate(*, preset: str, hardware: str, tp: int, pp: int = 1, replicas: int = 1, batch: int, input_len: int,
                      output_len: int, precision: str = "bf16", weight_dtype: str = "bf16", kv_cache_dtype: str = "auto",
-                     serving_stack: str = "jax", host_s_per_op: float | None = None, weight_kernel: str = "fused") -> StepEstimate:
+                     serving_stack: str = "jax", host_s_per_op: float | None = None, weight_kernel: str = "fused",
+                     weight_group_size: int = 128) -> StepEstimate:
     """The serving model's estimate for one configuration, as ``plan simulate --workload decode`` builds it
     (``host_s_per_op``: the stack's per-operator host cost in place of its preset's).
 
@@ -102,7 +103,8 @@ def serving_estimate(*, preset: str, hardware: str, tp: int, pp: int = 1, replic
     True
     """
     inference = InferenceConfig(prompt_len=input_len, weight_dtype=WEIGHT_DTYPES[weight_dtype], kv_cache_dtype=kv_cache_dtype,
-                                serving_stack=serving_stack, host_s_per_op=host_s_per_op, weight_kernel=weight_kernel)
+                                serving_stack=serving_stack, host_s_per_op=host_s_per_op, weight_kernel=weight_kernel,
+                                weight_group_size=weight_group_size)
     train: TrainConfig = train_config(workload="decode", global_batch=batch, seq_len=input_len + output_len // 2, lora=None,
                                       inference=inference).with_precision(COMPUTE_PRECISIONS[precision])
     machine = train_machine(load_hardware(hardware), train)
@@ -130,9 +132,9 @@ def predicted_metric(row: dict[str, str], est: StepEstimate) -> tuple[float, flo
 
 def evaluate(rows: list[dict[str, str]], *, host_s_per_op: dict[str, float] | None = None) -> list[dict[str, object]]:
     """One result per row: the prediction and its error, or the reason it was skipped. A row's
-    ``serving_stack`` column names its stack (blank: jax), ``weight_kernel`` its int4 GEMM kernel (blank: fused);
-    ``host_s_per_op`` replaces the stack's
-    per-operator host cost for the rows of the sources it names (`leave_one_source_out_host`)."""
+    ``serving_stack`` column names its stack (blank: jax), ``weight_kernel`` its int4 GEMM kernel (blank: fused) and
+    ``weight_group_size`` its int4 group (blank: 128); ``host_s_per_op`` replaces the stack's per-operator host cost
+    for the rows of the sources it names (`leave_one_source_out_host`)."""
     results = []
     for row in rows:
         measured = float(row["measured_value"]) * UNIT_SCALE[row["measured_unit"]]
@@ -151,7 +153,8 @@ def evaluate(rows: list[dict[str, str]], *, host_s_per_op: dict[str, float] | No
                                        output_len=int(row["output_len"]), precision=row["precision"], weight_dtype=row["weight_dtype"],
                                        kv_cache_dtype=row["kv_cache_dtype"] or "auto", serving_stack=row.get("serving_stack") or "jax",
                                        host_s_per_op=(host_s_per_op or {}).get(source_family(row)),
-                                       weight_kernel=row.get("weight_kernel") or "fused")
+                                       weight_kernel=row.get("weight_kernel") or "fused",
+                                       weight_group_size=int(row.get("weight_group_size") or 128))
             except PlannerError as err:
                 result["skipped"] = str(err).split(";")[0]
             else:

@@ -186,11 +186,19 @@ _RTX4090_MICROBENCH = Efficiency(matmul_curve=((2.7e8, 0.28), (2.1e9, 0.70), (1.
 _RTX4090_EFF = _RTX4090_MICROBENCH.calibrated(matmul_scale=0.90, matmul_knee=3.0, flash_attention=0.35, hbm=0.55 * 0.91 / 0.85,
                                               overlap_slowdown=0.25)
 _GENERIC_EFF = Efficiency()
+# XLA's bf16 GEMMs on one v6e chip, device time from the JAX profiler (yangwhale/gpu-tpu-pedia
+# tpu/v7_perf: results_trace_test.csv @6744feed, 8192³ in 1510.9 µs = 0.793 of the 918 TF peak;
+# findings.md @cf60275f, 16384×18432×16384 at 0.788): a plateau near 0.79 where a v5e's reaches 0.92
+# (the JAX Pallas TPU matmul guide). The generic curve's bend is kept below the plateau (the
+# source's smaller shapes were timed with a Python dispatch each, so they bound it only from below).
+# Fused attention, memory-bound kernels: no published v6e measurement, the generic values.
+_TPU_V6E_MICROBENCH = _GENERIC_EFF.calibrated(matmul_scale=0.79 / _GENERIC_EFF.matmul(1e12),
+                                              flash_attention=_GENERIC_EFF.flash_attention, hbm=_GENERIC_EFF.hbm)
 # Where calibrate.py starts from: the micro-benchmark values before any fit.
 MICROBENCHMARK_EFFICIENCY = {
     "a100-40gb": _A100_MICROBENCH, "a100-80gb": _A100_MICROBENCH,
     "h100-sxm": _H100_MICROBENCH, "h100-96gb-hbm2e-500w": _H100_500W_MICROBENCH, "h100-95gb-hbm2e-lowtdp": _H100_500W_MICROBENCH,
-    "h200": _H100_MICROBENCH,
+    "h200": _H100_MICROBENCH, "tpu-v6e": _TPU_V6E_MICROBENCH,
 }
 # Parts built on one die (the same SMs and tensor cores under other memory or power limits): what
 # one part's runs teach about its GEMM kernels carries to the others, relative to each part's own
@@ -342,17 +350,20 @@ RTX_A6000 = _gpu("rtx-a6000", peaks={"float32": 38.7, "tf32": 77.4, "bfloat16": 
                                "A6000's default) reports all its 24,576 MiB (noonghunna/club-3090#1128)")
 
 
-def _tpu(name: str, *, bf16_tflops: float, int8_tops: float, hbm_gib: float, hbm_gbps: float, source: str) -> DeviceSpec:
+def _tpu(name: str, *, bf16_tflops: float, int8_tops: float, hbm_gib: float, hbm_gbps: float, source: str,
+         efficiency: Efficiency = _GENERIC_EFF) -> DeviceSpec:
     return DeviceSpec(name=name, kind=DeviceKind.TPU,
                       peak_flops_per_s={"bfloat16": bf16_tflops * TFLOPS, "int8": int8_tops * TFLOPS},
-                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB,
+                      hbm_bytes=hbm_gib * GIB, hbm_bytes_per_s=hbm_gbps * GB, efficiency=efficiency,
                       source=f"{source}; usable: no runtime figure found, the stated HBM assumed usable")
 
 
 TPU_V4 = _tpu("tpu-v4", bf16_tflops=275, int8_tops=275, hbm_gib=32, hbm_gbps=1228, source="Cloud TPU v4 docs")
 TPU_V5E = _tpu("tpu-v5e", bf16_tflops=197, int8_tops=394, hbm_gib=16, hbm_gbps=819, source="Cloud TPU v5e docs")
 TPU_V5P = _tpu("tpu-v5p", bf16_tflops=459, int8_tops=918, hbm_gib=95, hbm_gbps=2765, source="Cloud TPU v5p docs")
-TPU_V6E = _tpu("tpu-v6e", bf16_tflops=918, int8_tops=1836, hbm_gib=32, hbm_gbps=1640, source="Cloud TPU v6e (Trillium) docs")
+TPU_V6E = _tpu("tpu-v6e", bf16_tflops=918, int8_tops=1836, hbm_gib=32, hbm_gbps=1640, efficiency=_TPU_V6E_MICROBENCH,
+               source="Cloud TPU v6e (Trillium) docs; GEMM efficiency measured (yangwhale/gpu-tpu-pedia tpu/v7_perf, device "
+                      "time: 0.79 of peak at 8192³)")
 CPU = DeviceSpec(name="cpu", kind=DeviceKind.CPU,
                  peak_flops_per_s={"float32": 100 * GB, "bfloat16": 50 * GB},
                  hbm_bytes=24 * GIB, hbm_bytes_per_s=10 * GB,

@@ -52,6 +52,12 @@ class ServingStack(BaseModel):
     attention: Attention = Field(Attention.FLASH, description="flash: a fused kernel reads q, k and v once; materialized: "
                                  "the scores are written, scaled, masked, soft-maxed in fp32 and read back "
                                  "(`costmodel.step.serving_kernels.materialized_attention_kernels`).")
+    weight_only_stream: dict[str, float] = Field(
+        default_factory=dict, description="Fraction of a 16-bit GEMV's weight-streaming rate the stack's weight-only GEMV "
+        "reaches, by stored dtype (int8, int4): its dequantizing kernel's quality, measured against the 16-bit one; absent: "
+        "as fast.")
+    int4_group_bytes: NonNegativeFloat = Field(0.0, description="Bytes each group of int4 weights stores beside them (its scale "
+                                               "and zero), read with them (`InferenceConfig.weight_group_size`); 0: not counted.")
     source: str = Field(description="Where the facts come from (repository, file, commit), and what is fitted.")
 
     def host_ops(self, *, num_layers: int) -> int:
@@ -81,6 +87,17 @@ HF_EAGER_OPS_PER_STEP = 25
 # (`python -m benchmarks.serving_accuracy` fits it again leaving each source out and reports both).
 HF_EAGER_S_PER_OP = 21e-6
 
+# torch.compile's weight-only GEMVs at batch 1, as torchao measures them (pytorch/ao
+# torchao/quantization/README.md, A100-80GB rows @317392d, H100 rows @92dd5f5; its GB/s counts every
+# quantized byte, scales and zeros included): int8 weight-only (`F.linear(x, w.to(x.dtype)) * scales`,
+# Inductor's generated GEMV) streams its weights at 0.797, 0.802 and 0.785 of the bf16 GEMV's rate
+# (Llama-2-7B and Llama-3-8B on an A100, Llama-3.1-8B on an H100), int4 weight-only at group size 64
+# (`torch.ops.aten._weight_int4pack_mm`, tinygemm: a bf16 scale and a bf16 zero a group) at 0.530,
+# 0.532 and 0.535: the means (benchmarks/data/weight_only_kernels.csv), fitted on none of the serving rows.
+TORCH_INT8_WEIGHT_ONLY_STREAM = 0.795
+TORCH_INT4_WEIGHT_ONLY_STREAM = 0.532
+TINYGEMM_GROUP_BYTES = 4.0
+
 # vllm-project/vllm @0035bdf vllm/model_executor/models/llama.py, LlamaDecoderLayer.forward: input_layernorm
 # and post_attention_layernorm (RMSNorm, the residual add fused in), rotary_emb, the attention
 # backend's cache write (reshape_and_cache) beside its attention kernel, SiluAndMul: 5.
@@ -102,9 +119,13 @@ SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
                         "vllm/model_executor/models/llama.py: 5 side kernels a layer (VLLM_SIDE_KERNELS_PER_LAYER). Its "
                         "scheduler's per-step Python is not modelled."),
     ServingStack(name="torch-compile",
+                 weight_only_stream={"int8": TORCH_INT8_WEIGHT_ONLY_STREAM, "int4": TORCH_INT4_WEIGHT_ONLY_STREAM},
+                 int4_group_bytes=TINYGEMM_GROUP_BYTES,
                  source="pytorch-labs/gpt-fast generate.py (@0055c42): decode_one_token compiled with "
                         "torch.compile(mode='reduce-overhead', fullgraph=True), a CUDA graph replayed every step; how "
-                        "Inductor fuses a layer's small operations is not counted."),
+                        "Inductor fuses a layer's small operations is not counted. Weight-only GEMVs: int8 through Inductor "
+                        "at 0.795 and int4 through tinygemm (bf16 scale and zero a group) at 0.532 of the bf16 GEMV's "
+                        "streaming rate, fitted to pytorch/ao's quantization README tables (TORCH_INT8_WEIGHT_ONLY_STREAM)."),
     ServingStack(name="tensorrt-llm",
                  source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (assumed from that design, not "
                         "counted from its code): no per-operator Python dispatch; its fused plugins' kernel count is not counted."),

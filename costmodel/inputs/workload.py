@@ -255,6 +255,9 @@ class InferenceConfig(BaseModel):
     weight_kernel: WeightKernel = Field(WeightKernel.FUSED, description="The GEMM kernel int4 weights run: fused (dequantized "
                                         "inside the GEMM, each weight read once), autogptq-cuda-old or exllama (GPTQ's kernels "
                                         "as AutoGPTQ runs them: `costmodel.step.weight_kernels`).")
+    weight_group_size: PositiveInt = Field(128, description="Weights per int4 quantization group, each with its own scale "
+                                           "and zero (read with the weights where the serving stack states their layout: "
+                                           "`ServingStack.int4_group_bytes`).")
     serving_stack: str = Field("jax", description="The software serving the model (`costmodel.inputs.serving_stack`): "
                                "jax, vllm, torch-compile, tensorrt-llm (compiled steps, no per-operator host work) or "
                                "hf-eager (Hugging Face generate(), every operator dispatched from Python).")

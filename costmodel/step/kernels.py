@@ -119,6 +119,8 @@ class Kernel(BaseModel):
     instructions: NonNegativeFloat = Field(0.0, description="Thread instructions of CUDA-core arithmetic one launch issues "
                                            "(a kernel that dequantizes weights on its cores: `costmodel.step.weight_kernels`), "
                                            "bounded by the part's issue rate; 0: none counted.")
+    stream_efficiency: float = Field(1.0, gt=0, le=1, description="Fraction of its kind's HBM rate the kernel streams its "
+                                     "bytes at (a weight-only GEMV's dequantization: `ServingStack.weight_only_stream`).")
     attention_keys: PositiveFloat | None = Field(None, description="A causal fused attention kernel's keys a query row "
                                                  "(sequence, packed document or window): the length its efficiency follows "
                                                  "(`costmodel.step.roofline.Efficiency.flash_attention_at`); None: not set.")

@@ -132,7 +132,7 @@ def kernel_bounds_s(kernel: Kernel, *, peak_flops_per_s: float, hbm_bytes_per_s:
     >>> kernel_bounds_s(k, peak_flops_per_s=1e15, hbm_bytes_per_s=2e12, efficiency=Efficiency(hbm=1.0), instructions_per_s=2e13)
     (0.002, 0.0005)
     """
-    memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm_for(kernel.kind))
+    memory_s = kernel.bytes / (hbm_bytes_per_s * efficiency.hbm_for(kernel.kind) * kernel.stream_efficiency)
     if kernel.kind is KernelKind.MATMUL:
         compute_s = kernel.flops / (peak_flops_per_s * efficiency.matmul(kernel.flops))
     elif kernel.kind is KernelKind.FLASH_ATTENTION:

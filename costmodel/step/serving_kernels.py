@@ -39,7 +39,7 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig, Norm, Positions
 from costmodel.inputs.stack import Attention
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import WeightKernel
+from costmodel.inputs.workload import FrozenDtype, WeightKernel
 from costmodel.step.fp8_memory import FP8_BYTES
 from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.step.weight_kernels import gptq_linear_kernels
@@ -67,13 +67,16 @@ def linear_kernels(name: str, *, tokens: float, d_in: float, d_out: float, train
     >>> [(k.name, k.bytes, k.fused) for k in linear_kernels("w", tokens=1, d_in=10, d_out=20, train=fp8)]
     [('w', 250.0, False), ('w_input_quant', 30.0, True)]
     """
-    if train.workload.serving.weight_kernel is not WeightKernel.FUSED:
+    serving = train.workload.serving
+    if serving.weight_kernel is not WeightKernel.FUSED:
         return gptq_linear_kernels(name, rows=tokens, d_in=d_in, d_out=d_out, train=train, weights=weights)
-    e, stored = train.compute_dtype.bytes, train.workload.frozen_dtype.bytes
+    e, dtype = train.compute_dtype.bytes, train.workload.frozen_dtype
     flops = 2 * tokens * d_in * d_out
     if not train.serves_fp8:
+        stored = dtype.bytes + (serving.stack.int4_group_bytes / serving.weight_group_size if dtype is FrozenDtype.INT4 else 0.0)
         return [Kernel(name=name, kind=KernelKind.MATMUL, flops=flops, linear=True,
-                       bytes=weights * d_in * d_out * stored + tokens * (d_in + d_out) * e)]
+                       bytes=weights * d_in * d_out * stored + tokens * (d_in + d_out) * e,
+                       stream_efficiency=serving.stack.weight_only_stream.get(dtype.value, 1.0))]
     gemm = Kernel(name=name, kind=KernelKind.MATMUL, flops=flops, linear=True,
                   bytes=weights * d_in * d_out * FP8_BYTES + tokens * d_in * FP8_BYTES + tokens * d_out * e)
     quant = Kernel(name=f"{name}_input_quant", kind=KernelKind.MEMORY, flops=0, bytes=tokens * d_in * (e + FP8_BYTES), fused=True)

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-kernel", choices=[k.value for k in WeightKernel], default="fused",
                         help="the GEMM kernel int4 weights run: fused (default), autogptq-cuda-old or exllama "
                              "(docs/workloads.md#serving-stacks)")
+    parser.add_argument("--weight-group-size", type=positive_int, default=128,
+                        help="weights per int4 quantization group (default 128; read with the weights where the serving stack "
+                             "states their layout: torch-compile's tinygemm)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS), default="jax",
                         help="the software serving the model: jax (default), vllm, torch-compile, tensorrt-llm (compiled steps) "
                              "or hf-eager (every operator dispatched from Python: each iteration takes at least that)")
@@ -109,7 +112,7 @@ def _arrivals(path: Path | None) -> tuple[float, ...] | None:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     inference = InferenceConfig(serving_stack=args.serving_stack, kv_cache_dtype=args.kv_cache_dtype, weight_dtype=args.frozen_dtype,
-                                weight_kernel=args.weight_kernel)
+                                weight_kernel=args.weight_kernel, weight_group_size=args.weight_group_size)
     train = train_config(workload="decode", inference=inference).with_precision(Precision(args.precision))
     cluster = load_hardware(args.hardware, devices_per_node=args.devices_per_node)
     hw = train_machine(cluster, train)

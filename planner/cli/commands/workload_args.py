@@ -33,7 +33,7 @@ from planner.cli.commands.arg_types import positive_float, positive_int
 
 _LORA_FLAGS = ("lora_rank", "lora_targets")
 _SERVING_FLAGS = ("batch", "context_len", "prompt_len", "max_token_latency_ms", "kv_block_size", "kv_cache_dtype", "serving_stack",
-                  "weight_kernel")
+                  "weight_kernel", "weight_group_size")
 
 
 def lora_targets(text: str) -> tuple[LoraTarget, ...]:
@@ -77,6 +77,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: dequantized inside the GEMM, each weight read once), autogptq-cuda-old or exllama "
                              "(GPTQ's kernels as AutoGPTQ runs them: per-row dequantization below a row threshold, a 16-bit "
                              "copy above it; docs/workloads.md#serving-stacks)")
+    parser.add_argument("--weight-group-size", type=positive_int,
+                        help="weights per int4 quantization group, each with a scale and a zero (default 128; read with the "
+                             "weights where the serving stack states their layout: torch-compile's tinygemm)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS),
                         help="the software serving the model (prefill and decode): jax (default), vllm, torch-compile, "
                              "tensorrt-llm (compiled steps) or hf-eager (Hugging Face generate(), each operator dispatched from Python: "
@@ -110,7 +113,8 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if not kind.runs_backward:
         settings = {"prompt_len": args.prompt_len, "kv_block_size": args.kv_block_size,
                     "max_token_latency_ms": args.max_token_latency_ms, "weight_dtype": args.frozen_dtype,
-                    "kv_cache_dtype": args.kv_cache_dtype, "serving_stack": args.serving_stack, "weight_kernel": args.weight_kernel}
+                    "kv_cache_dtype": args.kv_cache_dtype, "serving_stack": args.serving_stack, "weight_kernel": args.weight_kernel,
+                    "weight_group_size": args.weight_group_size}
         return {"workload": args.workload, "lora": None,
                 "inference": InferenceConfig(**{k: v for k, v in settings.items() if v is not None})}
     return {"workload": args.workload, "lora": None, "inference": None, **packing}

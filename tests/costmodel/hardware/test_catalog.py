@@ -106,3 +106,10 @@ def test_the_rtx_4090_gemm_curve_is_the_published_medians():
                 by_size.setdefault(n, []).append(float(r["measured_value"]) / 165.2)
     for n, effs in by_size.items():
         assert _RTX4090_MICROBENCH.matmul(2 * n**3) == pytest.approx(min(statistics.median(effs), 0.97), abs=0.06), n
+
+
+def test_the_v6e_gemm_plateau_is_the_published_device_time_measurement():
+    v6e = CATALOG["tpu-v6e"].device
+    assert v6e.efficiency.matmul(2 * 8192**3) == pytest.approx(0.79, abs=0.005)  # 1510.9 µs of device time at 8192³
+    assert v6e.efficiency.matmul(1e9) < v6e.efficiency.matmul(1e11) < v6e.efficiency.matmul(1e13) == pytest.approx(0.79)
+    assert "gpu-tpu-pedia" in v6e.source and CATALOG["tpu-v5p"].device.efficiency.matmul(1e13) == pytest.approx(0.85)

@@ -88,3 +88,25 @@ def test_an_eager_continuous_batching_iteration_costs_its_decode_as_the_static_s
     static = simulate_inference(MODEL, _decode("hf-eager", batch=512), Layout(), hw)
     iteration = iteration_s(MODEL, _decode("hf-eager", batch=512), Layout(), hw, decode_sequences=512, cached_tokens=512 * 1024)
     assert iteration == pytest.approx(static.time_per_output_token_s)
+
+
+def test_torch_weight_only_stream_rates_are_the_means_of_torchaos_published_ratios():
+    import csv
+    import statistics
+    from pathlib import Path
+
+    from costmodel.inputs.serving_stack import TINYGEMM_GROUP_BYTES, TORCH_INT4_WEIGHT_ONLY_STREAM, TORCH_INT8_WEIGHT_ONLY_STREAM
+
+    rows = list(csv.DictReader((Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "weight_only_kernels.csv").open()))
+    bf16 = {(r["hardware"], r["model"]): float(r["memory_bandwidth_gb_per_s"]) for r in rows if r["quantization"] == "bf16"}
+
+    def mean_ratio(quantization: str) -> float:
+        return statistics.mean(float(r["memory_bandwidth_gb_per_s"]) / bf16[r["hardware"], r["model"]]
+                               for r in rows if r["quantization"] == quantization)
+
+    assert TORCH_INT8_WEIGHT_ONLY_STREAM == pytest.approx(mean_ratio("int8wo"), abs=0.001)
+    assert TORCH_INT4_WEIGHT_ONLY_STREAM == pytest.approx(mean_ratio("int4wo-64"), abs=0.001)
+    assert {float(r["stored_bytes_per_weight"]) for r in rows if r["quantization"] == "int4wo-64"} == {0.5 + TINYGEMM_GROUP_BYTES / 64}
+    compiled = get_serving_stack("torch-compile")
+    assert compiled.weight_only_stream == {"int8": TORCH_INT8_WEIGHT_ONLY_STREAM, "int4": TORCH_INT4_WEIGHT_ONLY_STREAM}
+    assert all(not s.weight_only_stream and not s.int4_group_bytes for s in SERVING_STACKS.values() if s is not compiled)

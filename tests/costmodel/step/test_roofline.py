@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from costmodel.hardware.registry import load_hardware
 from costmodel.step.kernels import Kernel, KernelKind
-from costmodel.step.roofline import Efficiency, kernel_time_s
+from costmodel.step.roofline import Efficiency, kernel_bounds_s, kernel_time_s
 
 EFF = Efficiency(matmul_curve=((1e9, 0.5), (1e12, 0.8)), flash_attention=0.6, hbm=0.9, kernel_floor_s=0.0)
 
@@ -53,3 +53,10 @@ def test_gpu_parts_carry_the_attention_curve_fitted_to_kernel_benchmarks_and_tpu
     assert load_hardware("h100-sxm").device.efficiency.attention_overhead_tokens == 248
     assert load_hardware("a100-80gb").device.efficiency.attention_overhead_tokens == 179
     assert load_hardware("tpu-v5p").device.efficiency.attention_overhead_tokens is None
+
+
+def test_a_kernel_streaming_below_its_kinds_rate_takes_longer_by_that_factor():
+    gemv = Kernel(name="w", kind=KernelKind.MATMUL, flops=2e6, bytes=1e9, linear=True)
+    args = {"peak_flops_per_s": 1e15, "hbm_bytes_per_s": 2e12, "efficiency": Efficiency(gemm_hbm=0.8)}
+    full, half = (kernel_bounds_s(k, **args)[1] for k in (gemv, gemv.model_copy(update={"stream_efficiency": 0.5})))
+    assert full == pytest.approx(1e9 / (2e12 * 0.8)) and half == pytest.approx(2 * full)

@@ -72,3 +72,15 @@ def test_eager_decode_reads_the_cache_once_and_its_scores():
     keys = 4 * 512
     assert eager["attention_scores"].bytes == 4 * 1024 * 2 + keys * 1024 * 2 + keys * 16 * 2  # q, the repeated keys, scores
     assert eager["attention_softmax"].bytes == keys * 16 * 20
+
+
+def test_torch_compile_streams_weight_only_gemvs_slower_and_reads_tinygemm_group_scales():
+    args = {"tokens": 1, "d_in": 4096, "d_out": 4096}
+    jax_int4 = linear_kernels("w", **args, train=_serve(weight_dtype="int4"))[0]
+    torch_int4 = linear_kernels("w", **args, train=_serve(weight_dtype="int4", serving_stack="torch-compile", weight_group_size=32))[0]
+    torch_int8 = linear_kernels("w", **args, train=_serve(weight_dtype="int8", serving_stack="torch-compile"))[0]
+    torch_bf16 = linear_kernels("w", **args, train=_serve(serving_stack="torch-compile"))[0]
+    activations = (4096 + 4096) * 2
+    assert jax_int4.bytes == 4096 * 4096 * 0.5 + activations and jax_int4.stream_efficiency == 1.0
+    assert torch_int4.bytes == pytest.approx(4096 * 4096 * (0.5 + 4 / 32) + activations)  # a bf16 scale and zero per 32 weights
+    assert torch_int4.stream_efficiency < torch_int8.stream_efficiency < torch_bf16.stream_efficiency == 1.0

@@ -75,3 +75,10 @@ def test_int4_weights_hold_more_blocks_and_a_gptq_kernel_prefills_slower(capsys)
     assert exllama["ttft_p50_s"] > fused["ttft_p50_s"]  # a 512-token prompt reconstructs every fp16 weight
     assert main([*MUST_SHOW, "--weight-kernel", "exllama"]) == 2
     assert "runs int4 weights, not bf16" in capsys.readouterr().err
+
+
+def test_torch_compiles_int4_decode_reads_its_group_scales(capsys):
+    base = ("--requests", "50", "--frozen-dtype", "int4", "--serving-stack", "torch-compile")
+    coarse = _json(capsys, *base, "--weight-group-size", "128")["chosen"]["at_rate"]
+    fine = _json(capsys, *base, "--weight-group-size", "32")["chosen"]["at_rate"]
+    assert fine["tpot_p50_s"] > coarse["tpot_p50_s"]  # a bf16 scale and zero per 32 weights instead of per 128

@@ -86,3 +86,11 @@ def test_document_length_packs_training_sequences_only():
     assert workload_from_args(_parse("--workload", "finetune-lora", "--document-len", "512"))["document_len"] == 512
     with pytest.raises(InvalidConfigError, match="--document-len packs training sequences, not decode"):
         workload_from_args(_parse("--workload", "decode", "--document-len", "512"))
+
+
+def test_an_int4_group_size_is_a_serving_setting():
+    out = workload_from_args(_parse("--workload", "decode", "--frozen-dtype", "int4", "--weight-group-size", "32"))
+    assert out["inference"].weight_group_size == 32
+    assert workload_from_args(_parse("--workload", "decode"))["inference"].weight_group_size == 128
+    with pytest.raises(InvalidConfigError, match="--weight-group-size applies to --workload decode"):
+        workload_from_args(_parse("--weight-group-size", "32"))

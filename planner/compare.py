@@ -50,7 +50,7 @@ from search.strategy_search import SEARCH_PLANNERS, SearchRun, TracePoint, desce
 
 COMPARED = ("ilp", "grid", *SEARCH_PLANNERS)
 # Search planners stop on time here, not on evaluations, so all get the same wall budget.
-_UNBOUNDED_EVALUATIONS = 10**9
+_UNBOUNDED_EVALUATIONS = math.inf
 NOTE_ABOVE_PCT = 10.0  # a row further above the ILP's objective says why
 
 
@@ -140,8 +140,8 @@ def compare(model: str | ModelConfig, *, mesh: str, hardware: str = "h100-sxm", 
             runs, parts = [grid.run], grid.parts
             why = f"the best rule layout, {grid.layout}, shards every op as Megatron's rules do; the ILP shards each op freely"
         else:
-            extra = {} if name == "beam" else {"max_evaluations": _UNBOUNDED_EVALUATIONS}
-            runs = [SEARCH_PLANNERS[name](space, memory_budget_bytes=machine.memory_budget_bytes, time_limit_s=search_s, seed=seed, **extra)
+            runs = [SEARCH_PLANNERS[name](space, memory_budget_bytes=machine.memory_budget_bytes, time_limit_s=search_s, seed=seed,
+                                             max_evaluations=_UNBOUNDED_EVALUATIONS)
                     for seed in range(seeds)]
             best_run = min(runs, key=lambda r: r.objective_s)
             parts = op_time_breakdown(graph, space, best_run.choice) if best_run.feasible else None

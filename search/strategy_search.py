@@ -127,7 +127,7 @@ class _Tracker:
                          wall_s=self.elapsed(), trace=tuple(self.trace))
 
 
-def anneal(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: int = 200_000, time_limit_s: float = math.inf,
+def anneal(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: float = 200_000, time_limit_s: float = math.inf,
            seed: int = 0) -> SearchRun:
     """Simulated annealing (FlexFlow-style MCMC) over per-op strategies.
 
@@ -252,28 +252,36 @@ def descend(space: StrategySpace, *, start: dict[int, int], memory_budget_bytes:
     return track.result()
 
 
-def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int = 16, time_limit_s: float = math.inf,
-                seed: int = 0) -> SearchRun:
+def beam_search(space: StrategySpace, *, memory_budget_bytes: float, width: int = 16, max_evaluations: float = 4_000_000,
+                time_limit_s: float = math.inf, seed: int = 0) -> SearchRun:
     """Assign nodes in program order, keeping the ``width`` cheapest partial choices.
 
     A partial choice pays its nodes and the edges among them; it is dropped when its memory
     plus the least memory of the nodes still to assign exceeds the budget. ``seed`` only
-    breaks ties. Under a finite ``time_limit_s`` the search widens while time is left: it
-    runs again with a beam four times wider whenever the last pass dropped partial choices
-    and the wider pass (about four times the last one's time) fits in what remains. The
-    best complete choice is polished by descent to a local optimum.
+    breaks ties. The search widens while its evaluation budget allows: it runs again with a
+    beam four times wider whenever the last pass dropped partial choices and the wider pass
+    (about four times the last one's evaluations) fits in what remains, so a run is repeatable
+    however busy the machine (about 10 s on a 2-core VM at the default budget). With an
+    unbounded budget (``math.inf``: a race against other planners' wall clock) the wider pass
+    must fit in the time left instead. ``time_limit_s`` stops any pass that overruns it, the
+    best complete choice so far kept. The best complete choice is polished by descent to a
+    local optimum.
     """
     space.check_fits(memory_budget_bytes)
     p = _Problem(space, memory_budget_bytes)
     track = _Tracker("beam", seed, p, time_limit_s)
     rng = np.random.default_rng(seed)
     while True:
-        pass_start_s = track.elapsed()
+        pass_start_s, pass_start_evaluations = track.elapsed(), track.evaluations
         pruned = _beam_pass(p, track, rng, width)
         if pruned is None:
             return track.result()
         width *= 4
-        if not pruned or not math.isfinite(time_limit_s) or track.elapsed() + 4 * (track.elapsed() - pass_start_s) > time_limit_s:
+        if math.isfinite(max_evaluations):
+            fits = track.evaluations + 4 * (track.evaluations - pass_start_evaluations) <= max_evaluations
+        else:
+            fits = math.isfinite(time_limit_s) and track.elapsed() + 4 * (track.elapsed() - pass_start_s) <= time_limit_s
+        if not pruned or not fits:
             break
     if track.best is not None:
         _descend(p, track, track.best)
@@ -307,7 +315,7 @@ def _beam_pass(p: _Problem, track: _Tracker, rng: np.random.Generator, width: in
     return pruned
 
 
-def random_search(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: int = 20_000,
+def random_search(space: StrategySpace, *, memory_budget_bytes: float, max_evaluations: float = 20_000,
                   time_limit_s: float = math.inf, seed: int = 0) -> SearchRun:
     """The baseline: uniformly random full choices, the best feasible one kept."""
     space.check_fits(memory_budget_bytes)

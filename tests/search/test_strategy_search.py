@@ -99,8 +99,23 @@ def test_descent_keeps_fixed_nodes_and_reaches_a_local_optimum():
 
 def test_beam_widens_within_its_budget_and_stops_once_nothing_is_dropped():
     space = mlp_space()
-    one_pass = beam_search(space, memory_budget_bytes=12e6, width=1)  # no time limit: one pass
-    widened = beam_search(space, memory_budget_bytes=12e6, width=1, time_limit_s=30.0)
+    one_pass = beam_search(space, memory_budget_bytes=12e6, width=1, max_evaluations=1)  # no room for a wider pass
+    widened = beam_search(space, memory_budget_bytes=12e6, width=1)
     assert widened.evaluations > one_pass.evaluations and widened.objective_s <= one_pass.objective_s
     assert widened.objective_s == pytest.approx(brute_force(space, 12e6), rel=1e-9)
-    assert widened.wall_s < 5.0  # it stops when a pass keeps every partial choice, not when the budget runs out
+    assert widened.evaluations < 4_000_000  # it stops when a pass keeps every partial choice, not when the budget runs out
+
+
+def test_beam_widening_follows_evaluations_not_the_clock(monkeypatch):
+    import search.strategy_search as strategy_search
+
+    space = mlp_space()
+    idle = beam_search(space, memory_budget_bytes=12e6, width=1, time_limit_s=60.0)
+    readings = []  # a busy machine: every reading of the clock a second after the last
+    monkeypatch.setattr(strategy_search.time, "perf_counter", lambda: float(len(readings.append(0) or readings)))
+    beam_search(space, memory_budget_bytes=12e6, width=1)
+    limit_s = len(readings) + 10.0  # the whole search fits, but not a pass four times the last one's seconds
+    busy = beam_search(space, memory_budget_bytes=12e6, width=1, time_limit_s=limit_s)
+    assert busy.choice == idle.choice and busy.evaluations == idle.evaluations
+    raced = beam_search(space, memory_budget_bytes=12e6, width=1, time_limit_s=limit_s, max_evaluations=math.inf)
+    assert raced.evaluations < idle.evaluations  # on the clock (planner comparisons) it widens less

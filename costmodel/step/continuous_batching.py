@@ -137,8 +137,9 @@ class ServeResult(BaseModel):
 
     completed: int = Field(description="Requests served (one replica's share).")
     duration_s: float = Field(description="From the first arrival to the last completion.")
-    requests_per_s: float = Field(description="Completed requests per second over all replicas.")
-    output_tokens_per_s: float = Field(description="Generated tokens per second over all replicas.")
+    requests_per_s: float = Field(description="Completed requests per second over all replicas: an open loop's in its steady "
+                                  "part (`_steady_window`), a closed loop's over the whole run.")
+    output_tokens_per_s: float = Field(description="Generated tokens per second over all replicas, counted as `requests_per_s`.")
     ttft_p50_s: float = Field(description="Median time to first token (arrival to the prompt's first token).")
     ttft_p99_s: float = Field(description="99th percentile time to first token.")
     tpot_p50_s: float = Field(description="Median time per output token after the first.")
@@ -252,7 +253,7 @@ def simulate_serving(model: ModelConfig, train: TrainConfig, layout: Layout, hw:
         while pending and pending[0].arrival_s <= sim.now_s:
             sim.waiting.append(pending.popleft())
         sim.iterate()
-    return _result(requests, sim, layout.dp, capacity)
+    return _result(requests, sim, layout.dp, capacity, open_loop=cfg.concurrency is None)
 
 
 class _Scheduler:
@@ -354,7 +355,27 @@ class _Scheduler:
         return chunks
 
 
-def _result(requests: list[_Request], sim: _Scheduler, replicas: int, capacity: int) -> ServeResult:
+def _steady_window(requests: list[_Request]) -> tuple[list[_Request], float]:
+    """The requests of an open-loop run (arrivals that do not wait for completions) completed in its
+    steady part, and its seconds: from the completion of the first tenth of the requests to the last
+    arrival, leaving out the warm-up (an empty server filling) and the drain (no new work), as a long
+    benchmark run's average all but does; where the arrivals do not spread past that (a burst, a run
+    shorter than a request's latency), the whole run, first arrival to last completion.
+
+    >>> burst = [_Request(0.0, 8, 4) for _ in range(2)]
+    >>> burst[0].done_s, burst[1].done_s = 30.0, 40.0
+    >>> len(_steady_window(burst)[0]), _steady_window(burst)[1]
+    (2, 40.0)
+    """
+    arrivals, completions = sorted(r.arrival_s for r in requests), sorted(r.done_s for r in requests)
+    begin, finish = completions[len(requests) // 10], arrivals[-1]
+    steady = [r for r in requests if begin < r.done_s <= finish]
+    if finish > begin and len(steady) >= len(requests) // 2:
+        return steady, finish - begin
+    return requests, completions[-1] - arrivals[0]
+
+
+def _result(requests: list[_Request], sim: _Scheduler, replicas: int, capacity: int, *, open_loop: bool) -> ServeResult:
     ttft = np.array([r.first_token_s - r.arrival_s for r in requests])
     tpot = np.array([(r.done_s - r.first_token_s) / (r.output - 1) for r in requests if r.output > 1] or [0.0])
     latency = np.array([r.done_s - r.arrival_s for r in requests])
@@ -362,9 +383,11 @@ def _result(requests: list[_Request], sim: _Scheduler, replicas: int, capacity: 
     tenth = max(1, len(requests) // 10)
     first, last = float(ttft[:tenth].mean()), float(ttft[-tenth:].mean())
     duration = end - start
+    # A closed loop's clients are busy from the start to their last request: its whole run is steady.
+    served, window_s = _steady_window(requests) if open_loop else (requests, duration)
     return ServeResult(
-        completed=len(requests), duration_s=duration, requests_per_s=replicas * len(requests) / duration,
-        output_tokens_per_s=replicas * sum(r.output for r in requests) / duration,
+        completed=len(requests), duration_s=duration, requests_per_s=replicas * len(served) / window_s,
+        output_tokens_per_s=replicas * sum(r.output for r in served) / window_s,
         ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p99_s=float(np.percentile(ttft, 99)),
         tpot_p50_s=float(np.percentile(tpot, 50)), tpot_p99_s=float(np.percentile(tpot, 99)),
         latency_p50_s=float(np.percentile(latency, 50)), mean_batch=sim.decoding_sum / max(1, sim.iterations),

@@ -54,10 +54,18 @@ def test_batches_grow_with_the_rate_as_little_s_law_says():
 
 
 def test_replicas_share_the_arrivals_and_add_their_throughput():
-    one = simulate_serving(MODEL, TRAIN, Layout(), HW, _cfg(40))
-    two = simulate_serving(MODEL, TRAIN, Layout(dp=2), HW, _cfg(40))
-    assert two.completed == 100 and two.mean_batch < one.mean_batch
-    assert two.requests_per_s == pytest.approx(40, rel=0.2)
+    one = simulate_serving(MODEL, TRAIN, Layout(), HW, _cfg(40, requests=800))
+    two = simulate_serving(MODEL, TRAIN, Layout(dp=2), HW, _cfg(40, requests=800))
+    assert two.completed == 400 and two.mean_batch < one.mean_batch
+    assert two.requests_per_s == pytest.approx(40, rel=0.1) and one.requests_per_s == pytest.approx(40, rel=0.1)
+
+
+def test_throughput_is_the_steady_rate_not_diluted_by_warm_up_and_drain():
+    # Each request takes a tenth of the time the arrivals last: the whole run's average would read a tenth less.
+    slow = simulate_serving(MODEL, TRAIN, Layout(), HW, _cfg(10, output=2048, requests=500))
+    assert slow.latency_p50_s > 0.1 * slow.duration_s and not slow.queue_growing
+    assert slow.requests_per_s == pytest.approx(10, rel=0.1)
+    assert slow.completed / slow.duration_s < 0.9 * slow.requests_per_s
 
 
 def test_too_few_blocks_preempt_the_latest_and_every_request_still_completes():

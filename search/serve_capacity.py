@@ -35,6 +35,7 @@ from search.layouts import divisors
 
 BATCH_LIMITS = (64, 256)  # batch limits tried under a time-per-token target (vLLM's max_num_seqs defaults to 256)
 _BISECTION_STEPS = 6  # the capacity to within 1/64 of the doubling that failed
+SATURATING_BATCHES = 4  # a burst of this many full batches a replica: most of its run has the batch full
 
 
 class Slo(BaseModel):
@@ -94,10 +95,12 @@ def capacity_per_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: M
 
 
 def saturated_per_s(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, cfg: ServeConfig) -> float:
-    """Requests per second the layout completes with every request waiting from the start: the
-    most it serves at any rate (no finite run at a higher rate shows more)."""
-    burst = cfg.model_copy(update={"arrivals_s": (0.0,) * cfg.requests})
-    return simulate_serving(model, train, layout, hw, burst).requests_per_s
+    """Requests per second the layout sustains with every request waiting from the start, its batch
+    full (`ServeResult.service_rate_per_s` of a burst of `SATURATING_BATCHES` batch limits a replica,
+    or ``cfg.requests`` if more): the most it serves at any rate."""
+    requests = max(cfg.requests, SATURATING_BATCHES * cfg.max_batch * layout.dp)
+    burst = cfg.model_copy(update={"arrivals_s": (0.0,) * requests, "requests": requests})
+    return simulate_serving(model, train, layout, hw, burst).service_rate_per_s
 
 
 def serve_options(model: ModelConfig, train: TrainConfig, hw: Machine, *, n_devices: int, cfg: ServeConfig, slo: Slo,
@@ -120,7 +123,9 @@ def serve_options(model: ModelConfig, train: TrainConfig, hw: Machine, *, n_devi
                 break
             met = slo.met_by(result)
             capacity = capacity_per_s(model, train, layout, hw, limited, slo, start_per_s=cfg.rate_per_s, met_at_start=met)
-            options.append(ServeOption(layout=layout, max_batch=limit, at_rate=result, meets_slo=met, capacity_per_s=capacity))
+            # A short run at a rate past what the layout sustains may not show its queue growing yet: the capacity does.
+            options.append(ServeOption(layout=layout, max_batch=limit, at_rate=result, meets_slo=met and capacity >= cfg.rate_per_s,
+                                       capacity_per_s=capacity))
     if not options:
         raise InfeasibleError(f"no layout of {n_devices} devices holds one request's KV cache beside {model.name}'s weights",
                               fix="add devices, or shorten --input-len/--output-len")

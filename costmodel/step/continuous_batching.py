@@ -140,6 +140,9 @@ class ServeResult(BaseModel):
     requests_per_s: float = Field(description="Completed requests per second over all replicas: an open loop's in its steady "
                                   "part (`_steady_window`), a closed loop's over the whole run.")
     output_tokens_per_s: float = Field(description="Generated tokens per second over all replicas, counted as `requests_per_s`.")
+    service_rate_per_s: float = Field(description="Completed requests per second over all replicas between the completions of "
+                                      "the first and the last tenth of the requests: a run given more work than it serves "
+                                      "(a burst of many batches' worth) reads its sustained rate, warm-up and tail left out.")
     ttft_p50_s: float = Field(description="Median time to first token (arrival to the prompt's first token).")
     ttft_p99_s: float = Field(description="99th percentile time to first token.")
     tpot_p50_s: float = Field(description="Median time per output token after the first.")
@@ -355,16 +358,17 @@ class _Scheduler:
         return chunks
 
 
-def _steady_window(requests: list[_Request]) -> tuple[list[_Request], float]:
+def _steady_window(requests: list[_Request], *, keeping_up: bool) -> tuple[list[_Request], float]:
     """The requests of an open-loop run (arrivals that do not wait for completions) completed in its
     steady part, and its seconds: from the completion of the first tenth of the requests to the last
     arrival, leaving out the warm-up (an empty server filling) and the drain (no new work), as a long
-    benchmark run's average all but does; where the arrivals do not spread past that (a burst, a run
-    shorter than a request's latency), the whole run, first arrival to last completion.
+    benchmark run's average all but does. A run too short for that (a request's latency near its
+    arrivals' span): the arrivals' span where the server kept up with them (``keeping_up``: it served
+    what arrived), else the whole run, first arrival to last completion (a burst's too).
 
     >>> burst = [_Request(0.0, 8, 4) for _ in range(2)]
     >>> burst[0].done_s, burst[1].done_s = 30.0, 40.0
-    >>> len(_steady_window(burst)[0]), _steady_window(burst)[1]
+    >>> len(_steady_window(burst, keeping_up=True)[0]), _steady_window(burst, keeping_up=True)[1]
     (2, 40.0)
     """
     arrivals, completions = sorted(r.arrival_s for r in requests), sorted(r.done_s for r in requests)
@@ -372,7 +376,20 @@ def _steady_window(requests: list[_Request]) -> tuple[list[_Request], float]:
     steady = [r for r in requests if begin < r.done_s <= finish]
     if finish > begin and len(steady) >= len(requests) // 2:
         return steady, finish - begin
+    if keeping_up and arrivals[-1] > arrivals[0]:
+        return requests, arrivals[-1] - arrivals[0]
     return requests, completions[-1] - arrivals[0]
+
+
+def _service_rate_per_s(requests: list[_Request]) -> float:
+    """Completions per second between the completions of the first and the last tenth of the requests
+    (`ServeResult.service_rate_per_s`); where they coincide, over the whole run."""
+    completions, tenth = sorted(r.done_s for r in requests), len(requests) // 10
+    begin, end = completions[tenth], completions[-1 - tenth]
+    inside = sum(begin < t <= end for t in completions)
+    if end > begin and inside:
+        return inside / (end - begin)
+    return len(requests) / (completions[-1] - min(r.arrival_s for r in requests))
 
 
 def _result(requests: list[_Request], sim: _Scheduler, replicas: int, capacity: int, *, open_loop: bool) -> ServeResult:
@@ -383,13 +400,15 @@ def _result(requests: list[_Request], sim: _Scheduler, replicas: int, capacity: 
     tenth = max(1, len(requests) // 10)
     first, last = float(ttft[:tenth].mean()), float(ttft[-tenth:].mean())
     duration = end - start
+    growing = last > 3 * first and last > 1.0
     # A closed loop's clients are busy from the start to their last request: its whole run is steady.
-    served, window_s = _steady_window(requests) if open_loop else (requests, duration)
+    served, window_s = _steady_window(requests, keeping_up=not growing) if open_loop else (requests, duration)
     return ServeResult(
         completed=len(requests), duration_s=duration, requests_per_s=replicas * len(served) / window_s,
         output_tokens_per_s=replicas * sum(r.output for r in served) / window_s,
+        service_rate_per_s=replicas * _service_rate_per_s(requests),
         ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p99_s=float(np.percentile(ttft, 99)),
         tpot_p50_s=float(np.percentile(tpot, 50)), tpot_p99_s=float(np.percentile(tpot, 99)),
         latency_p50_s=float(np.percentile(latency, 50)), mean_batch=sim.decoding_sum / max(1, sim.iterations),
         iterations=sim.iterations, kv_blocks=capacity, kv_blocks_mean_in_use=sim.block_seconds / max(sim.now_s - start, 1e-12),
-        kv_blocks_max_in_use=sim.max_used, preemptions=sim.preemptions, queue_growing=last > 3 * first and last > 1.0)
+        kv_blocks_max_in_use=sim.max_used, preemptions=sim.preemptions, queue_growing=growing)

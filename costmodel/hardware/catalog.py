@@ -292,6 +292,24 @@ _BLACKWELL_GB200 = {"float32": 80, "tf32": 1250, "bfloat16": 2500, "float16": 25
 # 163.4, TF32 653.7, FP16/BF16 1,307.4, FP8 2,614.9 TFLOPS, INT8 2,614.9 TOPS (dense; sparse doubles the
 # last four). CDNA3's fp8 is the FNUZ encoding (float8_e4m3fnuz); the catalog keys every fp8 peak float8_e4m3fn.
 _CDNA3 = {"float32": 163.4, "tf32": 653.7, "bfloat16": 1307.4, "float16": 1307.4, "float8_e4m3fn": 2614.9, "int8": 2614.9}
+# The MI300X measured beside the H100 by one method each: the largest bf16 torch.matmul over a size sweep
+# (stas00/ml-engineering compute/accelerator/README.md @744d01e: 668.4 TF, 0.511 of peak, against the
+# H100's 794.5, 0.803) and fp8 hipBLASLt against cuBLASLt on Azure VMs (Azure AI-benchmarking-guide
+# results @3de0c29: 0.443 against 0.652 of peak at 8192³, 0.388 against 0.696 at 16384³): its GEMMs reach
+# 0.64 of the H100's fraction of peak (the three ratios 0.64, 0.68, 0.56; dense MFMA work holds ~1.2 of
+# its 2.1 GHz). BabelStream triad on the same VM 4.09 of 5.3 TB/s (0.77); ROCm/aiter's tuned 8-bit GEMMs at
+# one row (a8w8_tuned_gemm.csv @fbb52dd, 57344×8192 and 8192×28672) stream 0.60 and 0.53 of it (0.57).
+# No MI300X training run is held: the H100's calibration carries over relative to each part's micro-benchmarks
+# (GEMM scale and bend; its fused attention scaled as its GEMMs), an assumption.
+MI300X_GEMM_FRACTION_OF_H100 = 0.64
+_MI300X_MICROBENCH = _H100_MICROBENCH.model_copy(update={
+    "matmul_curve": tuple((f, e * MI300X_GEMM_FRACTION_OF_H100) for f, e in _H100_MICROBENCH.matmul_curve),
+    "hbm": 0.77, "gemm_hbm": 0.57})
+_MI300X_EFF = _MI300X_MICROBENCH.calibrated(matmul_scale=0.70, matmul_knee=3.0, flash_attention=0.35 * MI300X_GEMM_FRACTION_OF_H100,
+                                            hbm=0.77)
+_MEASURED_MI300X_EFF = ("GEMM, stream and decode-GEMV efficiencies measured (the MI300X and the H100 by one method each: "
+                        "catalog.MI300X_GEMM_FRACTION_OF_H100), the H100's calibration carried over relative to them "
+                        "(assumed: no runs on this part)")
 
 B200 = _gpu("b200", peaks=_BLACKWELL_HGX, hbm_gib=180e9 / GIB, hbm_gbps=8000, power_w=1000, efficiency=_H100_EFF,
             source="NVIDIA HGX B200 datasheet and DGX B200 User Guide (8× B200, 1,440 GB HBM3e, 64 TB/s: 180 GB and "
@@ -304,14 +322,15 @@ GB200 = _gpu("gb200", peaks=_BLACKWELL_GB200, hbm_gib=186e9 / GIB, hbm_gbps=8000
                     f"{_ASSUMED_H100_EFF}",
              usable_source="no driver figure found: the datasheet's 186 GB assumed usable (a B200's driver reports more "
                            "than its datasheet's 180 GB)")
-MI300X = _gpu("mi300x", peaks=_CDNA3, hbm_gib=192e9 / GIB, hbm_gbps=5300, power_w=750, efficiency=_H100_EFF,
+MI300X = _gpu("mi300x", peaks=_CDNA3, hbm_gib=192e9 / GIB, hbm_gbps=5300, power_w=750, efficiency=_MI300X_EFF,
               source="AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s, 750 W); JAX runs it through XLA's ROCm backend "
-                     f"(the jax-rocm plugin), NCCL's place taken by RCCL; {_ASSUMED_H100_EFF}", usable_mib=196592,
+                     f"(the jax-rocm plugin), NCCL's place taken by RCCL; {_MEASURED_MI300X_EFF}", usable_mib=196592,
               usable_source="the KFD driver's VRAM of a CPX partition, 25,767,706,624 B, times its 8 partitions (rocminfo "
                             "and mem_banks in ROCm/legacy-rocm-build#4750; 191.98 GiB)")
-MI325X = _gpu("mi325x", peaks=_CDNA3, hbm_gib=256e9 / GIB, hbm_gbps=6000, power_w=1000, efficiency=_H100_EFF,
+MI325X = _gpu("mi325x", peaks=_CDNA3, hbm_gib=256e9 / GIB, hbm_gbps=6000, power_w=1000, efficiency=_MI300X_EFF,
               source="AMD Instinct MI325X datasheet (256 GB HBM3E, 6 TB/s, 1,000 W; peaks the MI300X's); JAX through XLA's "
-                     f"ROCm backend; {_ASSUMED_H100_EFF}", usable_mib=256 * 1024,
+                     "ROCm backend; the MI300X's efficiencies (the same die; assumed: no measurement of this part)",
+              usable_mib=256 * 1024,
               usable_source="no driver figure found: the 256 GiB of AMD's ROCm GPU-specs table (VRAM in GiB) assumed usable "
                             "(the same table's 192 GiB for the MI300X is within 0.01 % of its driver's figure)")
 L4 = _gpu("l4", peaks={"float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121, "float8_e4m3fn": 242.5, "int8": 242.5},

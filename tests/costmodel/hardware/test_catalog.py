@@ -47,7 +47,7 @@ def test_fp4_peaks_are_listed_where_published_but_no_precision_runs_them():
 
 def test_new_parts_borrow_the_nearest_calibrated_parts_efficiencies():
     h100, a100 = CATALOG["h100-sxm"].device.efficiency, CATALOG["a100-80gb"].device.efficiency
-    for part in ("b200", "gb200", "mi300x", "mi325x"):
+    for part in ("b200", "gb200"):
         assert CATALOG[part].device.efficiency == h100 and "H100's calibrated" in CATALOG[part].device.source
     for part in ("l4", "l40s", "a10g", "rtx-a6000"):
         assert CATALOG[part].device.efficiency == a100 and "A100's calibrated" in CATALOG[part].device.source
@@ -113,3 +113,15 @@ def test_the_v6e_gemm_plateau_is_the_published_device_time_measurement():
     assert v6e.efficiency.matmul(2 * 8192**3) == pytest.approx(0.79, abs=0.005)  # 1510.9 µs of device time at 8192³
     assert v6e.efficiency.matmul(1e9) < v6e.efficiency.matmul(1e11) < v6e.efficiency.matmul(1e13) == pytest.approx(0.79)
     assert "gpu-tpu-pedia" in v6e.source and CATALOG["tpu-v5p"].device.efficiency.matmul(1e13) == pytest.approx(0.85)
+
+
+def test_the_mi300x_takes_its_measured_fraction_of_the_h100s_gemm_rate_and_its_own_stream_bandwidth():
+    from costmodel.hardware.catalog import MI300X_GEMM_FRACTION_OF_H100
+
+    h100, mi300x = CATALOG["h100-sxm"].device.efficiency, CATALOG["mi300x"].device.efficiency
+    for flops in (1e9, 1e11, 1e13):
+        assert mi300x.matmul(flops) == pytest.approx(MI300X_GEMM_FRACTION_OF_H100 * h100.matmul(flops))
+    # 668.4 of 1307.4 TF against the H100's 794.5 of 989.4 (the same size sweep of torch.matmul)
+    assert MI300X_GEMM_FRACTION_OF_H100 == pytest.approx((668.4 / 1307.4) / (794.5 / 989.4), abs=0.01)
+    assert mi300x.hbm == pytest.approx(4.09 / 5.3, abs=0.005) and mi300x.gemm_hbm < mi300x.hbm
+    assert CATALOG["mi325x"].device.efficiency == mi300x and "measured" in CATALOG["mi300x"].device.source

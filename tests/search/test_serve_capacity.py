@@ -51,3 +51,12 @@ def test_nothing_holding_a_request_is_refused_in_one_line():
     huge = CFG.model_copy(update={"input_len": LengthDistribution(fixed=50_000_000)})
     with pytest.raises(InfeasibleError, match="no layout of 2 devices"):
         serve_options(MODEL, TRAIN, HW, n_devices=2, cfg=huge, slo=SLO)
+
+
+def test_the_saturated_rate_is_sustained_with_the_batch_full_not_a_short_bursts_average():
+    sustained = saturated_per_s(MODEL, TRAIN, Layout(), HW, CFG)
+    short = simulate_serving(MODEL, TRAIN, Layout(), HW, CFG.model_copy(update={"arrivals_s": (0.0,) * CFG.requests}))
+    assert sustained > 1.2 * short.requests_per_s  # 150 requests never fill a batch of 256, and their run ends in its tail
+    options = serve_options(MODEL, TRAIN, HW, n_devices=1, cfg=CFG.model_copy(update={"rate_per_s": 2 * sustained}), slo=Slo(),
+                            batch_limits=(256,))
+    assert not options[0].meets_slo and options[0].capacity_per_s == pytest.approx(sustained)  # past the capacity: not met

@@ -10,6 +10,7 @@ from benchmarks.serving_accuracy import (
     UNIT_SCALE,
     evaluate,
     evaluate_load,
+    mlperf_capacity,
     fit_host_s_per_op,
     floor_violations,
     leave_one_source_out_host,
@@ -133,3 +134,10 @@ def test_a_burst_row_issues_its_stated_requests_through_its_stated_slots():
     config = serve_config(burst)
     assert config.requests == len(config.arrivals_s) == int(burst["requests"]) and set(config.arrivals_s) == {0.0}
     assert config.max_batch == int(burst["batch"])
+
+
+def test_plan_serve_puts_each_mlperf_server_system_on_a_layout_with_a_capacity_near_its_sustained_rate():
+    rows = [r for r in csv.DictReader(open(LOAD_DATA)) if r["hardware"] == "h100-sxm"]
+    (h100,) = mlperf_capacity(rows)  # NVIDIA's 8x H100; Google's states no precision
+    assert h100["chosen"] == h100["published"] == "tp2 x4" and h100["batch"] == 1024
+    assert abs(h100["error_pct"]) < 20

@@ -57,7 +57,7 @@ class ServingStack(BaseModel):
         "reaches, by stored dtype (int8, int4): its dequantizing kernel's quality, measured against the 16-bit one; absent: "
         "as fast.")
     int4_group_bytes: NonNegativeFloat = Field(0.0, description="Bytes each group of int4 weights stores beside them (its scale "
-                                               "and zero), read with them (`InferenceConfig.weight_group_size`); 0: not counted.")
+                                               "and zero), held and read with them (`InferenceConfig.weight_bytes`); 0: not counted.")
     source: str = Field(description="Where the facts come from (repository, file, commit), and what is fitted.")
 
     def host_ops(self, *, num_layers: int) -> int:

@@ -256,8 +256,8 @@ class InferenceConfig(BaseModel):
                                         "inside the GEMM, each weight read once), autogptq-cuda-old or exllama (GPTQ's kernels "
                                         "as AutoGPTQ runs them: `costmodel.step.weight_kernels`).")
     weight_group_size: PositiveInt = Field(128, description="Weights per int4 quantization group, each with its own scale "
-                                           "and zero (read with the weights where the serving stack states their layout: "
-                                           "`ServingStack.int4_group_bytes`).")
+                                           "and zero (held and read with the weights where the serving stack states their "
+                                           "layout: `weight_bytes`).")
     serving_stack: str = Field("jax", description="The software serving the model (`costmodel.inputs.serving_stack`): "
                                "jax, vllm, torch-compile, tensorrt-llm (compiled steps, no per-operator host work) or "
                                "hf-eager (Hugging Face generate(), every operator dispatched from Python).")
@@ -282,6 +282,17 @@ class InferenceConfig(BaseModel):
         """The serving stack's preset, with ``host_s_per_op`` where given."""
         preset = get_serving_stack(self.serving_stack)
         return preset if self.host_s_per_op is None else preset.model_copy(update={"host_s_per_op": self.host_s_per_op})
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes a layer weight matrix's element occupies as stored: its dtype's, plus for int4 its share of
+        the group's scale and zero where the serving stack states their layout (`ServingStack.int4_group_bytes`).
+
+        >>> InferenceConfig(weight_dtype="int4", serving_stack="torch-compile", weight_group_size=32).weight_bytes
+        0.625
+        """
+        group = self.stack.int4_group_bytes / self.weight_group_size if self.weight_dtype is FrozenDtype.INT4 else 0.0
+        return self.weight_dtype.bytes + group
 
 
 class AdaptedMatrix(BaseModel):

@@ -217,7 +217,7 @@ def layer_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout) -
     replicated_kv = kv_heads_per_device(model, heads_tp) - model.num_kv_heads / heads_tp
     matrices = (layer_params_per_device(model, layout) - norms / layout.tp
                 + 2 * model.hidden_size * model.head_dim * replicated_kv / layout.tp_embed)
-    return matrices * train.workload.frozen_dtype.bytes + norms * train.compute_dtype.bytes
+    return matrices * train.workload.serving.weight_bytes + norms * train.compute_dtype.bytes
 
 
 def stage_weight_bytes(model: ModelConfig, train: TrainConfig, layout: Layout, stage: int) -> float:

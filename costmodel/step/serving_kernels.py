@@ -39,7 +39,7 @@ from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig, Norm, Positions
 from costmodel.inputs.stack import Attention
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.inputs.workload import FrozenDtype, WeightKernel
+from costmodel.inputs.workload import WeightKernel
 from costmodel.step.fp8_memory import FP8_BYTES
 from costmodel.step.kernels import Kernel, KernelKind
 from costmodel.step.weight_kernels import gptq_linear_kernels
@@ -70,13 +70,12 @@ def linear_kernels(name: str, *, tokens: float, d_in: float, d_out: float, train
     serving = train.workload.serving
     if serving.weight_kernel is not WeightKernel.FUSED:
         return gptq_linear_kernels(name, rows=tokens, d_in=d_in, d_out=d_out, train=train, weights=weights)
-    e, dtype = train.compute_dtype.bytes, train.workload.frozen_dtype
+    e = train.compute_dtype.bytes
     flops = 2 * tokens * d_in * d_out
     if not train.serves_fp8:
-        stored = dtype.bytes + (serving.stack.int4_group_bytes / serving.weight_group_size if dtype is FrozenDtype.INT4 else 0.0)
         return [Kernel(name=name, kind=KernelKind.MATMUL, flops=flops, linear=True,
-                       bytes=weights * d_in * d_out * stored + tokens * (d_in + d_out) * e,
-                       stream_efficiency=serving.stack.weight_only_stream.get(dtype.value, 1.0))]
+                       bytes=weights * d_in * d_out * serving.weight_bytes + tokens * (d_in + d_out) * e,
+                       stream_efficiency=serving.stack.weight_only_stream.get(serving.weight_dtype.value, 1.0))]
     gemm = Kernel(name=name, kind=KernelKind.MATMUL, flops=flops, linear=True,
                   bytes=weights * d_in * d_out * FP8_BYTES + tokens * d_in * FP8_BYTES + tokens * d_out * e)
     quant = Kernel(name=f"{name}_input_quant", kind=KernelKind.MEMORY, flops=0, bytes=tokens * d_in * (e + FP8_BYTES), fused=True)
@@ -94,7 +93,7 @@ def _mlp_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, tokens:
     touched = expected_experts_touched(num_experts=n_e, experts_per_token=k, tokens=tokens)
     f = model.moe_ffn_size / tp
     router = Kernel(name="router", kind=KernelKind.MATMUL, flops=2 * tokens * d * n_e,
-                    bytes=d * n_e * train.workload.frozen_dtype.bytes + tokens * (d + n_e) * e)
+                    bytes=d * n_e * train.workload.serving.weight_bytes + tokens * (d + n_e) * e)
     kernels = [router, *linear_kernels("expert_up", tokens=tokens * k, d_in=d, d_out=gated * f, train=train, weights=touched),
                *linear_kernels("expert_down", tokens=tokens * k, d_in=f, d_out=d, train=train, weights=touched)]
     if model.shared_expert_ffn_size:
@@ -292,4 +291,4 @@ def untouched_expert_bytes(model: ModelConfig, train: TrainConfig, layout: Layou
         return 0.0
     touched = expected_experts_touched(num_experts=model.num_experts, experts_per_token=model.experts_per_token, tokens=tokens)
     per_expert = model.routed_expert_params_per_layer / model.num_experts / layout.tp
-    return (model.num_experts - touched) * per_expert * train.workload.frozen_dtype.bytes
+    return (model.num_experts - touched) * per_expert * train.workload.serving.weight_bytes

@@ -188,3 +188,18 @@ def test_a_2d_weight_stationary_split_shards_the_cache_and_moves_fewer_bytes_in_
 def test_a_2d_split_the_model_or_workload_cannot_run_is_refused_in_one_line(layout, train):
     with pytest.raises(InvalidPlanError, match="tp_embed"):
         simulate_inference(M, train, layout, H100)
+
+
+def test_a_stacks_int4_group_scales_are_held_and_read_with_the_weights():
+    from costmodel.step.inference import layer_weight_bytes
+
+    def weights(**inference):
+        return layer_weight_bytes(M, _decode(1, 1024, **inference), Layout())
+
+    per_matrix_byte = (weights() - weights(weight_dtype="int4")) / 1.5  # bf16's 2 bytes against int4's 0.5
+    g32 = weights(weight_dtype="int4", serving_stack="torch-compile", weight_group_size=32)
+    g64 = weights(weight_dtype="int4", serving_stack="torch-compile", weight_group_size=64)
+    assert g32 - g64 == pytest.approx(per_matrix_byte * (4 / 32 - 4 / 64))  # a bf16 scale and zero a group
+    est = simulate_inference(M, _decode(1, 1024, weight_dtype="int4", serving_stack="torch-compile", weight_group_size=32),
+                             Layout(), H100)
+    assert est.time_per_output_token_s >= est.serving.hbm_lower_bound_s

@@ -225,6 +225,12 @@ def serve_config(row: dict[str, str]) -> ServeConfig:
     return ServeConfig(rate_per_s=float(row["request_rate_per_s"]), requests=int(row["requests"] or 500), **common)
 
 
+def load_train(row: dict[str, str]) -> TrainConfig:
+    """The decode workload a row measured under load served: its weight and KV-cache storage, its compute precision."""
+    inference = InferenceConfig(weight_dtype=WEIGHT_DTYPES[row["weight_dtype"]], kv_cache_dtype=row["kv_cache_dtype"] or "auto")
+    return train_config(workload="decode", lora=None, inference=inference).with_precision(COMPUTE_PRECISIONS[row["precision"]])
+
+
 def evaluate_load(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     """One result per row measured under load: continuous batching simulated at the row's load
     (`costmodel.step.continuous_batching`), or the reason it was skipped."""
@@ -237,8 +243,7 @@ def evaluate_load(rows: list[dict[str, str]]) -> list[dict[str, object]]:
                   "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "metric": row["metric"], "measured": measured,
                   "predicted": None, "error_pct": None, "overloaded": None, "skipped": load_skip_reason(row) or ""}
         if not result["skipped"]:
-            inference = InferenceConfig(weight_dtype=WEIGHT_DTYPES[row["weight_dtype"]], kv_cache_dtype=row["kv_cache_dtype"] or "auto")
-            train = train_config(workload="decode", lora=None, inference=inference).with_precision(COMPUTE_PRECISIONS[row["precision"]])
+            train = load_train(row)
             layout, load = Layout(dp=int(row["replicas"]), tp=int(row["tp"])), serve_config(row)
             key = (row["preset"], row["hardware"], train.model_dump_json(), layout.model_dump_json(), load.model_dump_json())
             try:
@@ -270,8 +275,7 @@ def mlperf_capacity(rows: list[dict[str, str]]) -> list[dict[str, object]]:
         if not (row["source"].startswith("mlcommons/") and row["metric"] == "throughput_req_per_s" and row["request_rate_per_s"] != "inf"
                 and row["input_len"] and row["precision"] in COMPUTE_PRECISIONS and row["weight_dtype"] in WEIGHT_DTYPES):
             continue
-        inference = InferenceConfig(weight_dtype=WEIGHT_DTYPES[row["weight_dtype"]], kv_cache_dtype=row["kv_cache_dtype"] or "auto")
-        train = train_config(workload="decode", lora=None, inference=inference).with_precision(COMPUTE_PRECISIONS[row["precision"]])
+        train = load_train(row)
         cfg = ServeConfig(rate_per_s=float(row["request_rate_per_s"]), input_len=LengthDistribution(fixed=int(row["input_len"])),
                           output_len=LengthDistribution(fixed=int(row["output_len"])))
         best = serve_options(load_model(row["preset"]), train, train_machine(load_hardware(row["hardware"]), train),
@@ -374,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(args.out, results)
     print(f"wrote {args.out}")
     with args.load.open() as f:
-        load = evaluate_load(list(csv.DictReader(f)))
+        load_rows = list(csv.DictReader(f))
+    load = evaluate_load(load_rows)
     simulated = [r for r in load if not r["skipped"]]
     print_table(f"Under load: continuous batching simulated ({len(simulated)} rows, {len(load) - len(simulated)} skipped)",
                 _fmt([{k: v for k, v in r.items() if k != "skipped"} for r in simulated]))
@@ -386,9 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("source", "metric"):
         print_table(f"Under load: |error| per {key}", error_summary(simulated, key))
     write_csv(args.out.with_name(args.out.stem + "_load.csv"), load)
-    with args.load.open() as f:
-        print_table("plan serve under MLPerf's targets (TTFT p99 <= 2 s, TPOT p99 <= 200 ms): its layout and capacity "
-                    "against the rate each submission sustained", mlperf_capacity(list(csv.DictReader(f))))
+    print_table("plan serve under MLPerf's targets (TTFT p99 <= 2 s, TPOT p99 <= 200 ms): its layout and capacity "
+                "against the rate each submission sustained", mlperf_capacity(load_rows))
     core = [r for r in simulated if r["metric"] in LOAD_MEDIANS_AND_THROUGHPUT]
     within = sum(abs(float(r["error_pct"])) <= LOAD_TOLERANCE_PCT for r in core)
     print(f"under load, median latencies and throughput: {within} of {len(core)} rows within {LOAD_TOLERANCE_PCT:.0f} %, "

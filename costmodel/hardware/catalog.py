@@ -302,9 +302,9 @@ _CDNA3 = {"float32": 163.4, "tf32": 653.7, "bfloat16": 1307.4, "float16": 1307.4
 # No MI300X training run is held: the H100's calibration carries over relative to each part's micro-benchmarks
 # (GEMM scale and bend; its fused attention scaled as its GEMMs), an assumption.
 MI300X_GEMM_FRACTION_OF_H100 = 0.64
-_MI300X_MICROBENCH = _H100_MICROBENCH.model_copy(update={
-    "matmul_curve": tuple((f, e * MI300X_GEMM_FRACTION_OF_H100) for f, e in _H100_MICROBENCH.matmul_curve),
-    "hbm": 0.77, "gemm_hbm": 0.57})
+_MI300X_MICROBENCH = _H100_MICROBENCH.calibrated(
+    matmul_scale=MI300X_GEMM_FRACTION_OF_H100, flash_attention=_H100_MICROBENCH.flash_attention, hbm=0.77,
+).model_copy(update={"gemm_hbm": 0.57})
 _MI300X_EFF = _MI300X_MICROBENCH.calibrated(matmul_scale=0.70, matmul_knee=3.0, flash_attention=0.35 * MI300X_GEMM_FRACTION_OF_H100,
                                             hbm=0.77)
 _MEASURED_MI300X_EFF = ("GEMM, stream and decode-GEMV efficiencies measured (the MI300X and the H100 by one method each: "

@@ -52,6 +52,10 @@ class ServingStack(BaseModel):
     attention: Attention = Field(Attention.FLASH, description="flash: a fused kernel reads q, k and v once; materialized: "
                                  "the scores are written, scaled, masked, soft-maxed in fp32 and read back "
                                  "(`costmodel.step.serving_kernels.materialized_attention_kernels`).")
+    kv_read_per_query_head: bool = Field(
+        False, description="The decode attention kernel runs a thread block per query head, each reading its KV head's "
+        "cache: a grouped-query cache is read from HBM once per query head it serves (TensorRT-LLM's masked multi-head "
+        "attention before the XQA kernel). False: each KV head is read once for its whole group.")
     weight_only_stream: dict[str, float] = Field(
         default_factory=dict, description="Fraction of a 16-bit GEMV's weight-streaming rate the stack's weight-only GEMV "
         "reaches, by stored dtype (int8, int4): its dequantizing kernel's quality, measured against the 16-bit one; absent: "
@@ -129,6 +133,13 @@ SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
     ServingStack(name="tensorrt-llm",
                  source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (assumed from that design, not "
                         "counted from its code): no per-operator Python dispatch; its fused plugins' kernel count is not counted."),
+    ServingStack(name="tensorrt-llm-0.6", kv_read_per_query_head=True,
+                 source="NVIDIA/TensorRT-LLM v0.5 and v0.6 (the tables of docs/source/performance.md and "
+                        "docs/source/blogs/H200launch.md): as tensorrt-llm, but decode attention runs the masked multi-head "
+                        "attention kernel, a thread block per query head, so a grouped-query cache is read once per query "
+                        "head; the GQA kernel (XQA) that reads each KV head once for its group came with v0.7a "
+                        "(docs/source/blogs/Falcon180B-H200.md @3c44cb9, XQA-kernel.md @585c756: 2.4x Llama-70B "
+                        "throughput on one H200 at 128/2048)."),
     ServingStack(name="hf-eager", host_ops_per_layer=HF_EAGER_OPS_PER_LAYER, host_ops_per_step=HF_EAGER_OPS_PER_STEP,
                  host_s_per_op=HF_EAGER_S_PER_OP, cache_grown_by_concatenation=True, operators_unfused=True,
                  attention=Attention.MATERIALIZED,

@@ -259,7 +259,7 @@ class InferenceConfig(BaseModel):
                                            "and zero (held and read with the weights where the serving stack states their "
                                            "layout: `weight_bytes`).")
     serving_stack: str = Field("jax", description="The software serving the model (`costmodel.inputs.serving_stack`): "
-                               "jax, vllm, torch-compile, tensorrt-llm (compiled steps, no per-operator host work) or "
+                               "jax, vllm, torch-compile, tensorrt-llm, tensorrt-llm-0.6 (compiled steps, no per-operator host work) or "
                                "hf-eager (Hugging Face generate(), every operator dispatched from Python).")
     host_s_per_op: NonNegativeFloat | None = Field(None, description="Host seconds per operator the serving stack dispatches "
                                                    "(e.g. measured on your host); None: the stack's own (fitted) value.")

@@ -53,8 +53,8 @@ class Efficiency(BaseModel):
                        description="Fraction of HBM bandwidth a memory-bound elementwise or row kernel (norms, softmax) reaches.")
     gemm_hbm: float | None = Field(
         None, ge=MIN_EFFICIENCY, le=1,
-        description="Fraction of HBM bandwidth a memory-bound GEMM reaches: a GEMV streams its weights once, as a plain "
-        "copy does (a decode step's GEMMs); None: as `hbm`.",
+        description="Fraction of HBM bandwidth a memory-bound GEMM or fused attention reaches: a GEMV streams its weights "
+        "once, and decode attention its keys and values, in long contiguous reads as a plain copy does; None: as `hbm`.",
     )
     kernel_floor_s: NonNegativeFloat = Field(5e-6, description="Launch and tail latency added to every kernel.")
     overlap_slowdown: float = Field(
@@ -103,12 +103,14 @@ class Efficiency(BaseModel):
         return min(1.0, self.flash_attention * ratio)
 
     def hbm_for(self, kind: KernelKind) -> float:
-        """The fraction of HBM bandwidth a memory-bound kernel of ``kind`` reaches.
+        """The fraction of HBM bandwidth a memory-bound kernel of ``kind`` reaches: GEMMs and fused attention stream
+        (`gemm_hbm`), the rest are row and elementwise kernels (`hbm`).
 
         >>> Efficiency(hbm=0.6, gemm_hbm=0.85).hbm_for(KernelKind.MATMUL), Efficiency(hbm=0.6).hbm_for(KernelKind.MATMUL)
         (0.85, 0.6)
         """
-        return self.gemm_hbm if kind is KernelKind.MATMUL and self.gemm_hbm is not None else self.hbm
+        streams = kind in (KernelKind.MATMUL, KernelKind.FLASH_ATTENTION)
+        return self.gemm_hbm if streams and self.gemm_hbm is not None else self.hbm
 
     def matmul(self, flops: float) -> float:
         """GEMM efficiency at ``flops``, log-linear between points, flat outside."""

@@ -11,7 +11,8 @@
   compute dtype inside the GEMM (weight-only), unless GPTQ's kernels run them
   (`costmodel.step.weight_kernels`).
 - Attention against the KV cache (decode: the new token's query over the whole cache, read once
-  in the cache's dtype; prefill: causal, quadratic) at the compute dtype's peak; the head too.
+  in the cache's dtype, or once per query head where the stack's kernel does, `decode_kv_reads`;
+  prefill: causal, quadratic) at the compute dtype's peak; the head too.
 - An eager stack (`costmodel.inputs.serving_stack.ServingStack.operators_unfused`) runs every
   small operator as a kernel of its own (`unfused_operator_kernel`), and materialized attention
   writes the score matrix and passes over it four times (`materialized_attention_kernels`).
@@ -57,6 +58,19 @@ def expected_experts_touched(*, num_experts: int, experts_per_token: int, tokens
 def kv_element_bytes(train: TrainConfig) -> float:
     """Bytes of one cached key or value element (`costmodel.inputs.workload.KvCacheDtype`)."""
     return train.workload.serving.kv_cache_dtype.bytes(train.compute_dtype.bytes)
+
+
+def decode_kv_reads(model: ModelConfig, train: TrainConfig) -> float:
+    """Times decode attention reads each cached KV head from HBM: once, or once per query head of
+    its group where the stack's kernel runs a thread block per query head
+    (`costmodel.inputs.serving_stack.ServingStack.kv_read_per_query_head`).
+
+    >>> m = ModelConfig(name="m", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, ffn_size=4096, vocab_size=1000)
+    >>> decode_kv_reads(m, TrainConfig(workload="decode")), decode_kv_reads(m, TrainConfig(workload="decode",
+    ...     inference={"serving_stack": "tensorrt-llm-0.6"}))
+    (1, 4.0)
+    """
+    return model.num_heads / model.num_kv_heads if train.workload.serving.stack.kv_read_per_query_head else 1
 
 
 def linear_kernels(name: str, *, tokens: float, d_in: float, d_out: float, train: TrainConfig, weights: float = 1.0) -> list[Kernel]:
@@ -122,7 +136,8 @@ def layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, seq
     elif new_tokens == 1:  # decode: each new query attends the whole cache (or its window), read once as stored
         attention = [Kernel(name="attention", kind=KernelKind.FLASH_ATTENTION,
                             flops=4 * sequences * min(train.seq_len, model.sliding_window or train.seq_len) * q,
-                            bytes=sequences * (2 * kv * cache_tokens * kv_element_bytes(train) + 2 * q * e))]
+                            bytes=sequences * (2 * kv * cache_tokens * kv_element_bytes(train) * decode_kv_reads(model, train)
+                                               + 2 * q * e))]
     else:  # prefill: causal, half the score matrix; q, k, v and the output pass HBM once
         attn_flops = 2 * sequences * new_tokens ** 2 * q
         if model.sliding_window is not None and new_tokens > model.sliding_window:
@@ -264,7 +279,8 @@ def iteration_layer_kernels(model: ModelConfig, train: TrainConfig, layout: Layo
                                                     keys=cached_tokens, kv=kv)
     elif decode_sequences:
         attention.append(Kernel(name="decode_attention", kind=KernelKind.FLASH_ATTENTION, flops=4 * tokens_per_sequence * cached_tokens * q,
-                                bytes=2 * kv * cached_tokens * kv_element_bytes(train) + new * 2 * q * e))
+                                bytes=2 * kv * cached_tokens * kv_element_bytes(train) * decode_kv_reads(model, train)
+                                + new * 2 * q * e))
     if decode_sequences:
         attention += cache_concat_kernels(train, cached_tokens=cached_tokens, kv=kv)
     if prompt_tokens and materialized:

@@ -60,3 +60,11 @@ def test_a_kernel_streaming_below_its_kinds_rate_takes_longer_by_that_factor():
     args = {"peak_flops_per_s": 1e15, "hbm_bytes_per_s": 2e12, "efficiency": Efficiency(gemm_hbm=0.8)}
     full, half = (kernel_bounds_s(k, **args)[1] for k in (gemv, gemv.model_copy(update={"stream_efficiency": 0.5})))
     assert full == pytest.approx(1e9 / (2e12 * 0.8)) and half == pytest.approx(2 * full)
+
+
+def test_gemms_and_fused_attention_stream_at_the_copy_rate_and_row_kernels_at_their_own():
+    """Decode attention reads its keys and values in long contiguous runs as a GEMV reads its weights; norms and softmax
+    passes keep the (lower) row-kernel rate (the A100's training fit: 0.55 against a copy's 0.85)."""
+    eff = load_hardware("a100-80gb").device.efficiency
+    assert eff.hbm_for(KernelKind.FLASH_ATTENTION) == eff.hbm_for(KernelKind.MATMUL) == 0.85
+    assert eff.hbm_for(KernelKind.MEMORY) == 0.55

@@ -5,7 +5,7 @@ import pytest
 from costmodel.inputs.layout import Layout
 from costmodel.inputs.model_config import ModelConfig
 from costmodel.inputs.train_config import TrainConfig
-from costmodel.step.serving_kernels import expected_experts_touched, layer_kernels, linear_kernels
+from costmodel.step.serving_kernels import expected_experts_touched, iteration_layer_kernels, layer_kernels, linear_kernels
 
 MOE = ModelConfig(name="moe", hidden_size=1024, num_layers=2, num_heads=8, num_kv_heads=2, ffn_size=2048, vocab_size=1000,
                   num_experts=8, experts_per_token=2)
@@ -84,3 +84,22 @@ def test_torch_compile_streams_weight_only_gemvs_slower_and_reads_tinygemm_group
     assert jax_int4.bytes == 4096 * 4096 * 0.5 + activations and jax_int4.stream_efficiency == 1.0
     assert torch_int4.bytes == pytest.approx(4096 * 4096 * (0.5 + 4 / 32) + activations)  # a bf16 scale and zero per 32 weights
     assert torch_int4.stream_efficiency < torch_int8.stream_efficiency < torch_bf16.stream_efficiency == 1.0
+
+
+def test_a_kernel_with_a_block_per_query_head_reads_a_grouped_cache_once_per_query_head():
+    """TensorRT-LLM's masked multi-head attention (before XQA) reads each of DENSE's 4 KV heads for each of its 4 query
+    heads, in decode and in a continuous-batching iteration; prefill's fused kernel is unchanged."""
+    def attention_bytes(stack, workload="decode", new_tokens=1):
+        kernels = layer_kernels(DENSE, _serve(workload, serving_stack=stack), Layout(), sequences=8, new_tokens=new_tokens,
+                                kv_heads=4, cache_tokens=512)
+        return next(k.bytes for k in kernels if k.name == "attention")
+
+    queries = 8 * 2 * 16 * 64 * 2  # each sequence's query in and output out
+    shared, per_head = attention_bytes("tensorrt-llm"), attention_bytes("tensorrt-llm-0.6")
+    assert per_head - queries == pytest.approx(4 * (shared - queries))
+    assert attention_bytes("tensorrt-llm-0.6", "prefill", 512) == attention_bytes("tensorrt-llm", "prefill", 512)
+    iteration = {s: next(k.bytes for k in iteration_layer_kernels(DENSE, _serve(serving_stack=s), Layout(), decode_sequences=8,
+                                                                   tokens_per_sequence=1, cached_tokens=8 * 512, kv_heads=4,
+                                                                   prompt_tokens=0) if k.name == "decode_attention")
+                 for s in ("tensorrt-llm", "tensorrt-llm-0.6")}
+    assert iteration["tensorrt-llm-0.6"] - queries == pytest.approx(4 * (iteration["tensorrt-llm"] - queries))

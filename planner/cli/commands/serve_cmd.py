@@ -70,8 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights per int4 quantization group (default 128; read with the weights where the serving stack "
                              "states their layout: torch-compile's tinygemm)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS), default="jax",
-                        help="the software serving the model: jax (default), vllm, torch-compile, tensorrt-llm, tensorrt-llm-0.6 (compiled steps) "
-                             "or hf-eager (every operator dispatched from Python: each iteration takes at least that)")
+                        help="the software serving the model: jax (default), vllm, torch-compile, tensorrt-llm, "
+                             "tensorrt-llm-0.6 (compiled steps) or hf-eager (every operator dispatched from Python: each iteration "
+                             "takes at least that)")
     parser.add_argument("--draft-model", help="a draft model for speculative decoding (preset or config.json)")
     parser.add_argument("--draft-tokens", type=positive_int, default=4, help="tokens the draft proposes a step (default 4)")
     parser.add_argument("--acceptance-rate", type=probability, default=0.7,

@@ -82,8 +82,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "weights where the serving stack states their layout: torch-compile's tinygemm)")
     parser.add_argument("--serving-stack", choices=list(SERVING_STACKS),
                         help="the software serving the model (prefill and decode): jax (default), vllm, torch-compile, "
-                             "tensorrt-llm, tensorrt-llm-0.6 (compiled steps) or hf-eager (Hugging Face generate(), each operator dispatched from Python: "
-                             "a step takes at least that host time; docs/workloads.md#serving-stacks)")
+                             "tensorrt-llm, tensorrt-llm-0.6 (compiled steps) or hf-eager (Hugging Face generate(), each operator "
+                             "dispatched from Python: a step takes at least that host time; docs/workloads.md#serving-stacks)")
 
 
 def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:

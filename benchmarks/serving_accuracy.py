@@ -226,8 +226,10 @@ def serve_config(row: dict[str, str]) -> ServeConfig:
 
 
 def load_train(row: dict[str, str]) -> TrainConfig:
-    """The decode workload a row measured under load served: its weight and KV-cache storage, its compute precision."""
-    inference = InferenceConfig(weight_dtype=WEIGHT_DTYPES[row["weight_dtype"]], kv_cache_dtype=row["kv_cache_dtype"] or "auto")
+    """The decode workload a row measured under load served: its weight and KV-cache storage, its compute precision, its
+    serving stack (blank: jax)."""
+    inference = InferenceConfig(weight_dtype=WEIGHT_DTYPES[row["weight_dtype"]], kv_cache_dtype=row["kv_cache_dtype"] or "auto",
+                                serving_stack=row.get("serving_stack") or "jax")
     return train_config(workload="decode", lora=None, inference=inference).with_precision(COMPUTE_PRECISIONS[row["precision"]])
 
 

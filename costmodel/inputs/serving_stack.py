@@ -56,6 +56,13 @@ class ServingStack(BaseModel):
         False, description="The decode attention kernel runs a thread block per query head, each reading its KV head's "
         "cache: a grouped-query cache is read from HBM once per query head it serves (TensorRT-LLM's masked multi-head "
         "attention before the XQA kernel). False: each KV head is read once for its whole group.")
+    reserves_whole_request: bool = Field(
+        False, description="The scheduler admits a request only when KV blocks for its prompt and its whole output are free "
+        "beside every running request's, and never preempts (TensorRT-LLM's default GUARANTEED_NO_EVICT). False: blocks "
+        "are taken as the context grows, the latest admitted request preempted when they run out (vLLM's).")
+    kv_free_memory_fraction: float = Field(
+        1.0, gt=0, le=1, description="Fraction of the memory left beside the weights, temporaries and runtime reserve that "
+        "the KV cache takes (TensorRT-LLM's free_gpu_memory_fraction, 0.9 by default); 1: all of it.")
     weight_only_stream: dict[str, float] = Field(
         default_factory=dict, description="Fraction of a 16-bit GEMV's weight-streaming rate the stack's weight-only GEMV "
         "reaches, by stored dtype (int8, int4): its dequantizing kernel's quality, measured against the 16-bit one; absent: "
@@ -111,6 +118,20 @@ VLLM_SIDE_KERNELS_PER_LAYER = 5
 # (rotary q and k, residual adds, the activation, score scaling and mask, casts) and 2 cache writes,
 # beside the scan's read of its layer's cache, which per-layer serving drops: 14.
 JAX_SIDE_KERNELS_PER_LAYER = 14
+# NVIDIA/TensorRT-LLM, a Llama decoder layer's generation step beside its GEMMs, attention and all-reduces, as its
+# code and docs state them (2024 releases, engines built with the default plugins): two RMSNorms (TensorRT fuses
+# each with its residual add: our reading, no profile read), the SwiGLU kernel after the fused gate/up GEMM
+# (tensorrt_llm/plugin/plugin.py @c20322f, use_fused_mlp: "followed by a separate SwiGLU kernel"), and where the
+# XQA kernel runs a grouped-query model's attention, invokeBuildDecoderInfo and invokeQKVPreprocessing (RoPE and
+# the KV-cache write) before it (cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/
+# decoderXQAImplPrecompiled.cpp, 2024): 5. The masked multi-head attention kernel of v0.5/v0.6 applies RoPE and
+# writes the cache itself (docs/source/advanced/gpt-attention.md @a7e572f): 3.
+TRTLLM_XQA_SIDE_KERNELS_PER_LAYER = 5
+# TensorRT-LLM's KV cache takes 0.9 of the GPU memory free after the engine loads (KvCacheConfig
+# free_gpu_memory_fraction's default; NVIDIA's MLPerf Inference v4.1 llama2-70b configs set the same,
+# kvcache_free_gpu_mem_frac = 0.90: mlcommons/inference_results_v4.1 @a2f5d66 closed/NVIDIA/configs/llama2-70b/Server).
+TRTLLM_KV_FREE_MEMORY_FRACTION = 0.9
+TRTLLM_MMHA_SIDE_KERNELS_PER_LAYER = 3
 
 SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
     ServingStack(name="jax", side_kernels_per_layer=JAX_SIDE_KERNELS_PER_LAYER,
@@ -130,16 +151,21 @@ SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
                         "Inductor fuses a layer's small operations is not counted. Weight-only GEMVs: int8 through Inductor "
                         "at 0.795 and int4 through tinygemm (bf16 scale and zero a group) at 0.532 of the bf16 GEMV's "
                         "streaming rate, fitted to pytorch/ao's quantization README tables (TORCH_INT8_WEIGHT_ONLY_STREAM)."),
-    ServingStack(name="tensorrt-llm",
-                 source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (assumed from that design, not "
-                        "counted from its code): no per-operator Python dispatch; its fused plugins' kernel count is not counted."),
-    ServingStack(name="tensorrt-llm-0.6", kv_read_per_query_head=True,
+    ServingStack(name="tensorrt-llm", side_kernels_per_layer=TRTLLM_XQA_SIDE_KERNELS_PER_LAYER, reserves_whole_request=True,
+                 kv_free_memory_fraction=TRTLLM_KV_FREE_MEMORY_FRACTION,
+                 source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (no per-operator Python dispatch); "
+                        "5 side kernels a layer read from its code (TRTLLM_XQA_SIDE_KERNELS_PER_LAYER); its default capacity "
+                        "scheduler, GUARANTEED_NO_EVICT, admits a request only with blocks for its whole output and never "
+                        "pauses one (docs: performance/performance-tuning-guide/useful-runtime-flags, 'Capacity Scheduler "
+                        "Policy'); its KV cache takes 0.9 of the free memory (TRTLLM_KV_FREE_MEMORY_FRACTION)."),
+    ServingStack(name="tensorrt-llm-0.6", side_kernels_per_layer=TRTLLM_MMHA_SIDE_KERNELS_PER_LAYER, kv_read_per_query_head=True,
+                 reserves_whole_request=True, kv_free_memory_fraction=TRTLLM_KV_FREE_MEMORY_FRACTION,
                  source="NVIDIA/TensorRT-LLM v0.5 and v0.6 (the tables of docs/source/performance.md and "
                         "docs/source/blogs/H200launch.md): as tensorrt-llm, but decode attention runs the masked multi-head "
-                        "attention kernel, a thread block per query head, so a grouped-query cache is read once per query "
-                        "head; the GQA kernel (XQA) that reads each KV head once for its group came with v0.7a "
-                        "(docs/source/blogs/Falcon180B-H200.md @3c44cb9, XQA-kernel.md @585c756: 2.4x Llama-70B "
-                        "throughput on one H200 at 128/2048)."),
+                        "attention kernel, a thread block per query head that applies RoPE and writes the cache itself (3 "
+                        "side kernels a layer), so a grouped-query cache is read once per query head; the GQA kernel (XQA) "
+                        "that reads each KV head once for its group came with v0.7a (docs/source/blogs/Falcon180B-H200.md "
+                        "@3c44cb9, XQA-kernel.md @585c756: 2.4x Llama-70B throughput on one H200 at 128/2048)."),
     ServingStack(name="hf-eager", host_ops_per_layer=HF_EAGER_OPS_PER_LAYER, host_ops_per_step=HF_EAGER_OPS_PER_STEP,
                  host_s_per_op=HF_EAGER_S_PER_OP, cache_grown_by_concatenation=True, operators_unfused=True,
                  attention=Attention.MATERIALIZED,

@@ -10,7 +10,11 @@ prefilled whole in an iteration of their own before decoding resumes. The KV cac
 (``kv_block_size`` tokens a block); a request is admitted only when its first chunk's blocks are
 free, and when a running request needs a block and none is free the latest admitted one is
 preempted (its blocks freed, its prompt and generated tokens recomputed on readmission: vLLM's
-recompute preemption). Each iteration is costed by the step model at its actual batch, cached
+recompute preemption). A stack that reserves whole requests
+(`costmodel.inputs.serving_stack.ServingStack.reserves_whole_request`, TensorRT-LLM's
+GUARANTEED_NO_EVICT) admits one only when the blocks of its prompt and its whole output are free,
+and so never preempts; its output is the one drawn (a server reserving a larger ``max_tokens``
+admits fewer). Each iteration is costed by the step model at its actual batch, cached
 tokens and prompt tokens (`costmodel.step.inference.iteration_s`). A prompt's completion emits
 its first token; the time to first token is from arrival to then, the time per output token the
 rest of the request's time over its remaining tokens.
@@ -193,10 +197,12 @@ def _held_beside_cache(model: ModelConfig, train: TrainConfig, layout: Layout) -
 def kv_block_capacity(model: ModelConfig, train: TrainConfig, layout: Layout, hw: Machine, draft: ModelConfig | None = None) -> int:
     """Blocks that fit one device beside the weights and a decode step's temporaries (the draft
     model's too, whose cache takes its share of each block), within the usable memory less the
-    runtime reserve."""
+    runtime reserve, of which the serving stack gives the cache its fraction
+    (`costmodel.inputs.serving_stack.ServingStack.kv_free_memory_fraction`)."""
     held = _held_beside_cache(model, train, layout) + (_held_beside_cache(draft, train, layout) if draft else 0.0)
     per_block = kv_block_bytes(model, train, layout) + (kv_block_bytes(draft, train, layout) if draft else 0.0)
-    return max(0, int((hw.hbm_bytes - hw.memory_reserve_bytes - held) // per_block))
+    free = (hw.hbm_bytes - hw.memory_reserve_bytes - held) * train.workload.serving.stack.kv_free_memory_fraction
+    return max(0, int(free // per_block))
 
 
 def _bucket(tokens: int) -> int:
@@ -249,7 +255,7 @@ def simulate_serving(model: ModelConfig, train: TrainConfig, layout: Layout, hw:
             pending.append(requests[-1])
 
     sim = _Scheduler(cfg, block, capacity, lambda d, c, p: cost_s(d, _bucket(c), p), spec.expected_tokens if spec else 1.0,
-                     on_done=follow_up)
+                     on_done=follow_up, reserve_whole=train.workload.serving.stack.reserves_whole_request)
     while pending or sim.waiting or sim.running:
         if not sim.waiting and not sim.running:
             sim.now_s = max(sim.now_s, pending[0].arrival_s)
@@ -263,9 +269,9 @@ class _Scheduler:
     """The scheduler's state and one iteration's choices (module docstring)."""
 
     def __init__(self, cfg: ServeConfig, block: int, capacity: int, cost_s: Callable[[int, int, int], float],
-                 tokens_per_step: float, on_done: Callable[[_Request], None]) -> None:
+                 tokens_per_step: float, on_done: Callable[[_Request], None], reserve_whole: bool = False) -> None:
         self.cfg, self.block, self.capacity, self.cost_s, self.tokens_per_step = cfg, block, capacity, cost_s, tokens_per_step
-        self.on_done = on_done
+        self.on_done, self.reserve_whole = on_done, reserve_whole
         self.most_per_step = math.ceil(tokens_per_step)
         self.now_s = 0.0
         self.waiting: deque[_Request] = deque()
@@ -348,11 +354,12 @@ class _Scheduler:
         while self.waiting and len(self.running) < self.cfg.max_batch and budget > 0:
             r = self.waiting[0]
             n = int(min(r.to_prefill, budget))
-            if self._need(r, r.context + n) > self.capacity - self.used:
+            held = r.prompt + r.output if self.reserve_whole else r.context + n  # the whole request's blocks, or its first chunk's
+            if self._need(r, held) > self.capacity - self.used:
                 break
             self.waiting.popleft()
             self.running.append(r)
-            self._grant(r, r.context + n)
+            self._grant(r, held)
             chunks.append((r, n))
             budget -= n
         return chunks

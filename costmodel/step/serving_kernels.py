@@ -189,7 +189,7 @@ def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, toke
     >>> # bf16: (8·1024 + 2·(1024 + 256) + 4·256 + 3·4096) · 2 bytes over the jax stack's 14 launches
     >>> [(k.count, k.count * k.bytes) for k in side_kernels(m, TrainConfig(workload="decode"), Layout(), tokens=1, kv_heads=4)]
     [(14.0, 48128.0)]
-    >>> side_kernels(m, TrainConfig(workload="decode", inference={"serving_stack": "tensorrt-llm"}), Layout(), tokens=1, kv_heads=4)
+    >>> side_kernels(m, TrainConfig(workload="decode", inference={"serving_stack": "torch-compile"}), Layout(), tokens=1, kv_heads=4)
     []
     """
     if train.workload.serving.stack.operators_unfused:

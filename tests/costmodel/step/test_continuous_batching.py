@@ -76,6 +76,18 @@ def test_too_few_blocks_preempt_the_latest_and_every_request_still_completes():
     assert result.completed == 50 and result.preemptions > 0 and result.kv_blocks_max_in_use <= need
 
 
+def test_tensorrt_llm_reserves_each_request_whole_and_never_preempts():
+    """GUARANTEED_NO_EVICT: where vLLM's scheduler admits three prompts and preempts as their contexts grow (the test
+    above), TensorRT-LLM's admits only what it can finish, in 0.9 of the memory free beside the weights."""
+    trt = TrainConfig(workload="decode", inference={"serving_stack": "tensorrt-llm"})
+    need = 3 * 256 // 16 + 2
+    small = HW.model_copy(update={"hbm_bytes": HW.memory_reserve_bytes + _held(MODEL) + need * kv_block_bytes(MODEL, TRAIN, Layout())})
+    assert kv_block_capacity(MODEL, trt, Layout(), small) == int(0.9 * need)
+    result = simulate_serving(MODEL, trt, Layout(), small, _cfg(200, requests=50))
+    assert result.completed == 50 and result.preemptions == 0
+    assert result.kv_blocks_max_in_use == 2 * 20 and result.mean_batch <= 2  # two whole requests (20 blocks each) at a time
+
+
 def _held(model):
     from costmodel.step.continuous_batching import _held_beside_cache
     return _held_beside_cache(model, TRAIN, Layout())

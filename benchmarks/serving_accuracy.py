@@ -18,7 +18,7 @@ bandwidth). Each row's metric is then predicted as the source measured it:
 
 A row the serving model cannot express (unstated lengths, a model without a preset) is listed
 as skipped with why. Prints the table (measured, predicted, the HBM bound in the metric's own
-unit, error), the mean and max |error| per source, and the decode must-show (llama3-8b and
+unit, error), the mean, signed and max error per source, per serving stack and per metric, and the decode must-show (llama3-8b and
 llama3-70b at batch 1 and 64 on H100 and A100: HBM floor, predicted, published where a row
 matches); writes one CSV. Exits 1 if any predicted TPOT is below its HBM floor.
 
@@ -142,7 +142,7 @@ def evaluate(rows: list[dict[str, str]], *, host_s_per_op: dict[str, float] | No
     for row in rows:
         measured = float(row["measured_value"]) * UNIT_SCALE[row["measured_unit"]]
         result: dict[str, object] = {
-            "source": source_family(row), "model": row["model"], "hardware": row["hardware"],
+            "source": source_family(row), "stack": row.get("serving_stack") or "jax", "model": row["model"], "hardware": row["hardware"],
             "layout": f"tp{row['tp']} pp{row['pp']} x{row['replicas']}", "batch": int(row["batch"]),
             "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "weights": row["weight_dtype"], "kv": row["kv_cache_dtype"],
             "metric": row["metric"],
@@ -239,8 +239,8 @@ def evaluate_load(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     results, runs = [], {}
     for row in rows:
         measured = float(row["measured_value"]) * LOAD_UNITS.get(row["measured_unit"], math.nan)
-        result = {"source": source_family(row), "model": row["model"], "hardware": row["hardware"],
-                  "layout": f"tp{row['tp'] or '?'} x{row['replicas'] or '?'}",
+        result = {"source": source_family(row), "stack": row.get("serving_stack") or "jax", "model": row["model"],
+                  "hardware": row["hardware"], "layout": f"tp{row['tp'] or '?'} x{row['replicas'] or '?'}",
                   "load": f"{row['concurrency']} clients" if row["concurrency"] else f"{row['request_rate_per_s']} req/s",
                   "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "metric": row["metric"], "measured": measured,
                   "predicted": None, "error_pct": None, "overloaded": None, "skipped": load_skip_reason(row) or ""}
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "why": r["skipped"]} for r in results if r["skipped"]])
     errors = [abs(float(r["error_pct"])) for r in predicted]
     print(f"mean |error| {statistics.mean(errors):.1f} %   max |error| {max(errors):.1f} %   over {len(errors)} rows")
-    for key in ("source", "metric"):
+    for key in ("source", "stack", "metric"):
         print_table(f"|error| per {key}", error_summary(predicted, key))
     print_table("Decode must-show: time per output token, 1024 input / 128 output tokens", must_show(results, rows))
     write_csv(args.out, results)
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["skipped"]:
             skipped[r["source"], r["skipped"]] += 1
     print_table("Under load: skipped rows", [{"source": k[0], "why": k[1], "rows": n} for k, n in sorted(skipped.items())])
-    for key in ("source", "metric"):
+    for key in ("source", "stack", "metric"):
         print_table(f"Under load: |error| per {key}", error_summary(simulated, key))
     write_csv(args.out.with_name(args.out.stem + "_load.csv"), load)
     print_table("plan serve under MLPerf's targets (TTFT p99 <= 2 s, TPOT p99 <= 200 ms): its layout and capacity "

@@ -41,6 +41,9 @@ class ServingStack(BaseModel):
     side_kernels_per_layer: NonNegativeInt | None = Field(
         None, description="Kernels a decoder layer launches beside its GEMMs and attention (norms with the residual adds, "
         "rotary embedding, KV-cache write, MLP activation), counted from the stack's code; None: not counted (none costed).")
+    grouped_query_side_kernels: NonNegativeInt = Field(
+        0, description="Side kernels a layer of a grouped- or multi-query model launches beyond those: its decode "
+        "attention's own preparation (TensorRT-LLM's XQA path: decoder info, then RoPE and the cache write).")
     cache_grown_by_concatenation: bool = Field(
         False, description="Each decode step appends the new token's keys and values by concatenating them to the layer's "
         "cache into a new tensor (transformers' DynamicCache.update, torch.cat): the step reads and rewrites every layer's "
@@ -70,6 +73,17 @@ class ServingStack(BaseModel):
     int4_group_bytes: NonNegativeFloat = Field(0.0, description="Bytes each group of int4 weights stores beside them (its scale "
                                                "and zero), held and read with them (`InferenceConfig.weight_bytes`); 0: not counted.")
     source: str = Field(description="Where the facts come from (repository, file, commit), and what is fitted.")
+
+    def side_kernel_count(self, *, grouped_query: bool) -> int | None:
+        """Side kernels a decoder layer launches (None: not counted).
+
+        >>> trt = get_serving_stack("tensorrt-llm")
+        >>> trt.side_kernel_count(grouped_query=True), trt.side_kernel_count(grouped_query=False)
+        (5, 3)
+        """
+        if self.side_kernels_per_layer is None:
+            return None
+        return self.side_kernels_per_layer + (self.grouped_query_side_kernels if grouped_query else 0)
 
     def host_ops(self, *, num_layers: int) -> int:
         """Operators the host dispatches one by one in one step of a model of ``num_layers``."""
@@ -120,18 +134,18 @@ VLLM_SIDE_KERNELS_PER_LAYER = 5
 JAX_SIDE_KERNELS_PER_LAYER = 14
 # NVIDIA/TensorRT-LLM, a Llama decoder layer's generation step beside its GEMMs, attention and all-reduces, as its
 # code and docs state them (2024 releases, engines built with the default plugins): two RMSNorms (TensorRT fuses
-# each with its residual add: our reading, no profile read), the SwiGLU kernel after the fused gate/up GEMM
-# (tensorrt_llm/plugin/plugin.py @c20322f, use_fused_mlp: "followed by a separate SwiGLU kernel"), and where the
-# XQA kernel runs a grouped-query model's attention, invokeBuildDecoderInfo and invokeQKVPreprocessing (RoPE and
-# the KV-cache write) before it (cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/
-# decoderXQAImplPrecompiled.cpp, 2024): 5. The masked multi-head attention kernel of v0.5/v0.6 applies RoPE and
-# writes the cache itself (docs/source/advanced/gpt-attention.md @a7e572f): 3.
-TRTLLM_XQA_SIDE_KERNELS_PER_LAYER = 5
+# each with its residual add: our reading, no profile read) and the SwiGLU kernel after the fused gate/up GEMM
+# (tensorrt_llm/plugin/plugin.py @c20322f, use_fused_mlp: "followed by a separate SwiGLU kernel"): 3; the masked
+# multi-head attention kernel applies RoPE and writes the cache itself (docs/source/advanced/gpt-attention.md
+# @a7e572f). Where the XQA kernel runs a grouped-query model's attention, invokeBuildDecoderInfo and
+# invokeQKVPreprocessing (RoPE and the KV-cache write) run before it (cpp/tensorrt_llm/kernels/
+# decoderMaskedMultiheadAttention/decoderXQAImplPrecompiled.cpp, 2024): 2 more.
+TRTLLM_SIDE_KERNELS_PER_LAYER = 3
+TRTLLM_XQA_PREPARATION_KERNELS = 2
 # TensorRT-LLM's KV cache takes 0.9 of the GPU memory free after the engine loads (KvCacheConfig
 # free_gpu_memory_fraction's default; NVIDIA's MLPerf Inference v4.1 llama2-70b configs set the same,
 # kvcache_free_gpu_mem_frac = 0.90: mlcommons/inference_results_v4.1 @a2f5d66 closed/NVIDIA/configs/llama2-70b/Server).
 TRTLLM_KV_FREE_MEMORY_FRACTION = 0.9
-TRTLLM_MMHA_SIDE_KERNELS_PER_LAYER = 3
 
 SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
     ServingStack(name="jax", side_kernels_per_layer=JAX_SIDE_KERNELS_PER_LAYER,
@@ -151,14 +165,16 @@ SERVING_STACKS: dict[str, ServingStack] = {s.name: s for s in (
                         "Inductor fuses a layer's small operations is not counted. Weight-only GEMVs: int8 through Inductor "
                         "at 0.795 and int4 through tinygemm (bf16 scale and zero a group) at 0.532 of the bf16 GEMV's "
                         "streaming rate, fitted to pytorch/ao's quantization README tables (TORCH_INT8_WEIGHT_ONLY_STREAM)."),
-    ServingStack(name="tensorrt-llm", side_kernels_per_layer=TRTLLM_XQA_SIDE_KERNELS_PER_LAYER, reserves_whole_request=True,
+    ServingStack(name="tensorrt-llm", side_kernels_per_layer=TRTLLM_SIDE_KERNELS_PER_LAYER,
+                 grouped_query_side_kernels=TRTLLM_XQA_PREPARATION_KERNELS, reserves_whole_request=True,
                  kv_free_memory_fraction=TRTLLM_KV_FREE_MEMORY_FRACTION,
                  source="NVIDIA/TensorRT-LLM: a compiled engine its C++ runtime executes (no per-operator Python dispatch); "
-                        "5 side kernels a layer read from its code (TRTLLM_XQA_SIDE_KERNELS_PER_LAYER); its default capacity "
+                        "3 side kernels a layer read from its code, 5 where XQA runs a grouped-query model's attention "
+                        "(TRTLLM_SIDE_KERNELS_PER_LAYER); its default capacity "
                         "scheduler, GUARANTEED_NO_EVICT, admits a request only with blocks for its whole output and never "
                         "pauses one (docs: performance/performance-tuning-guide/useful-runtime-flags, 'Capacity Scheduler "
                         "Policy'); its KV cache takes 0.9 of the free memory (TRTLLM_KV_FREE_MEMORY_FRACTION)."),
-    ServingStack(name="tensorrt-llm-0.6", side_kernels_per_layer=TRTLLM_MMHA_SIDE_KERNELS_PER_LAYER, kv_read_per_query_head=True,
+    ServingStack(name="tensorrt-llm-0.6", side_kernels_per_layer=TRTLLM_SIDE_KERNELS_PER_LAYER, kv_read_per_query_head=True,
                  reserves_whole_request=True, kv_free_memory_fraction=TRTLLM_KV_FREE_MEMORY_FRACTION,
                  source="NVIDIA/TensorRT-LLM v0.5 and v0.6 (the tables of docs/source/performance.md and "
                         "docs/source/blogs/H200launch.md): as tensorrt-llm, but decode attention runs the masked multi-head "

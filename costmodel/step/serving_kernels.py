@@ -194,7 +194,7 @@ def side_kernels(model: ModelConfig, train: TrainConfig, layout: Layout, *, toke
     """
     if train.workload.serving.stack.operators_unfused:
         return [unfused_operator_kernel(model, train, layout, tokens=tokens, kv_heads=kv_heads)]
-    count = train.workload.serving.stack.side_kernels_per_layer
+    count = train.workload.serving.stack.side_kernel_count(grouped_query=model.num_kv_heads < model.num_heads)
     if not count:
         return []
     d, q, kv, ffn = _widths(model, layout, kv_heads)

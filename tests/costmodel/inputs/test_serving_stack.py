@@ -53,14 +53,17 @@ def test_only_a_cache_grown_by_concatenation_is_copied_every_decode_step(monkeyp
 
 
 def test_side_kernels_cost_a_launch_floor_each_on_gpus_and_are_itemized():
-    """The jax stack's 14 side kernels a layer each pay the GPU's launch floor (TensorRT-LLM's 5, torch.compile's not
-    counted); a TPU runs its fusions back to back."""
+    """The jax stack's 14 side kernels a layer each pay the GPU's launch floor (TensorRT-LLM's 3 for this multi-head
+    model, 5 with grouped-query attention's XQA preparation; torch.compile's not counted); a TPU runs its fusions back
+    to back."""
     gpu = simulate_inference(MODEL, _decode("jax"), Layout(), load_machine("h100-sxm"))
     uncounted = simulate_inference(MODEL, _decode("torch-compile"), Layout(), load_machine("h100-sxm"))
     trt = simulate_inference(MODEL, _decode("tensorrt-llm"), Layout(), load_machine("h100-sxm"))
     srv = gpu.serving
     assert srv.side_kernels_per_layer == 14 and uncounted.serving.side_kernels_per_layer == 0
-    assert trt.serving.side_kernels_per_layer == 5
+    grouped = MODEL.model_copy(update={"num_kv_heads": 4})
+    assert trt.serving.side_kernels_per_layer == 3
+    assert simulate_inference(grouped, _decode("tensorrt-llm"), Layout(), load_machine("h100-sxm")).serving.side_kernels_per_layer == 5
     floors_s = 14 * MODEL.num_layers * srv.side_kernel_floor_s
     assert floors_s < srv.decode_side_kernels_s < 1.1 * floors_s  # at batch 1 the floors are nearly all of it
     assert gpu.time_per_output_token_s == pytest.approx(uncounted.time_per_output_token_s + srv.decode_side_kernels_s)

@@ -18,9 +18,10 @@ bandwidth). Each row's metric is then predicted as the source measured it:
 
 A row the serving model cannot express (unstated lengths, a model without a preset) is listed
 as skipped with why. Prints the table (measured, predicted, the HBM bound in the metric's own
-unit, error), the mean, signed and max error per source, per serving stack and per metric, and the decode must-show (llama3-8b and
-llama3-70b at batch 1 and 64 on H100 and A100: HBM floor, predicted, published where a row
-matches); writes one CSV. Exits 1 if any predicted TPOT is below its HBM floor.
+unit, error), the mean, signed and max error per source, per serving stack and per metric, and
+the decode must-show (llama3-8b and llama3-70b at batch 1 and 64 on H100 and A100: HBM floor,
+predicted, published where a row matches); writes one CSV. Exits 1 if any predicted TPOT is below
+its HBM floor.
 
     python -m benchmarks.serving_accuracy [--data PATH] [--out benchmarks/out/serving_accuracy.csv]
 

@@ -301,13 +301,16 @@ class _Scheduler:
 
     def iterate(self) -> None:
         decoding = [r for r in self.running if r.to_prefill == 0]
-        # Each decoding request's next tokens need room; the latest admitted give theirs up first.
-        step = self.most_per_step
-        while sum(self._need(r, r.context + step) for r in decoding) > self.capacity - self.used:
+        # Each decoding request's next tokens need room; the latest admitted give theirs up first. A whole
+        # request's reservation already holds them (a speculative step past its end caches nothing more).
+        def room(r: _Request) -> int:
+            return min(r.context + self.most_per_step, r.prompt + r.output) if self.reserve_whole else r.context + self.most_per_step
+
+        while sum(self._need(r, room(r)) for r in decoding) > self.capacity - self.used:
             self._preempt()
             decoding = [r for r in self.running if r.to_prefill == 0]
         for r in decoding:
-            self._grant(r, r.context + step)
+            self._grant(r, room(r))
         budget = (self.cfg.prefill_chunk_tokens - len(decoding)) if self.cfg.prefill_chunk_tokens else math.inf
         chunks = self._chunks(budget)
         if not decoding and not chunks and self.running:  # prompts stuck for want of blocks: free the latest's

@@ -86,6 +86,11 @@ def test_tensorrt_llm_reserves_each_request_whole_and_never_preempts():
     result = simulate_serving(MODEL, trt, Layout(), small, _cfg(200, requests=50))
     assert result.completed == 50 and result.preemptions == 0
     assert result.kv_blocks_max_in_use == 2 * 20 and result.mean_batch <= 2  # two whole requests (20 blocks each) at a time
+    per_block = kv_block_bytes(MODEL, TRAIN, Layout()) + kv_block_bytes(DRAFT, TRAIN, Layout())
+    # 0.9 of 45 blocks: two whole requests fill them, so a block past a request's end would preempt.
+    small_spec = HW.model_copy(update={"hbm_bytes": HW.memory_reserve_bytes + _held(MODEL) + _held(DRAFT) + 45 * per_block})
+    spec = _cfg(200, requests=50, speculation=Speculation(draft=DRAFT, acceptance_rate=0.9))
+    assert simulate_serving(MODEL, trt, Layout(), small_spec, spec).preemptions == 0  # a step past a request's end takes no block
 
 
 def _held(model):

@@ -61,7 +61,7 @@ def _efficiency(**fields: object) -> Variant:
 
 def _no_latency(layout: Layout, machine: Machine) -> tuple[Layout, Machine]:
     tiers = {name: getattr(machine, name) for name in ("intra", "inter", "intra_pair", "inter_cross_rail")}
-    return layout, machine.model_copy(update={name: tier.model_copy(update={"latency_s": 0.0, "base_latency_s": 0.0})
+    return layout, machine.model_copy(update={name: tier.model_copy(update={"latency_s": 0.0})
                                               for name, tier in tiers.items() if tier is not None})
 
 
@@ -71,8 +71,7 @@ def _flat_gemm_curve(layout: Layout, machine: Machine) -> tuple[Layout, Machine]
 
 
 MECHANISMS = (
-    Mechanism(name="collective latency", off="every link's per-message latency (α) and NCCL's base latency 0: collectives "
-              "cost bytes / bandwidth",
+    Mechanism(name="collective latency", off="every link's per-message latency (α) 0: collectives cost bytes / bandwidth",
               variant=_no_latency),
     Mechanism(name="overlap slowdown", off="compute beside an overlapped collective runs at full speed (NCCL's SMs free)",
               variant=_efficiency(overlap_slowdown=0.0)),

@@ -25,35 +25,27 @@ GB, GIB, MIB, TFLOPS = 1e9, 2**30, 2**20, 1e12
 _GBIT = 1e9 / 8
 
 # --- links -------------------------------------------------------------------------------
-# NCCL's fixed latency of a collective beside its steps' (NVIDIA/nccl @b647562 src/graph/tuning.cc baseLat, the
-# ring's LL protocol that small messages run: 6.6 µs; costmodel.step.nccl.BASE_LATENCY_US). RCCL, NCCL's port, is
-# taken to start its collectives as slowly.
-NCCL_BASE_LATENCY_S = 6.6e-6
-NVLINK2 = LinkSpec(name="nvlink2", bytes_per_s=150 * GB, latency_s=2e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.8,
+NVLINK2 = LinkSpec(name="nvlink2", bytes_per_s=150 * GB, latency_s=2e-6, efficiency=0.8,
                    source="V100 SXM2: 6 NVLink2 links × 25 GB/s per direction (NVIDIA V100 datasheet)")
-NVLINK3 = LinkSpec(name="nvlink3", bytes_per_s=300 * GB, latency_s=1e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.77,
+NVLINK3 = LinkSpec(name="nvlink3", bytes_per_s=300 * GB, latency_s=1e-6, efficiency=0.77,
                    source="A100: 600 GB/s bidirectional NVLink3 via NVSwitch (A100 datasheet); nccl-tests all-reduce busbw ~230 GB/s")
-NVLINK4 = LinkSpec(name="nvlink4", bytes_per_s=450 * GB, latency_s=1e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.8,
+NVLINK4 = LinkSpec(name="nvlink4", bytes_per_s=450 * GB, latency_s=1e-6, efficiency=0.8,
                    source="H100/H200 SXM: 900 GB/s bidirectional NVLink4 (H100 datasheet); nccl-tests busbw ~360 GB/s")
-PCIE3 = LinkSpec(name="pcie3-x16", bytes_per_s=16 * GB, latency_s=5e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.8,
-                  source="PCIe 3.0 x16: 15.75 GB/s per direction")
-PCIE4 = LinkSpec(name="pcie4-x16", bytes_per_s=32 * GB, latency_s=5e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.8,
-                  source="PCIe 4.0 x16: 31.5 GB/s per direction")
-PCIE5 = LinkSpec(name="pcie5-x16", bytes_per_s=64 * GB, latency_s=5e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.8,
-                  source="PCIe 5.0 x16: 63 GB/s per direction")
+PCIE3 = LinkSpec(name="pcie3-x16", bytes_per_s=16 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 3.0 x16: 15.75 GB/s per direction")
+PCIE4 = LinkSpec(name="pcie4-x16", bytes_per_s=32 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 4.0 x16: 31.5 GB/s per direction")
+PCIE5 = LinkSpec(name="pcie5-x16", bytes_per_s=64 * GB, latency_s=5e-6, efficiency=0.8, source="PCIe 5.0 x16: 63 GB/s per direction")
 # Blackwell's NVLink and AMD's Infinity Fabric have no nccl-tests/rccl-tests figures here: their
 # efficiency is NVLink4's, an assumption.
-NVLINK5 = LinkSpec(name="nvlink5", bytes_per_s=900 * GB, latency_s=1e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.8,
+NVLINK5 = LinkSpec(name="nvlink5", bytes_per_s=900 * GB, latency_s=1e-6, efficiency=0.8,
                    source="B200/GB200: 1.8 TB/s bidirectional NVLink5 per GPU through NVLink switches (NVIDIA DGX B200 "
                           "User Guide, 'Hardware Overview': 2× NVLink5 switches, 14.4 TB/s aggregate for 8 GPUs; GB200 NVL72 "
                           "datasheet: 130 TB/s for 72 GPUs); efficiency assumed as NVLink4's")
-XGMI_MI300 = LinkSpec(name="xgmi-mi300", bytes_per_s=448 * GB, latency_s=2e-6, base_latency_s=NCCL_BASE_LATENCY_S, efficiency=0.8,
+XGMI_MI300 = LinkSpec(name="xgmi-mi300", bytes_per_s=448 * GB, latency_s=2e-6, efficiency=0.8,
                       source="MI300X/MI325X: 7 AMD Infinity Fabric (xGMI) links per GPU, 128 GB/s bidirectional each, one to "
                              "each peer of the 8-GPU platform, 896 GB/s aggregate bidirectional (AMD Instinct MI300X and MI325X "
                              "datasheets, amd.com): 448 GB/s per direction over all 7, what a group of 8 reaches; a group of 2 "
                              "has one link (64 GB/s per direction), not modelled; efficiency and latency assumed")
 NVLINK3_BRIDGE_A6000 = LinkSpec(name="nvlink3-bridge-a6000", bytes_per_s=56.25 * GB, latency_s=1e-6, efficiency=0.77,
-                                base_latency_s=NCCL_BASE_LATENCY_S,
                                 source="RTX A6000 datasheet: NVLink 2-way bridge, 112.5 GB/s bidirectional; efficiency as NVLink3")
 LOOPBACK = LinkSpec(name="shared-memory", bytes_per_s=5 * GB, latency_s=20e-6, efficiency=0.5,
                     source="emulated devices on one host: copies through shared DRAM (placeholder, to calibrate)")

@@ -49,8 +49,6 @@ class LinkSpec(BaseModel):
     name: str = Field(description="e.g. 'nvlink3', 'pcie4-x16', 'ici-v5p'.")
     bytes_per_s: ByteRate = Field(description="Peak bandwidth per device, per direction.")
     latency_s: NonNegativeFloat = Field(description="Per-hop latency of a collective step (alpha).")
-    base_latency_s: NonNegativeFloat = Field(0.0, description="Latency of one collective beside its steps' (NCCL's baseLat: "
-                                             "the kernel's start and its protocol's set-up); 0 where none is known.")
     efficiency: float = Field(0.8, ge=MIN_EFFICIENCY, le=1, description="Fraction of bytes_per_s collectives reach on large messages.")
     source: str = Field(description="Where the numbers come from.")
 
@@ -105,8 +103,8 @@ class IntraNodeFabric(BaseModel):
     def tier(self, *, pair: bool = False) -> Tier:
         """The collective model's view of `link_for` (torus rings run both ways)."""
         link = self.link_for(pair=pair)
-        return Tier(bytes_per_s=link.bytes_per_s * link.efficiency, latency_s=link.latency_s, base_latency_s=link.base_latency_s,
-                    bidirectional_ring=self.wraparound, torus_dims=self.torus_dims)
+        return Tier(bytes_per_s=link.bytes_per_s * link.efficiency, latency_s=link.latency_s, bidirectional_ring=self.wraparound,
+                    torus_dims=self.torus_dims)
 
     @property
     def unit(self) -> str:

@@ -49,8 +49,6 @@ class Tier(BaseModel):
 
     bytes_per_s: PositiveFloat = Field(description="Bandwidth one device gets on this tier, per direction.")
     latency_s: NonNegativeFloat = Field(description="Per-message latency (alpha).")
-    base_latency_s: NonNegativeFloat = Field(0.0, description="Latency of one collective beside its steps' (NCCL's baseLat), "
-                                             "paid once per collective over a group whose members share this intra-node tier.")
     bidirectional_ring: bool = Field(False, description="A torus dimension with wrap-around: rings run both ways.")
     torus_dims: tuple[PositiveInt, ...] = Field((), description="A TPU slice's ICI torus shape, the fastest-varying device "
                                                 "coordinate first: a group's collective runs one ring per torus dimension it "
@@ -118,13 +116,11 @@ def _ring_s(size_bytes: float, n: int, tier: Tier, *, passes: int, steps: int | 
 
 
 def _hierarchical_s(size_bytes: float, group: Group, *, passes: int) -> float:
-    if group.n <= 1 or size_bytes <= 0:
-        return 0.0
     g = group.per_node
     intra = _ring_s(size_bytes, g, group.intra, passes=passes, steps=group.ring_steps if g == group.n else None)
     # After the intra-node phase each member owns 1/g of the buffer and uses its own NIC.
     inter = _ring_s(size_bytes / g, group.n_nodes, group.inter, passes=passes)
-    return group.intra.base_latency_s + intra + inter
+    return intra + inter
 
 
 def all_reduce_s(size_bytes: float, group: Group) -> float:
@@ -152,8 +148,7 @@ def all_to_all_s(size_bytes: float, group: Group) -> float:
         return 0.0
     off_node = (n - group.per_node) / n * size_bytes
     on_node = (group.per_node - 1) / n * size_bytes
-    return (max(off_node / group.inter.bytes_per_s, on_node / group.intra.bytes_per_s) + (n - 1) * group.inter.latency_s
-            + group.intra.base_latency_s)
+    return max(off_node / group.inter.bytes_per_s, on_node / group.intra.bytes_per_s) + (n - 1) * group.inter.latency_s
 
 
 def p2p_s(size_bytes: float, tier: Tier) -> float:

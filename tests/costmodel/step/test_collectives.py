@@ -75,20 +75,3 @@ def test_more_bandwidth_is_never_slower(size, nodes, per_node, kind, scale):
                  inter=Tier(bytes_per_s=25e9 * scale, latency_s=10e-6))
     assert 0 <= collective_s(kind, size, fast) <= collective_s(kind, size, slow)
     assert collective_s(kind, size, slow) <= collective_s(kind, 2 * size, slow)
-
-
-def test_a_collective_pays_its_base_latency_once_beside_its_steps():
-    """NCCL's baseLat (6.6 µs on the ring's LL protocol) starts every collective, however many ranks and nodes; an
-    8 KB all-reduce over 2 A100s is then nearer the ~10 µs nccl-tests measures than its 2 µs of steps."""
-    from costmodel.hardware.machine import load_machine
-    from costmodel.inputs.layout import Layout
-
-    based = NVLINK.model_copy(update={"base_latency_s": 6.6e-6})
-    for n, nodes in ((2, 1), (8, 1), (16, 2)):
-        plain, with_base = Group(n=n, n_nodes=nodes, intra=NVLINK, inter=IB), Group(n=n, n_nodes=nodes, intra=based, inter=IB)
-        for cost in (all_reduce_s, all_gather_s, reduce_scatter_s, all_to_all_s):
-            assert cost(8192, with_base) - cost(8192, plain) == pytest.approx(6.6e-6)
-    assert all_reduce_s(0, Group(n=2, n_nodes=1, intra=based, inter=IB)) == 0
-    assert all_reduce_s(8192, Group(n=1, n_nodes=1, intra=based, inter=IB)) == 0
-    tp2 = load_machine("a100-80gb").groups(Layout(tp=2))["tp"]
-    assert tp2.intra.base_latency_s == 6.6e-6 and 8e-6 < all_reduce_s(8192, tp2) < 10e-6

@@ -143,7 +143,7 @@ def evaluate(rows: list[dict[str, str]], *, host_s_per_op: dict[str, float] | No
     for row in rows:
         measured = float(row["measured_value"]) * UNIT_SCALE[row["measured_unit"]]
         result: dict[str, object] = {
-            "source": source_family(row), "stack": row.get("serving_stack") or "jax", "model": row["model"], "hardware": row["hardware"],
+            "source": source_family(row), "stack": row_stack(row), "model": row["model"], "hardware": row["hardware"],
             "layout": f"tp{row['tp']} pp{row['pp']} x{row['replicas']}", "batch": int(row["batch"]),
             "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "weights": row["weight_dtype"], "kv": row["kv_cache_dtype"],
             "metric": row["metric"],
@@ -155,7 +155,7 @@ def evaluate(rows: list[dict[str, str]], *, host_s_per_op: dict[str, float] | No
                 est = serving_estimate(preset=row["preset"], hardware=row["hardware"], tp=int(row["tp"]), pp=int(row["pp"]),
                                        replicas=int(row["replicas"]), batch=int(row["batch"]), input_len=int(row["input_len"]),
                                        output_len=int(row["output_len"]), precision=row["precision"], weight_dtype=row["weight_dtype"],
-                                       kv_cache_dtype=row["kv_cache_dtype"] or "auto", serving_stack=row.get("serving_stack") or "jax",
+                                       kv_cache_dtype=row["kv_cache_dtype"] or "auto", serving_stack=row_stack(row),
                                        host_s_per_op=(host_s_per_op or {}).get(source_family(row)),
                                        weight_kernel=row.get("weight_kernel") or "fused",
                                        weight_group_size=int(row.get("weight_group_size") or 128))
@@ -226,11 +226,16 @@ def serve_config(row: dict[str, str]) -> ServeConfig:
     return ServeConfig(rate_per_s=float(row["request_rate_per_s"]), requests=int(row["requests"] or 500), **common)
 
 
+def row_stack(row: dict[str, str]) -> str:
+    """The serving stack a row names (blank: jax)."""
+    return row.get("serving_stack") or "jax"
+
+
 def load_train(row: dict[str, str]) -> TrainConfig:
     """The decode workload a row measured under load served: its weight and KV-cache storage, its compute precision, its
-    serving stack (blank: jax)."""
+    serving stack (`row_stack`)."""
     inference = InferenceConfig(weight_dtype=WEIGHT_DTYPES[row["weight_dtype"]], kv_cache_dtype=row["kv_cache_dtype"] or "auto",
-                                serving_stack=row.get("serving_stack") or "jax")
+                                serving_stack=row_stack(row))
     return train_config(workload="decode", lora=None, inference=inference).with_precision(COMPUTE_PRECISIONS[row["precision"]])
 
 
@@ -240,7 +245,7 @@ def evaluate_load(rows: list[dict[str, str]]) -> list[dict[str, object]]:
     results, runs = [], {}
     for row in rows:
         measured = float(row["measured_value"]) * LOAD_UNITS.get(row["measured_unit"], math.nan)
-        result = {"source": source_family(row), "stack": row.get("serving_stack") or "jax", "model": row["model"],
+        result = {"source": source_family(row), "stack": row_stack(row), "model": row["model"],
                   "hardware": row["hardware"], "layout": f"tp{row['tp'] or '?'} x{row['replicas'] or '?'}",
                   "load": f"{row['concurrency']} clients" if row["concurrency"] else f"{row['request_rate_per_s']} req/s",
                   "in_out": f"{row['input_len'] or '?'}/{row['output_len'] or '?'}", "metric": row["metric"], "measured": measured,

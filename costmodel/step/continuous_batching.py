@@ -283,6 +283,11 @@ class _Scheduler:
         """More blocks ``r`` needs to hold ``tokens`` tokens of context."""
         return max(0, math.ceil(tokens / self.block) - r.blocks)
 
+    def _held(self, r: _Request, tokens: int) -> int:
+        """Tokens of context ``r`` holds blocks for once it has ``tokens``: those, or under a whole-request
+        reservation its prompt and whole output from admission on (a speculative step past its end caches no more)."""
+        return r.prompt + r.output if self.reserve_whole else tokens
+
     def _grant(self, r: _Request, tokens: int) -> None:
         more = self._need(r, tokens)
         r.blocks += more
@@ -301,16 +306,13 @@ class _Scheduler:
 
     def iterate(self) -> None:
         decoding = [r for r in self.running if r.to_prefill == 0]
-        # Each decoding request's next tokens need room; the latest admitted give theirs up first. A whole
-        # request's reservation already holds them (a speculative step past its end caches nothing more).
-        def room(r: _Request) -> int:
-            return min(r.context + self.most_per_step, r.prompt + r.output) if self.reserve_whole else r.context + self.most_per_step
-
-        while sum(self._need(r, room(r)) for r in decoding) > self.capacity - self.used:
+        # Each decoding request's next tokens need room; the latest admitted give theirs up first.
+        step = self.most_per_step
+        while sum(self._need(r, self._held(r, r.context + step)) for r in decoding) > self.capacity - self.used:
             self._preempt()
             decoding = [r for r in self.running if r.to_prefill == 0]
         for r in decoding:
-            self._grant(r, room(r))
+            self._grant(r, self._held(r, r.context + step))
         budget = (self.cfg.prefill_chunk_tokens - len(decoding)) if self.cfg.prefill_chunk_tokens else math.inf
         chunks = self._chunks(budget)
         if not decoding and not chunks and self.running:  # prompts stuck for want of blocks: free the latest's
@@ -357,7 +359,7 @@ class _Scheduler:
         while self.waiting and len(self.running) < self.cfg.max_batch and budget > 0:
             r = self.waiting[0]
             n = int(min(r.to_prefill, budget))
-            held = r.prompt + r.output if self.reserve_whole else r.context + n  # the whole request's blocks, or its first chunk's
+            held = self._held(r, r.context + n)
             if self._need(r, held) > self.capacity - self.used:
                 break
             self.waiting.popleft()
